@@ -1,0 +1,12 @@
+"""Assembles the code location: assets and the embedded-default resources."""
+
+from dagster import Definitions
+
+from assets.leaderboard import leaderboard
+from assets.stages import stage_assets
+from resources import ExperimentFiles, FactoryStores, StageLauncher
+
+defs = Definitions(
+    assets=[*stage_assets, leaderboard],
+    resources={"experiments": ExperimentFiles(), "stores": FactoryStores(), "launcher": StageLauncher()},
+)

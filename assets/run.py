@@ -1,0 +1,94 @@
+"""`python -m assets.run EXPERIMENT.md [--root DIR]`: materialize one experiment end to end, in process.
+
+`factory run` calls this through a subprocess, so the `factory` library never imports Dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from dagster import DagsterInstance, ExecuteInProcessResult, PreviewWarning, materialize
+from rich.console import Console
+from rich.table import Table
+
+from assets.leaderboard import leaderboard
+from assets.partitions import EXPERIMENTS
+from assets.stages import stage_assets
+from factory.config import STAGES, load
+from factory.errors import ConfigError
+from resources import ExperimentFiles, FactoryStores, StageLauncher
+
+# Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
+RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+def run_experiment(path: Path, root: Path, instance: DagsterInstance) -> ExecuteInProcessResult:
+    """Materialize every stage of the experiment at `path`, then the leaderboard."""
+    experiment = load(path)
+    if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
+        instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
+    resources = {
+        "experiments": ExperimentFiles(directory=str(path.parent)),
+        "stores": FactoryStores(root=str(root)),
+        "launcher": StageLauncher(),
+    }
+    everything = [*stage_assets, leaderboard]
+    tags = {"experiment": experiment.name}
+    common = {"instance": instance, "resources": resources, "raise_on_error": False, "tags": tags, "run_config": RUN_CONFIG}
+    result = materialize(everything, selection=list(STAGES), partition_key=experiment.name, **common)
+    if result.success:
+        print_stages(result)
+        result = materialize(everything, selection=["leaderboard"], **common)
+    return result
+
+
+def print_stages(result: ExecuteInProcessResult) -> None:
+    """A table of what each stage did: computed or reused, and where its artifact is."""
+    table = Table(title="stages", title_justify="left")
+    for column in ("asset", "cache", "digest", "artifact"):
+        table.add_column(column, overflow="fold")
+    for event in result.get_asset_materialization_events():
+        materialization = event.materialization
+        metadata = {key: value.value for key, value in materialization.metadata.items()}
+        computed = "reused" if metadata.get("cache") == "hit" else "computed"
+        artifact = os.path.relpath(metadata["artifact"]) if "artifact" in metadata else ""
+        table.add_row(materialization.asset_key.to_user_string(), computed, str(metadata.get("digest", ""))[:12], artifact)
+    Console(stderr=True).print(table)
+
+
+def failure_messages(result: ExecuteInProcessResult) -> list[str]:
+    """What went wrong, one message per failed step, without Dagster's stack traces."""
+    messages = []
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data is not None:
+            error = event.step_failure_data.user_failure_data
+            description = error.description if error is not None and error.description else None
+            messages.append(f"{event.step_key}: {description or event.step_failure_data.error.message.strip()}")
+    return messages
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit 0 ok, 1 a stage failed, 2 bad input."""
+    parser = argparse.ArgumentParser(prog="python -m assets.run")
+    parser.add_argument("experiment", type=Path)
+    parser.add_argument("--root", type=Path, default=Path(".factory"))
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=PreviewWarning)
+    try:
+        result = run_experiment(args.experiment, args.root, DagsterInstance.get())
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not result.success:
+        for message in failure_messages(result):
+            print(f"error: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

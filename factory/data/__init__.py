@@ -1,0 +1,1 @@
+"""Datasets: the Iceberg catalog, corpus ingest and splits, token packing."""

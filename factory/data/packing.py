@@ -1,0 +1,38 @@
+"""Token streams: documents tokenized in a seeded order and packed into one long sequence."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+from tokenizers import Tokenizer
+
+ENCODE_BATCH_DOCS = 256
+
+
+def pack_documents(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, max_tokens: int, seed: int) -> torch.Tensor:
+    """Tokenize documents in a seeded shuffled order, EOS between them, until `max_tokens` (int64)."""
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    pieces: list[torch.Tensor] = []
+    total = 0
+    for start in range(0, len(order), ENCODE_BATCH_DOCS):
+        batch = [texts[i] for i in order[start : start + ENCODE_BATCH_DOCS]]
+        for encoding in tokenizer.encode_batch(batch):
+            ids = encoding.ids + [eos_id]
+            pieces.append(torch.tensor(ids, dtype=torch.int64))
+            total += len(ids)
+        if total >= max_tokens:
+            break
+    if not pieces:
+        raise ValueError("no documents to pack")
+    return torch.cat(pieces)[:max_tokens]
+
+
+def sample_batch(tokens: torch.Tensor, batch_size: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows of `context` tokens and their next-token targets."""
+    starts = torch.randint(0, len(tokens) - context - 1, (batch_size,), generator=generator)
+    x = torch.stack([tokens[s : s + context] for s in starts.tolist()])
+    y = torch.stack([tokens[s + 1 : s + 1 + context] for s in starts.tolist()])
+    return x, y

@@ -1,0 +1,25 @@
+"""The exceptions a user can cause. Each message says what to change."""
+
+
+class FactoryError(Exception):
+    """Root of every error the factory raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(FactoryError):
+    """An experiment file is malformed; the message names file:line and the field."""
+
+    exit_code = 2
+
+
+class ArtifactError(FactoryError):
+    """An artifact is missing, incomplete or does not match its manifest."""
+
+
+class LaunchError(FactoryError):
+    """A stage process could not be started."""
+
+
+class StageFailed(FactoryError):
+    """A stage process ran and failed."""

@@ -1,0 +1,1 @@
+"""Evaluations: bits-per-byte on held-out code, and the leaderboard over experiments."""

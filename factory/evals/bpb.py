@@ -1,0 +1,57 @@
+"""Validation bits-per-byte: the model's code length for held-out text, independent of the tokenizer."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BitsPerByte:
+    """Total negative log-likelihood of the scored tokens, in bits per byte of text they cover."""
+
+    bpb: float
+    tokens: int
+    bytes: int
+
+
+def validation_tokens(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, max_bytes: int) -> torch.Tensor:
+    """Documents in the given order, EOS after each, until `max_bytes` of text are covered."""
+    ids: list[int] = []
+    covered = 0
+    for text in texts:
+        if covered >= max_bytes:
+            break
+        ids.extend(tokenizer.encode(text).ids)
+        ids.append(eos_id)
+        covered += len(text.encode())
+    if not ids:
+        raise ValueError("no validation text to score")
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+@torch.no_grad()
+def bits_per_byte(model: nn.Module, tokens: torch.Tensor, byte_lengths: Sequence[int], context: int, batch_size: int) -> BitsPerByte:
+    """Score every token after the first exactly once, in non-overlapping windows of `context`."""
+    model.eval()
+    lengths = torch.tensor(byte_lengths, dtype=torch.int64)
+    inputs, targets = tokens[:-1], tokens[1:]
+    windows = math.ceil(len(inputs) / context)
+    pad = windows * context - len(inputs)
+    x = F.pad(inputs, (0, pad)).view(windows, context)
+    y = F.pad(targets, (0, pad), value=-100).view(windows, context)
+    nats = 0.0
+    for start in range(0, windows, batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        logits = model(xb)
+        nats += F.cross_entropy(logits.reshape(-1, logits.size(-1)), yb.reshape(-1), ignore_index=-100, reduction="sum").item()
+    covered = int(lengths[targets].sum())
+    if covered == 0:
+        raise ValueError("the scored tokens cover no bytes")
+    return BitsPerByte(bpb=nats / math.log(2) / covered, tokens=len(targets), bytes=covered)

@@ -1,0 +1,1 @@
+"""Model code (GPT family) and tokenizer training."""

@@ -1,0 +1,56 @@
+"""Byte-level BPE tokenizers trained with the `tokenizers` library."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from factory.config.schema import TokenizerConfig
+
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = (EOS,)
+
+
+def sample_texts(texts: Sequence[str], sample_bytes: int, seed: int) -> list[str]:
+    """A seeded sample of whole documents adding up to about `sample_bytes`."""
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    sample, size = [], 0
+    for i in order:
+        if size >= sample_bytes:
+            break
+        sample.append(texts[i])
+        size += len(texts[i].encode())
+    return sample
+
+
+def train_tokenizer(texts: Sequence[str], config: TokenizerConfig) -> Tokenizer:
+    """Train a byte-level BPE on `texts`; every byte is in the vocabulary, so nothing is unknown."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tokenizer
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """Load a tokenizer saved with `Tokenizer.save`."""
+    return Tokenizer.from_file(str(path))
+
+
+def token_byte_lengths(tokenizer: Tokenizer) -> list[int]:
+    """Bytes each token id stands for (0 for special tokens); byte-level symbols are one byte each."""
+    lengths = [0] * tokenizer.get_vocab_size()
+    for token, index in tokenizer.get_vocab().items():
+        lengths[index] = 0 if token in SPECIAL_TOKENS else len(token)
+    return lengths

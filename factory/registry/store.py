@@ -1,0 +1,241 @@
+"""Immutable, content-addressed artifacts on local disk, found by stage fingerprint.
+
+Layout under the root:
+    objects/<digest>/...          the artifact's files, read-only once published
+    manifests/<fingerprint>.json  what produced it: stage, config, inputs, commit, sha256 per file
+    staging/                      work in progress; never read by anyone but its writer
+
+A stage writes into a staging directory; `publish` hashes, fsyncs and renames it into place
+(a rename within one filesystem is atomic), then links the manifest in without overwriting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from factory.errors import ArtifactError
+
+MANIFEST_VERSION = 1
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Manifest:
+    """Provenance of one published artifact, stored next to it."""
+
+    kind: str
+    fingerprint: str
+    digest: str
+    files: Mapping[str, Mapping[str, Any]]
+    config: Mapping[str, Any]
+    inputs: Mapping[str, str]
+    code: str
+    experiment: str
+    config_hash: str
+    git_commit: str
+    created: str
+    summary: Mapping[str, Any]
+    version: int = MANIFEST_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return asdict(self)
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat key/values shown on the materialization: provenance first, then the stage's summary."""
+        return {
+            "digest": self.digest,
+            "fingerprint": self.fingerprint,
+            "git_commit": self.git_commit,
+            "config_hash": self.config_hash,
+            "code": self.code,
+            "produced_for": self.experiment,
+            "created": self.created,
+            "inputs": ", ".join(f"{name}={digest[:12]}" for name, digest in sorted(self.inputs.items())) or "none",
+            **{f"summary/{key}": value for key, value in sorted(self.summary.items())},
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Provenance:
+    """Who asked for an artifact: recorded in its manifest, not part of its fingerprint."""
+
+    experiment: str
+    config_hash: str
+    git_commit: str
+
+
+class ArtifactStore:
+    """A local directory of published artifacts."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+
+    def path(self, digest: str) -> Path:
+        """Directory of a published artifact."""
+        return self.root / "objects" / digest
+
+    def lookup(self, fingerprint: str) -> Manifest | None:
+        """The manifest for a fingerprint if its artifact is published and intact, else None."""
+        manifest_path = self._manifest_path(fingerprint)
+        if not manifest_path.exists():
+            return None
+        manifest = self.read_manifest(manifest_path)
+        return manifest if self._intact(manifest) else None
+
+    def open(self, digest: str) -> Path:
+        """Directory of a published artifact; raise if it is not there."""
+        path = self.path(digest)
+        if not path.is_dir():
+            raise ArtifactError(f"artifact {digest[:12]} is not in the registry at {self.root}; rerun its stage")
+        return path
+
+    def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest in the registry, optionally of one kind."""
+        for path in sorted((self.root / "manifests").glob("*.json")):
+            manifest = self.read_manifest(path)
+            if kind is None or manifest.kind == kind:
+                yield manifest
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A fresh directory to write an artifact into; removed unless it was published."""
+        (self.root / "staging").mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="stage-", dir=self.root / "staging"))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def publish(
+        self,
+        staging: Path,
+        *,
+        kind: str,
+        fingerprint: str,
+        config: Mapping[str, Any],
+        inputs: Mapping[str, str],
+        code: str,
+        provenance: Provenance,
+        summary: Mapping[str, Any],
+    ) -> Manifest:
+        """Move a staged directory to its content address and record its manifest."""
+        existing = self.lookup(fingerprint)
+        if existing is not None:
+            return existing
+        files = _hash_files(staging)
+        if not files:
+            raise ArtifactError(f"stage {kind!r} staged no files in {staging}; nothing to publish")
+        digest = _digest(files)
+        target = self.path(digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(staging)  # the same bytes were published before: keep the first copy
+        else:
+            _fsync_dir(staging)
+            os.rename(staging, target)
+            _fsync_dir(target.parent)
+            _make_read_only(target)
+        manifest = Manifest(
+            kind=kind,
+            fingerprint=fingerprint,
+            digest=digest,
+            files=files,
+            config=dict(config),
+            inputs=dict(inputs),
+            code=code,
+            experiment=provenance.experiment,
+            config_hash=provenance.config_hash,
+            git_commit=provenance.git_commit,
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            summary=dict(summary),
+        )
+        self._write_manifest(manifest)
+        return self.lookup(fingerprint) or manifest
+
+    def read_manifest(self, path: Path) -> Manifest:
+        """Parse one manifest file."""
+        try:
+            return Manifest(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            raise ArtifactError(f"manifest {path} is unreadable ({e}); remove it to recompute the stage") from e
+
+    def _manifest_path(self, fingerprint: str) -> Path:
+        return self.root / "manifests" / f"{fingerprint}.json"
+
+    def _intact(self, manifest: Manifest) -> bool:
+        base = self.path(manifest.digest)
+        for name, entry in manifest.files.items():
+            path = base / name
+            if not path.is_file() or path.stat().st_size != entry["bytes"]:
+                return False
+            if _sha256_file(path) != entry["sha256"]:
+                return False
+        return True
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        final = self._manifest_path(manifest.fingerprint)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=final.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(manifest.to_json(), f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, final)  # never replaces: the first manifest for a fingerprint stands
+            except FileExistsError:
+                if self.lookup(manifest.fingerprint) is None:
+                    os.replace(tmp, final)  # the old one pointed at a damaged artifact
+            _fsync_dir(final.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _hash_files(root: Path) -> dict[str, dict[str, Any]]:
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        files[path.relative_to(root).as_posix()] = {"sha256": _sha256_file(path, fsync=True), "bytes": path.stat().st_size}
+    return files
+
+
+def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:
+    listing = "\n".join(f"{name}\0{entry['sha256']}" for name, entry in sorted(files.items()))
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def _sha256_file(path: Path, *, fsync: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_read_only(root: Path) -> None:
+    read_only = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+    for path in sorted(root.rglob("*"), reverse=True):
+        path.chmod(read_only | (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH if path.is_dir() else 0))
+    root.chmod(read_only | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

@@ -1,0 +1,60 @@
+"""`python -m factory.stages <request.json>`: run one stage, publish its artifact, report it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from factory.errors import FactoryError
+from factory.registry.store import ArtifactStore
+from factory.stages.report import open_reporter
+from factory.stages.request import StageRequest
+from factory.stages.runners import RUNNERS, StageContext
+
+USAGE = "usage: python -m factory.stages <request.json>"
+
+
+def run(request: StageRequest) -> None:
+    """Run the stage unless its artifact is already published; report the artifact either way."""
+    spec = request.spec
+    registry = ArtifactStore(request.registry)
+    with open_reporter(spec.kind) as reporter:
+        manifest = registry.lookup(spec.fingerprint)
+        if manifest is None:
+            with registry.staging() as out:
+                summary = RUNNERS[spec.kind](StageContext(request=request, registry=registry, out=out, reporter=reporter))
+                manifest = registry.publish(
+                    out,
+                    kind=spec.kind,
+                    fingerprint=spec.fingerprint,
+                    config=spec.config,
+                    inputs=spec.upstream,
+                    code=spec.code,
+                    provenance=request.provenance,
+                    summary=summary,
+                )
+            reporter.log.info("published %s artifact %s", spec.kind, manifest.digest[:12])
+        artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
+        reporter.materialized({**manifest.metadata(), "cache": "miss", "artifact": artifact}, manifest.digest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit 0 on success, 1 when the stage fails, 2 on bad input."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        request = StageRequest.read(Path(args[0]))
+        if request.spec.kind not in RUNNERS:
+            print(f"unknown stage kind {request.spec.kind!r}; known: {', '.join(RUNNERS)}", file=sys.stderr)
+            return 2
+        run(request)
+    except FactoryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""One runner per stage kind: read upstream artifacts, call the library, stage the output files.
+
+A runner returns the summary recorded in the manifest and shown on the materialization.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from factory.config.schema import DataConfig, EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
+from factory.data.catalog import open_catalog
+from factory.data.corpus import ingest, read_split
+from factory.data.packing import pack_documents
+from factory.evals.bpb import bits_per_byte, validation_tokens
+from factory.models.gpt import GPT, build_model
+from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
+from factory.registry.store import ArtifactStore
+from factory.stages.report import Reporter
+from factory.stages.request import StageRequest
+from factory.train.pretrain import FINAL_CHECKPOINT, load_weights, pretrain
+
+CORPUS_FILE = "corpus.json"
+TOKENIZER_FILE = "tokenizer.json"
+MODEL_WEIGHTS = "model.pt"
+MODEL_CONFIG = "config.json"
+RESULTS_FILE = "results.json"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageContext:
+    """What a runner works with."""
+
+    request: StageRequest
+    registry: ArtifactStore
+    out: Path
+    reporter: Reporter
+
+    @property
+    def log(self) -> logging.Logger:
+        return self.reporter.log
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.request.spec.config)
+
+    def upstream(self, name: str) -> Path:
+        """Directory of the upstream artifact this stage was planned with."""
+        return self.registry.open(self.request.spec.upstream[name])
+
+    def corpus_split(self, split: str) -> list[str]:
+        """Texts of one split of the upstream corpus snapshot, in path order."""
+        corpus = json.loads((self.upstream("corpus") / CORPUS_FILE).read_text())
+        catalog = open_catalog(self.request.catalog)
+        return read_split(catalog, corpus["table"], corpus["snapshot_id"], split)["text"].to_pylist()
+
+
+def run_corpus(ctx: StageContext) -> dict[str, Any]:
+    """Ingest the source files into a new snapshot of the corpus table."""
+    version = ingest(open_catalog(ctx.request.catalog), DataConfig.model_validate(ctx.config["data"]), ctx.log)
+    (ctx.out / CORPUS_FILE).write_text(json.dumps(asdict(version), indent=2, sort_keys=True))
+    return {
+        "table": version.table,
+        "snapshot_id": version.snapshot_id,
+        "rows_train": version.rows["train"],
+        "rows_validation": version.rows["validation"],
+        "bytes_train": version.bytes["train"],
+        "bytes_validation": version.bytes["validation"],
+        "content_sha256": version.content_sha256,
+    }
+
+
+def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
+    """Train a byte-level BPE on a seeded sample of the train split."""
+    config = TokenizerConfig.model_validate(ctx.config["tokenizer"])
+    sample = sample_texts(ctx.corpus_split("train"), config.sample_bytes, ctx.config["seed"])
+    tokenizer = train_tokenizer(sample, config)
+    tokenizer.save(str(ctx.out / TOKENIZER_FILE))
+    sample_bytes = sum(len(t.encode()) for t in sample)
+    sample_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(sample[:200]))
+    ctx.log.info("trained a %d-token vocabulary on %d files (%d bytes)", tokenizer.get_vocab_size(), len(sample), sample_bytes)
+    return {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "sample_files": len(sample),
+        "sample_bytes": sample_bytes,
+        "bytes_per_token": round(sum(len(t.encode()) for t in sample[:200]) / max(1, sample_tokens), 4),
+    }
+
+
+def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
+    """Pretrain the model on packed token sequences from the train split."""
+    model_config = ModelConfig.model_validate(ctx.config["model"])
+    config = PretrainConfig.model_validate(ctx.config["pretrain"])
+    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    budget = config.steps * config.batch_size * model_config.context
+    tokens = pack_documents(ctx.corpus_split("train"), tokenizer, tokenizer.token_to_id(EOS), budget, ctx.config["seed"])
+    ctx.log.info("packed %d training tokens; training %d steps", len(tokens), config.steps)
+    result = pretrain(tokens, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], ctx.out, ctx.log, ctx.reporter.metrics)
+    run = {
+        "model": model_config.model_dump(mode="json"),
+        "vocab_size": tokenizer.get_vocab_size(),
+        "steps": result.steps,
+        "tokens_seen": result.tokens_seen,
+        "parameters": result.parameters,
+    }
+    (ctx.out / RUN_FILE).write_text(json.dumps(run, indent=2, sort_keys=True))
+    return {
+        "steps": result.steps,
+        "final_loss": round(result.final_loss, 4),
+        "tokens_seen": result.tokens_seen,
+        "parameters": result.parameters,
+        "checkpoints": len(result.checkpoints),
+        "train_seconds": round(result.seconds, 2),
+        "tokens_per_second": round(result.tokens_seen / result.seconds),
+    }
+
+
+def run_model(ctx: StageContext) -> dict[str, Any]:
+    """Export the final weights with their config and tokenizer: a self-contained model."""
+    checkpoints = ctx.upstream("checkpoints")
+    weights = load_weights(checkpoints / FINAL_CHECKPOINT)
+    torch.save(weights, ctx.out / MODEL_WEIGHTS)
+    tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
+    shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
+    run = json.loads((checkpoints / RUN_FILE).read_text())
+    (ctx.out / MODEL_CONFIG).write_text(json.dumps(run, indent=2, sort_keys=True))
+    return {"parameters": run["parameters"], "tokens_seen": run["tokens_seen"], "vocab_size": run["vocab_size"]}
+
+
+def run_evaluation(ctx: StageContext) -> dict[str, Any]:
+    """Validation bits-per-byte of the trained model and of its untrained initialisation."""
+    config = EvalConfig.model_validate(ctx.config["eval"])
+    model_dir = ctx.upstream("model")
+    model_config_json = json.loads((model_dir / MODEL_CONFIG).read_text())
+    model_config = ModelConfig.model_validate(model_config_json["model"])
+    tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
+    vocab_size = tokenizer.get_vocab_size()
+    tokens = validation_tokens(ctx.corpus_split("validation"), tokenizer, tokenizer.token_to_id(EOS), config.max_bytes)
+    lengths = token_byte_lengths(tokenizer)
+    trained = GPT(model_config, vocab_size)
+    trained.load_state_dict(torch.load(model_dir / MODEL_WEIGHTS, map_location="cpu", weights_only=True))
+    untrained = build_model(model_config, vocab_size, ctx.config["seed"])
+    score = bits_per_byte(trained, tokens, lengths, model_config.context, config.batch_size)
+    baseline = bits_per_byte(untrained, tokens, lengths, model_config.context, config.batch_size)
+    results = {
+        "bpb": round(score.bpb, 6),
+        "init_bpb": round(baseline.bpb, 6),
+        "tokens": score.tokens,
+        "bytes": score.bytes,
+        "parameters": trained.num_parameters(),
+        "tokens_seen": model_config_json["tokens_seen"],
+    }
+    (ctx.out / RESULTS_FILE).write_text(json.dumps(results, indent=2, sort_keys=True))
+    ctx.log.info("validation bits/byte %.4f (untrained %.4f) over %d bytes", score.bpb, baseline.bpb, score.bytes)
+    return results
+
+
+RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
+    "corpus": run_corpus,
+    "tokenizer": run_tokenizer,
+    "checkpoints": run_checkpoints,
+    "model": run_model,
+    "evaluation": run_evaluation,
+}

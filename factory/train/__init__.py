@@ -1,0 +1,1 @@
+"""Training: the pretraining loop and its checkpoints."""

@@ -1,0 +1,41 @@
+"""Launch a stage process through Dagster Pipes: its logs and materialization flow back to the run."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from dagster import (
+    AssetExecutionContext,
+    ConfigurableResource,
+    Failure,
+    PipesExecutionResult,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
+
+from factory.errors import FactoryError
+from factory.launch import LocalLauncher, stage_argv
+from factory.stages.request import StageRequest
+
+
+class StageLauncher(ConfigurableResource):
+    """Runs `python -m factory.stages` as a local child process (the embedded default)."""
+
+    def launch(self, context: AssetExecutionContext, request: StageRequest) -> Iterator[PipesExecutionResult]:
+        """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure."""
+        kind = request.spec.kind
+        with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
+            argv = stage_argv(request.write(Path(tmp) / "request.json"))
+            with open_pipes_session(
+                context=context,
+                context_injector=PipesTempFileContextInjector(),
+                message_reader=PipesTempFileMessageReader(),
+            ) as session:
+                try:
+                    LocalLauncher().run(argv, session.get_bootstrap_env_vars(), kind)
+                except FactoryError as e:
+                    raise Failure(description=str(e)) from e
+            yield from session.get_results()

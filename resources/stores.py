@@ -1,0 +1,24 @@
+"""Where artifacts and datasets live: the registry and the Iceberg catalog under one root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import ConfigurableResource
+
+from factory.data.catalog import CatalogConfig
+from factory.registry import ArtifactStore
+
+
+class FactoryStores(ConfigurableResource):
+    """The embedded defaults: a local registry and a sqlite Iceberg catalog under `root`."""
+
+    root: str = ".factory"
+
+    def registry(self) -> ArtifactStore:
+        """The artifact registry."""
+        return ArtifactStore(Path(self.root) / "registry")
+
+    def catalog(self) -> CatalogConfig:
+        """The Iceberg catalog's location."""
+        return CatalogConfig.local(Path(self.root) / "iceberg")
