@@ -61,12 +61,12 @@ def split_of(path: str, validation_percent: int) -> str:
 
 
 def source_files(root: Path, max_file_bytes: int) -> Iterator[Path]:
-    """`.py` files under root, in path order, without installed packages or caches."""
+    """Non-empty `.py` files under root, in path order, without installed packages or caches."""
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
         if "site-packages" in parts or "dist-packages" in parts or "__pycache__" in parts:
             continue
-        if path.is_file() and path.stat().st_size <= max_file_bytes:
+        if path.is_file() and 0 < path.stat().st_size <= max_file_bytes:
             yield path
 
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from tokenizers import Tokenizer
 
+from factory.errors import ConfigError
+
 ENCODE_BATCH_DOCS = 256
 
 
@@ -26,7 +28,7 @@ def pack_documents(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, max_
         if total >= max_tokens:
             break
     if not pieces:
-        raise ValueError("no documents to pack")
+        raise ConfigError("the train split has no documents to pack: widen the data or lower data.validation_percent")
     return torch.cat(pieces)[:max_tokens]
 
 

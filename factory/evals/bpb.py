@@ -11,6 +11,8 @@ from torch import nn
 from torch.nn import functional as F
 from tokenizers import Tokenizer
 
+from factory.errors import ConfigError
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BitsPerByte:
@@ -31,8 +33,8 @@ def validation_tokens(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, m
         ids.extend(tokenizer.encode(text).ids)
         ids.append(eos_id)
         covered += len(text.encode())
-    if not ids:
-        raise ValueError("no validation text to score")
+    if len(ids) < 2:
+        raise ConfigError("the validation split is empty: raise data.validation_percent or widen the data")
     return torch.tensor(ids, dtype=torch.int64)
 
 
@@ -53,5 +55,5 @@ def bits_per_byte(model: nn.Module, tokens: torch.Tensor, byte_lengths: Sequence
         nats += F.cross_entropy(logits.reshape(-1, logits.size(-1)), yb.reshape(-1), ignore_index=-100, reduction="sum").item()
     covered = int(lengths[targets].sum())
     if covered == 0:
-        raise ValueError("the scored tokens cover no bytes")
+        raise ConfigError("the validation tokens cover no bytes: raise eval.max_bytes or widen the data")
     return BitsPerByte(bpb=nats / math.log(2) / covered, tokens=len(targets), bytes=covered)

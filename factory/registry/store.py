@@ -140,9 +140,14 @@ class ArtifactStore:
         digest = _digest(files)
         target = self.path(digest)
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
+        if target.exists() and self._matches(target, files):
             shutil.rmtree(staging)  # the same bytes were published before: keep the first copy
         else:
+            if target.exists():  # damaged copy of these bytes: move it aside, then put the good one in
+                aside = staging.with_name(f"damaged-{staging.name}")
+                _make_writable(target)
+                os.rename(target, aside)
+                shutil.rmtree(aside)
             _fsync_dir(staging)
             os.rename(staging, target)
             _fsync_dir(target.parent)
@@ -175,8 +180,11 @@ class ArtifactStore:
         return self.root / "manifests" / f"{fingerprint}.json"
 
     def _intact(self, manifest: Manifest) -> bool:
-        base = self.path(manifest.digest)
-        for name, entry in manifest.files.items():
+        return self._matches(self.path(manifest.digest), manifest.files)
+
+    @staticmethod
+    def _matches(base: Path, files: Mapping[str, Mapping[str, Any]]) -> bool:
+        for name, entry in files.items():
             path = base / name
             if not path.is_file() or path.stat().st_size != entry["bytes"]:
                 return False
@@ -232,6 +240,11 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _make_writable(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
 
 
 def _make_read_only(root: Path) -> None:

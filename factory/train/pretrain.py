@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.packing import sample_batch
+from factory.errors import ConfigError
 from factory.models.gpt import GPT, build_model
 
 FINAL_CHECKPOINT = "final.pt"
@@ -64,7 +65,10 @@ def pretrain(
 ) -> TrainResult:
     """Train a fresh model on `tokens`; write checkpoints and a metrics log into `out_dir`."""
     if len(tokens) <= model_config.context + 1:
-        raise ValueError(f"{len(tokens)} tokens are too few for a context of {model_config.context}")
+        raise ConfigError(
+            f"the train split has {len(tokens)} tokens, too few for model.context={model_config.context}: "
+            "lower model.context or widen the data (data.max_file_bytes, data.validation_percent)"
+        )
     model = build_model(model_config, vocab_size, seed)
     optimizer = build_optimizer(model, config)
     generator = torch.Generator().manual_seed(seed)

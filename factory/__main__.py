@@ -1,0 +1,5 @@
+"""`python -m factory` is the `factory` command."""
+
+from factory.cli import main
+
+main()

@@ -1,0 +1,180 @@
+"""Stage fingerprints and config hashes: they move with what changes the bytes, and only with that."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, plan_stage
+from factory.config.fingerprint import canonical_json, code_identity, sha256_of, source_tree_hash
+from factory.errors import ConfigError
+
+EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "tiny-code-lm.md"
+PINNED = "registry.example/factory@sha256:" + "cd" * 32
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Experiment:
+    return load(EXPERIMENT)
+
+
+def fake_digest(name: str, salt: str = "") -> str:
+    return sha256_of({"artifact": name, "salt": salt})
+
+
+def fingerprints(experiment: Experiment, salt: str = "") -> dict[str, str]:
+    """Plan every stage in order, feeding each a made-up digest per upstream artifact."""
+    digests = {name: fake_digest(name, salt) for name in STAGES}
+    return {kind: plan_stage(experiment, kind, digests).fingerprint for kind in STAGES}
+
+
+def with_section(experiment: Experiment, section: str, **changes) -> Experiment:
+    """Copy-and-replace one field of one section."""
+    part = getattr(experiment, section).model_copy(update=changes)
+    return experiment.model_copy(update={section: part})
+
+
+def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    return {kind for kind in STAGES if before[kind] != after[kind]}
+
+
+def test_fingerprints_are_stable_for_the_same_experiment(tiny):
+    again = load(EXPERIMENT)
+    first = fingerprints(tiny)
+    assert first == fingerprints(again)
+    assert len(set(first.values())) == len(STAGES)
+    assert all(re.fullmatch(r"[0-9a-f]{64}", fp) for fp in first.values())
+
+
+def test_learning_rate_changes_only_the_checkpoints_fingerprint(tiny):
+    variant = with_section(tiny, "pretrain", lr=0.01)
+    assert variant.pretrain.lr == 0.01 and tiny.pretrain.lr == 0.003
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"checkpoints"}
+
+
+def test_model_width_changes_checkpoints_and_evaluation(tiny):
+    variant = with_section(tiny, "model", n_embd=256)
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"checkpoints", "evaluation"}
+
+
+def test_tokenizer_config_changes_only_the_tokenizer_fingerprint(tiny):
+    variant = with_section(tiny, "tokenizer", vocab_size=4096)
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"tokenizer"}
+
+
+def test_data_config_changes_only_the_corpus_fingerprint(tiny):
+    variant = with_section(tiny, "data", validation_percent=10)
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"corpus"}
+
+
+def test_seed_changes_every_seeded_stage_but_not_the_corpus(tiny):
+    variant = tiny.model_copy(update={"seed": 7})
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"tokenizer", "checkpoints", "evaluation"}
+
+
+@pytest.mark.parametrize("changes", [{"queue": "gpu-large"}, {"processes_per_node": 8}, {"nodes": 4}])
+def test_placement_does_not_change_any_fingerprint(tiny, changes):
+    variant = with_section(tiny, "resources", **changes)
+    assert variant.resources != tiny.resources
+    assert fingerprints(variant) == fingerprints(tiny)
+
+
+def test_name_and_description_do_not_change_any_fingerprint(tiny):
+    variant = tiny.model_copy(update={"name": "renamed", "description": "other prose"})
+    assert fingerprints(variant) == fingerprints(tiny)
+
+
+def test_pinned_image_changes_every_fingerprint(tiny):
+    variant = tiny.model_copy(update={"image": PINNED})
+    assert changed(fingerprints(tiny), fingerprints(variant)) == set(STAGES)
+
+
+@pytest.mark.parametrize("kind", [k for k in STAGES if UPSTREAM[k]])
+def test_an_upstream_digest_changes_the_fingerprint(tiny, kind):
+    digests = {name: fake_digest(name) for name in STAGES}
+    before = plan_stage(tiny, kind, digests)
+    parent = UPSTREAM[kind][0]
+    after = plan_stage(tiny, kind, {**digests, parent: fake_digest(parent, "rebuilt")})
+    assert after.fingerprint != before.fingerprint
+    assert after.upstream[parent] == fake_digest(parent, "rebuilt")
+
+
+def test_digests_a_stage_does_not_read_are_ignored(tiny):
+    only_corpus = plan_stage(tiny, "tokenizer", {"corpus": fake_digest("corpus")})
+    with_extra = plan_stage(tiny, "tokenizer", {"corpus": fake_digest("corpus"), "model": fake_digest("model")})
+    assert dict(with_extra.upstream) == {"corpus": fake_digest("corpus")}
+    assert with_extra.fingerprint == only_corpus.fingerprint
+
+
+@pytest.mark.parametrize("kind", [k for k in STAGES if UPSTREAM[k]])
+def test_planning_without_an_upstream_digest_is_a_config_error(tiny, kind):
+    digests = {name: fake_digest(name) for name in STAGES}
+    missing = UPSTREAM[kind][-1]
+    del digests[missing]
+    with pytest.raises(ConfigError, match=missing):
+        plan_stage(tiny, kind, digests)
+
+
+def test_unknown_stage_is_a_config_error(tiny):
+    with pytest.raises(ConfigError, match="unknown stage 'finetune'"):
+        plan_stage(tiny, "finetune", {})
+
+
+def test_stage_spec_round_trips_through_json(tiny):
+    spec = plan_stage(tiny, "checkpoints", {name: fake_digest(name) for name in STAGES})
+    data = json.loads(json.dumps(spec.to_json()))
+    again = StageSpec.from_json(data)
+    assert again.fingerprint == spec.fingerprint
+    assert again.to_json() == spec.to_json()
+    assert data["config"]["pretrain"]["lr"] == 0.003 and "resources" not in data["config"]
+
+
+def test_config_hash_ignores_name_and_description(tiny):
+    renamed = tiny.model_copy(update={"name": "renamed", "description": "other prose"})
+    assert config_hash(renamed) == config_hash(tiny)
+    assert re.fullmatch(r"[0-9a-f]{16}", config_hash(tiny))
+
+
+@pytest.mark.parametrize(
+    ("section", "changes"),
+    [("pretrain", {"lr": 0.01}), ("resources", {"queue": "gpu-large"}), ("eval", {"max_bytes": 1000})],
+)
+def test_config_hash_changes_with_any_recipe_or_placement_field(tiny, section, changes):
+    assert config_hash(with_section(tiny, section, **changes)) != config_hash(tiny)
+
+
+def test_canonical_json_is_sorted_and_compact():
+    assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": "é"}]}) == '{"a":[1,{"c":"é","d":2}],"b":1}'
+    assert canonical_json({"x": 1, "y": 2}) == canonical_json({"y": 2, "x": 1})
+    assert sha256_of({"x": 1, "y": 2}) == sha256_of({"y": 2, "x": 1})
+    assert sha256_of({"x": 1}) != sha256_of({"x": 2})
+
+
+def test_canonical_json_refuses_nan():
+    with pytest.raises(ValueError):
+        canonical_json({"loss": float("nan")})
+
+
+def test_code_identity_is_the_image_when_pinned():
+    assert code_identity(PINNED) == PINNED
+
+
+def test_code_identity_of_local_hashes_the_source_tree():
+    identity = code_identity("local")
+    assert re.fullmatch(r"local:[0-9a-f]{16}", identity)
+    assert code_identity("local") == identity
+
+
+def test_source_tree_hash_follows_python_sources_only(tmp_path):
+    for name, text in (("a", "x = 1\n"), ("b", "x = 2\n")):
+        (tmp_path / name / "__pycache__").mkdir(parents=True)
+        (tmp_path / name / "mod.py").write_text(text)
+    (tmp_path / "b" / "README.md").write_text("prose is not code")
+    (tmp_path / "b" / "__pycache__" / "stale.py").write_text("ignored")
+    assert source_tree_hash(tmp_path / "a") != source_tree_hash(tmp_path / "b")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "mod.py").write_text("x = 2\n")
+    assert source_tree_hash(tmp_path / "c") == source_tree_hash(tmp_path / "b")

@@ -1,0 +1,220 @@
+"""The artifact store on a real directory: publish, lookup, sharing by content, and damage detection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from factory.errors import ArtifactError
+from factory.registry import ArtifactStore, Manifest, Provenance
+
+PROVENANCE = Provenance(experiment="tiny-code-lm", config_hash="0123456789abcdef", git_commit="f" * 40)
+INPUTS = {"corpus": "c" * 64}
+FILES = {"tokenizer.json": b'{"vocab": {}}\n', "stats/counts.txt": b"merges 1790\n"}
+
+
+@pytest.fixture
+def store(tmp_path) -> ArtifactStore:
+    return ArtifactStore(tmp_path / "registry")
+
+
+def publish(store: ArtifactStore, fingerprint: str, files=FILES, summary=None) -> Manifest:
+    """Stage `files` and publish them as a tokenizer artifact."""
+    with store.staging() as out:
+        for name, data in files.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
+        return store.publish(
+            out,
+            kind="tokenizer",
+            fingerprint=fingerprint,
+            config={"vocab_size": 2048},
+            inputs=INPUTS,
+            code="local:0123456789abcdef",
+            provenance=PROVENANCE,
+            summary=summary if summary is not None else {"vocab_size": 2048},
+        )
+
+
+def staged_leftovers(store: ArtifactStore) -> list[Path]:
+    return list((store.root / "staging").iterdir())
+
+
+def make_writable(path: Path) -> None:
+    path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+def test_publish_moves_staged_files_to_their_content_address(store):
+    with store.staging() as out:
+        (out / "tokenizer.json").write_bytes(FILES["tokenizer.json"])
+        manifest = store.publish(
+            out, kind="tokenizer", fingerprint="fp-a", config={"vocab_size": 2048}, inputs=INPUTS,
+            code="local:0123456789abcdef", provenance=PROVENANCE, summary={},
+        )
+        assert not out.exists()
+    target = store.root / "objects" / manifest.digest
+    assert store.path(manifest.digest) == target
+    assert (target / "tokenizer.json").read_bytes() == FILES["tokenizer.json"]
+    assert staged_leftovers(store) == []
+
+
+def test_manifest_records_hashes_and_provenance(store):
+    manifest = publish(store, "fp-a")
+    expected_files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in FILES.items()}
+    assert manifest.files == expected_files
+    on_disk = json.loads((store.root / "manifests" / "fp-a.json").read_text())
+    assert on_disk["files"] == expected_files
+    assert on_disk["fingerprint"] == "fp-a"
+    assert on_disk["digest"] == manifest.digest
+    assert on_disk["inputs"] == INPUTS
+    assert on_disk["git_commit"] == PROVENANCE.git_commit
+    assert on_disk["config_hash"] == PROVENANCE.config_hash
+    assert on_disk["experiment"] == "tiny-code-lm"
+    assert on_disk["config"] == {"vocab_size": 2048}
+
+
+def test_published_files_and_directories_are_read_only(store):
+    manifest = publish(store, "fp-a")
+    target = store.path(manifest.digest)
+    paths = [target, *target.rglob("*")]
+    assert {p.relative_to(target).as_posix() for p in paths} == {".", "tokenizer.json", "stats", "stats/counts.txt"}
+    for path in paths:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o222 == 0, path
+
+
+def test_lookup_misses_before_publish_and_hits_after(store):
+    assert store.lookup("fp-a") is None
+    manifest = publish(store, "fp-a")
+    found = store.lookup("fp-a")
+    assert found == manifest
+    assert store.lookup("fp-b") is None
+
+
+def test_identical_content_from_two_fingerprints_shares_one_object(store):
+    first = publish(store, "fp-a")
+    second = publish(store, "fp-b")
+    assert first.digest == second.digest
+    assert [p.name for p in (store.root / "objects").iterdir()] == [first.digest]
+    assert store.lookup("fp-a").fingerprint == "fp-a"
+    assert store.lookup("fp-b").fingerprint == "fp-b"
+    assert staged_leftovers(store) == []
+
+
+def test_different_content_or_names_give_different_digests(store):
+    base = publish(store, "fp-a")
+    other_bytes = publish(store, "fp-b", files={**FILES, "tokenizer.json": b"{}\n"})
+    other_name = publish(store, "fp-c", files={"renamed.json": FILES["tokenizer.json"]})
+    single = publish(store, "fp-d", files={"tokenizer.json": FILES["tokenizer.json"]})
+    assert len({base.digest, other_bytes.digest, other_name.digest, single.digest}) == 4
+
+
+def test_publishing_a_fingerprint_twice_keeps_the_first_manifest(store):
+    first = publish(store, "fp-a", summary={"run": 1})
+    manifest_path = store.root / "manifests" / "fp-a.json"
+    first_bytes = manifest_path.read_bytes()
+    second = publish(store, "fp-a", files={"other.bin": b"different bytes"}, summary={"run": 2})
+    assert second == first
+    assert second.created == first.created and second.summary == {"run": 1}
+    assert manifest_path.read_bytes() == first_bytes
+    assert [p.name for p in (store.root / "objects").iterdir()] == [first.digest]
+    assert staged_leftovers(store) == []
+
+
+def test_a_corrupted_file_makes_lookup_miss(store):
+    manifest = publish(store, "fp-a")
+    victim = store.path(manifest.digest) / "tokenizer.json"
+    make_writable(victim)
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-2] + b"X\n")  # same size, different bytes
+    assert victim.stat().st_size == manifest.files["tokenizer.json"]["bytes"]
+    assert store.lookup("fp-a") is None
+
+
+def test_a_truncated_file_makes_lookup_miss(store):
+    manifest = publish(store, "fp-a")
+    victim = store.path(manifest.digest) / "stats" / "counts.txt"
+    make_writable(victim)
+    victim.write_bytes(FILES["stats/counts.txt"][:3])
+    assert store.lookup("fp-a") is None
+
+
+def test_a_missing_file_makes_lookup_miss(store):
+    manifest = publish(store, "fp-a")
+    victim = store.path(manifest.digest) / "stats" / "counts.txt"
+    make_writable(victim.parent)
+    victim.unlink()
+    assert store.lookup("fp-a") is None
+
+
+def test_republishing_over_a_damaged_artifact_repairs_it(store):
+    manifest = publish(store, "fp-a")
+    victim = store.path(manifest.digest) / "tokenizer.json"
+    make_writable(victim)
+    victim.write_bytes(b"garbage")
+    assert store.lookup("fp-a") is None
+    again = publish(store, "fp-a")
+    assert again.digest == manifest.digest
+    assert victim.read_bytes() == FILES["tokenizer.json"]
+    assert store.lookup("fp-a") is not None
+
+
+def test_staging_is_removed_when_the_block_raises(store):
+    with pytest.raises(RuntimeError, match="stage crashed"):
+        with store.staging() as out:
+            (out / "half-written.bin").write_bytes(b"partial")
+            raise RuntimeError("stage crashed")
+    assert not out.exists()
+    assert staged_leftovers(store) == []
+    assert not (store.root / "objects").exists() or list((store.root / "objects").iterdir()) == []
+
+
+def test_publishing_an_empty_staging_directory_fails(store):
+    with store.staging() as out:
+        (out / "empty-subdir").mkdir()
+        with pytest.raises(ArtifactError, match="staged no files"):
+            store.publish(
+                out, kind="tokenizer", fingerprint="fp-a", config={}, inputs={}, code="local:x",
+                provenance=PROVENANCE, summary={},
+            )
+    assert store.lookup("fp-a") is None
+    assert not (store.root / "manifests" / "fp-a.json").exists()
+
+
+def test_open_returns_a_published_artifact_and_refuses_an_unknown_one(store):
+    manifest = publish(store, "fp-a")
+    assert store.open(manifest.digest) == store.path(manifest.digest)
+    assert (store.open(manifest.digest) / "tokenizer.json").is_file()
+    with pytest.raises(ArtifactError, match="not in the registry"):
+        store.open("0" * 64)
+
+
+def test_an_unreadable_manifest_is_an_artifact_error(store):
+    (store.root / "manifests").mkdir(parents=True)
+    (store.root / "manifests" / "fp-a.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="unreadable"):
+        store.lookup("fp-a")
+
+
+def test_manifests_lists_every_artifact_by_kind(store):
+    publish(store, "fp-a")
+    publish(store, "fp-b", files={"other.bin": b"x"})
+    assert sorted(m.fingerprint for m in store.manifests()) == ["fp-a", "fp-b"]
+    assert sorted(m.fingerprint for m in store.manifests("tokenizer")) == ["fp-a", "fp-b"]
+    assert list(store.manifests("checkpoints")) == []
+
+
+def test_metadata_puts_provenance_first_then_the_summary(store):
+    manifest = publish(store, "fp-a", summary={"vocab_size": 2048, "merges": 1790})
+    metadata = manifest.metadata()
+    assert metadata["digest"] == manifest.digest
+    assert metadata["fingerprint"] == "fp-a"
+    assert metadata["git_commit"] == PROVENANCE.git_commit
+    assert metadata["config_hash"] == PROVENANCE.config_hash
+    assert metadata["produced_for"] == "tiny-code-lm"
+    assert metadata["inputs"] == "corpus=" + "c" * 12
+    assert metadata["summary/vocab_size"] == 2048 and metadata["summary/merges"] == 1790
+    assert list(metadata)[:4] == ["digest", "fingerprint", "git_commit", "config_hash"]

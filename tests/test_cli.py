@@ -1,0 +1,54 @@
+"""The `factory` command: bad input is a clear message and exit 2, never a traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def factory(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def broken_copy(tiny_path: Path, tmp_path: Path) -> tuple[Path, int]:
+    """tiny-code-lm with `steps:` set to a word; returns the file and the line of that key."""
+    lines = tiny_path.read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if line.strip().startswith("steps:"))
+    lines[index] = "  steps: many"
+    path = tmp_path / "broken.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path, index + 1
+
+
+def test_check_accepts_the_shipped_experiments(tiny_path):
+    result = factory("check", str(tiny_path.parent))
+    assert result.returncode == 0, result.stderr
+    assert "tiny-code-lm" in result.stdout
+
+
+def test_check_names_file_line_and_field(tiny_path, tmp_path):
+    path, line = broken_copy(tiny_path, tmp_path)
+    result = factory("check", str(path))
+    assert result.returncode == 2
+    assert f"{path}:{line}: pretrain.steps:" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_run_rejects_a_bad_file_before_starting_dagster(tiny_path, tmp_path):
+    path, line = broken_copy(tiny_path, tmp_path)
+    result = factory("run", str(path), "--root", str(tmp_path / "state"))
+    assert result.returncode == 2
+    assert f"{path}:{line}: pretrain.steps:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_run_of_a_missing_file_says_so(tmp_path):
+    result = factory("run", str(tmp_path / "nope.md"), "--root", str(tmp_path / "state"))
+    assert result.returncode == 2
+    assert "no such experiment file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_leaderboard_without_runs_says_what_to_do(tmp_path):
+    result = factory("leaderboard", "--root", str(tmp_path))
+    assert result.returncode == 1
+    assert "factory run" in result.stderr and "Traceback" not in result.stderr
