@@ -1,5 +1,7 @@
 """Assembles the code location: assets and the embedded-default resources."""
 
+import os
+
 from dagster import Definitions
 
 from assets.leaderboard import leaderboard
@@ -8,5 +10,9 @@ from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 defs = Definitions(
     assets=[*stage_assets, leaderboard],
-    resources={"experiments": ExperimentFiles(), "stores": FactoryStores(), "launcher": StageLauncher()},
+    resources={
+        "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
+        "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),
+        "launcher": StageLauncher(),
+    },
 )

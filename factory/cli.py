@@ -92,7 +92,7 @@ def leaderboard(root: RootOption = DEFAULT_ROOT) -> None:
 @app.command()
 def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
     """Start the Dagster UI (`dagster dev`) on the same instance as `factory run`."""
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root)), "FACTORY_ROOT": str(root.resolve())}
     raise typer.Exit(subprocess.call([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env=env))
 
 

@@ -10,6 +10,8 @@ from dagster import (
     AssetExecutionContext,
     ConfigurableResource,
     Failure,
+    MaterializeResult,
+    MetadataValue,
     PipesExecutionResult,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
@@ -38,4 +40,8 @@ class StageLauncher(ConfigurableResource):
                     LocalLauncher().run(argv, session.get_bootstrap_env_vars(), kind)
                 except FactoryError as e:
                     raise Failure(description=str(e)) from e
-            yield from session.get_results()
+            metrics = session.get_custom_messages()
+            for result in session.get_results():
+                if metrics and isinstance(result, MaterializeResult):
+                    result = result._replace(metadata={**(result.metadata or {}), "metrics": MetadataValue.json(metrics)})
+                yield result

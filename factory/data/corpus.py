@@ -104,7 +104,10 @@ def ingest(catalog: Catalog, config: DataConfig, log: logging.Logger, root: Path
     namespace, _ = config.table.split(".")
     catalog.create_namespace_if_not_exists(namespace)
     table = catalog.create_table_if_not_exists(config.table, schema=SCHEMA)
-    table.overwrite(data)
+    if table.current_snapshot() is None:
+        table.append(data)
+    else:
+        table.overwrite(data)
     snapshot = table.current_snapshot()
     assert snapshot is not None, "an overwrite always makes a snapshot"
     rows = {split: 0 for split in SPLITS}
@@ -112,7 +115,8 @@ def ingest(catalog: Catalog, config: DataConfig, log: logging.Logger, root: Path
     for split, size in zip(data["split"].to_pylist(), data["bytes"].to_pylist(), strict=True):
         rows[split] += 1
         sizes[split] += size
-    content = hashlib.sha256("\n".join(data["sha256"].to_pylist()).encode()).hexdigest()
+    listing = (f"{path}\0{digest}" for path, digest in zip(data["path"].to_pylist(), data["sha256"].to_pylist(), strict=True))
+    content = hashlib.sha256("\n".join(listing).encode()).hexdigest()
     log.info("ingested %d files (%d bytes) into %s, snapshot %d", data.num_rows, sum(sizes.values()), config.table, snapshot.snapshot_id)
     return CorpusVersion(
         table=config.table,

@@ -34,7 +34,7 @@ def pack_documents(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, max_
 
 def sample_batch(tokens: torch.Tensor, batch_size: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of `context` tokens and their next-token targets."""
-    starts = torch.randint(0, len(tokens) - context - 1, (batch_size,), generator=generator)
+    starts = torch.randint(0, len(tokens) - context, (batch_size,), generator=generator)
     x = torch.stack([tokens[s : s + context] for s in starts.tolist()])
     y = torch.stack([tokens[s + 1 : s + 1 + context] for s in starts.tolist()])
     return x, y

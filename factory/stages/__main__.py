@@ -20,6 +20,7 @@ def run(request: StageRequest) -> None:
     registry = ArtifactStore(request.registry)
     with open_reporter(spec.kind) as reporter:
         manifest = registry.lookup(spec.fingerprint)
+        cache = "hit" if manifest else "miss"
         if manifest is None:
             with registry.staging() as out:
                 summary = RUNNERS[spec.kind](StageContext(request=request, registry=registry, out=out, reporter=reporter))
@@ -35,7 +36,7 @@ def run(request: StageRequest) -> None:
                 )
             reporter.log.info("published %s artifact %s", spec.kind, manifest.digest[:12])
         artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
-        reporter.materialized({**manifest.metadata(), "cache": "miss", "artifact": artifact}, manifest.digest)
+        reporter.materialized({**manifest.metadata(), "cache": cache, "artifact": artifact}, manifest.digest)
 
 
 def main(argv: list[str] | None = None) -> int:

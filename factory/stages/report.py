@@ -68,12 +68,20 @@ def open_reporter(name: str) -> Iterator[Reporter]:
     log = logging.getLogger(f"factory.stage.{name}")
     log.setLevel(logging.INFO)
     log.propagate = False
-    stderr = logging.StreamHandler(sys.stderr)
-    stderr.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", "%H:%M:%S"))
     if DAGSTER_PIPES_CONTEXT_ENV_VAR not in os.environ:
-        log.addHandler(stderr)
-        yield ConsoleReporter(log)
+        stderr = logging.StreamHandler(sys.stderr)
+        stderr.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", "%H:%M:%S"))
+        with _handler(log, stderr):
+            yield ConsoleReporter(log)
         return
-    with open_dagster_pipes() as pipes:
-        log.addHandler(_PipesLogHandler(pipes))
+    with open_dagster_pipes() as pipes, _handler(log, _PipesLogHandler(pipes)):
         yield PipesReporter(pipes, log)
+
+
+@contextlib.contextmanager
+def _handler(log: logging.Logger, handler: logging.Handler) -> Iterator[None]:
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)

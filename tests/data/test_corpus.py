@@ -26,6 +26,7 @@ def make_source_tree(root: Path) -> dict[str, bytes]:
     (root / "big.py").write_bytes(b"x = 1\n" * (MAX_FILE_BYTES // 6 + 1))  # over max_file_bytes
     (root / "pkg" / "__pycache__").mkdir()
     (root / "pkg" / "__pycache__" / "cached.py").write_bytes(b"ignored = True\n")
+    (root / "pkg" / "__init__.py").write_bytes(b"")  # empty: nothing to learn from
     (root / "notes.txt").write_bytes(b"not python\n")
     return kept
 

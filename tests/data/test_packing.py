@@ -8,6 +8,7 @@ import torch
 
 from factory.config.schema import TokenizerConfig
 from factory.data.packing import pack_documents, sample_batch
+from factory.errors import ConfigError
 from factory.models.tokenizer import EOS, train_tokenizer
 
 DOCS = [f"def function_{i}(x):\n    return x + {i}\n" for i in range(12)]
@@ -61,7 +62,7 @@ def test_truncates_to_max_tokens(tokenizer, eos):
 
 
 def test_nothing_to_pack_is_an_error(tokenizer, eos):
-    with pytest.raises(ValueError, match="no documents"):
+    with pytest.raises(ConfigError, match="no documents"):
         pack_documents([], tokenizer, eos, max_tokens=10, seed=0)
 
 

@@ -2,14 +2,13 @@
 
 import json
 import subprocess
-import warnings
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, PreviewWarning
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.run import failure_messages, run_experiment
-from factory.config import STAGES, load
+from factory.config import STAGES
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_leaderboard
 
@@ -28,22 +27,6 @@ def materializations(instance: DagsterInstance, asset: str, partition: str | Non
 
 def metadata_of(materialization) -> dict:
     return {key: value.value for key, value in materialization.metadata.items()}
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, tiny_path):
-    """Run the tiny experiment twice on one instance; keep what each run left behind."""
-    warnings.filterwarnings("ignore", category=PreviewWarning)
-    base = tmp_path_factory.mktemp("factory")
-    (base / "dagster").mkdir()
-    instance = DagsterInstance.local_temp(str(base / "dagster"), overrides=NO_TELEMETRY)
-    root = base / "state"
-    first = run_experiment(tiny_path, root, instance)
-    assert first.success, failure_messages(first)
-    objects = sorted(p.name for p in (root / "registry" / "objects").iterdir())
-    second = run_experiment(tiny_path, root, instance)
-    assert second.success, failure_messages(second)
-    return {"instance": instance, "root": root, "objects_after_first": objects, "name": load(tiny_path).name}
 
 
 def test_trained_model_beats_its_untrained_initialisation(pipeline):

@@ -1,0 +1,24 @@
+"""The tiny experiment materialized twice, as `make run` does, shared by the end-to-end tests."""
+
+import warnings
+
+import pytest
+from dagster import DagsterInstance, PreviewWarning
+
+from assets.run import failure_messages, run_experiment
+from factory.cli import dagster_home
+from factory.config import load
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory, tiny_path):
+    """Run tiny-code-lm twice on one persistent instance under a fresh root."""
+    warnings.filterwarnings("ignore", category=PreviewWarning)
+    root = tmp_path_factory.mktemp("factory")
+    instance = DagsterInstance.from_config(str(dagster_home(root)))
+    first = run_experiment(tiny_path, root, instance)
+    assert first.success, failure_messages(first)
+    objects = sorted(p.name for p in (root / "registry" / "objects").iterdir())
+    second = run_experiment(tiny_path, root, instance)
+    assert second.success, failure_messages(second)
+    return {"instance": instance, "root": root, "objects_after_first": objects, "name": load(tiny_path).name}

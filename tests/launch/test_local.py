@@ -1,0 +1,66 @@
+"""The local launcher on real child processes: environment, exit codes, stderr tail, start failures."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from factory.errors import LaunchError, StageFailed
+from factory.launch.local import STDERR_TAIL_LINES, LocalLauncher, stage_argv
+
+
+def python(code: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", code, *args]
+
+
+def test_env_vars_reach_the_child_on_top_of_ours(tmp_path, monkeypatch):
+    monkeypatch.setenv("FACTORY_TEST_INHERITED", "from-parent")
+    out = tmp_path / "env.txt"
+    env = "os.environ['FACTORY_STAGE_X'] + ',' + os.environ['FACTORY_TEST_INHERITED']"
+    code = f"import os, sys; open(sys.argv[1], 'w').write({env})"
+    LocalLauncher().run(python(code, str(out)), {"FACTORY_STAGE_X": "given"}, name="env")
+    assert out.read_text() == "given,from-parent"
+
+
+def test_given_env_overrides_the_parent_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("FACTORY_TEST_VALUE", "parent")
+    out = tmp_path / "env.txt"
+    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['FACTORY_TEST_VALUE'])"
+    LocalLauncher().run(python(code, str(out)), {"FACTORY_TEST_VALUE": "child"}, name="override")
+    assert out.read_text() == "child"
+
+
+def test_stderr_is_streamed_through(capfd):
+    LocalLauncher().run(python("import sys; sys.stderr.write('progress 1\\nprogress 2\\n')"), {}, name="chatty")
+    assert "progress 1\nprogress 2\n" in capfd.readouterr().err
+
+
+def test_non_zero_exit_raises_with_the_code_and_the_last_stderr_lines():
+    code = "import sys\nfor i in range(30): print(f'line {i}', file=sys.stderr)\nsys.exit(3)"
+    with pytest.raises(StageFailed) as failed:
+        LocalLauncher().run(python(code), {}, name="broken")
+    message = str(failed.value)
+    assert "'broken'" in message
+    assert "code 3" in message
+    assert "line 29" in message
+    assert f"line {30 - STDERR_TAIL_LINES}\n" in message
+    assert f"line {30 - STDERR_TAIL_LINES - 1}\n" not in message
+
+
+def test_a_silent_failure_says_there_was_no_stderr():
+    with pytest.raises(StageFailed, match=r"code 7:\n\(no output on stderr\)"):
+        LocalLauncher().run(python("raise SystemExit(7)"), {}, name="silent")
+
+
+def test_a_missing_executable_is_a_launch_error(tmp_path):
+    missing = str(tmp_path / "no-such-python")
+    with pytest.raises(LaunchError, match="no-such-python") as failed:
+        LocalLauncher().run([missing, "-c", "pass"], {}, name="ghost")
+    assert isinstance(failed.value.__cause__, OSError)
+    assert not isinstance(failed.value, StageFailed)
+
+
+def test_stage_argv_runs_the_stages_module_on_the_request():
+    request = Path("/tmp/requests/corpus.json")
+    assert stage_argv(request) == [sys.executable, "-m", "factory.stages", "/tmp/requests/corpus.json"]
+    assert stage_argv(request, python="/opt/py/bin/python3")[0] == "/opt/py/bin/python3"

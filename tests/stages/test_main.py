@@ -1,0 +1,123 @@
+"""`python -m factory.stages`: argument and request errors, and a real corpus stage run in-process."""
+
+import json
+from pathlib import Path
+
+import pytest
+from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
+
+import factory.data.corpus
+from factory.config import load, plan_stage
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.registry.store import ArtifactStore, Provenance
+from factory.stages.__main__ import USAGE, main
+from factory.stages.request import StageRequest
+from factory.stages.runners import CORPUS_FILE
+
+SOURCES = {f"lib/mod_{i}.py": f"def f{i}(x):\n    return x * {i}\n" for i in range(8)}
+
+
+@pytest.fixture
+def stdlib(tmp_path, monkeypatch):
+    """A tiny stand-in for the standard library: `ingest` looks `stdlib_root` up in its own module."""
+    root = tmp_path / "stdlib"
+    for rel, text in SOURCES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.setattr(factory.data.corpus, "stdlib_root", lambda: root)
+    monkeypatch.delenv(DAGSTER_PIPES_CONTEXT_ENV_VAR, raising=False)
+    return root
+
+
+def corpus_request(tmp_path: Path, tiny_path: Path) -> StageRequest:
+    return StageRequest(
+        spec=plan_stage(load(tiny_path), "corpus", {}),
+        registry=str(tmp_path / "registry"),
+        catalog=CatalogConfig.local(tmp_path / "catalog"),
+        provenance=Provenance(experiment="tiny-code-lm", config_hash="0" * 16, git_commit="test"),
+    )
+
+
+def reported(out: str) -> dict:
+    """The materialization the console reporter printed (the last JSON document on stdout)."""
+    return json.loads(out[out.index('{\n  "data_version"') :])
+
+
+@pytest.mark.parametrize("argv", [[], ["a.json", "b.json"]])
+def test_wrong_number_of_arguments_is_a_usage_error(argv, capsys):
+    assert main(argv) == 2
+    assert USAGE in capsys.readouterr().err
+
+
+def test_a_request_that_is_not_json_is_refused_clearly(tmp_path, capsys):
+    path = tmp_path / "request.json"
+    path.write_text("this is { not json")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a stage request" in err
+    assert str(path) in err
+
+
+def test_a_missing_request_file_is_refused(tmp_path, capsys):
+    assert main([str(tmp_path / "absent.json")]) == 2
+    assert "not a stage request" in capsys.readouterr().err
+
+
+def test_an_unknown_stage_kind_is_refused(tmp_path, tiny_path, capsys):
+    data = corpus_request(tmp_path, tiny_path).to_json()
+    data["spec"]["kind"] = "distillation"
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(data))
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown stage kind 'distillation'" in err
+    assert "corpus" in err
+    assert not (tmp_path / "registry" / "objects").exists()
+
+
+def test_request_round_trips_through_json(tmp_path, tiny_path):
+    request = corpus_request(tmp_path, tiny_path)
+    again = StageRequest.read(request.write(tmp_path / "request.json"))
+    assert again == request
+    assert again.spec.fingerprint == request.spec.fingerprint
+
+
+def test_corpus_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_path, stdlib, capsys):
+    request = corpus_request(tmp_path, tiny_path)
+    path = request.write(tmp_path / "request.json")
+    objects = tmp_path / "registry" / "objects"
+
+    assert main([str(path)]) == 0
+    first = reported(capsys.readouterr().out)
+    registry = ArtifactStore(request.registry)
+    manifest = registry.lookup(request.spec.fingerprint)
+    assert manifest is not None
+    assert manifest.kind == "corpus"
+    assert manifest.experiment == "tiny-code-lm"
+    assert first["data_version"] == manifest.digest
+    assert first["metadata"]["summary/rows_train"] + first["metadata"]["summary/rows_validation"] == len(SOURCES)
+    assert first["metadata"]["cache"] == "miss"
+    corpus = json.loads((registry.open(manifest.digest) / CORPUS_FILE).read_text())
+    assert sum(corpus["bytes"].values()) == sum(len(t.encode()) for t in SOURCES.values())
+    assert [p.name for p in objects.iterdir()] == [manifest.digest]
+
+    (stdlib / "lib" / "mod_0.py").write_text("changed = True\n")  # the same fingerprint: not re-read
+    assert main([str(path)]) == 0
+    second = reported(capsys.readouterr().out)
+    assert second["metadata"]["cache"] == "hit"
+    assert second["data_version"] == manifest.digest
+    assert [p.name for p in objects.iterdir()] == [manifest.digest]
+    assert len(list((tmp_path / "registry" / "manifests").glob("*.json"))) == 1
+    table = open_catalog(request.catalog).load_table(corpus["table"])
+    assert table.current_snapshot().snapshot_id == corpus["snapshot_id"]
+
+
+def test_each_log_line_is_written_once_when_stages_run_in_one_process(tmp_path, tiny_path, stdlib, capsys):
+    experiment = load(tiny_path)
+    for table in ("raw.first", "raw.second"):  # two fingerprints: both runs publish and log it
+        variant = experiment.model_copy(update={"data": experiment.data.model_copy(update={"table": table})})
+        base = corpus_request(tmp_path, tiny_path)
+        spec = plan_stage(variant, "corpus", {})
+        request = StageRequest(spec=spec, registry=base.registry, catalog=base.catalog, provenance=base.provenance)
+        assert main([str(request.write(tmp_path / f"{table}.json"))]) == 0
+        assert capsys.readouterr().err.count("published corpus artifact") == 1

@@ -1,0 +1,102 @@
+"""The pretraining loop: learning-rate schedule, learning, checkpoints, metrics and determinism."""
+
+import hashlib
+import json
+import logging
+import math
+
+import pytest
+import torch
+
+from factory.config.schema import ModelConfig, PretrainConfig
+from factory.errors import FactoryError
+from factory.train.pretrain import FINAL_CHECKPOINT, METRICS_FILE, load_weights, lr_at, pretrain
+
+LOG = logging.getLogger("test.pretrain")
+VOCAB = 16
+MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
+TRAIN = PretrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, checkpoint_every=10, log_every=5)
+TOKENS = torch.arange(8, dtype=torch.int64).repeat(100)  # 0..7 over and over: trivially predictable
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    seen = []
+    result = pretrain(TOKENS, VOCAB, MODEL, TRAIN, 0, out, LOG, on_metrics=lambda step, row: seen.append((step, row)))
+    return out, result, seen
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    config = PretrainConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [lr_at(step, config) for step in range(config.steps)]
+    assert lrs[0] == pytest.approx(1e-4)
+    assert lrs[0] < lrs[5] < lrs[9]
+    assert lrs[9] == pytest.approx(1e-3)
+    assert lrs[10] == pytest.approx(1e-3)
+    assert max(lrs) == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[-1] == pytest.approx(1e-4)
+    progress = (55 - 10) / (100 - 10 - 1)  # the cosine runs over the 89 steps after warmup
+    assert lr_at(55, config) == pytest.approx(1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * progress)))
+
+
+def test_lr_without_warmup_starts_at_the_peak():
+    config = PretrainConfig(steps=5, lr=0.5, warmup_steps=0, min_lr_ratio=0.0)
+    assert lr_at(0, config) == pytest.approx(0.5)
+    assert lr_at(4, config) == pytest.approx(0.0)
+
+
+def test_loss_goes_down_on_a_repetitive_stream(run):
+    out, result, _ = run
+    rows = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert [row["step"] for row in rows] == [5, 10, 15, 20, 25, 30]
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
+    assert result.final_loss == pytest.approx(rows[-1]["loss"], abs=1e-5)
+    assert all(set(row) == {"step", "loss", "lr", "grad_norm"} for row in rows)
+
+
+def test_metrics_reach_the_sink_as_they_are_logged(run):
+    out, _, seen = run
+    rows = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert [step for step, _ in seen] == [row["step"] for row in rows]
+    assert [row for _, row in seen] == rows
+
+
+def test_writes_step_checkpoints_and_a_final_one(run):
+    out, result, _ = run
+    assert result.checkpoints == ("step_000010.pt", "step_000020.pt", FINAL_CHECKPOINT)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*result.checkpoints, METRICS_FILE])
+    assert result.steps == 30
+    assert result.tokens_seen == 30 * 8 * 16
+
+
+def test_checkpoint_holds_model_optimizer_and_step(run):
+    out, result, _ = run
+    state = torch.load(out / "step_000020.pt", weights_only=True)
+    assert state["step"] == 20
+    assert {"model", "optimizer", "data_rng", "torch_rng"} <= set(state)
+    assert state["optimizer"]["state"]  # AdamW moments exist after 20 steps
+    assert torch.load(out / FINAL_CHECKPOINT, weights_only=True)["step"] == 30
+    weights = load_weights(out / FINAL_CHECKPOINT)
+    assert "wte.weight" in weights
+    assert sum(w.numel() for k, w in weights.items() if k != "lm_head.weight") == result.parameters
+    assert not torch.equal(weights["wte.weight"], state["model"]["wte.weight"])
+
+
+def test_same_seed_gives_a_byte_identical_final_checkpoint(run, tmp_path):
+    out, _, _ = run
+    pretrain(TOKENS, VOCAB, MODEL, TRAIN, 0, tmp_path / "again", LOG)
+    assert sha256(tmp_path / "again" / FINAL_CHECKPOINT) == sha256(out / FINAL_CHECKPOINT)
+    pretrain(TOKENS, VOCAB, MODEL, TRAIN, 1, tmp_path / "other", LOG)
+    assert sha256(tmp_path / "other" / FINAL_CHECKPOINT) != sha256(out / FINAL_CHECKPOINT)
+
+
+def test_too_few_tokens_for_the_context_is_refused(tmp_path):
+    with pytest.raises(FactoryError, match="too few"):
+        pretrain(TOKENS[: MODEL.context + 1], VOCAB, MODEL, TRAIN, 0, tmp_path, LOG)
+    assert not (tmp_path / FINAL_CHECKPOINT).exists()
