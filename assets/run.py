@@ -49,15 +49,15 @@ def run_experiment(path: Path, root: Path, instance: DagsterInstance) -> Execute
 def print_stages(result: ExecuteInProcessResult) -> None:
     """A table of what each stage did: computed or reused, and where its artifact is."""
     table = Table(title="stages", title_justify="left")
-    for column in ("asset", "cache", "digest", "artifact"):
-        table.add_column(column, overflow="fold")
+    for column in ("asset", "cache", "artifact"):
+        table.add_column(column, no_wrap=True)
     for event in result.get_asset_materialization_events():
         materialization = event.materialization
         metadata = {key: value.value for key, value in materialization.metadata.items()}
         computed = "reused" if metadata.get("cache") == "hit" else "computed"
         artifact = os.path.relpath(metadata["artifact"]) if "artifact" in metadata else ""
-        table.add_row(materialization.asset_key.to_user_string(), computed, str(metadata.get("digest", ""))[:12], artifact)
-    Console(stderr=True).print(table)
+        table.add_row(materialization.asset_key.to_user_string(), computed, artifact)
+    Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)
 
 
 def failure_messages(result: ExecuteInProcessResult) -> list[str]:

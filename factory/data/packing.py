@@ -1,9 +1,9 @@
-"""Token streams: documents tokenized in a seeded order and packed into one long sequence."""
+"""Token streams: documents tokenized as they stream in and packed into one long sequence."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
+from collections.abc import Iterable
+from itertools import islice
 
 import torch
 from tokenizers import Tokenizer
@@ -13,14 +13,12 @@ from factory.errors import ConfigError
 ENCODE_BATCH_DOCS = 256
 
 
-def pack_documents(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, max_tokens: int, seed: int) -> torch.Tensor:
-    """Tokenize documents in a seeded shuffled order, EOS between them, until `max_tokens` (int64)."""
-    order = list(range(len(texts)))
-    random.Random(seed).shuffle(order)
+def pack_documents(texts: Iterable[str], tokenizer: Tokenizer, eos_id: int, max_tokens: int) -> torch.Tensor:
+    """Tokenize documents in the order given, EOS after each, until `max_tokens` (int64); reads no further."""
     pieces: list[torch.Tensor] = []
     total = 0
-    for start in range(0, len(order), ENCODE_BATCH_DOCS):
-        batch = [texts[i] for i in order[start : start + ENCODE_BATCH_DOCS]]
+    texts = iter(texts)
+    while batch := list(islice(texts, ENCODE_BATCH_DOCS)):
         for encoding in tokenizer.encode_batch(batch):
             ids = encoding.ids + [eos_id]
             pieces.append(torch.tensor(ids, dtype=torch.int64))

@@ -51,8 +51,12 @@ def render_markdown(rows: Iterable[Row]) -> str:
     for rank, row in enumerate(rows, start=1):
         lines.append(
             f"| {rank} | {row.experiment} | {row.bpb:.4f} | {row.init_bpb:.4f} | {row.parameters:,} | "
-            f"{row.tokens_seen:,} | {row.git_commit[:12]} | {row.digest[:12]} |"
+            f"{row.tokens_seen:,} | {_short_commit(row.git_commit)} | {row.digest[:12]} |"
         )
     if len(lines) == 2:
         lines.append("| | no evaluations yet | | | | | | |")
     return "\n".join(lines)
+
+
+def _short_commit(commit: str) -> str:
+    return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -14,16 +13,14 @@ EOS = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS,)
 
 
-def sample_texts(texts: Sequence[str], sample_bytes: int, seed: int) -> list[str]:
-    """A seeded sample of whole documents adding up to about `sample_bytes`."""
-    order = list(range(len(texts)))
-    random.Random(seed).shuffle(order)
+def sample_texts(texts: Iterable[str], sample_bytes: int) -> list[str]:
+    """Whole documents from the front of `texts` until they add up to at least `sample_bytes`."""
     sample, size = [], 0
-    for i in order:
+    for text in texts:
         if size >= sample_bytes:
             break
-        sample.append(texts[i])
-        size += len(texts[i].encode())
+        sample.append(text)
+        size += len(text.encode())
     return sample
 
 

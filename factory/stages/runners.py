@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from factory.config.schema import DataConfig, EvalConfig, ModelConfig, PretrainC
 from factory.data.catalog import open_catalog
 from factory.data.corpus import ingest, read_split
 from factory.data.packing import pack_documents
+from factory.data.stream import shuffled, stream_texts
 from factory.evals.bpb import bits_per_byte, validation_tokens
 from factory.models.gpt import GPT, build_model
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
@@ -57,10 +58,16 @@ class StageContext:
         return self.registry.open(self.request.spec.upstream[name])
 
     def corpus_split(self, split: str) -> list[str]:
-        """Texts of one split of the upstream corpus snapshot, in path order."""
+        """Texts of one split of the upstream corpus snapshot, in path order (for evaluation)."""
         corpus = json.loads((self.upstream("corpus") / CORPUS_FILE).read_text())
         catalog = open_catalog(self.request.catalog)
         return read_split(catalog, corpus["table"], corpus["snapshot_id"], split)["text"].to_pylist()
+
+    def corpus_stream(self, split: str) -> Iterator[str]:
+        """Texts of one split streamed from the upstream corpus snapshot in a seeded shuffled order."""
+        corpus = json.loads((self.upstream("corpus") / CORPUS_FILE).read_text())
+        catalog = open_catalog(self.request.catalog)
+        return shuffled(stream_texts(catalog, corpus["table"], corpus["snapshot_id"], split), self.config["seed"])
 
 
 def run_corpus(ctx: StageContext) -> dict[str, Any]:
@@ -81,7 +88,7 @@ def run_corpus(ctx: StageContext) -> dict[str, Any]:
 def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
     """Train a byte-level BPE on a seeded sample of the train split."""
     config = TokenizerConfig.model_validate(ctx.config["tokenizer"])
-    sample = sample_texts(ctx.corpus_split("train"), config.sample_bytes, ctx.config["seed"])
+    sample = sample_texts(ctx.corpus_stream("train"), config.sample_bytes)
     tokenizer = train_tokenizer(sample, config)
     tokenizer.save(str(ctx.out / TOKENIZER_FILE))
     sample_bytes = sum(len(t.encode()) for t in sample)
@@ -101,7 +108,7 @@ def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
     config = PretrainConfig.model_validate(ctx.config["pretrain"])
     tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
     budget = config.steps * config.batch_size * model_config.context
-    tokens = pack_documents(ctx.corpus_split("train"), tokenizer, tokenizer.token_to_id(EOS), budget, ctx.config["seed"])
+    tokens = pack_documents(ctx.corpus_stream("train"), tokenizer, tokenizer.token_to_id(EOS), budget)
     ctx.log.info("packed %d training tokens; training %d steps", len(tokens), config.steps)
     result = pretrain(tokens, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], ctx.out, ctx.log, ctx.reporter.metrics)
     run = {

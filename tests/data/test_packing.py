@@ -36,7 +36,7 @@ def split_on(tokens: torch.Tensor, eos: int) -> list[list[int]]:
 
 
 def test_every_document_appears_once_followed_by_eos(tokenizer, eos):
-    packed = pack_documents(DOCS, tokenizer, eos, max_tokens=100_000, seed=0)
+    packed = pack_documents(iter(DOCS), tokenizer, eos, max_tokens=100_000)
     assert packed.dtype == torch.int64
     assert packed[-1].item() == eos
     assert (packed == eos).sum().item() == len(DOCS)
@@ -45,17 +45,27 @@ def test_every_document_appears_once_followed_by_eos(tokenizer, eos):
     assert len(packed) == sum(len(tokenizer.encode(d).ids) + 1 for d in DOCS)
 
 
-def test_order_is_seeded(tokenizer, eos):
-    first = pack_documents(DOCS, tokenizer, eos, max_tokens=100_000, seed=0)
-    assert torch.equal(first, pack_documents(DOCS, tokenizer, eos, max_tokens=100_000, seed=0))
-    other = pack_documents(DOCS, tokenizer, eos, max_tokens=100_000, seed=1)
-    assert not torch.equal(first, other)
-    assert sorted(first.tolist()) == sorted(other.tolist())  # the same tokens, another order
+def test_documents_keep_the_order_given(tokenizer, eos):
+    packed = pack_documents(reversed(DOCS), tokenizer, eos, max_tokens=100_000)
+    decoded = [tokenizer.decode(piece) for piece in split_on(packed, eos)]
+    assert decoded == list(reversed(DOCS))
+
+
+def test_reads_no_further_than_it_needs(tokenizer, eos):
+    consumed = []
+
+    def stream():
+        for doc in DOCS * 1000:
+            consumed.append(doc)
+            yield doc
+
+    pack_documents(stream(), tokenizer, eos, max_tokens=50)
+    assert len(consumed) < len(DOCS) * 1000
 
 
 def test_truncates_to_max_tokens(tokenizer, eos):
-    full = pack_documents(DOCS, tokenizer, eos, max_tokens=100_000, seed=3)
-    short = pack_documents(DOCS, tokenizer, eos, max_tokens=25, seed=3)
+    full = pack_documents(DOCS, tokenizer, eos, max_tokens=100_000)
+    short = pack_documents(DOCS, tokenizer, eos, max_tokens=25)
     assert len(full) > 25
     assert len(short) == 25
     assert torch.equal(short, full[:25])
@@ -63,7 +73,7 @@ def test_truncates_to_max_tokens(tokenizer, eos):
 
 def test_nothing_to_pack_is_an_error(tokenizer, eos):
     with pytest.raises(ConfigError, match="no documents"):
-        pack_documents([], tokenizer, eos, max_tokens=10, seed=0)
+        pack_documents([], tokenizer, eos, max_tokens=10)
 
 
 def test_targets_are_the_inputs_shifted_by_one():
