@@ -3,4 +3,7 @@
 from dagster import DynamicPartitionsDefinition
 
 EXPERIMENTS = "experiments"
+# Runs started from git carry the commit whose experiment files they read.
+COMMIT_TAG = "factory/commit"
+SOURCE_TAG = "factory/source"
 experiments_partitions = DynamicPartitionsDefinition(name=EXPERIMENTS)

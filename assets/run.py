@@ -1,9 +1,8 @@
 """`python -m assets.run EXPERIMENT.md [--root DIR]`: materialize one experiment end to end, in process.
 
-`factory run` calls this through a subprocess, so the `factory` library never imports Dagster.
+A sweep file runs every variant. `factory run` calls this through a subprocess, so the
+`factory` library never imports Dagster.
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -18,37 +17,45 @@ from rich.table import Table
 from assets.leaderboard import leaderboard
 from assets.partitions import EXPERIMENTS
 from assets.stages import stage_assets
-from factory.config import STAGES, load
+from factory.config import Experiment, load_file
 from factory.errors import ConfigError
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+EVERYTHING = [*stage_assets, leaderboard]
 
 
-def run_experiment(path: Path, root: Path, instance: DagsterInstance) -> ExecuteInProcessResult:
-    """Materialize every stage of the experiment at `path`, then the leaderboard."""
-    experiment = load(path)
-    if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
-        instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
+def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:
+    """Materialize every stage of every experiment the file defines, then the leaderboard."""
+    experiments = load_file(path)
     resources = {
         "experiments": ExperimentFiles(directory=str(path.parent)),
         "stores": FactoryStores(root=str(root)),
         "launcher": StageLauncher(),
     }
-    everything = [*stage_assets, leaderboard]
+    common = {"instance": instance, "resources": resources, "raise_on_error": False, "run_config": RUN_CONFIG}
+    for experiment in experiments:
+        result = materialize_stages(experiment, common)
+        if not result.success:
+            return result
+        if not quiet:
+            print_stages(experiment, result)
+    return materialize(EVERYTHING, selection=["leaderboard"], **common)
+
+
+def materialize_stages(experiment: Experiment, common: dict) -> ExecuteInProcessResult:
+    """One run over the stages of one experiment partition."""
+    instance: DagsterInstance = common["instance"]
+    if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
+        instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
     tags = {"experiment": experiment.name}
-    common = {"instance": instance, "resources": resources, "raise_on_error": False, "tags": tags, "run_config": RUN_CONFIG}
-    result = materialize(everything, selection=list(STAGES), partition_key=experiment.name, **common)
-    if result.success:
-        print_stages(result)
-        result = materialize(everything, selection=["leaderboard"], **common)
-    return result
+    return materialize(EVERYTHING, selection=list(experiment.stages()), partition_key=experiment.name, tags=tags, **common)
 
 
-def print_stages(result: ExecuteInProcessResult) -> None:
+def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None:
     """A table of what each stage did: computed or reused, and where its artifact is."""
-    table = Table(title="stages", title_justify="left")
+    table = Table(title=f"stages of {experiment.name}", title_justify="left")
     for column in ("asset", "cache", "artifact"):
         table.add_column(column, no_wrap=True)
     for event in result.get_asset_materialization_events():

@@ -14,7 +14,7 @@ from dagster import (
     asset,
 )
 
-from assets.partitions import experiments_partitions
+from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, config_hash, plan_stage
 from factory.registry import Provenance, git_commit
@@ -45,7 +45,9 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
     def stage(
         context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores, launcher: StageLauncher
     ) -> Iterator[MaterializeResult | PipesExecutionResult]:
-        experiment = experiments.load(context.partition_key)
+        experiment = experiments.load(context.partition_key, commit=context.run.tags.get(COMMIT_TAG))
+        if kind not in experiment.stages():
+            raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
         upstream = {name: upstream_digest(context, name) for name in UPSTREAM[kind]}
         spec = plan_stage(experiment, kind, upstream)
         registry = stores.registry()

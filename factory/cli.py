@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from factory.config import load
+from factory.config import load_file
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_leaderboard
@@ -53,12 +53,12 @@ def check(paths: Annotated[list[Path], typer.Argument(help="Experiment files or 
     failed = 0
     for path in files:
         try:
-            experiment = load(path)
+            variants = load_file(path)
         except ConfigError as e:
             failed += 1
             err.print(str(e), markup=False, highlight=False)
             continue
-        out.print(f"ok  {path}  ({experiment.name})", markup=False, highlight=False)
+        out.print(f"ok  {path}  ({', '.join(v.name for v in variants)})", markup=False, highlight=False)
     if failed:
         raise typer.Exit(2)
 
@@ -67,12 +67,12 @@ def check(paths: Annotated[list[Path], typer.Argument(help="Experiment files or 
 def run(experiment: Annotated[Path, typer.Argument(help="The experiment file to materialize.")], root: RootOption = DEFAULT_ROOT) -> None:
     """Materialize every asset of one experiment through Dagster, then print the leaderboard."""
     try:
-        spec = load(experiment)
+        variants = load_file(experiment)
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
-    out.print(f"[bold]materializing {spec.name}[/] through Dagster (instance {env['DAGSTER_HOME']})")
+    out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
     code = subprocess.call([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env=env)
     if code != 0:
         raise typer.Exit(code)

@@ -1,36 +1,41 @@
 """The experiments directory as a resource: partition key (experiment name) -> typed Experiment."""
 
-from __future__ import annotations
-
+import subprocess
 from pathlib import Path
 
 from dagster import ConfigurableResource, Failure
 
-from factory.config import Experiment, load
+from factory.config import Experiment, load_file, load_text
 from factory.errors import ConfigError
+from factory.registry.provenance import files_at_commit
 
 
 class ExperimentFiles(ConfigurableResource):
-    """Markdown experiment files in one directory."""
+    """Markdown experiment files in one directory, read from the working tree or from a git commit."""
 
     directory: str = "experiments"
 
-    def paths(self) -> list[Path]:
-        """Every experiment file, in name order."""
-        return sorted(Path(self.directory).glob("*.md"))
+    def texts(self, commit: str | None = None) -> dict[Path, str]:
+        """{path: text} of every experiment file, at `commit` or in the working tree."""
+        if commit is None:
+            return {path: path.read_text(encoding="utf-8") for path in sorted(Path(self.directory).glob("*.md"))}
+        try:
+            return files_at_commit(self.directory, commit)
+        except (OSError, ValueError, subprocess.CalledProcessError) as e:
+            raise Failure(description=f"cannot read {self.directory} at commit {commit}: {e}") from e
 
-    def load(self, name: str) -> Experiment:
-        """The experiment whose name is `name`; a clear Dagster Failure when it is missing or malformed."""
-        candidates = [Path(self.directory) / f"{name}.md", *self.paths()]
-        for path in dict.fromkeys(candidates):
-            if not path.exists():
-                continue
+    def load(self, name: str, commit: str | None = None) -> Experiment:
+        """The experiment (or sweep variant) named `name`; a clear Dagster Failure when missing or malformed."""
+        broken = []
+        for path, text in self.texts(commit).items():
             try:
-                experiment = load(path)
+                variants = load_text(path, text) if commit else load_file(path)
             except ConfigError as e:
-                if path.stem == name:
-                    raise Failure(description=str(e)) from e
+                broken.append(str(e))
                 continue
-            if experiment.name == name:
-                return experiment
-        raise Failure(description=f"no experiment named {name!r} in {Path(self.directory).resolve()}: add {name}.md there or remove the partition")
+            for experiment in variants:
+                if experiment.name == name:
+                    return experiment
+        where = f"{self.directory} at commit {commit[:12]}" if commit else str(Path(self.directory).resolve())
+        detail = ("\nfiles that did not load:\n" + "\n".join(broken)) if broken else ""
+        raise Failure(description=f"no experiment named {name!r} in {where}: add it or remove the partition{detail}")

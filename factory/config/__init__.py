@@ -1,7 +1,7 @@
 """Experiment files: Markdown + YAML front matter -> frozen typed spec, split into fingerprinted stages."""
 
-from factory.config.loader import load
+from factory.config.loader import load, load_file, load_text
 from factory.config.schema import Experiment
 from factory.config.stages import STAGES, UPSTREAM, StageSpec, config_hash, plan_stage
 
-__all__ = ["STAGES", "UPSTREAM", "Experiment", "StageSpec", "config_hash", "load", "plan_stage"]
+__all__ = ["STAGES", "UPSTREAM", "Experiment", "StageSpec", "config_hash", "load", "load_file", "load_text", "plan_stage"]

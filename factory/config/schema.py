@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._=-]{0,127}$")
 IMAGE_PATTERN = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
 
 
@@ -98,6 +98,8 @@ class PretrainConfig(Section):
 
 
 class EvalConfig(Section):
+    benchmarks: tuple[str, ...] = ("val_bpb",)
+    """Benchmarks to run, by registered name (`factory check` verifies they exist)."""
     max_bytes: int = Field(500_000, gt=0)
     """Bytes of the validation split scored for bits-per-byte (files in path order)."""
     batch_size: int = Field(16, ge=1)
@@ -115,15 +117,21 @@ class ResourcesConfig(Section):
     """Scheduler queue (Volcano on a cluster)."""
     priority: str | None = None
     """Priority class name on a cluster."""
+    gpus: int = Field(0, ge=0)
+    """GPUs per node (0: CPU only)."""
 
 
 class Experiment(Section):
     """One experiment file: the recipe of every stage, plus placement."""
 
     name: str
-    """Partition key and display name; defaults to the file's stem."""
+    """Partition key and display name; defaults to the file's stem (plus the sweep values of a variant)."""
     description: str = ""
     """The Markdown body: why the recipe is what it is."""
+    source: str = ""
+    """The file this experiment was read from (set by the loader)."""
+    variant: dict[str, Any] = {}
+    """For a sweep variant, the dotted paths and values that make it one (set by the loader)."""
     image: str = "local"
     """Code identity: `name@sha256:<digest>`, or `local` for the source tree on this machine."""
     seed: int = 0
@@ -131,17 +139,26 @@ class Experiment(Section):
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     model: ModelConfig = ModelConfig()
-    pretrain: PretrainConfig
-    eval: EvalConfig = EvalConfig()
+    pretrain: PretrainConfig | None = None
+    eval: EvalConfig | None = None
     resources: ResourcesConfig = ResourcesConfig()
+
+    def stages(self) -> tuple[str, ...]:
+        """The stages this experiment runs, in order: sections not present are not run."""
+        stages = ["corpus", "tokenizer"]
+        if self.pretrain is not None:
+            stages += ["checkpoints", "model"]
+            if self.eval is not None:
+                stages.append("evaluation")
+        return tuple(stages)
 
     @field_validator("name")
     @classmethod
     def _name_is_a_key(cls, value: str) -> str:
         if not NAME_PATTERN.fullmatch(value):
             raise ValueError(
-                f"{value!r} is not a valid experiment name: use lowercase letters, digits, '.', '_' "
-                "and '-', starting with a letter or digit, at most 63 characters"
+                f"{value!r} is not a valid experiment name: use lowercase letters, digits, '.', '_', '=' "
+                "and '-', starting with a letter or digit, at most 128 characters"
             )
         return value
 

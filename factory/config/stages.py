@@ -20,6 +20,8 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "evaluation": ("model", "corpus"),
 }
 STAGES = tuple(UPSTREAM)
+# Identity and prose, not recipe: two files with the same recipe have the same config hash.
+NOT_RECIPE = {"name", "description", "source", "variant"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +69,8 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
 
 def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -> StageSpec:
     """Build the spec of one stage from the experiment and its upstream artifact digests."""
+    if kind in STAGES and kind not in experiment.stages():
+        raise ConfigError(f"{experiment.name} has no {kind} stage: its file has no section for it")
     missing = [name for name in UPSTREAM.get(kind, ()) if name not in upstream]
     if missing:
         raise ConfigError(f"stage {kind!r} needs the digests of {', '.join(missing)} before it can be planned")
@@ -80,4 +84,4 @@ def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -
 
 def config_hash(experiment: Experiment) -> str:
     """Hash of the recipe: every section, placement included; the name and the prose are not."""
-    return sha256_of(experiment.model_dump(mode="json", exclude={"name", "description"}))[:16]
+    return sha256_of(experiment.model_dump(mode="json", exclude=NOT_RECIPE))[:16]
