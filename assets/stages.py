@@ -17,7 +17,7 @@ from dagster import (
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, config_hash, plan_stage
-from factory.registry import Provenance, git_commit
+from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.request import StageRequest
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
@@ -45,23 +45,31 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
     def stage(
         context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores, launcher: StageLauncher
     ) -> Iterator[MaterializeResult | PipesExecutionResult]:
-        experiment = experiments.load(context.partition_key, commit=context.run.tags.get(COMMIT_TAG))
+        commit = context.run.tags.get(COMMIT_TAG)
+        experiment = experiments.load(context.partition_key, commit=commit)
         if kind not in experiment.stages():
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
-        upstream = {name: upstream_digest(context, name) for name in UPSTREAM[kind]}
-        spec = plan_stage(experiment, kind, upstream)
+        spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in UPSTREAM[kind]})
         registry = stores.registry()
         manifest = registry.lookup(spec.fingerprint)
         if manifest is not None:
-            context.log.info(f"{kind}: registry hit {manifest.digest[:12]} (fingerprint {spec.fingerprint[:12]}); not recomputed")
-            metadata = {**manifest.metadata(), "cache": "hit", "artifact": MetadataValue.path(str(registry.path(manifest.digest)))}
-            yield MaterializeResult(metadata=metadata, data_version=DataVersion(manifest.digest))
+            context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
+            yield MaterializeResult(metadata=cached_metadata(manifest, registry), data_version=DataVersion(manifest.digest))
             return
-        provenance = Provenance(experiment=experiment.name, config_hash=config_hash(experiment), git_commit=git_commit())
-        request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance)
-        yield from launcher.launch(context, request)
+        if holder := registry.holder(spec.fingerprint):
+            context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
+        provenance = Provenance(
+            experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(), run_id=context.run_id
+        )
+        yield from launcher.launch(context, StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance))
 
     return stage
+
+
+def cached_metadata(manifest: Manifest, registry: ArtifactStore) -> dict:
+    """A registry hit shown as a normal materialization that says where the artifact came from."""
+    origin = f"{manifest.experiment} (run {manifest.run_id or 'outside Dagster'})"
+    return {**manifest.metadata(), "cache": "hit", "cached_from": origin, "artifact": MetadataValue.path(str(registry.path(manifest.digest)))}
 
 
 def upstream_digest(context: AssetExecutionContext, name: str) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.errors import ArtifactError
+from factory.registry.lease import Holder, hold, read_holder
 
 MANIFEST_VERSION = 1
 CHUNK_BYTES = 1 << 20
@@ -46,6 +47,7 @@ class Manifest:
     git_commit: str
     created: str
     summary: Mapping[str, Any]
+    run_id: str = ""
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -59,8 +61,10 @@ class Manifest:
             "fingerprint": self.fingerprint,
             "git_commit": self.git_commit,
             "config_hash": self.config_hash,
+            "git_dirty": self.git_commit.endswith("-dirty"),
             "code": self.code,
             "produced_for": self.experiment,
+            "produced_by_run": self.run_id or "outside Dagster",
             "created": self.created,
             "inputs": ", ".join(f"{name}={digest[:12]}" for name, digest in sorted(self.inputs.items())) or "none",
             **{f"summary/{key}": value for key, value in sorted(self.summary.items())},
@@ -74,6 +78,7 @@ class Provenance:
     experiment: str
     config_hash: str
     git_commit: str
+    run_id: str = ""
 
 
 class ArtifactStore:
@@ -100,6 +105,14 @@ class ArtifactStore:
         if not path.is_dir():
             raise ArtifactError(f"artifact {digest[:12]} is not in the registry at {self.root}; rerun its stage")
         return path
+
+    def lease(self, fingerprint: str, owner: str, **options: Any) -> contextlib.AbstractContextManager[None]:
+        """Hold the lease on computing `fingerprint` (waiting while someone else holds it)."""
+        return hold(self._lease_path(fingerprint), owner, **options)
+
+    def holder(self, fingerprint: str) -> Holder | None:
+        """Who is computing `fingerprint` right now, if anyone."""
+        return read_holder(self._lease_path(fingerprint))
 
     def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest in the registry, optionally of one kind."""
@@ -165,6 +178,7 @@ class ArtifactStore:
             git_commit=provenance.git_commit,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             summary=dict(summary),
+            run_id=provenance.run_id,
         )
         self._write_manifest(manifest)
         return self.lookup(fingerprint) or manifest
@@ -175,6 +189,9 @@ class ArtifactStore:
             return Manifest(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise ArtifactError(f"manifest {path} is unreadable ({e}); remove it to recompute the stage") from e
+
+    def _lease_path(self, fingerprint: str) -> Path:
+        return self.root / "leases" / f"{fingerprint}.lease"
 
     def _manifest_path(self, fingerprint: str) -> Path:
         return self.root / "manifests" / f"{fingerprint}.json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -18,7 +20,12 @@ def run(request: StageRequest) -> None:
     """Run the stage unless its artifact is already published; report the artifact either way."""
     spec = request.spec
     registry = ArtifactStore(request.registry)
-    with open_reporter(spec.kind) as reporter:
+    with open_reporter(spec.kind) as reporter, registry.lease(
+        spec.fingerprint,
+        owner=f"{spec.kind} for {request.provenance.experiment} (pid {os.getpid()} on {socket.gethostname()})",
+        on_wait=lambda holder: reporter.log.info("awaiting cache: %s is computing this stage", holder.owner),
+        on_takeover=lambda holder: reporter.log.info("taking over the lease of %s (silent for %.0f s)", holder.owner, holder.age_s),
+    ):
         manifest = registry.lookup(spec.fingerprint)
         cache = "hit" if manifest else "miss"
         if manifest is None:

@@ -32,6 +32,7 @@ class StageRequest:
                 "experiment": self.provenance.experiment,
                 "config_hash": self.provenance.config_hash,
                 "git_commit": self.provenance.git_commit,
+                "run_id": self.provenance.run_id,
             },
         }
 
