@@ -34,4 +34,5 @@ bench: setup
 	$(BIN)/python bench/stage_cache.py
 
 clean:
+	chmod -R u+w .factory 2>/dev/null || true
 	rm -rf .factory

@@ -51,25 +51,33 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
         spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in UPSTREAM[kind]})
         registry = stores.registry()
-        manifest = registry.lookup(spec.fingerprint)
-        if manifest is not None:
-            context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
-            yield MaterializeResult(metadata=cached_metadata(manifest, registry), data_version=DataVersion(manifest.digest))
-            return
-        if holder := registry.holder(spec.fingerprint):
-            context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
         provenance = Provenance(
             experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(), run_id=context.run_id
         )
+        manifest = registry.lookup(spec.fingerprint)
+        if manifest is not None:
+            context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
+            yield MaterializeResult(metadata=cached_metadata(manifest, registry, provenance), data_version=DataVersion(manifest.digest))
+            return
+        if holder := registry.holder(spec.fingerprint):
+            context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
         yield from launcher.launch(context, StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance))
 
     return stage
 
 
-def cached_metadata(manifest: Manifest, registry: ArtifactStore) -> dict:
-    """A registry hit shown as a normal materialization that says where the artifact came from."""
-    origin = f"{manifest.experiment} (run {manifest.run_id or 'outside Dagster'})"
-    return {**manifest.metadata(), "cache": "hit", "cached_from": origin, "artifact": MetadataValue.path(str(registry.path(manifest.digest)))}
+def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Provenance) -> dict:
+    """A registry hit shown as a normal materialization: this run's provenance, and where the artifact came from."""
+    return {
+        **manifest.metadata(),
+        "produced_by_commit": manifest.git_commit,
+        "git_commit": provenance.git_commit,
+        "config_hash": provenance.config_hash,
+        "git_dirty": provenance.git_commit.endswith("-dirty"),
+        "cache": "hit",
+        "cached_from": f"{manifest.experiment} (run {manifest.run_id or 'outside Dagster'})",
+        "artifact": MetadataValue.path(str(registry.path(manifest.digest))),
+    }
 
 
 def upstream_digest(context: AssetExecutionContext, name: str) -> str:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from factory.config import load_file
-from factory.errors import ConfigError
+from factory.errors import ConfigError, FactoryError
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_leaderboard
 
@@ -39,7 +39,9 @@ def dagster_home(root: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text(DAGSTER_YAML)
+        tmp = config.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(DAGSTER_YAML)
+        tmp.replace(config)
     return home
 
 
@@ -51,12 +53,18 @@ def check(paths: Annotated[list[Path], typer.Argument(help="Experiment files or 
         err.print("error: no experiment files given (pass .md files or directories holding them)")
         raise typer.Exit(2)
     failed = 0
+    owners: dict[str, Path] = {}
     for path in files:
         try:
             variants = load_file(path)
         except ConfigError as e:
             failed += 1
             err.print(str(e), markup=False, highlight=False)
+            continue
+        clashes = [v.name for v in variants if owners.setdefault(v.name, path) != path]
+        if clashes:
+            failed += 1
+            err.print(f"{path}: experiment name {clashes[0]!r} is also defined by {owners[clashes[0]]}; give each a distinct name", markup=False)
             continue
         out.print(f"ok  {path}  ({', '.join(v.name for v in variants)})", markup=False, highlight=False)
     if failed:
@@ -107,5 +115,12 @@ def _print_leaderboard(root: Path) -> bool:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: factory errors and unusable paths end as a message, not a traceback."""
+    try:
+        app(prog_name="factory")
+    except FactoryError as e:
+        err.print(f"error: {e}", markup=False, highlight=False)
+        sys.exit(e.exit_code)
+    except OSError as e:
+        err.print(f"error: {e.strerror or e}: {e.filename or ''} (check the paths you gave)", markup=False, highlight=False)
+        sys.exit(2)

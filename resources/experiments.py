@@ -26,16 +26,19 @@ class ExperimentFiles(ConfigurableResource):
 
     def load(self, name: str, commit: str | None = None) -> Experiment:
         """The experiment (or sweep variant) named `name`; a clear Dagster Failure when missing or malformed."""
-        broken = []
+        broken, found = [], []
         for path, text in self.texts(commit).items():
             try:
                 variants = load_text(path, text) if commit else load_file(path)
             except ConfigError as e:
                 broken.append(str(e))
                 continue
-            for experiment in variants:
-                if experiment.name == name:
-                    return experiment
+            found += [experiment for experiment in variants if experiment.name == name]
+        if len(found) > 1:
+            files = ", ".join(e.source for e in found)
+            raise Failure(description=f"experiment name {name!r} is defined by several files ({files}); give each a distinct name")
+        if found:
+            return found[0]
         where = f"{self.directory} at commit {commit[:12]}" if commit else str(Path(self.directory).resolve())
         detail = ("\nfiles that did not load:\n" + "\n".join(broken)) if broken else ""
         raise Failure(description=f"no experiment named {name!r} in {where}: add it or remove the partition{detail}")

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import EqualTo
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 from factory.config.schema import DataConfig
-from factory.errors import ConfigError
+from factory.errors import ArtifactError, ConfigError
 
 SPLITS = ("train", "validation")
 SCHEMA = Schema(
@@ -43,6 +44,7 @@ class CorpusVersion:
 
     table: str
     snapshot_id: int
+    tag: str
     rows: dict[str, int]
     bytes: dict[str, int]
     content_sha256: str
@@ -104,28 +106,49 @@ def ingest(catalog: Catalog, config: DataConfig, log: logging.Logger, root: Path
     namespace, _ = config.table.split(".")
     catalog.create_namespace_if_not_exists(namespace)
     table = catalog.create_table_if_not_exists(config.table, schema=SCHEMA)
-    if table.current_snapshot() is None:
-        table.append(data)
-    else:
-        table.overwrite(data)
-    snapshot = table.current_snapshot()
-    assert snapshot is not None, "an overwrite always makes a snapshot"
+    listing = (f"{path}\0{digest}" for path, digest in zip(data["path"].to_pylist(), data["sha256"].to_pylist(), strict=True))
+    content = hashlib.sha256("\n".join(listing).encode()).hexdigest()
+    tag = content_tag(content)
+    snapshot = table.snapshot_by_name(tag)
+    if snapshot is None:  # these bytes are not in the table yet: write them and tag the snapshot by content
+        if table.current_snapshot() is None:
+            table.append(data)
+        else:
+            table.overwrite(data)
+        snapshot = table.current_snapshot()
+        assert snapshot is not None, "a write always makes a snapshot"
+        table.manage_snapshots().create_tag(snapshot.snapshot_id, tag).commit()
     rows = {split: 0 for split in SPLITS}
     sizes = {split: 0 for split in SPLITS}
     for split, size in zip(data["split"].to_pylist(), data["bytes"].to_pylist(), strict=True):
         rows[split] += 1
         sizes[split] += size
-    listing = (f"{path}\0{digest}" for path, digest in zip(data["path"].to_pylist(), data["sha256"].to_pylist(), strict=True))
-    content = hashlib.sha256("\n".join(listing).encode()).hexdigest()
     log.info("ingested %d files (%d bytes) into %s, snapshot %d", data.num_rows, sum(sizes.values()), config.table, snapshot.snapshot_id)
     return CorpusVersion(
         table=config.table,
         snapshot_id=snapshot.snapshot_id,
+        tag=tag,
         rows=rows,
         bytes=sizes,
         content_sha256=content,
         skipped=int(data.schema.metadata[b"skipped"]),
     )
+
+
+def content_tag(content_sha256: str) -> str:
+    """The Iceberg tag naming the snapshot that holds exactly this content."""
+    return f"content-{content_sha256[:16]}"
+
+
+def resolve_tag(catalog: Catalog, table: str, tag: str) -> int:
+    """The snapshot id a tag points at; a clear error when the catalog lost it."""
+    try:
+        snapshot = catalog.load_table(table).snapshot_by_name(tag)
+    except NoSuchTableError as e:
+        raise ArtifactError(f"Iceberg table {table} is gone from the catalog; remove .factory/registry (or rerun with a new root) to rebuild the corpus") from e
+    if snapshot is None:
+        raise ArtifactError(f"Iceberg table {table} has no snapshot tagged {tag}; the catalog was reset, so rebuild the corpus")
+    return snapshot.snapshot_id
 
 
 def read_split(catalog: Catalog, table: str, snapshot_id: int, split: str, columns: tuple[str, ...] = ("path", "text")) -> pa.Table:

@@ -12,6 +12,7 @@ A stage writes into a staging directory; `publish` hashes, fsyncs and renames it
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -106,6 +107,18 @@ class ArtifactStore:
             raise ArtifactError(f"artifact {digest[:12]} is not in the registry at {self.root}; rerun its stage")
         return path
 
+    def set_ref(self, name: str, digest: str) -> None:
+        """Point the named ref (like a git branch) at a published artifact, atomically."""
+        self.open(digest)
+        _write_atomic(self.root / "refs" / name, digest)
+
+    def ref(self, name: str) -> str | None:
+        """The digest a named ref points at, or None."""
+        try:
+            return (self.root / "refs" / name).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
     def lease(self, fingerprint: str, owner: str, **options: Any) -> contextlib.AbstractContextManager[None]:
         """Hold the lease on computing `fingerprint` (waiting while someone else holds it)."""
         return hold(self._lease_path(fingerprint), owner, **options)
@@ -162,9 +175,15 @@ class ArtifactStore:
                 os.rename(target, aside)
                 shutil.rmtree(aside)
             _fsync_dir(staging)
-            os.rename(staging, target)
-            _fsync_dir(target.parent)
-            _make_read_only(target)
+            try:
+                os.rename(staging, target)
+            except OSError as e:  # another process published the same bytes a moment ago
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not self._matches(target, files):
+                    raise
+                shutil.rmtree(staging)
+            else:
+                _fsync_dir(target.parent)
+                _make_read_only(target)
         manifest = Manifest(
             kind=kind,
             fingerprint=fingerprint,
@@ -227,6 +246,21 @@ class ArtifactStore:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Temp file, fsync, rename: readers see the old text or the new, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _hash_files(root: Path) -> dict[str, dict[str, Any]]:

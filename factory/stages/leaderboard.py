@@ -35,12 +35,11 @@ def publish_leaderboard(registry: ArtifactStore, rows: Sequence[Row], commit: st
                 provenance=Provenance(experiment="*", config_hash=sha256_of(inputs)[:16], git_commit=commit),
                 summary={"experiments": len(rows), "best": rows[0].experiment if rows else ""},
             )
+    registry.set_ref(KIND, manifest.digest)  # the newest leaderboard, even when it was reused
     return manifest, markdown
 
 
 def latest_leaderboard(registry: ArtifactStore) -> str | None:
-    """Markdown of the most recently published leaderboard, or None."""
-    manifests = sorted(registry.manifests(KIND), key=lambda m: m.created)
-    if not manifests:
-        return None
-    return (registry.open(manifests[-1].digest) / MARKDOWN_FILE).read_text()
+    """Markdown of the most recently materialized leaderboard, or None."""
+    digest = registry.ref(KIND)
+    return None if digest is None else (registry.open(digest) / MARKDOWN_FILE).read_text()

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pyiceberg.catalog import Catalog
 
 from factory.config.schema import DataConfig, EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.catalog import open_catalog
-from factory.data.corpus import ingest, read_split
+from factory.data.corpus import ingest, read_split, resolve_tag
 from factory.data.packing import pack_documents
 from factory.data.stream import shuffled, stream_texts
 from factory.evals.bpb import bits_per_byte, validation_tokens
@@ -57,26 +58,31 @@ class StageContext:
         """Directory of the upstream artifact this stage was planned with."""
         return self.registry.open(self.request.spec.upstream[name])
 
-    def corpus_split(self, split: str) -> list[str]:
-        """Texts of one split of the upstream corpus snapshot, in path order (for evaluation)."""
+    def corpus_snapshot(self) -> tuple[Catalog, str, int]:
+        """(catalog, table, snapshot id) of the upstream corpus, resolved through its content tag."""
         corpus = json.loads((self.upstream("corpus") / CORPUS_FILE).read_text())
         catalog = open_catalog(self.request.catalog)
-        return read_split(catalog, corpus["table"], corpus["snapshot_id"], split)["text"].to_pylist()
+        return catalog, corpus["table"], resolve_tag(catalog, corpus["table"], corpus["tag"])
+
+    def corpus_split(self, split: str) -> list[str]:
+        """Texts of one split of the upstream corpus snapshot, in path order (for evaluation)."""
+        return read_split(*self.corpus_snapshot(), split)["text"].to_pylist()
 
     def corpus_stream(self, split: str) -> Iterator[str]:
         """Texts of one split streamed from the upstream corpus snapshot in a seeded shuffled order."""
-        corpus = json.loads((self.upstream("corpus") / CORPUS_FILE).read_text())
-        catalog = open_catalog(self.request.catalog)
-        return shuffled(stream_texts(catalog, corpus["table"], corpus["snapshot_id"], split), self.config["seed"])
+        return shuffled(stream_texts(*self.corpus_snapshot(), split), self.config["seed"])
 
 
 def run_corpus(ctx: StageContext) -> dict[str, Any]:
     """Ingest the source files into a new snapshot of the corpus table."""
     version = ingest(open_catalog(ctx.request.catalog), DataConfig.model_validate(ctx.config["data"]), ctx.log)
-    (ctx.out / CORPUS_FILE).write_text(json.dumps(asdict(version), indent=2, sort_keys=True))
+    # The snapshot id is random; the content tag is not, so the same bytes give the same artifact.
+    pointer = {key: value for key, value in asdict(version).items() if key != "snapshot_id"}
+    (ctx.out / CORPUS_FILE).write_text(json.dumps(pointer, indent=2, sort_keys=True))
     return {
         "table": version.table,
         "snapshot_id": version.snapshot_id,
+        "tag": version.tag,
         "rows_train": version.rows["train"],
         "rows_validation": version.rows["validation"],
         "bytes_train": version.bytes["train"],

@@ -145,3 +145,28 @@ def test_empty_directory_is_a_config_error(catalog, config, tmp_path):
 def test_missing_directory_is_a_config_error(catalog, config, tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         ingest(catalog, config, LOG, root=tmp_path / "absent")
+
+
+def test_identical_content_reuses_its_tagged_snapshot_and_a_lost_tag_is_a_clear_error(tmp_path):
+    """Re-ingesting the same bytes writes nothing new; readers resolve the content tag."""
+    import logging
+
+    from factory.config.schema import DataConfig
+    from factory.data.catalog import CatalogConfig, open_catalog
+    from factory.data.corpus import ingest, resolve_tag
+    from factory.errors import ArtifactError
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.py").write_text("a = 1\n")
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "iceberg"))
+    config = DataConfig(table="raw.tagged")
+    first = ingest(catalog, config, logging.getLogger("t"), root=source)
+    again = ingest(catalog, config, logging.getLogger("t"), root=source)
+    assert (again.snapshot_id, again.tag) == (first.snapshot_id, first.tag)
+    assert len(catalog.load_table("raw.tagged").snapshots()) == 1
+    assert resolve_tag(catalog, "raw.tagged", first.tag) == first.snapshot_id
+    with pytest.raises(ArtifactError, match="no snapshot tagged"):
+        resolve_tag(catalog, "raw.tagged", "content-0000")
+    with pytest.raises(ArtifactError, match="gone from the catalog"):
+        resolve_tag(catalog, "raw.missing", first.tag)

@@ -21,4 +21,4 @@ def pipeline(tmp_path_factory, tiny_path):
     objects = sorted(p.name for p in (root / "registry" / "objects").iterdir())
     second = run_experiment(tiny_path, root, instance)
     assert second.success, failure_messages(second)
-    return {"instance": instance, "root": root, "objects_after_first": objects, "name": load(tiny_path).name}
+    return {"instance": instance, "root": root, "objects_after_first": objects, "name": load(tiny_path).name, "source": tiny_path}

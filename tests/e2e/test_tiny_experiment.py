@@ -8,7 +8,7 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.run import failure_messages, run_experiment
-from factory.config import STAGES
+from factory.config import STAGES, config_hash, load
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_leaderboard
 
@@ -38,6 +38,7 @@ def test_trained_model_beats_its_untrained_initialisation(pipeline):
 
 
 def test_every_asset_records_commit_config_hash_and_digest(pipeline):
+    recipe_hash = config_hash(load(pipeline["source"]))
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     for asset in ALL_ASSETS:
         partition = None if asset == "leaderboard" else pipeline["name"]
@@ -46,7 +47,7 @@ def test_every_asset_records_commit_config_hash_and_digest(pipeline):
         for materialization in found:
             metadata = metadata_of(materialization)
             assert metadata["git_commit"].startswith(head or "unknown"), (asset, metadata["git_commit"])
-            assert len(metadata["config_hash"]) == 16, asset
+            assert metadata["config_hash"] == (recipe_hash if asset != "leaderboard" else metadata["config_hash"]), asset
             assert metadata["digest"] == materialization.tags["dagster/data_version"], asset
             assert Path(metadata.get("artifact", ArtifactStore(pipeline["root"] / "registry").path(metadata["digest"]))).is_dir()
 

@@ -109,7 +109,8 @@ def test_corpus_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_path
     assert [p.name for p in objects.iterdir()] == [manifest.digest]
     assert len(list((tmp_path / "registry" / "manifests").glob("*.json"))) == 1
     table = open_catalog(request.catalog).load_table(corpus["table"])
-    assert table.current_snapshot().snapshot_id == corpus["snapshot_id"]
+    assert table.current_snapshot().snapshot_id == first["metadata"]["summary/snapshot_id"]
+    assert table.snapshot_by_name(corpus["tag"]).snapshot_id == first["metadata"]["summary/snapshot_id"]
 
 
 def test_each_log_line_is_written_once_when_stages_run_in_one_process(tmp_path, tiny_path, stdlib, capsys):
