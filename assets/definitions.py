@@ -5,11 +5,13 @@ import os
 from dagster import Definitions
 
 from assets.leaderboard import leaderboard
+from assets.sensors import experiments_at_head
 from assets.stages import stage_assets
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 defs = Definitions(
     assets=[*stage_assets, leaderboard],
+    sensors=[experiments_at_head],
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
         "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),

@@ -1,6 +1,7 @@
 """The experiments directory as a resource: partition key (experiment name) -> typed Experiment."""
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from dagster import ConfigurableResource, Failure
@@ -8,6 +9,18 @@ from dagster import ConfigurableResource, Failure
 from factory.config import Experiment, load_file, load_text
 from factory.errors import ConfigError
 from factory.registry.provenance import files_at_commit
+
+
+def reader(texts: dict[Path, str]) -> Callable[[Path], str]:
+    """Read files from a snapshot of texts (e.g. at a commit), so `extends` resolves at that commit too."""
+    by_path = {path.resolve(): text for path, text in texts.items()}
+
+    def read(path: Path) -> str:
+        if path.resolve() not in by_path:
+            raise ConfigError(f"no such file {path} at that commit")
+        return by_path[path.resolve()]
+
+    return read
 
 
 class ExperimentFiles(ConfigurableResource):
@@ -27,9 +40,9 @@ class ExperimentFiles(ConfigurableResource):
     def load(self, name: str, commit: str | None = None) -> Experiment:
         """The experiment (or sweep variant) named `name`; a clear Dagster Failure when missing or malformed."""
         broken, found = [], []
-        for path, text in self.texts(commit).items():
+        for path, text in (texts := self.texts(commit)).items():
             try:
-                variants = load_text(path, text) if commit else load_file(path)
+                variants = load_text(path, text, read=reader(texts)) if commit else load_file(path)
             except ConfigError as e:
                 broken.append(str(e))
                 continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ FENCE = "---"
 NOT_INHERITED = ("name", "sweep")
 DEFAULT_MAX_VARIANTS = 256
 Location = tuple[Path, int]
+Reader = Callable[[Path], str]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,9 +52,9 @@ def load_file(path: str | Path, max_variants: int = DEFAULT_MAX_VARIANTS) -> lis
     return load_text(Path(path), _read(Path(path)), max_variants)
 
 
-def load_text(path: Path, text: str, max_variants: int = DEFAULT_MAX_VARIANTS) -> list[Experiment]:
-    """Like `load_file`, for the text of `path` given directly (e.g. read from a git commit)."""
-    document = read_document(path, text, chain=())
+def load_text(path: Path, text: str, max_variants: int = DEFAULT_MAX_VARIANTS, read: Reader | None = None) -> list[Experiment]:
+    """Like `load_file`, for the text of `path` given directly; `read` fetches files it extends (e.g. at a git commit)."""
+    document = read_document(path, text, chain=(), read=read or _read)
     raw = dict(document.raw)
     for reserved in ("source", "variant"):
         if reserved in raw:
@@ -67,7 +68,7 @@ def load_text(path: Path, text: str, max_variants: int = DEFAULT_MAX_VARIANTS) -
     return [_validate(document, raw, variant) for variant in grid]
 
 
-def read_document(path: Path, text: str, chain: tuple[Path, ...]) -> Document:
+def read_document(path: Path, text: str, chain: tuple[Path, ...], read: Reader) -> Document:
     """Parse one file and everything it extends; `chain` is the files already on the way here."""
     front, first_line, body = split_front_matter(path, text)
     raw, lines = parse_yaml(path, front, first_line)
@@ -83,9 +84,11 @@ def read_document(path: Path, text: str, chain: tuple[Path, ...]) -> Document:
     if parent_path in (*chain, here):
         cycle = " -> ".join(str(p) for p in (*chain, here, parent_path))
         raise ConfigError(f"{path}:{line}: extends: cycle {cycle}; an experiment cannot extend itself")
-    if not parent_path.is_file():
-        raise ConfigError(f"{path}:{line}: extends: no such file {parent_path}")
-    parent = read_document(parent_path, _read(parent_path), (*chain, here))
+    try:
+        parent_text = read(parent_path)
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{line}: extends: {e}") from e
+    parent = read_document(parent_path, parent_text, (*chain, here), read)
     inherited = {k: v for k, v in parent.raw.items() if k not in NOT_INHERITED}
     inherited_locations = {k: v for k, v in parent.locations.items() if not k or k[0] not in NOT_INHERITED}
     return Document(path=path, raw=deep_merge(inherited, raw), locations={**inherited_locations, **locations}, body=body)

@@ -40,6 +40,6 @@ def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md") -> 
     cwd = Path(directory)
     root = Path(_git(cwd, "rev-parse", "--show-toplevel"))
     prefix = Path(directory).resolve().relative_to(root).as_posix()
-    listing = _git(cwd, "ls-tree", "-r", "--name-only", commit, "--", prefix)
+    listing = _git(root, "ls-tree", "-r", "--name-only", commit, "--", prefix)
     names = [name for name in listing.splitlines() if name.endswith(suffix) and "/" not in name[len(prefix) + 1 :]]
     return {root / name: _git_raw(root, "show", f"{commit}:{name}") for name in names}
