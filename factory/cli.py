@@ -6,6 +6,7 @@ never imports it. Exit codes: 0 ok, 1 failure, 2 bad input.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,10 +15,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from factory.config import load_file
+from factory.config.loader import DEFAULT_MAX_VARIANTS
+from factory.preflight import check_files, experiment_files
+from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
-from factory.registry import ArtifactStore
+from factory.registry import ArtifactStore, git_commit
 from factory.stages.leaderboard import latest_leaderboard
 
 DEFAULT_ROOT = Path(".factory")
@@ -46,39 +51,71 @@ def dagster_home(root: Path) -> Path:
 
 
 @app.command()
-def check(paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")]) -> None:
-    """Validate experiment files without running anything."""
-    files = [f for p in paths for f in (sorted(p.glob("*.md")) if p.is_dir() else [p])]
+def check(
+    paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
+    max_variants: Annotated[int, typer.Option(help="A sweep may expand to at most this many variants.")] = DEFAULT_MAX_VARIANTS,
+) -> None:
+    """Validate experiment files without running anything; exit 2 when any is wrong."""
+    files = experiment_files(paths)
     if not files:
         err.print("error: no experiment files given (pass .md files or directories holding them)")
         raise typer.Exit(2)
-    failed = 0
-    owners: dict[str, Path] = {}
-    for path in files:
-        try:
-            variants = load_file(path)
-        except ConfigError as e:
-            failed += 1
-            err.print(str(e), markup=False, highlight=False)
-            continue
-        clashes = [v.name for v in variants if owners.setdefault(v.name, path) != path]
-        if clashes:
-            failed += 1
-            err.print(f"{path}: experiment name {clashes[0]!r} is also defined by {owners[clashes[0]]}; give each a distinct name", markup=False)
-            continue
-        out.print(f"ok  {path}  ({', '.join(v.name for v in variants)})", markup=False, highlight=False)
-    if failed:
+    reports = check_files(files, max_variants)
+    if as_json:
+        print(json.dumps({"ok": all(r.ok for r in reports), "files": [r.to_json() for r in reports]}, indent=2))
+    else:
+        for report in reports:
+            if report.ok:
+                out.print(f"ok  {report.path}  ({', '.join(report.experiments)})", markup=False, highlight=False)
+            for error in report.errors:
+                err.print(error, markup=False, highlight=False)
+    if not all(r.ok for r in reports):
         raise typer.Exit(2)
 
 
 @app.command()
-def run(experiment: Annotated[Path, typer.Argument(help="The experiment file to materialize.")], root: RootOption = DEFAULT_ROOT) -> None:
+def plan(
+    paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")],
+    root: RootOption = DEFAULT_ROOT,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
+) -> None:
+    """Show, without running anything, which stages are cached, will run (and why), or are waiting."""
+    experiments = []
+    for path in experiment_files(paths):
+        experiments += load_file(path)
+    plans = build_plan(experiments, ArtifactStore(root / "registry"))
+    if as_json:
+        print(json.dumps({"stages": [p.to_json() for p in plans], "runs": counts(plans)}, indent=2))
+        return
+    table = Table(title="plan", title_justify="left")
+    for column in ("experiment", "stage", "status", "detail"):
+        table.add_column(column)
+    styles = {"cached": "green", "run": "yellow", "waiting": "cyan", "shared": "dim"}
+    for p in plans:
+        table.add_row(p.experiment, p.kind, f"[{styles[p.status]}]{p.status}[/]", p.detail)
+    out.print(table)
+    out.print("will compute: " + (", ".join(f"{kind} x{n}" for kind, n in counts(plans).items()) or "nothing (everything is cached)"))
+
+
+@app.command()
+def run(
+    experiment: Annotated[Path, typer.Argument(help="The experiment file to materialize.")],
+    root: RootOption = DEFAULT_ROOT,
+    strict: Annotated[bool, typer.Option(help="Refuse to run from a working tree with uncommitted changes (CI, production).")] = False,
+) -> None:
     """Materialize every asset of one experiment through Dagster, then print the leaderboard."""
     try:
         variants = load_file(experiment)
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
+    commit = git_commit(experiment.parent)
+    if commit.endswith("-dirty"):
+        if strict:
+            err.print("error: the working tree has uncommitted changes; commit them (or drop --strict) so the run is reproducible from its commit")
+            raise typer.Exit(2)
+        err.print(f"warning: uncommitted changes; artifacts will record commit {commit}")
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
     out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
     code = subprocess.call([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env=env)

@@ -1,0 +1,97 @@
+"""`factory plan`: for every experiment and stage, cached / run / waiting, and why a stage must run.
+
+Stages whose upstream is not computed yet are planned with a placeholder digest derived from
+the upstream fingerprint, so two variants that share a stage show it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from factory.config import UPSTREAM, Experiment, StageSpec, plan_stage
+from factory.registry.store import ArtifactStore, Manifest
+
+PENDING = "pending:"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StagePlan:
+    """What will happen to one stage of one experiment."""
+
+    experiment: str
+    kind: str
+    status: str
+    """cached | run | waiting | shared (computed once by another variant of this plan)"""
+    fingerprint: str
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return asdict(self)
+
+
+def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> list[StagePlan]:
+    """Plan every stage of every experiment against what the registry already holds."""
+    plans: list[StagePlan] = []
+    first_runner: dict[str, str] = {}
+    for experiment in experiments:
+        digests: dict[str, str] = {}
+        for kind in experiment.stages():
+            spec = plan_stage(experiment, kind, {name: digests[name] for name in UPSTREAM[kind]})
+            status, detail, digest = _decide(experiment, spec, registry, first_runner)
+            digests[kind] = digest
+            plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail))
+    return plans
+
+
+def counts(plans: Iterable[StagePlan]) -> dict[str, int]:
+    """How many times each stage kind will be computed."""
+    totals: dict[str, int] = {}
+    for plan in plans:
+        if plan.status == "run":
+            totals[plan.kind] = totals.get(plan.kind, 0) + 1
+    return totals
+
+
+def _decide(experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str]) -> tuple[str, str, str]:
+    manifest = registry.lookup(spec.fingerprint)
+    if manifest is not None:
+        return "cached", f"from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}, {manifest.created})", manifest.digest
+    pending = PENDING + spec.fingerprint
+    if (holder := registry.holder(spec.fingerprint)) is not None:
+        return "waiting", f"{holder.owner} holds the lease", pending
+    if spec.fingerprint in first_runner:
+        return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
+    first_runner[spec.fingerprint] = experiment.name
+    return "run", why_run(experiment.name, spec, registry), pending
+
+
+def why_run(experiment: str, spec: StageSpec, registry: ArtifactStore) -> str:
+    """What changed since this experiment last produced this stage (or that it never did)."""
+    previous = sorted((m for m in registry.manifests(spec.kind) if m.experiment == experiment), key=lambda m: m.created)
+    if not previous:
+        return "never computed for this experiment"
+    last = previous[-1]
+    reasons = _config_changes(last.config, spec.config)
+    for name, digest in spec.upstream.items():
+        if last.inputs.get(name) != digest:
+            reasons.append(f"input {name} changed" + (" (not computed yet)" if digest.startswith(PENDING) else ""))
+    if last.code != spec.code:
+        reasons.append(f"code changed ({last.code[:22]} -> {spec.code[:22]})")
+    return "; ".join(reasons) or "its last artifact is missing or damaged"
+
+
+def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    before, after = _flatten(old), _flatten(new)
+    return [f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}" for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, child in value.items():
+        flat.update(_flatten(child, f"{prefix}.{key}" if prefix else str(key)))
+    return flat

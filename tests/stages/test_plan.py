@@ -1,0 +1,32 @@
+"""Plan reasons: which input changed since this experiment last produced a stage."""
+
+from factory.config import load, plan_stage
+from factory.registry import ArtifactStore, Provenance
+from factory.stages.plan import build_plan, why_run
+
+
+def publish(registry, spec, experiment):
+    with registry.staging() as out:
+        (out / "x").write_text(spec.fingerprint)
+        return registry.publish(
+            out, kind=spec.kind, fingerprint=spec.fingerprint, config=spec.config, inputs=spec.upstream, code=spec.code,
+            provenance=Provenance(experiment=experiment, config_hash="h", git_commit="c"), summary={},
+        )
+
+
+def test_reason_names_the_changed_field_and_cached_stages_say_where_from(tmp_path, tiny_path):
+    registry = ArtifactStore(tmp_path)
+    experiment = load(tiny_path)
+    corpus = publish(registry, plan_stage(experiment, "corpus", {}), experiment.name)
+    tokenizer = publish(registry, plan_stage(experiment, "tokenizer", {"corpus": corpus.digest}), experiment.name)
+    old = plan_stage(experiment, "checkpoints", {"corpus": corpus.digest, "tokenizer": tokenizer.digest})
+    publish(registry, old, experiment.name)
+    changed = experiment.model_copy(update={"pretrain": experiment.pretrain.model_copy(update={"lr": 0.5})})
+    new = plan_stage(changed, "checkpoints", {"corpus": corpus.digest, "tokenizer": tokenizer.digest})
+    assert why_run(experiment.name, new, registry) == "pretrain.lr: 0.003 -> 0.5"
+    plans = {p.kind: p for p in build_plan([changed], registry)}
+    assert plans["corpus"].status == "cached" and plans["corpus"].detail.startswith(f"from {experiment.name}")
+    assert plans["checkpoints"].status == "run" and "pretrain.lr" in plans["checkpoints"].detail
+    assert plans["model"].status == "run" and plans["model"].detail == "never computed for this experiment"
+    with registry.lease(new.fingerprint, "someone else"):
+        assert {p.kind: p.status for p in build_plan([changed], registry)}["checkpoints"] == "waiting"
