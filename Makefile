@@ -31,6 +31,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 bench: setup
+	$(BIN)/python bench/check_configs.py
 	$(BIN)/python bench/stage_cache.py
 
 clean:
