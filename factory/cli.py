@@ -17,9 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from factory.config import load_file
+from factory.config import load, load_file
 from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.preflight import check_files, experiment_files
+from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
 from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
 from factory.registry import ArtifactStore, git_commit
@@ -125,6 +126,22 @@ def run(
     out.print(f"artifacts: {(root / 'registry' / 'objects').resolve()}")
     out.print(f"datasets:  Iceberg catalog {(root / 'iceberg' / 'catalog.db').resolve()}")
     out.print("Dagster UI: [bold]make ui[/] (or `factory ui`), then open http://127.0.0.1:3000")
+
+
+@app.command()
+def diff(
+    a: Annotated[str, typer.Argument(help="An experiment file, or an artifact digest (prefix).")],
+    b: Annotated[str, typer.Argument(help="An experiment file, or an artifact digest (prefix).")],
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Two experiments or two artifacts side by side: config, input artifacts, code identity."""
+    registry = ArtifactStore(root / "registry")
+    if Path(a).is_file() and Path(b).is_file():
+        lines = diff_experiments(load(Path(a)), load(Path(b)), registry)
+    else:
+        lines = diff_artifacts(find_artifact(registry, a), find_artifact(registry, b))
+    for line in lines:
+        out.print(line, markup=False, highlight=False)
 
 
 @app.command()

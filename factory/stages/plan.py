@@ -74,7 +74,7 @@ def why_run(experiment: str, spec: StageSpec, registry: ArtifactStore) -> str:
     if not previous:
         return "never computed for this experiment"
     last = previous[-1]
-    reasons = _config_changes(last.config, spec.config)
+    reasons = config_changes(last.config, spec.config)
     for name, digest in spec.upstream.items():
         if last.inputs.get(name) != digest:
             reasons.append(f"input {name} changed" + (" (not computed yet)" if digest.startswith(PENDING) else ""))
@@ -83,7 +83,8 @@ def why_run(experiment: str, spec: StageSpec, registry: ArtifactStore) -> str:
     return "; ".join(reasons) or "its last artifact is missing or damaged"
 
 
-def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """`dotted.key: old -> new` for every leaf that differs."""
     before, after = _flatten(old), _flatten(new)
     return [f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}" for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
 
