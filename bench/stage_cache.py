@@ -20,7 +20,7 @@ EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tiny-code-lm
 
 def timed_run(root: Path, instance: DagsterInstance) -> float:
     started = time.perf_counter()
-    result = run_experiment(EXPERIMENT, root, instance)
+    result = run_experiment(EXPERIMENT, root, instance, quiet=True)
     if not result.success:
         sys.exit("\n".join(failure_messages(result)))
     return time.perf_counter() - started
