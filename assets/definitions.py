@@ -4,14 +4,14 @@ import os
 
 from dagster import Definitions
 
-from assets.leaderboard import leaderboard
+from assets.leaderboard import leaderboard, leaderboard_automation
 from assets.sensors import experiments_at_head
 from assets.stages import stage_assets
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 defs = Definitions(
     assets=[*stage_assets, leaderboard],
-    sensors=[experiments_at_head],
+    sensors=[experiments_at_head, leaderboard_automation],
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
         "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),

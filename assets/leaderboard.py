@@ -1,7 +1,17 @@
 """The leaderboard: every experiment's latest evaluation, published as an artifact and shown as Markdown."""
 
 
-from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DataVersion,
+    DefaultSensorStatus,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from assets.partitions import EXPERIMENTS
 from assets.records import latest_metadata
@@ -11,7 +21,17 @@ from factory.stages.leaderboard import publish_leaderboard
 from resources import FactoryStores
 
 
-@asset(deps=["evaluation"], description="All experiments ranked by validation bits-per-byte.", kinds={"markdown"}, group_name="pipeline")
+# Refresh whenever any experiment's evaluation changes (runs started by the git sensor included).
+REFRESH = AutomationCondition.any_deps_updated() & ~AutomationCondition.in_progress() & ~AutomationCondition.any_deps_in_progress()
+
+
+@asset(
+    deps=["evaluation"],
+    description="All experiments ranked by validation bits-per-byte.",
+    kinds={"markdown"},
+    group_name="pipeline",
+    automation_condition=REFRESH,
+)
 def leaderboard(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
     registry = stores.registry()
     evaluations = []
@@ -25,3 +45,8 @@ def leaderboard(context: AssetExecutionContext, stores: FactoryStores) -> Materi
     manifest, markdown = publish_leaderboard(registry, build_rows(evaluations), git_commit())
     metadata = {**manifest.metadata(), "leaderboard": MetadataValue.md(markdown), "experiments": len(evaluations)}
     return MaterializeResult(metadata=metadata, data_version=DataVersion(manifest.digest))
+
+
+leaderboard_automation = AutomationConditionSensorDefinition(
+    "leaderboard_automation", target=AssetSelection.assets("leaderboard"), default_status=DefaultSensorStatus.RUNNING
+)

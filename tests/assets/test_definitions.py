@@ -29,3 +29,24 @@ def test_stage_assets_are_partitioned_by_experiment():
             assert partitions is None
         else:
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == EXPERIMENTS
+
+
+def test_leaderboard_refreshes_when_an_evaluation_changes():
+    from dagster import AssetMaterialization, DagsterInstance, evaluate_automation_conditions
+
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(EXPERIMENTS, ["a", "b"])
+    first = evaluate_automation_conditions(defs=defs, instance=instance)
+    assert first.total_requested == 0
+    instance.report_runless_asset_event(AssetMaterialization("evaluation", partition="a"))
+    second = evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+    assert second.total_requested == 1
+    assert second.get_requested_partitions(AssetKey("leaderboard")) == {None}
+    assert evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor).total_requested == 0
+
+
+def test_sensors_are_running_by_default():
+    from dagster import DefaultSensorStatus
+
+    for name in ("experiments_at_head", "leaderboard_automation"):
+        assert defs.resolve_sensor_def(name).default_status == DefaultSensorStatus.RUNNING
