@@ -14,6 +14,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import EqualTo
 from pyiceberg.schema import Schema
+from pyiceberg.table import DataScan
 from pyiceberg.types import LongType, NestedField, StringType
 
 from factory.config.schema import DataConfig
@@ -153,8 +154,12 @@ def resolve_tag(catalog: Catalog, table: str, tag: str) -> int:
 
 def read_split(catalog: Catalog, table: str, snapshot_id: int, split: str, columns: tuple[str, ...] = ("path", "text")) -> pa.Table:
     """One split of one snapshot of the corpus, sorted by path."""
+    fields = ("path", *(c for c in columns if c != "path"))
+    return scan_split(catalog, table, snapshot_id, split, fields).to_arrow().sort_by("path")
+
+
+def scan_split(catalog: Catalog, table: str, snapshot_id: int, split: str, fields: tuple[str, ...]) -> DataScan:
+    """The Iceberg scan of some columns of one split of one snapshot."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}")
-    fields = ("path", *(c for c in columns if c != "path"))
-    scan = catalog.load_table(table).scan(row_filter=EqualTo("split", split), selected_fields=fields, snapshot_id=snapshot_id)
-    return scan.to_arrow().sort_by("path")
+    return catalog.load_table(table).scan(row_filter=EqualTo("split", split), selected_fields=fields, snapshot_id=snapshot_id)

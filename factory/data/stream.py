@@ -7,9 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import EqualTo
-
-from factory.data.corpus import SPLITS
+from factory.data.corpus import scan_split
 
 SHUFFLE_BUFFER_DOCS = 1024
 T = TypeVar("T")
@@ -17,10 +15,7 @@ T = TypeVar("T")
 
 def stream_texts(catalog: Catalog, table: str, snapshot_id: int, split: str) -> Iterator[str]:
     """Texts of one split of one snapshot, read lazily; memory holds one record batch at a time."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}")
-    scan = catalog.load_table(table).scan(row_filter=EqualTo("split", split), selected_fields=("text",), snapshot_id=snapshot_id)
-    for batch in scan.to_arrow_batch_reader():
+    for batch in scan_split(catalog, table, snapshot_id, split, ("text",)).to_arrow_batch_reader():
         yield from batch.column("text").to_pylist()
 
 

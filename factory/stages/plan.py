@@ -36,11 +36,12 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
     """Plan every stage of every experiment against what the registry already holds."""
     plans: list[StagePlan] = []
     first_runner: dict[str, str] = {}
+    history = list(registry.manifests())  # read once: every stage's reason looks through it
     for experiment in experiments:
         digests: dict[str, str] = {}
         for kind in experiment.stages():
             spec = plan_stage(experiment, kind, {name: digests[name] for name in UPSTREAM[kind]})
-            status, detail, digest = _decide(experiment, spec, registry, first_runner)
+            status, detail, digest = _decide(experiment, spec, registry, first_runner, history)
             digests[kind] = digest
             plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail))
     return plans
@@ -55,7 +56,9 @@ def counts(plans: Iterable[StagePlan]) -> dict[str, int]:
     return totals
 
 
-def _decide(experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str]) -> tuple[str, str, str]:
+def _decide(
+    experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str], history: list[Manifest]
+) -> tuple[str, str, str]:
     manifest = registry.lookup(spec.fingerprint)
     if manifest is not None:
         return "cached", f"from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}, {manifest.created})", manifest.digest
@@ -65,12 +68,12 @@ def _decide(experiment: Experiment, spec: StageSpec, registry: ArtifactStore, fi
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, registry), pending
+    return "run", why_run(experiment.name, spec, history), pending
 
 
-def why_run(experiment: str, spec: StageSpec, registry: ArtifactStore) -> str:
+def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest]) -> str:
     """What changed since this experiment last produced this stage (or that it never did)."""
-    previous = sorted((m for m in registry.manifests(spec.kind) if m.experiment == experiment), key=lambda m: m.created)
+    previous = sorted((m for m in history if m.kind == spec.kind and m.experiment == experiment), key=lambda m: m.created)
     if not previous:
         return "never computed for this experiment"
     last = previous[-1]

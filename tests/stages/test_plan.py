@@ -23,7 +23,7 @@ def test_reason_names_the_changed_field_and_cached_stages_say_where_from(tmp_pat
     publish(registry, old, experiment.name)
     changed = experiment.model_copy(update={"pretrain": experiment.pretrain.model_copy(update={"lr": 0.5})})
     new = plan_stage(changed, "checkpoints", {"corpus": corpus.digest, "tokenizer": tokenizer.digest})
-    assert why_run(experiment.name, new, registry) == "pretrain.lr: 0.003 -> 0.5"
+    assert why_run(experiment.name, new, registry.manifests()) == "pretrain.lr: 0.003 -> 0.5"
     plans = {p.kind: p for p in build_plan([changed], registry)}
     assert plans["corpus"].status == "cached" and plans["corpus"].detail.startswith(f"from {experiment.name}")
     assert plans["checkpoints"].status == "run" and "pretrain.lr" in plans["checkpoints"].detail
