@@ -10,7 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from dagster import DagsterInstance, ExecuteInProcessResult, PreviewWarning, materialize
+from dagster import DagsterEventType, DagsterInstance, ExecuteInProcessResult, PreviewWarning, materialize
 from rich.console import Console
 from rich.table import Table
 
@@ -68,9 +68,12 @@ def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None
 
 
 def failure_messages(result: ExecuteInProcessResult) -> list[str]:
-    """What went wrong, one message per failed step, without Dagster's stack traces."""
+    """What went wrong, one message per failed step or check, without Dagster's stack traces."""
     messages = []
     for event in result.all_events:
+        if event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION and not event.event_specific_data.passed:
+            check = event.event_specific_data
+            messages.append(f"{check.asset_key.to_user_string()} check {check.check_name} failed: {check.description}")
         if event.is_step_failure and event.step_failure_data is not None:
             error = event.step_failure_data.user_failure_data
             description = error.description if error is not None and error.description else None

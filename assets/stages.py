@@ -4,6 +4,8 @@
 from collections.abc import Iterator
 
 from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetsDefinition,
     DataVersion,
@@ -16,19 +18,38 @@ from dagster import (
 
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
-from factory.config import UPSTREAM, config_hash, plan_stage
+from factory.config import UPSTREAM, StageSpec, config_hash, plan_stage, upstream_of
+from factory.data.checks import CHECKS
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
+from factory.stages.datasets import check_filtered
 from factory.stages.request import StageRequest
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 DESCRIPTIONS = {
-    "corpus": "Python standard library sources in an Iceberg table, split train/validation by hash of path.",
-    "tokenizer": "Byte-level BPE trained on the corpus train split.",
+    "raw_datasets": "Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
+    "deduped_datasets": "Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
+    "filtered_datasets": "Quality filters applied: `filtered.<name>`, tagged `v<n>` or by name; checked before training.",
+    "blend": "The training mixture: table versions with weights and modes (finite or oversample).",
+    "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
     "checkpoints": "Pretraining run: a GPT trained on packed token sequences; periodic and final checkpoints.",
     "model": "The final weights exported with their config and tokenizer.",
     "evaluation": "Validation bits-per-byte of the model and of its untrained initialisation.",
 }
-KINDS = {"corpus": {"iceberg"}, "tokenizer": {"tokenizers"}, "checkpoints": {"torch"}, "model": {"torch"}, "evaluation": {"torch"}}
+KINDS = {
+    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "checkpoints": {"torch"}, "model": {"torch"}, "evaluation": {"torch"},
+}
+GROUPS = {"raw_datasets": "data", "deduped_datasets": "data", "filtered_datasets": "data", "blend": "data"}
+CHECK_DESCRIPTIONS = {
+    "non_empty": "Every filtered dataset has documents.",
+    "schema": "Every filtered dataset has the document schema.",
+    "duplicate_share": "Every filtered dataset's share of exact duplicates is within its bound.",
+}
+# Checks on the filtered datasets block everything downstream (blend, tokenizer, training) when they fail.
+CHECK_SPECS = {
+    "filtered_datasets": [
+        AssetCheckSpec(name, asset="filtered_datasets", blocking=True, description=CHECK_DESCRIPTIONS[name]) for name in CHECKS
+    ],
+}
 
 
 def build_stage_asset(kind: str) -> AssetsDefinition:
@@ -40,16 +61,17 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         deps=list(UPSTREAM[kind]),
         description=DESCRIPTIONS[kind],
         kinds=KINDS[kind],
-        group_name="pipeline",
+        group_name=GROUPS.get(kind, "pipeline"),
+        check_specs=CHECK_SPECS.get(kind),
     )
     def stage(
         context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores, launcher: StageLauncher
-    ) -> Iterator[MaterializeResult | PipesExecutionResult]:
+    ) -> Iterator[MaterializeResult | PipesExecutionResult | AssetCheckResult]:
         commit = context.run.tags.get(COMMIT_TAG)
         experiment = experiments.load(context.partition_key, commit=commit)
         if kind not in experiment.stages():
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
-        spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in UPSTREAM[kind]})
+        spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)})
         registry = stores.registry()
         provenance = Provenance(
             experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(), run_id=context.run_id
@@ -58,10 +80,13 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         if manifest is not None:
             context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
             yield MaterializeResult(metadata=cached_metadata(manifest, registry, provenance), data_version=DataVersion(manifest.digest))
-            return
-        if holder := registry.holder(spec.fingerprint):
-            context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
-        yield from launcher.launch(context, StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance))
+        else:
+            if holder := registry.holder(spec.fingerprint):
+                context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
+            request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance)
+            yield from launcher.launch(context, request)
+        if kind in CHECK_SPECS:
+            yield from check_results(spec, registry, stores)
 
     return stage
 
@@ -78,6 +103,15 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
         "cached_from": f"{manifest.experiment} (run {manifest.run_id or 'outside Dagster'})",
         "artifact": MetadataValue.path(str(registry.path(manifest.digest))),
     }
+
+
+def check_results(spec: StageSpec, registry: ArtifactStore, stores: FactoryStores) -> Iterator[AssetCheckResult]:
+    """The blocking dataset checks, run on the artifact just materialized."""
+    manifest = registry.lookup(spec.fingerprint)
+    if manifest is None:
+        raise Failure(description=f"{spec.kind}: the stage reported success but published no artifact")
+    for outcome in check_filtered(stores.catalog(), registry.path(manifest.digest), dict(spec.config)):
+        yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)
 
 
 def upstream_digest(context: AssetExecutionContext, name: str) -> str:

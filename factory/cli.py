@@ -19,7 +19,10 @@ from rich.table import Table
 
 from factory.config import load, load_file
 from factory.config.loader import DEFAULT_MAX_VARIANTS
+from factory.data.catalog import CatalogConfig, open_catalog
 from factory.preflight import check_files, experiment_files
+from factory.stages.batch import fetch_batch
+from factory.stages.batch import to_json as batch_json
 from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
 from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
@@ -56,13 +59,14 @@ def check(
     paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
     max_variants: Annotated[int, typer.Option(help="A sweep may expand to at most this many variants.")] = DEFAULT_MAX_VARIANTS,
+    root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Validate experiment files without running anything; exit 2 when any is wrong."""
     files = experiment_files(paths)
     if not files:
         err.print("error: no experiment files given (pass .md files or directories holding them)")
         raise typer.Exit(2)
-    reports = check_files(files, max_variants)
+    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.local(root / "iceberg")))
     if as_json:
         print(json.dumps({"ok": all(r.ok for r in reports), "files": [r.to_json() for r in reports]}, indent=2))
     else:
@@ -166,6 +170,32 @@ def _print_leaderboard(root: Path) -> bool:
     out.print("\n[bold]leaderboard[/]")
     out.print(markdown, markup=False, highlight=False)
     return True
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Look inside datasets and the batches training saw.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("batch")
+def data_batch(
+    experiment: Annotated[Path, typer.Argument(help="The experiment file whose run to look into.")],
+    step: Annotated[int, typer.Argument(help="The training step (0-based).")],
+    root: RootOption = DEFAULT_ROOT,
+    as_json: Annotated[bool, typer.Option("--json", help="Token ids and documents as JSON, for machines.")] = False,
+) -> None:
+    """Fetch again the exact batch a training step consumed: its sequences and the documents in them."""
+    catalog = open_catalog(CatalogConfig.local(root / "iceberg"))
+    sequences = fetch_batch(load(experiment), step, ArtifactStore(root / "registry"), catalog)
+    if as_json:
+        print(json.dumps({"step": step, "sequences": batch_json(sequences)}, indent=2))
+        return
+    table = Table(title=f"batch of step {step}", title_justify="left")
+    for column in ("seq", "tokens", "documents"):
+        table.add_column(column)
+    for index, sequence in enumerate(sequences):
+        documents = ", ".join(f"{d.get('table', '?')}:{d.get('path', d['id'])}" for d in sequence.documents)
+        table.add_row(str(index), str(sequence.real_tokens), documents)
+    out.print(table)
 
 
 def main() -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyiceberg.catalog import Catalog
+
 from factory.config import Experiment, load_file
 from factory.config.loader import DEFAULT_MAX_VARIANTS
+from factory.data.tables import missing_refs
 from factory.errors import ConfigError
 from factory.evals.benchmarks import BENCHMARKS
 
@@ -35,9 +38,13 @@ def experiment_files(paths: Iterable[Path]) -> list[Path]:
     return [f for p in paths for f in (sorted(p.glob("*.md")) if p.is_dir() else [p])]
 
 
-def check_files(files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS) -> list[FileReport]:
-    """Check every file; names must be unique across all of them."""
+def check_files(
+    files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS, catalog: Callable[[], Catalog] | None = None
+) -> list[FileReport]:
+    """Check every file; names must be unique across all of them. Pinned `table@tag`s are looked up in
+    `catalog` (opened only when some file pins one; each reference checked once)."""
     reports, owners = [], {}
+    tables = TableLookup(catalog) if catalog is not None else None
     for path in files:
         try:
             variants = load_file(path, max_variants=max_variants)
@@ -45,6 +52,8 @@ def check_files(files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS)
             reports.append(FileReport(path=str(path), errors=str(e).splitlines()))
             continue
         errors = [error for experiment in variants for error in _semantic_errors(path, experiment)]
+        if tables is not None:
+            errors += _missing_tables(path, variants, tables)
         for experiment in variants:
             owner = owners.setdefault(experiment.name, path)
             if owner != path:
@@ -53,8 +62,35 @@ def check_files(files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS)
     return reports
 
 
+class TableLookup:
+    """Answers whether pinned table versions exist; opens the catalog on first use and asks once per reference."""
+
+    def __init__(self, open_catalog: Callable[[], Catalog]) -> None:
+        self._open = open_catalog
+        self._catalog: Catalog | None = None
+        self._answers: dict[str, list[str]] = {}
+
+    def problems(self, ref: str) -> list[str]:
+        """Why `ref` cannot be read (empty when it can)."""
+        if ref not in self._answers:
+            if self._catalog is None:
+                self._catalog = self._open()
+            self._answers[ref] = missing_refs(self._catalog, [ref])
+        return self._answers[ref]
+
+
+def _missing_tables(path: Path, variants: list[Experiment], tables: TableLookup) -> list[str]:
+    """Errors for pinned table versions the catalog does not hold."""
+    refs = dict.fromkeys(part.table for experiment in variants for part in experiment.data.blend if part.table)
+    return [f"{path}: data.blend: {problem}" for ref in refs for problem in tables.problems(ref)]
+
+
 def _semantic_errors(path: Path, experiment: Experiment) -> list[str]:
     errors = []
+    for name, dataset in experiment.data.datasets.items():
+        source = dataset.source
+        if source.kind == "directory" and not Path(source.path or "").is_dir():
+            errors.append(f"{path}: data.datasets.{name}.source.path: {source.path!r} is not a directory here")
     if experiment.eval is not None:
         for name in experiment.eval.benchmarks:
             if name not in BENCHMARKS:

@@ -2,6 +2,9 @@
 
 from factory.config.loader import load, load_file, load_text
 from factory.config.schema import Experiment
-from factory.config.stages import STAGES, UPSTREAM, StageSpec, config_hash, plan_stage
+from factory.config.stages import DATASET_STAGES, STAGES, UPSTREAM, StageSpec, config_hash, plan_stage, upstream_of
 
-__all__ = ["STAGES", "UPSTREAM", "Experiment", "StageSpec", "config_hash", "load", "load_file", "load_text", "plan_stage"]
+__all__ = [
+    "DATASET_STAGES", "STAGES", "UPSTREAM", "Experiment", "StageSpec", "config_hash", "load", "load_file", "load_text", "plan_stage",
+    "upstream_of",
+]

@@ -17,23 +17,154 @@ class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
-class DataConfig(Section):
-    source: Literal["python-stdlib"] = "python-stdlib"
-    """Where the corpus comes from: the running interpreter's standard library `.py` files."""
-    table: str = "raw.python_stdlib"
-    """Iceberg table `namespace.name` the corpus is written to."""
-    validation_percent: int = Field(5, ge=1, le=50)
-    """Share of files (by hash of path) held out for validation."""
+TABLE_PART = re.compile(r"^[a-z_][a-z0-9_]*$")
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class SourceConfig(Section):
+    """Where the raw documents of one dataset come from."""
+
+    kind: Literal["python-stdlib", "site-packages", "directory"] = "python-stdlib"
+    """The running interpreter's standard library, its installed site-packages, or a directory (`path`)."""
+    path: str | None = None
+    """For `directory`: the directory to read, absolute or relative to the working directory."""
+    include: tuple[str, ...] = ("**/*.py",)
+    """Glob patterns, relative to the source root, of the files to read."""
+    exclude: tuple[str, ...] = ()
+    """Glob patterns of files to leave out (caches are always left out)."""
+    format: Literal["text", "jsonl"] = "text"
+    """`text`: one document per file; `jsonl`: one document per line, its text in `text_field`."""
+    text_field: str = "text"
+    """For `jsonl`: the key that holds the document text; the other keys become metadata."""
     max_file_bytes: int = Field(1_000_000, gt=0)
     """Files larger than this are left out (generated tables, not code)."""
+    revision: str = ""
+    """Free-form: change it to ingest again a directory whose files changed (raw data is cached by config)."""
 
-    @field_validator("table")
+    @model_validator(mode="after")
+    def _directory_has_path(self) -> SourceConfig:
+        if self.kind == "directory" and not self.path:
+            raise ValueError("a 'directory' source needs 'path'")
+        if self.kind != "directory" and self.path is not None:
+            raise ValueError(f"'path' is only for kind 'directory'; kind {self.kind!r} knows its own root")
+        return self
+
+
+class DedupConfig(Section):
+    """Duplicate removal; the first document in id order of each duplicate group is kept."""
+
+    exact: bool = True
+    """Drop documents whose bytes (sha256) equal an earlier document's."""
+    near_threshold: float | None = Field(0.85, gt=0, le=1)
+    """Estimated Jaccard similarity of token shingles above which a document is a near-duplicate (MinHash LSH); null turns it off."""
+    num_perm: int = Field(128, ge=16, le=1024)
+    """MinHash permutations: more is more precise and slower."""
+    shingle_tokens: int = Field(5, ge=1, le=64)
+    """Consecutive word tokens per shingle."""
+
+
+class FiltersConfig(Section):
+    """Quality filters; each reports how many documents it removed."""
+
+    min_bytes: int = Field(1, ge=0)
+    """Documents shorter than this are dropped."""
+    max_bytes: int | None = Field(None, gt=0)
+    """Documents longer than this are dropped (null: no bound)."""
+    max_line_length: int | None = Field(None, gt=0)
+    """Documents with any line longer than this are dropped (minified or generated data)."""
+    min_alnum_share: float = Field(0.0, ge=0, le=1)
+    """Documents whose share of alphanumeric characters is below this are dropped."""
+    drop_generated: bool = False
+    """Drop files that say they are generated (`auto-generated`, `do not edit`, ... in the first lines)."""
+    drop_license_only: bool = False
+    """Drop files that are nothing but a license header (comments) and blank lines."""
+
+
+class DatasetConfig(Section):
+    """One dataset: ingested raw, deduplicated, filtered; each step a versioned Iceberg table."""
+
+    source: SourceConfig = SourceConfig()
+    dedup: DedupConfig = DedupConfig()
+    filters: FiltersConfig = FiltersConfig()
+    tag: str | None = None
+    """Version tag of the filtered table (default `v<n>`, the next number); a tag names one version forever."""
+    max_duplicate_share: float = Field(0.0, ge=0, le=1)
+    """Asset check: the filtered table's share of exact duplicates must not exceed this, or training is blocked."""
+
+    @field_validator("tag")
     @classmethod
-    def _table_has_namespace(cls, value: str) -> str:
-        parts = value.split(".")
-        if len(parts) != 2 or not all(re.fullmatch(r"[a-z_][a-z0-9_]*", p) for p in parts):
-            raise ValueError(f"expected 'namespace.table' in lower_snake_case, found {value!r}")
+    def _tag_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and (not TAG_PATTERN.fullmatch(value) or value.startswith("content-")):
+            raise ValueError(f"expected a tag of letters, digits, '.', '_', '-' (not starting with 'content-'), found {value!r}")
         return value
+
+
+class BlendComponent(Section):
+    """One part of the training mixture: a dataset of this file, or a pinned table version."""
+
+    dataset: str | None = None
+    """A dataset defined under `data.datasets`."""
+    table: str | None = None
+    """A table version pinned as `namespace.table@tag` (it must exist: `factory check` verifies)."""
+    weight: float = Field(1.0, ge=0)
+    """Relative share of documents drawn from this part."""
+    mode: Literal["finite", "oversample"] = "oversample"
+    """`finite`: each document at most once, then the part leaves the mix; `oversample`: repeat epochs as needed."""
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> BlendComponent:
+        if (self.dataset is None) == (self.table is None):
+            raise ValueError("give exactly one of 'dataset' (defined in data.datasets) or 'table' ('namespace.table@tag')")
+        if self.table is not None:
+            name, _, tag = self.table.partition("@")
+            parts = name.split(".")
+            if len(parts) != 2 or not all(TABLE_PART.fullmatch(p) for p in parts) or not TAG_PATTERN.fullmatch(tag):
+                raise ValueError(f"expected 'namespace.table@tag' (lower_snake_case names, a tag), found {self.table!r}")
+        return self
+
+    @property
+    def label(self) -> str:
+        """How the part is named in reports."""
+        return self.dataset or self.table or ""
+
+
+class DataConfig(Section):
+    """Datasets, the blend training streams from, and how it streams."""
+
+    datasets: dict[str, DatasetConfig] = {"stdlib": DatasetConfig()}
+    """Datasets by name (lower_snake_case); each becomes tables `raw.<name>`, `dedup.<name>`, `filtered.<name>`."""
+    blend: tuple[BlendComponent, ...] = ()
+    """The training mixture (default: every dataset, equal weights)."""
+    validation_percent: int = Field(5, ge=1, le=50)
+    """Share of documents (by hash of id) held out for validation."""
+    packing: Literal["best-fit", "next-fit"] = "best-fit"
+    """How documents are packed into fixed-length sequences."""
+    shuffle_buffer_docs: int = Field(1024, ge=1)
+    """Documents shuffled together as they stream in."""
+    pack_window_docs: int = Field(64, ge=1)
+    """Documents packed together: a wider window fills sequences better."""
+
+    @field_validator("datasets")
+    @classmethod
+    def _dataset_names(cls, value: dict[str, DatasetConfig]) -> dict[str, DatasetConfig]:
+        for name in value:
+            if not TABLE_PART.fullmatch(name):
+                raise ValueError(f"dataset name {name!r}: use lower_snake_case (it names Iceberg tables)")
+        return value
+
+    @model_validator(mode="after")
+    def _blend_is_valid(self) -> DataConfig:
+        if not self.blend:
+            if not self.datasets:
+                raise ValueError("define at least one dataset under 'datasets' or a 'blend' of pinned tables")
+            object.__setattr__(self, "blend", tuple(BlendComponent(dataset=name) for name in self.datasets))
+        for part in self.blend:
+            if part.dataset is not None and part.dataset not in self.datasets:
+                known = ", ".join(sorted(self.datasets)) or "none"
+                raise ValueError(f"blend names dataset {part.dataset!r}, which is not defined; datasets: {known}")
+        if sum(part.weight for part in self.blend) <= 0:
+            raise ValueError("blend weights are all zero: give at least one part a positive weight")
+        return self
 
 
 class TokenizerConfig(Section):
@@ -145,7 +276,8 @@ class Experiment(Section):
 
     def stages(self) -> tuple[str, ...]:
         """The stages this experiment runs, in order: sections not present are not run."""
-        stages = ["corpus", "tokenizer"]
+        stages = ["raw_datasets", "deduped_datasets", "filtered_datasets"] if self.data.datasets else []
+        stages += ["blend", "tokenizer"]
         if self.pretrain is not None:
             stages += ["checkpoints", "model"]
             if self.eval is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,12 +14,16 @@ from factory.errors import ConfigError
 
 # Each stage and the stages whose artifacts it reads, in the order they run.
 UPSTREAM: dict[str, tuple[str, ...]] = {
-    "corpus": (),
-    "tokenizer": ("corpus",),
-    "checkpoints": ("corpus", "tokenizer"),
+    "raw_datasets": (),
+    "deduped_datasets": ("raw_datasets",),
+    "filtered_datasets": ("deduped_datasets",),
+    "blend": ("filtered_datasets",),
+    "tokenizer": ("blend",),
+    "checkpoints": ("blend", "tokenizer"),
     "model": ("checkpoints", "tokenizer"),
-    "evaluation": ("model", "corpus"),
+    "evaluation": ("model", "blend"),
 }
+DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 STAGES = tuple(UPSTREAM)
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
 NOT_RECIPE = {"name", "description", "source", "variant"}
@@ -51,33 +56,66 @@ class StageSpec:
 def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
     """The part of the experiment that changes this stage's output (placement excluded)."""
     dump = experiment.model_dump(mode="json")
-    seed = experiment.seed
+    seed, data = experiment.seed, dump["data"]
+    datasets = data["datasets"]
+    stream = {key: data[key] for key in ("shuffle_buffer_docs", "packing", "pack_window_docs")}
     match kind:
-        case "corpus":
-            # The standard library differs between interpreters, so the version is part of the data.
-            return {"data": dump["data"], "python": platform.python_version()}
+        case "raw_datasets":
+            return {"sources": {name: d["source"] for name, d in datasets.items()}, **source_identity(experiment)}
+        case "deduped_datasets":
+            return {"dedup": {name: d["dedup"] for name, d in datasets.items()}, "seed": seed}
+        case "filtered_datasets":
+            keys = ("filters", "tag", "max_duplicate_share")
+            return {"datasets": {name: {key: d[key] for key in keys} for name, d in datasets.items()}}
+        case "blend":
+            return {"blend": data["blend"], "validation_percent": data["validation_percent"]}
         case "tokenizer":
-            return {"tokenizer": dump["tokenizer"], "seed": seed}
+            return {"tokenizer": dump["tokenizer"], "seed": seed, "shuffle_buffer_docs": stream["shuffle_buffer_docs"]}
         case "checkpoints":
-            return {"model": dump["model"], "pretrain": dump["pretrain"], "seed": seed}
+            return {"model": dump["model"], "pretrain": dump["pretrain"], "seed": seed, "stream": stream}
         case "model":
             return {}
         case "evaluation":
-            return {"eval": dump["eval"], "model": dump["model"], "seed": seed}
+            return {"eval": dump["eval"], "model": dump["model"], "seed": seed, "shuffle_buffer_docs": stream["shuffle_buffer_docs"]}
     raise ConfigError(f"unknown stage {kind!r}; stages are: {', '.join(STAGES)}")
+
+
+def source_identity(experiment: Experiment) -> dict[str, Any]:
+    """What else decides the raw bytes: the interpreter's version for its standard library, the installed
+    distributions for site-packages (a directory is named by its `revision`)."""
+    kinds = {dataset.source.kind for dataset in experiment.data.datasets.values()}
+    identity: dict[str, Any] = {}
+    if "python-stdlib" in kinds:
+        identity["python"] = platform.python_version()
+    if "site-packages" in kinds:
+        identity["site_packages"] = installed_distributions()
+    return identity
+
+
+def installed_distributions() -> str:
+    """Hash of the name and version of every installed distribution."""
+    names = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    return sha256_of(names)[:16]
+
+
+def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:
+    """The stages this stage of this experiment reads: upstream stages the experiment does not run are left out."""
+    stages = experiment.stages()
+    return tuple(name for name in UPSTREAM[kind] if name in stages)
 
 
 def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -> StageSpec:
     """Build the spec of one stage from the experiment and its upstream artifact digests."""
     if kind in STAGES and kind not in experiment.stages():
         raise ConfigError(f"{experiment.name} has no {kind} stage: its file has no section for it")
-    missing = [name for name in UPSTREAM.get(kind, ()) if name not in upstream]
+    needed = upstream_of(experiment, kind) if kind in UPSTREAM else ()
+    missing = [name for name in needed if name not in upstream]
     if missing:
         raise ConfigError(f"stage {kind!r} needs the digests of {', '.join(missing)} before it can be planned")
     return StageSpec(
         kind=kind,
         config=stage_config(experiment, kind),
-        upstream={name: upstream[name] for name in UPSTREAM[kind]},
+        upstream={name: upstream[name] for name in needed},
         code=code_identity(experiment.image),
     )
 

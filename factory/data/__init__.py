@@ -1,1 +1,1 @@
-"""Datasets: the Iceberg catalog, corpus ingest and splits, token packing."""
+"""Datasets: Iceberg tables and versions, ingest, dedup, filters, blends and the streaming loader."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ class BitsPerByte:
     bytes: int
 
 
-def validation_tokens(texts: Sequence[str], tokenizer: Tokenizer, eos_id: int, max_bytes: int) -> torch.Tensor:
+def validation_tokens(texts: Iterable[str], tokenizer: Tokenizer, eos_id: int, max_bytes: int) -> torch.Tensor:
     """Documents in the given order, EOS after each, until `max_bytes` of text are covered."""
     ids: list[int] = []
     covered = 0

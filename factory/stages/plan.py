@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from factory.config import UPSTREAM, Experiment, StageSpec, plan_stage
+from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.registry.store import ArtifactStore, Manifest
 
 PENDING = "pending:"
@@ -40,7 +40,7 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
     for experiment in experiments:
         digests: dict[str, str] = {}
         for kind in experiment.stages():
-            spec = plan_stage(experiment, kind, {name: digests[name] for name in UPSTREAM[kind]})
+            spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
             status, detail, digest = _decide(experiment, spec, registry, first_runner, history)
             digests[kind] = digest
             plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail))

@@ -8,28 +8,26 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from pyiceberg.catalog import Catalog
 
-from factory.config.schema import DataConfig, EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
+from factory.config.schema import EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
+from factory.data.blend import Blend
 from factory.data.catalog import open_catalog
-from factory.data.corpus import ingest, read_split, resolve_tag
-from factory.data.packing import pack_documents
-from factory.data.stream import shuffled, stream_texts
+from factory.data.loader import BlendStream, build_loader
 from factory.evals.bpb import bits_per_byte, validation_tokens
 from factory.models.gpt import GPT, build_model
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
 from factory.registry.store import ArtifactStore
+from factory.stages.datasets import BLEND_FILE, DATA_RUNNERS
 from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
 from factory.train.pretrain import FINAL_CHECKPOINT, load_weights, pretrain
 
-CORPUS_FILE = "corpus.json"
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
 MODEL_CONFIG = "config.json"
@@ -58,43 +56,21 @@ class StageContext:
         """Directory of the upstream artifact this stage was planned with."""
         return self.registry.open(self.request.spec.upstream[name])
 
-    def corpus_snapshot(self) -> tuple[Catalog, str, int]:
-        """(catalog, table, snapshot id) of the upstream corpus, resolved through its content tag."""
-        corpus = json.loads((self.upstream("corpus") / CORPUS_FILE).read_text())
+    def blend(self) -> Blend:
+        """The upstream blend this stage reads."""
+        return Blend.from_json(json.loads((self.upstream("blend") / BLEND_FILE).read_text()))
+
+    def blend_stream(self, split: str, finite: bool = False) -> BlendStream:
+        """Documents of one split of the upstream blend, in the seeded order training sees them."""
         catalog = open_catalog(self.request.catalog)
-        return catalog, corpus["table"], resolve_tag(catalog, corpus["table"], corpus["tag"])
-
-    def corpus_split(self, split: str) -> list[str]:
-        """Texts of one split of the upstream corpus snapshot, in path order (for evaluation)."""
-        return read_split(*self.corpus_snapshot(), split)["text"].to_pylist()
-
-    def corpus_stream(self, split: str) -> Iterator[str]:
-        """Texts of one split streamed from the upstream corpus snapshot in a seeded shuffled order."""
-        return shuffled(stream_texts(*self.corpus_snapshot(), split), self.config["seed"])
-
-
-def run_corpus(ctx: StageContext) -> dict[str, Any]:
-    """Ingest the source files into a new snapshot of the corpus table."""
-    version = ingest(open_catalog(ctx.request.catalog), DataConfig.model_validate(ctx.config["data"]), ctx.log)
-    # The snapshot id is random; the content tag is not, so the same bytes give the same artifact.
-    pointer = {key: value for key, value in asdict(version).items() if key != "snapshot_id"}
-    (ctx.out / CORPUS_FILE).write_text(json.dumps(pointer, indent=2, sort_keys=True))
-    return {
-        "table": version.table,
-        "snapshot_id": version.snapshot_id,
-        "tag": version.tag,
-        "rows_train": version.rows["train"],
-        "rows_validation": version.rows["validation"],
-        "bytes_train": version.bytes["train"],
-        "bytes_validation": version.bytes["validation"],
-        "content_sha256": version.content_sha256,
-    }
+        buffer = self.config.get("stream", self.config)["shuffle_buffer_docs"]
+        return BlendStream(catalog=catalog, blend=self.blend(), split=split, seed=self.config["seed"], buffer_docs=buffer, finite=finite)
 
 
 def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
     """Train a byte-level BPE on a seeded sample of the train split."""
     config = TokenizerConfig.model_validate(ctx.config["tokenizer"])
-    sample = sample_texts(ctx.corpus_stream("train"), config.sample_bytes)
+    sample = sample_texts(ctx.blend_stream("train", finite=True).texts(), config.sample_bytes)
     tokenizer = train_tokenizer(sample, config)
     tokenizer.save(str(ctx.out / TOKENIZER_FILE))
     sample_bytes = sum(len(t.encode()) for t in sample)
@@ -113,10 +89,10 @@ def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
     model_config = ModelConfig.model_validate(ctx.config["model"])
     config = PretrainConfig.model_validate(ctx.config["pretrain"])
     tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
-    budget = config.steps * config.batch_size * model_config.context
-    tokens = pack_documents(ctx.corpus_stream("train"), tokenizer, tokenizer.token_to_id(EOS), budget)
-    ctx.log.info("packed %d training tokens; training %d steps", len(tokens), config.steps)
-    result = pretrain(tokens, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], ctx.out, ctx.log, ctx.reporter.metrics)
+    catalog = open_catalog(ctx.request.catalog)
+    eos_id = tokenizer.token_to_id(EOS)
+    loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"])
+    result = pretrain(loader.batches(config.batch_size), tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], ctx.out, ctx.log, ctx.reporter.metrics)
     run = {
         "model": model_config.model_dump(mode="json"),
         "vocab_size": tokenizer.get_vocab_size(),
@@ -156,7 +132,7 @@ def run_evaluation(ctx: StageContext) -> dict[str, Any]:
     model_config = ModelConfig.model_validate(model_config_json["model"])
     tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
     vocab_size = tokenizer.get_vocab_size()
-    tokens = validation_tokens(ctx.corpus_split("validation"), tokenizer, tokenizer.token_to_id(EOS), config.max_bytes)
+    tokens = validation_tokens(ctx.blend_stream("validation", finite=True).texts(), tokenizer, tokenizer.token_to_id(EOS), config.max_bytes)
     lengths = token_byte_lengths(tokenizer)
     trained = GPT(model_config, vocab_size)
     trained.load_state_dict(torch.load(model_dir / MODEL_WEIGHTS, map_location="cpu", weights_only=True))
@@ -177,7 +153,7 @@ def run_evaluation(ctx: StageContext) -> dict[str, Any]:
 
 
 RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
-    "corpus": run_corpus,
+    **DATA_RUNNERS,
     "tokenizer": run_tokenizer,
     "checkpoints": run_checkpoints,
     "model": run_model,

@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,12 +15,13 @@ import torch
 from torch.nn import functional as F
 
 from factory.config.schema import ModelConfig, PretrainConfig
-from factory.data.packing import sample_batch
+from factory.data.loader import PAD, Batch, LoaderState
 from factory.errors import ConfigError
 from factory.models.gpt import GPT, build_model
 
 FINAL_CHECKPOINT = "final.pt"
 METRICS_FILE = "metrics.jsonl"
+POSITIONS_FILE = "data_positions.jsonl"
 MetricSink = Callable[[int, dict[str, float]], None]
 
 
@@ -54,7 +55,7 @@ def build_optimizer(model: GPT, config: PretrainConfig) -> torch.optim.AdamW:
 
 
 def pretrain(
-    tokens: torch.Tensor,
+    batches: Iterator[Batch],
     vocab_size: int,
     model_config: ModelConfig,
     config: PretrainConfig,
@@ -63,28 +64,36 @@ def pretrain(
     log: logging.Logger,
     on_metrics: MetricSink | None = None,
 ) -> TrainResult:
-    """Train a fresh model on `tokens`; write checkpoints and a metrics log into `out_dir`."""
-    if len(tokens) <= model_config.context + 1:
-        raise ConfigError(
-            f"the train split has {len(tokens)} tokens, too few for model.context={model_config.context}: "
-            "lower model.context or widen the data (data.max_file_bytes, data.validation_percent)"
-        )
+    """Train a fresh model on `batches`; write checkpoints, a metrics log and the data positions into `out_dir`.
+
+    `data_positions.jsonl` records the loader's position before every `log_every`-th step, so any
+    batch can be fetched again later (`factory data batch`).
+    """
     model = build_model(model_config, vocab_size, seed)
     optimizer = build_optimizer(model, config)
-    generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout
+    position = LoaderState()
+    tokens_seen = 0
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints: list[str] = []
     started = time.perf_counter()
     model.train()
-    with open(out_dir / METRICS_FILE, "w") as metrics_file:
+    with open(out_dir / METRICS_FILE, "w") as metrics_file, open(out_dir / POSITIONS_FILE, "w") as positions_file:
         for step in range(config.steps):
             lr = lr_at(step, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, y = sample_batch(tokens, config.batch_size, model_config.context, generator)
-            logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            if step % config.log_every == 0:
+                positions_file.write(json.dumps({"step": step, "state": position.to_json()}) + "\n")
+            batch = next(batches, None)
+            if batch is None:
+                raise ConfigError(
+                    f"the blend ran out of documents after {step} of {config.steps} steps: give a part `mode: oversample`, "
+                    "add data, or lower pretrain.steps"
+                )
+            position, tokens_seen = batch.state, tokens_seen + batch.real_tokens
+            logits = model(batch.x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.y.view(-1), ignore_index=PAD)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
@@ -98,27 +107,27 @@ def pretrain(
                     on_metrics(done, row)
             if config.checkpoint_every and done % config.checkpoint_every == 0 and done < config.steps:
                 name = f"step_{done:06d}.pt"
-                save_checkpoint(out_dir / name, model, optimizer, done, generator)
+                save_checkpoint(out_dir / name, model, optimizer, done, position)
                 checkpoints.append(name)
-    save_checkpoint(out_dir / FINAL_CHECKPOINT, model, optimizer, config.steps, generator)
+    save_checkpoint(out_dir / FINAL_CHECKPOINT, model, optimizer, config.steps, position)
     checkpoints.append(FINAL_CHECKPOINT)
     return TrainResult(
         steps=config.steps,
         final_loss=loss.item(),
-        tokens_seen=config.steps * config.batch_size * model_config.context,
+        tokens_seen=tokens_seen,
         parameters=model.num_parameters(),
         checkpoints=tuple(checkpoints),
         seconds=time.perf_counter() - started,
     )
 
 
-def save_checkpoint(path: Path, model: GPT, optimizer: torch.optim.Optimizer, step: int, generator: torch.Generator) -> None:
+def save_checkpoint(path: Path, model: GPT, optimizer: torch.optim.Optimizer, step: int, position: LoaderState) -> None:
     """Full training state; written to a temp name and renamed, so a checkpoint is whole or absent."""
     state = {
         "step": step,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "data_rng": generator.get_state(),
+        "data_position": position.to_json(),
         "torch_rng": torch.random.get_rng_state(),
     }
     tmp = path.with_suffix(".tmp")

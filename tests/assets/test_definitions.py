@@ -6,16 +6,19 @@ from assets.definitions import defs
 from assets.partitions import EXPERIMENTS
 
 LINEAGE = {
-    "corpus": set(),
-    "tokenizer": {"corpus"},
-    "checkpoints": {"corpus", "tokenizer"},
+    "raw_datasets": set(),
+    "deduped_datasets": {"raw_datasets"},
+    "filtered_datasets": {"deduped_datasets"},
+    "blend": {"filtered_datasets"},
+    "tokenizer": {"blend"},
+    "checkpoints": {"blend", "tokenizer"},
     "model": {"checkpoints", "tokenizer"},
-    "evaluation": {"model", "corpus"},
+    "evaluation": {"model", "blend"},
     "leaderboard": {"evaluation"},
 }
 
 
-def test_asset_graph_has_the_lineage_from_corpus_to_leaderboard():
+def test_asset_graph_has_the_lineage_from_raw_data_to_leaderboard():
     graph = defs.resolve_asset_graph()
     parents = {key.to_user_string(): {p.to_user_string() for p in graph.get(key).parent_keys} for key in graph.get_all_asset_keys()}
     assert parents == LINEAGE
@@ -29,6 +32,13 @@ def test_stage_assets_are_partitioned_by_experiment():
             assert partitions is None
         else:
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == EXPERIMENTS
+
+
+def test_filtered_datasets_carry_blocking_checks():
+    graph = defs.resolve_asset_graph()
+    checks = {key.name: graph.get_check_spec(key) for key in graph.asset_check_keys if key.asset_key == AssetKey("filtered_datasets")}
+    assert set(checks) == {"non_empty", "schema", "duplicate_share"}
+    assert all(spec.blocking for spec in checks.values())
 
 
 def test_leaderboard_refreshes_when_an_evaluation_changes():

@@ -65,14 +65,43 @@ def test_tokenizer_config_changes_only_the_tokenizer_fingerprint(tiny):
     assert changed(fingerprints(tiny), fingerprints(variant)) == {"tokenizer"}
 
 
-def test_data_config_changes_only_the_corpus_fingerprint(tiny):
+def test_the_validation_share_changes_only_the_blend_fingerprint(tiny):
     variant = with_section(tiny, "data", validation_percent=10)
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"corpus"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"blend"}
 
 
-def test_seed_changes_every_seeded_stage_but_not_the_corpus(tiny):
+def with_dataset(experiment: Experiment, name: str, section: str, **changes) -> Experiment:
+    """Copy-and-replace one field of one section of one dataset."""
+    dataset = experiment.data.datasets[name]
+    replaced = dataset.model_copy(update={section: getattr(dataset, section).model_copy(update=changes)})
+    data = experiment.data.model_copy(update={"datasets": {**experiment.data.datasets, name: replaced}})
+    return experiment.model_copy(update={"data": data})
+
+
+@pytest.mark.parametrize(
+    ("section", "changes", "stage"),
+    [("source", {"max_file_bytes": 5000}, "raw_datasets"), ("dedup", {"near_threshold": 0.5}, "deduped_datasets"),
+     ("filters", {"min_bytes": 10}, "filtered_datasets")],
+)
+def test_each_data_step_has_its_own_fingerprint(tiny, section, changes, stage):
+    variant = with_dataset(tiny, "stdlib", section, **changes)
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {stage}
+
+
+def test_blend_weights_change_the_blend_not_the_datasets(tiny):
+    parts = tuple(part.model_copy(update={"weight": 1.0}) for part in tiny.data.blend)
+    variant = tiny.model_copy(update={"data": tiny.data.model_copy(update={"blend": parts})})
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"blend"}
+
+
+def test_packing_changes_training_not_the_tokenizer(tiny):
+    variant = with_section(tiny, "data", packing="next-fit")
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"checkpoints"}
+
+
+def test_seed_changes_every_seeded_stage_but_not_raw_or_filtered_data(tiny):
     variant = tiny.model_copy(update={"seed": 7})
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"tokenizer", "checkpoints", "evaluation"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"deduped_datasets", "tokenizer", "checkpoints", "evaluation"}
 
 
 @pytest.mark.parametrize("changes", [{"queue": "gpu-large"}, {"processes_per_node": 8}, {"nodes": 4}])
@@ -103,10 +132,18 @@ def test_an_upstream_digest_changes_the_fingerprint(tiny, kind):
 
 
 def test_digests_a_stage_does_not_read_are_ignored(tiny):
-    only_corpus = plan_stage(tiny, "tokenizer", {"corpus": fake_digest("corpus")})
-    with_extra = plan_stage(tiny, "tokenizer", {"corpus": fake_digest("corpus"), "model": fake_digest("model")})
-    assert dict(with_extra.upstream) == {"corpus": fake_digest("corpus")}
-    assert with_extra.fingerprint == only_corpus.fingerprint
+    only_blend = plan_stage(tiny, "tokenizer", {"blend": fake_digest("blend")})
+    with_extra = plan_stage(tiny, "tokenizer", {"blend": fake_digest("blend"), "model": fake_digest("model")})
+    assert dict(with_extra.upstream) == {"blend": fake_digest("blend")}
+    assert with_extra.fingerprint == only_blend.fingerprint
+
+
+def test_a_blend_of_pinned_tables_needs_no_dataset_stages(tiny):
+    data = tiny.data.model_validate({"datasets": {}, "blend": [{"table": "filtered.stdlib@v1"}]})
+    pinned = tiny.model_copy(update={"data": data})
+    assert pinned.stages()[:2] == ("blend", "tokenizer")
+    spec = plan_stage(pinned, "blend", {})
+    assert dict(spec.upstream) == {} and spec.config["blend"][0]["table"] == "filtered.stdlib@v1"
 
 
 @pytest.mark.parametrize("kind", [k for k in STAGES if UPSTREAM[k]])

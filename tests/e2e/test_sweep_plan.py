@@ -12,6 +12,10 @@ from factory.stages.plan import build_plan, counts
 pytestmark = pytest.mark.e2e
 SWEEP = """---
 extends: {base}
+data:
+  datasets:
+    stdlib:
+      source: {{include: ["json/**/*.py", "email/**/*.py"]}}
 tokenizer:
   sample_bytes: 200000
 model:
@@ -29,7 +33,7 @@ sweep:
   tokenizer.vocab_size: [300, 320]
   pretrain.lr: [0.001, 0.002]
 ---
-Tokenizer x learning rate: the corpus is shared by all four, each tokenizer by two.
+Tokenizer x learning rate: the data is shared by all four, each tokenizer by two.
 """
 
 
@@ -56,7 +60,7 @@ def test_plan_counts_match_execution_counts(tmp_path, tiny_path):
     registry = ArtifactStore(root / "registry")
     variants = load_file(path)
     predicted = counts(build_plan(variants, registry))
-    assert predicted == {"corpus": 1, "tokenizer": 2, "checkpoints": 4, "model": 4, "evaluation": 4}
+    assert predicted == {"raw_datasets": 1, "deduped_datasets": 1, "filtered_datasets": 1, "blend": 1, "tokenizer": 2, "checkpoints": 4, "model": 4, "evaluation": 4}
     instance = DagsterInstance.from_config(str(dagster_home(root)))
     assert run_all(path, root, instance) == predicted
     assert counts(build_plan(variants, registry)) == {}

@@ -5,7 +5,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+import torch
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from assets.run import failure_messages, run_experiment
 from factory.config import STAGES, config_hash, load
@@ -66,10 +67,15 @@ def test_second_run_reuses_every_artifact(pipeline):
 def test_lineage_is_recorded_in_manifests(pipeline):
     registry = ArtifactStore(pipeline["root"] / "registry")
     by_kind = {m.kind: m for m in registry.manifests()}
-    assert by_kind["tokenizer"].inputs == {"corpus": by_kind["corpus"].digest}
-    assert by_kind["checkpoints"].inputs == {"corpus": by_kind["corpus"].digest, "tokenizer": by_kind["tokenizer"].digest}
-    assert by_kind["model"].inputs == {"checkpoints": by_kind["checkpoints"].digest, "tokenizer": by_kind["tokenizer"].digest}
-    assert by_kind["evaluation"].inputs == {"model": by_kind["model"].digest, "corpus": by_kind["corpus"].digest}
+    digest = {kind: manifest.digest for kind, manifest in by_kind.items()}
+    assert by_kind["raw_datasets"].inputs == {}
+    assert by_kind["deduped_datasets"].inputs == {"raw_datasets": digest["raw_datasets"]}
+    assert by_kind["filtered_datasets"].inputs == {"deduped_datasets": digest["deduped_datasets"]}
+    assert by_kind["blend"].inputs == {"filtered_datasets": digest["filtered_datasets"]}
+    assert by_kind["tokenizer"].inputs == {"blend": digest["blend"]}
+    assert by_kind["checkpoints"].inputs == {"blend": digest["blend"], "tokenizer": digest["tokenizer"]}
+    assert by_kind["model"].inputs == {"checkpoints": digest["checkpoints"], "tokenizer": digest["tokenizer"]}
+    assert by_kind["evaluation"].inputs == {"model": digest["model"], "blend": digest["blend"]}
 
 
 def test_leaderboard_lists_the_experiment(pipeline):
@@ -79,15 +85,85 @@ def test_leaderboard_lists_the_experiment(pipeline):
     assert pipeline["name"] in metadata_of(latest)["leaderboard"]
 
 
-def test_a_failing_stage_reports_its_cause_and_publishes_nothing(tmp_path, tiny_path):
-    text = tiny_path.read_text().replace("max_file_bytes: 1000000", "max_file_bytes: 1")
-    broken = tmp_path / "experiments" / "no-files.md"
-    broken.parent.mkdir()
-    broken.write_text(text)
+def run_variant(tmp_path, tiny_path, front_matter: str):
+    """Run a small file that extends tiny-code-lm on a fresh root; returns (result, root)."""
+    path = tmp_path / "experiments" / "variant.md"
+    path.parent.mkdir()
+    path.write_text(f"---\nextends: {tiny_path}\n{front_matter}---\nA variant made to fail.\n")
     root = tmp_path / "state"
     (tmp_path / "dagster").mkdir()
-    result = run_experiment(broken, root, DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides=NO_TELEMETRY))
+    instance = DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides=NO_TELEMETRY)
+    return run_experiment(path, root, instance, quiet=True), root
+
+
+def test_a_failing_stage_reports_its_cause_and_publishes_nothing(tmp_path, tiny_path):
+    missing = tmp_path / "no-such-dir"
+    result, root = run_variant(tmp_path, tiny_path, f"data:\n  datasets:\n    stdlib:\n      source: {{kind: directory, path: {missing}}}\n")
     assert not result.success
     [message] = failure_messages(result)
-    assert message.startswith("corpus:") and "no .py files" in message and "max_file_bytes=1" in message
+    assert message.startswith("raw_datasets:") and "source.path" in message and str(missing) in message
     assert list(ArtifactStore(root / "registry").manifests()) == []
+
+
+def test_a_failed_dataset_check_blocks_training(tmp_path, tiny_path):
+    filters = "      filters: {min_bytes: 100000000}\n"
+    result, root = run_variant(tmp_path, tiny_path, f"data:\n  datasets:\n    stdlib:\n{filters}    site_packages:\n{filters}")
+    assert not result.success
+    evaluations = [e.event_specific_data for e in result.all_events if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION]
+    checks = {evaluation.check_name: evaluation for evaluation in evaluations}
+    assert not checks["non_empty"].passed and checks["schema"].passed
+    assert "filtered.stdlib" in checks["non_empty"].description and "loosen the filters" in checks["non_empty"].description
+    kinds = {m.kind for m in ArtifactStore(root / "registry").manifests()}
+    assert kinds == {"raw_datasets", "deduped_datasets", "filtered_datasets"}, "nothing downstream of a failed check may run"
+    assert any("non_empty" in message for message in failure_messages(result)), failure_messages(result)
+
+
+def test_dataset_assets_record_versions_rows_and_removals(pipeline):
+    [raw, *_] = materializations(pipeline["instance"], "raw_datasets", pipeline["name"])
+    [deduped, *_] = materializations(pipeline["instance"], "deduped_datasets", pipeline["name"])
+    [filtered, *_] = materializations(pipeline["instance"], "filtered_datasets", pipeline["name"])
+    raw, deduped, filtered = metadata_of(raw), metadata_of(deduped), metadata_of(filtered)
+    for name in ("stdlib", "site_packages"):
+        assert raw[f"summary/{name}/table"] == f"raw.{name}@v1"
+        assert deduped[f"summary/{name}/rows_in"] == raw[f"summary/{name}/rows"]
+        assert deduped[f"summary/{name}/rows_out"] == deduped[f"summary/{name}/rows"] <= raw[f"summary/{name}/rows"]
+        assert filtered[f"summary/{name}/rows_in"] == deduped[f"summary/{name}/rows"]
+        removed = sum(v for k, v in filtered.items() if k.startswith(f"summary/{name}/removed_"))
+        assert filtered[f"summary/{name}/rows_out"] == filtered[f"summary/{name}/rows_in"] - removed
+        assert isinstance(filtered[f"summary/{name}/snapshot_id"], int)
+    assert deduped["summary/stdlib/exact_removed"] > 0, "the standard library holds byte-identical files"
+
+
+def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
+    from factory.data.catalog import CatalogConfig, open_catalog
+    from factory.data.loader import PAD
+    from factory.stages.batch import fetch_batch, stage_artifacts
+
+    experiment = load(pipeline["source"])
+    registry = ArtifactStore(pipeline["root"] / "registry")
+    catalog = open_catalog(CatalogConfig.local(pipeline["root"] / "iceberg"))
+    step = 57  # between two recorded positions (every 25 steps): replayed from step 50
+    fetched = fetch_batch(experiment, step, registry, catalog)
+    assert len(fetched) == experiment.pretrain.batch_size
+    assert all(d["path"] and d["table"].startswith("filtered.") for s in fetched for d in s.documents)
+    # The same batch by brute force: every batch from the very start of the stream.
+    from itertools import islice
+
+    from factory.data.blend import Blend
+    from factory.data.loader import build_loader
+    from factory.models.tokenizer import EOS, load_tokenizer
+
+    digests = stage_artifacts(experiment, registry, "checkpoints")
+    blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / "blend.json").read_text()))
+    tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / "tokenizer.json")
+    stream = {"packing": experiment.data.packing, "shuffle_buffer_docs": experiment.data.shuffle_buffer_docs,
+              "pack_window_docs": experiment.data.pack_window_docs}
+    loader = build_loader(catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, stream)
+    [batch] = islice(loader.batches(experiment.pretrain.batch_size), step, step + 1)
+    for sequence, x, y in zip(fetched, batch.x, batch.y, strict=True):
+        expected = [*x.tolist(), y[-1].item()]
+        assert sequence.tokens == [t for t in expected[: sequence.real_tokens + 1]]
+    final = torch.load(registry.open(digests["checkpoints"]) / "final.pt", weights_only=True)
+    [last] = islice(loader.batches(experiment.pretrain.batch_size), experiment.pretrain.steps - 1, experiment.pretrain.steps)
+    assert final["data_position"] == last.state.to_json()
+    assert PAD not in fetched[0].tokens

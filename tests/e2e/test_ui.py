@@ -74,10 +74,13 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
     data = graphql(ui, QUERY)
     parents = {tuple(n["assetKey"]["path"])[0]: {d["path"][0] for d in n["dependencyKeys"]} for n in data["assetNodes"]}
     assert parents["leaderboard"] == {"evaluation"}
-    assert parents["evaluation"] == {"model", "corpus"}
+    assert parents["evaluation"] == {"model", "blend"}
     assert parents["model"] == {"checkpoints", "tokenizer"}
-    assert parents["checkpoints"] == {"corpus", "tokenizer"}
-    assert parents["tokenizer"] == {"corpus"}
+    assert parents["checkpoints"] == {"blend", "tokenizer"}
+    assert parents["tokenizer"] == {"blend"}
+    assert parents["blend"] == {"filtered_datasets"}
+    assert parents["filtered_datasets"] == {"deduped_datasets"}
+    assert parents["deduped_datasets"] == {"raw_datasets"}
     partitioned = {n["assetKey"]["path"][0]: n["isPartitioned"] for n in data["assetNodes"]}
     assert partitioned["evaluation"] and not partitioned["leaderboard"]
     [latest] = data["assetOrError"]["assetMaterializations"]

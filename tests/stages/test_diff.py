@@ -19,10 +19,10 @@ def test_artifact_diff_shows_config_inputs_and_code(tmp_path, tiny_path):
     experiment = load(tiny_path)
     manifests = []
     for seed, corpus in ((1, "a" * 64), (2, "b" * 64)):
-        spec = plan_stage(experiment.model_copy(update={"seed": seed}), "tokenizer", {"corpus": corpus})
+        spec = plan_stage(experiment.model_copy(update={"seed": seed}), "tokenizer", {"blend": corpus})
         with registry.staging() as out:
             (out / "t").write_text(str(seed))
             manifests.append(registry.publish(out, kind="tokenizer", fingerprint=spec.fingerprint, config=spec.config, inputs=spec.upstream,
                                               code=spec.code, provenance=Provenance(experiment="e", config_hash="h", git_commit="c"), summary={}))
-    assert diff_artifacts(*manifests) == ["config: seed: 1 -> 2", f"input corpus: {'a' * 12} -> {'b' * 12}"]
+    assert diff_artifacts(*manifests) == ["config: seed: 1 -> 2", f"input blend: {'a' * 12} -> {'b' * 12}"]
     assert diff_artifacts(manifests[0], manifests[0]) == ["identical provenance"]

@@ -1,4 +1,4 @@
-"""`python -m factory.stages`: argument and request errors, and a real corpus stage run in-process."""
+"""`python -m factory.stages`: argument and request errors, and a real raw-data stage run in-process."""
 
 import json
 from pathlib import Path
@@ -6,32 +6,36 @@ from pathlib import Path
 import pytest
 from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
 
-import factory.data.corpus
-from factory.config import load, plan_stage
+from factory.config import Experiment, load, plan_stage
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.registry.store import ArtifactStore, Provenance
 from factory.stages.__main__ import USAGE, main
+from factory.stages.datasets import DATASETS_FILE
 from factory.stages.request import StageRequest
-from factory.stages.runners import CORPUS_FILE
 
 SOURCES = {f"lib/mod_{i}.py": f"def f{i}(x):\n    return x * {i}\n" for i in range(8)}
 
 
 @pytest.fixture
 def stdlib(tmp_path, monkeypatch):
-    """A tiny stand-in for the standard library: `ingest` looks `stdlib_root` up in its own module."""
-    root = tmp_path / "stdlib"
+    """A small source tree the experiment's one dataset reads."""
+    root = tmp_path / "src"
     for rel, text in SOURCES.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    monkeypatch.setattr(factory.data.corpus, "stdlib_root", lambda: root)
     monkeypatch.delenv(DAGSTER_PIPES_CONTEXT_ENV_VAR, raising=False)
     return root
 
 
+def on_directory(experiment: Experiment, root: Path, name: str = "code") -> Experiment:
+    """The experiment with one dataset read from `root`."""
+    data = experiment.data.model_validate({"datasets": {name: {"source": {"kind": "directory", "path": str(root)}}}})
+    return experiment.model_copy(update={"data": data})
+
+
 def corpus_request(tmp_path: Path, tiny_path: Path) -> StageRequest:
     return StageRequest(
-        spec=plan_stage(load(tiny_path), "corpus", {}),
+        spec=plan_stage(on_directory(load(tiny_path), tmp_path / "src"), "raw_datasets", {}),
         registry=str(tmp_path / "registry"),
         catalog=CatalogConfig.local(tmp_path / "catalog"),
         provenance=Provenance(experiment="tiny-code-lm", config_hash="0" * 16, git_commit="test"),
@@ -71,7 +75,7 @@ def test_an_unknown_stage_kind_is_refused(tmp_path, tiny_path, capsys):
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert "unknown stage kind 'distillation'" in err
-    assert "corpus" in err
+    assert "raw_datasets" in err
     assert not (tmp_path / "registry" / "objects").exists()
 
 
@@ -82,7 +86,7 @@ def test_request_round_trips_through_json(tmp_path, tiny_path):
     assert again.spec.fingerprint == request.spec.fingerprint
 
 
-def test_corpus_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_path, stdlib, capsys):
+def test_raw_data_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_path, stdlib, capsys):
     request = corpus_request(tmp_path, tiny_path)
     path = request.write(tmp_path / "request.json")
     objects = tmp_path / "registry" / "objects"
@@ -92,13 +96,14 @@ def test_corpus_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_path
     registry = ArtifactStore(request.registry)
     manifest = registry.lookup(request.spec.fingerprint)
     assert manifest is not None
-    assert manifest.kind == "corpus"
+    assert manifest.kind == "raw_datasets"
     assert manifest.experiment == "tiny-code-lm"
     assert first["data_version"] == manifest.digest
-    assert first["metadata"]["summary/rows_train"] + first["metadata"]["summary/rows_validation"] == len(SOURCES)
+    assert first["metadata"]["summary/code/rows"] == len(SOURCES)
+    assert first["metadata"]["summary/code/table"] == "raw.code@v1"
     assert first["metadata"]["cache"] == "miss"
-    corpus = json.loads((registry.open(manifest.digest) / CORPUS_FILE).read_text())
-    assert sum(corpus["bytes"].values()) == sum(len(t.encode()) for t in SOURCES.values())
+    corpus = json.loads((registry.open(manifest.digest) / DATASETS_FILE).read_text())["code"]
+    assert corpus["bytes"] == sum(len(t.encode()) for t in SOURCES.values())
     assert [p.name for p in objects.iterdir()] == [manifest.digest]
 
     (stdlib / "lib" / "mod_0.py").write_text("changed = True\n")  # the same fingerprint: not re-read
@@ -109,16 +114,16 @@ def test_corpus_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_path
     assert [p.name for p in objects.iterdir()] == [manifest.digest]
     assert len(list((tmp_path / "registry" / "manifests").glob("*.json"))) == 1
     table = open_catalog(request.catalog).load_table(corpus["table"])
-    assert table.current_snapshot().snapshot_id == first["metadata"]["summary/snapshot_id"]
-    assert table.snapshot_by_name(corpus["tag"]).snapshot_id == first["metadata"]["summary/snapshot_id"]
+    assert table.current_snapshot().snapshot_id == first["metadata"]["summary/code/snapshot_id"]
+    assert table.snapshot_by_name(corpus["content_tag"]).snapshot_id == first["metadata"]["summary/code/snapshot_id"]
 
 
 def test_each_log_line_is_written_once_when_stages_run_in_one_process(tmp_path, tiny_path, stdlib, capsys):
     experiment = load(tiny_path)
-    for table in ("raw.first", "raw.second"):  # two fingerprints: both runs publish and log it
-        variant = experiment.model_copy(update={"data": experiment.data.model_copy(update={"table": table})})
+    for name in ("first", "second"):  # two fingerprints: both runs publish and log it
+        variant = on_directory(experiment, stdlib, name)
         base = corpus_request(tmp_path, tiny_path)
-        spec = plan_stage(variant, "corpus", {})
+        spec = plan_stage(variant, "raw_datasets", {})
         request = StageRequest(spec=spec, registry=base.registry, catalog=base.catalog, provenance=base.provenance)
-        assert main([str(request.write(tmp_path / f"{table}.json"))]) == 0
-        assert capsys.readouterr().err.count("published corpus artifact") == 1
+        assert main([str(request.write(tmp_path / f"{name}.json"))]) == 0
+        assert capsys.readouterr().err.count("published raw_datasets artifact") == 1

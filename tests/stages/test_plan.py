@@ -17,15 +17,16 @@ def publish(registry, spec, experiment):
 def test_reason_names_the_changed_field_and_cached_stages_say_where_from(tmp_path, tiny_path):
     registry = ArtifactStore(tmp_path)
     experiment = load(tiny_path)
-    corpus = publish(registry, plan_stage(experiment, "corpus", {}), experiment.name)
-    tokenizer = publish(registry, plan_stage(experiment, "tokenizer", {"corpus": corpus.digest}), experiment.name)
-    old = plan_stage(experiment, "checkpoints", {"corpus": corpus.digest, "tokenizer": tokenizer.digest})
+    digests = {}
+    for kind in ("raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer"):
+        digests[kind] = publish(registry, plan_stage(experiment, kind, digests), experiment.name).digest
+    old = plan_stage(experiment, "checkpoints", digests)
     publish(registry, old, experiment.name)
     changed = experiment.model_copy(update={"pretrain": experiment.pretrain.model_copy(update={"lr": 0.5})})
-    new = plan_stage(changed, "checkpoints", {"corpus": corpus.digest, "tokenizer": tokenizer.digest})
+    new = plan_stage(changed, "checkpoints", digests)
     assert why_run(experiment.name, new, registry.manifests()) == "pretrain.lr: 0.003 -> 0.5"
     plans = {p.kind: p for p in build_plan([changed], registry)}
-    assert plans["corpus"].status == "cached" and plans["corpus"].detail.startswith(f"from {experiment.name}")
+    assert plans["blend"].status == "cached" and plans["blend"].detail.startswith(f"from {experiment.name}")
     assert plans["checkpoints"].status == "run" and "pretrain.lr" in plans["checkpoints"].detail
     assert plans["model"].status == "run" and plans["model"].detail == "never computed for this experiment"
     with registry.lease(new.fingerprint, "someone else"):

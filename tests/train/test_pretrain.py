@@ -9,14 +9,26 @@ import pytest
 import torch
 
 from factory.config.schema import ModelConfig, PretrainConfig
+from factory.data.loader import Batch, LoaderState
 from factory.errors import FactoryError
-from factory.train.pretrain import FINAL_CHECKPOINT, METRICS_FILE, load_weights, lr_at, pretrain
+from factory.train.pretrain import FINAL_CHECKPOINT, METRICS_FILE, POSITIONS_FILE, load_weights, lr_at, pretrain
 
 LOG = logging.getLogger("test.pretrain")
 VOCAB = 16
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
 TRAIN = PretrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, checkpoint_every=10, log_every=5)
 TOKENS = torch.arange(8, dtype=torch.int64).repeat(100)  # 0..7 over and over: trivially predictable
+
+
+def batches(steps: int | None = None):
+    """Batches of windows of TOKENS, each tagged with the position after it (a stand-in for a blend)."""
+    step = 0
+    while steps is None or step < steps:
+        starts = [(step * 8 + i) % 50 for i in range(TRAIN.batch_size)]
+        x = torch.stack([TOKENS[s : s + MODEL.context] for s in starts])
+        y = torch.stack([TOKENS[s + 1 : s + 1 + MODEL.context] for s in starts])
+        step += 1
+        yield Batch(x=x, y=y, documents=(), state=LoaderState(slot=step), real_tokens=y.numel())
 
 
 def sha256(path) -> str:
@@ -27,7 +39,7 @@ def sha256(path) -> str:
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     seen = []
-    result = pretrain(TOKENS, VOCAB, MODEL, TRAIN, 0, out, LOG, on_metrics=lambda step, row: seen.append((step, row)))
+    result = pretrain(batches(), VOCAB, MODEL, TRAIN, 0, out, LOG, on_metrics=lambda step, row: seen.append((step, row)))
     return out, result, seen
 
 
@@ -70,16 +82,17 @@ def test_metrics_reach_the_sink_as_they_are_logged(run):
 def test_writes_step_checkpoints_and_a_final_one(run):
     out, result, _ = run
     assert result.checkpoints == ("step_000010.pt", "step_000020.pt", FINAL_CHECKPOINT)
-    assert sorted(p.name for p in out.iterdir()) == sorted([*result.checkpoints, METRICS_FILE])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*result.checkpoints, METRICS_FILE, POSITIONS_FILE])
     assert result.steps == 30
-    assert result.tokens_seen == 30 * 8 * 16
+    assert result.tokens_seen == 30 * 8 * 16  # every target is real: no padding in these batches
 
 
 def test_checkpoint_holds_model_optimizer_and_step(run):
     out, result, _ = run
     state = torch.load(out / "step_000020.pt", weights_only=True)
     assert state["step"] == 20
-    assert {"model", "optimizer", "data_rng", "torch_rng"} <= set(state)
+    assert {"model", "optimizer", "data_position", "torch_rng"} <= set(state)
+    assert state["data_position"]["slot"] == 20  # the loader position after the 20th batch
     assert state["optimizer"]["state"]  # AdamW moments exist after 20 steps
     assert torch.load(out / FINAL_CHECKPOINT, weights_only=True)["step"] == 30
     weights = load_weights(out / FINAL_CHECKPOINT)
@@ -90,13 +103,20 @@ def test_checkpoint_holds_model_optimizer_and_step(run):
 
 def test_same_seed_gives_a_byte_identical_final_checkpoint(run, tmp_path):
     out, _, _ = run
-    pretrain(TOKENS, VOCAB, MODEL, TRAIN, 0, tmp_path / "again", LOG)
+    pretrain(batches(), VOCAB, MODEL, TRAIN, 0, tmp_path / "again", LOG)
     assert sha256(tmp_path / "again" / FINAL_CHECKPOINT) == sha256(out / FINAL_CHECKPOINT)
-    pretrain(TOKENS, VOCAB, MODEL, TRAIN, 1, tmp_path / "other", LOG)
+    pretrain(batches(), VOCAB, MODEL, TRAIN, 1, tmp_path / "other", LOG)
     assert sha256(tmp_path / "other" / FINAL_CHECKPOINT) != sha256(out / FINAL_CHECKPOINT)
 
 
-def test_too_few_tokens_for_the_context_is_refused(tmp_path):
-    with pytest.raises(FactoryError, match="too few"):
-        pretrain(TOKENS[: MODEL.context + 1], VOCAB, MODEL, TRAIN, 0, tmp_path, LOG)
+def test_data_running_out_is_refused_with_what_to_change(tmp_path):
+    with pytest.raises(FactoryError, match="ran out of documents after 12 of 30 steps.*oversample"):
+        pretrain(batches(12), VOCAB, MODEL, TRAIN, 0, tmp_path, LOG)
     assert not (tmp_path / FINAL_CHECKPOINT).exists()
+
+
+def test_data_positions_record_where_every_logged_step_started(run):
+    out, _, _ = run
+    rows = [json.loads(line) for line in (out / POSITIONS_FILE).read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 5, 10, 15, 20, 25]
+    assert [row["state"]["slot"] for row in rows] == [0, 5, 10, 15, 20, 25]

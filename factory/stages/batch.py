@@ -1,0 +1,94 @@
+"""`factory data batch EXPERIMENT STEP`: the exact training batch a step saw, fetched again from the blend.
+
+The trainer records the loader's position every `log_every` steps; the batch is replayed from
+the nearest recorded position at or before the step, so nothing is stored per batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+
+from factory.config import Experiment, plan_stage, upstream_of
+from factory.data.blend import Blend
+from factory.data.loader import PAD, LoaderState, build_loader
+from factory.data.tables import read_version, resolve
+from factory.errors import ArtifactError, ConfigError
+from factory.models.tokenizer import EOS, load_tokenizer
+from factory.registry.store import ArtifactStore
+from factory.stages.datasets import BLEND_FILE
+from factory.stages.runners import TOKENIZER_FILE
+from factory.train.pretrain import POSITIONS_FILE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchedSequence:
+    """One sequence of a fetched batch: its tokens and where its documents came from."""
+
+    tokens: list[int]
+    real_tokens: int
+    documents: list[dict[str, str]]
+
+
+def stage_artifacts(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, str]:
+    """Digests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
+    digests: dict[str, str] = {}
+    for kind in experiment.stages():
+        manifest = registry.lookup(plan_stage(experiment, kind, {n: digests[n] for n in upstream_of(experiment, kind)}).fingerprint)
+        if manifest is None:
+            raise ArtifactError(f"{experiment.name} has no published {kind} artifact: run `factory run {experiment.source or experiment.name}` first")
+        digests[kind] = manifest.digest
+        if kind == until:
+            return digests
+    raise ConfigError(f"{experiment.name} has no {until} stage: its file has no section for it")
+
+
+def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, catalog: Catalog) -> list[FetchedSequence]:
+    """The batch that training step `step` (0-based) consumed."""
+    if experiment.pretrain is None:
+        raise ConfigError(f"{experiment.name} has no pretrain section, so no training batches")
+    if not 0 <= step < experiment.pretrain.steps:
+        raise ConfigError(f"step {step} is outside the run: {experiment.name} trains steps 0..{experiment.pretrain.steps - 1}")
+    digests = stage_artifacts(experiment, registry, "checkpoints")
+    checkpoints = registry.open(digests["checkpoints"])
+    positions = [json.loads(line) for line in (checkpoints / POSITIONS_FILE).read_text().splitlines() if line]
+    start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
+    blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / BLEND_FILE).read_text()))
+    tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / TOKENIZER_FILE)
+    spec = plan_stage(experiment, "checkpoints", {n: digests[n] for n in upstream_of(experiment, "checkpoints")})
+    loader = build_loader(
+        catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, dict(spec.config)["stream"]
+    )
+    size = experiment.pretrain.batch_size  # a batch is the next `size` sequences: skip whole batches to the step
+    sequences = loader.sequences(LoaderState.from_json(start["state"]))
+    batch = list(islice(sequences, (step - start["step"]) * size, (step - start["step"] + 1) * size))
+    if len(batch) < size:
+        raise ArtifactError(f"the blend of {experiment.name} ran out before step {step}")
+    paths = document_paths(catalog, blend)
+    return [
+        FetchedSequence(
+            tokens=[t for t in s.tokens.tolist() if t != PAD],
+            real_tokens=int((s.tokens != PAD).sum()),
+            documents=[{"id": doc, **paths.get(doc, {})} for doc in s.documents],
+        )
+        for s in batch
+    ]
+
+
+def document_paths(catalog: Catalog, blend: Blend) -> dict[str, dict[str, str]]:
+    """Document id -> the table and path it came from, over every part of the blend."""
+    found: dict[str, dict[str, str]] = {}
+    for part in blend.parts:
+        rows = read_version(catalog, part.table, resolve(catalog, part.table, part.tag), ("id", "path"))
+        for doc, path in zip(rows["id"].to_pylist(), rows["path"].to_pylist(), strict=True):
+            found[doc] = {"table": f"{part.table}@{part.version}", "path": path}
+    return found
+
+
+def to_json(sequences: list[FetchedSequence]) -> list[dict[str, Any]]:
+    """Plain JSON form."""
+    return [{"tokens": s.tokens, "real_tokens": s.real_tokens, "documents": s.documents} for s in sequences]

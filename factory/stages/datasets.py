@@ -1,0 +1,153 @@
+"""Runners of the data stages: raw -> deduplicated -> filtered tables per dataset, then the blend.
+
+Each stage writes one Iceberg version per dataset and an artifact (`datasets.json` or
+`blend.json`) that names the versions by content tag, so the same bytes give the same artifact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from factory.config.schema import DataConfig, DedupConfig, FiltersConfig, SourceConfig
+from factory.data.blend import build_blend
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.checks import CHECKS, CheckOutcome, check_version
+from factory.data.dedup import deduplicate
+from factory.data.filters import apply_filters
+from factory.data.ingest import read_documents
+from factory.data.tables import TableVersion, read_version, resolve, write_version
+
+if TYPE_CHECKING:
+    from factory.stages.runners import StageContext
+
+DATASETS_FILE = "datasets.json"
+BLEND_FILE = "blend.json"
+
+
+def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:
+    """The table versions an upstream data stage published, by dataset name (snapshot ids resolved again)."""
+    records = json.loads((ctx.upstream(stage) / DATASETS_FILE).read_text())
+    catalog = open_catalog(ctx.request.catalog)
+    return {
+        name: TableVersion(**{**record, "snapshot_id": resolve(catalog, record["table"], record["content_tag"])})
+        for name, record in ((n, {k: r[k] for k in ("table", "tag", "content_tag", "rows", "bytes")}) for n, r in records.items())
+    }
+
+
+def _publish_versions(ctx: StageContext, versions: dict[str, TableVersion], stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Write `datasets.json` and return the flat summary shown on the materialization."""
+    records = {name: {**{k: v for k, v in asdict(version).items() if k != "snapshot_id"}, **stats[name]} for name, version in versions.items()}
+    (ctx.out / DATASETS_FILE).write_text(json.dumps(records, indent=2, sort_keys=True))
+    summary: dict[str, Any] = {}
+    for name, version in versions.items():
+        summary[f"{name}/table"] = version.ref
+        summary[f"{name}/snapshot_id"] = version.snapshot_id
+        summary[f"{name}/rows"] = version.rows
+        summary[f"{name}/bytes"] = version.bytes
+        summary.update({f"{name}/{key}": value for key, value in stats[name].items()})
+    return summary
+
+
+def _transform(
+    ctx: StageContext, upstream: str, namespace: str, step: Callable[[str, pa.Table], tuple[pa.Table, dict[str, Any]]], tags: dict[str, Any]
+) -> dict[str, Any]:
+    """Read each dataset's upstream version, apply `step`, write the result as a version in `namespace`."""
+    catalog = open_catalog(ctx.request.catalog)
+    versions, stats = {}, {}
+    for name, source in load_versions(ctx, upstream).items():
+        documents, stats[name] = step(name, read_version(catalog, source.table, source.snapshot_id))
+        versions[name] = write_version(catalog, f"{namespace}.{name}", documents, ctx.log, tag=tags.get(name))
+    return _publish_versions(ctx, versions, stats)
+
+
+def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
+    """Ingest every dataset's source files into `raw.<name>`."""
+    catalog = open_catalog(ctx.request.catalog)
+    versions, stats = {}, {}
+    for name, source in ctx.config["sources"].items():
+        result = read_documents(name, SourceConfig.model_validate(source), ctx.log)
+        versions[name] = write_version(catalog, f"raw.{name}", result.documents, ctx.log)
+        stats[name] = {"files_read": result.files_read, **{f"skipped_{reason}": count for reason, count in sorted(result.skipped.items())}}
+    return _publish_versions(ctx, versions, stats)
+
+
+def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
+    """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`."""
+    configs = {name: DedupConfig.model_validate(config) for name, config in ctx.config["dedup"].items()}
+
+    def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+        result = deduplicate(documents, configs[name], ctx.config["seed"], ctx.log)
+        return result.documents, {
+            "rows_in": result.rows_in, "rows_out": result.rows_out, "exact_removed": result.exact_removed,
+            "near_removed": result.near_removed, "removed_share": round(result.removed_share, 6),
+        }
+
+    return _transform(ctx, "raw_datasets", "dedup", step, {})
+
+
+def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
+    """Quality filters: `dedup.<name>` -> `filtered.<name>`, tagged `v<n>` or the configured tag."""
+    datasets = ctx.config["datasets"]
+
+    def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+        result = apply_filters(documents, FiltersConfig.model_validate(datasets[name]["filters"]), ctx.log)
+        removed = {f"removed_{key}": count for key, count in result.removed.items()}
+        return result.documents, {"rows_in": result.rows_in, "rows_out": result.rows_out, **removed}
+
+    return _transform(ctx, "deduped_datasets", "filtered", step, {name: d["tag"] for name, d in datasets.items()})
+
+
+def run_blend(ctx: StageContext) -> dict[str, Any]:
+    """The mixture: this experiment's filtered datasets and pinned table versions, with weights and modes."""
+    data = DataConfig.model_validate(_blend_config(ctx))
+    versions = load_versions(ctx, "filtered_datasets") if "filtered_datasets" in ctx.request.spec.upstream else {}
+    blend = build_blend(open_catalog(ctx.request.catalog), data, versions)
+    (ctx.out / BLEND_FILE).write_text(json.dumps(blend.to_json(), indent=2, sort_keys=True))
+    ctx.log.info("blend of %s", ", ".join(f"{p.label} ({p.table}@{p.version}) x{w:.3f}" for p, w in zip(blend.parts, blend.weights, strict=True)))
+    summary: dict[str, Any] = {"parts": len(blend.parts), "validation_percent": blend.validation_percent}
+    for part, weight in zip(blend.parts, blend.weights, strict=True):
+        summary[f"{part.label}/version"] = f"{part.table}@{part.version}"
+        summary[f"{part.label}/share"] = round(weight, 6)
+        summary[f"{part.label}/mode"] = part.mode
+        summary[f"{part.label}/rows"] = part.rows
+    return summary
+
+
+def _blend_config(ctx: StageContext) -> dict[str, Any]:
+    """The data section as far as the blend needs it: dataset parts are checked against the upstream versions instead."""
+    blend = ctx.config["blend"]
+    names = {part["dataset"] for part in blend if part.get("dataset")}
+    return {"blend": blend, "validation_percent": ctx.config["validation_percent"], "datasets": {name: {} for name in names}}
+
+
+DATA_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
+    "raw_datasets": run_raw_datasets,
+    "deduped_datasets": run_deduped_datasets,
+    "filtered_datasets": run_filtered_datasets,
+    "blend": run_blend,
+}
+
+
+def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
+    """The dataset checks over every filtered dataset of an artifact: one outcome per check, failing if any dataset fails."""
+    records = json.loads((artifact / DATASETS_FILE).read_text())
+    catalog = open_catalog(catalog_config)
+    per_dataset = {
+        name: check_version(catalog, record["table"], record["content_tag"], config["datasets"][name]["max_duplicate_share"])
+        for name, record in sorted(records.items())
+    }
+    outcomes = []
+    for index, check in enumerate(CHECKS):
+        results = {name: found[index] for name, found in per_dataset.items()}
+        failed = [r.description for r in results.values() if not r.passed]
+        outcomes.append(CheckOutcome(
+            name=check, passed=not failed, description="; ".join(failed) or "; ".join(r.description for r in results.values()),
+            metadata={f"{name}/{key}": value for name, r in results.items() for key, value in r.metadata.items()},
+        ))
+    return outcomes

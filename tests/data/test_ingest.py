@@ -1,0 +1,156 @@
+"""Raw ingest from real files under tmp_path: globs, skipped files by reason, jsonl records, stable ids."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from factory.config.schema import SourceConfig
+from factory.data.documents import ARROW_SCHEMA, doc_id
+from factory.data.ingest import SKIP_REASONS, glob_pattern, read_documents, source_root
+from factory.errors import ConfigError
+from tests.data.conftest import LOG
+
+MAX_FILE_BYTES = 1_000
+RUNNING_AS_ROOT = os.geteuid() == 0
+
+
+def write(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    """A source tree with good files and one bad file of each kind."""
+    root = tmp_path / "src"
+    write(
+        root,
+        {
+            "top.py": b"import os\n",
+            "pkg/mod.py": "def f():\n    return 'caf\u00e9'\n".encode(),
+            "pkg/sub/deep.py": b"x = 1\n",
+            "pkg/tests/test_mod.py": b"assert True\n",  # excluded
+            "pkg/__pycache__/mod.py": b"cached = 1\n",  # caches are never read
+            "notes.txt": b"not included\n",
+            "binary.py": b"abc\x00def\n",
+            "latin1.py": "# caf\u00e9\n".encode("latin-1"),
+            "big.py": b"y = 2\n" * (MAX_FILE_BYTES // 6 + 1),
+            "empty.py": b"",
+            "locked.py": b"secret = 1\n",
+        },
+    )
+    (root / "locked.py").chmod(0)
+    yield root
+    (root / "locked.py").chmod(0o644)
+
+
+def config(root: Path, **overrides) -> SourceConfig:
+    fields = {"kind": "directory", "path": str(root), "include": ("**/*.py",), "exclude": ("**/tests/**",)}
+    fields["max_file_bytes"] = MAX_FILE_BYTES
+    return SourceConfig(**(fields | overrides))
+
+
+def test_text_files_are_read_with_globs_and_bad_files_counted(tree):
+    result = read_documents("code", config(tree), LOG)
+    docs = result.documents
+    expected = {"top.py", "pkg/mod.py", "pkg/sub/deep.py"} | ({"locked.py"} if RUNNING_AS_ROOT else set())
+    assert docs.schema == ARROW_SCHEMA
+    assert set(docs["path"].to_pylist()) == expected
+    assert docs["id"].to_pylist() == sorted(docs["id"].to_pylist())
+    assert result.files_read == len(expected)
+    assert result.skipped == {
+        "too_large": 1,
+        "binary": 1,
+        "not_utf8": 1,
+        "unreadable": 0 if RUNNING_AS_ROOT else 1,
+        "bad_json": 0,
+        "empty": 1,
+    }
+    row = {r["path"]: r for r in docs.to_pylist()}["pkg/mod.py"]
+    text = "def f():\n    return 'caf\u00e9'\n"
+    assert row == {
+        "id": doc_id("code", "pkg/mod.py"),
+        "source": "code",
+        "path": "pkg/mod.py",
+        "text": text,
+        "bytes": len(text.encode()),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "metadata": "{}",
+    }
+
+
+def test_unreadable_files_are_counted_not_fatal(tree):
+    (tree / "dangling.py").symlink_to(tree / "gone.py")  # unreadable even for root
+    os.mkfifo(tree / "pipe.py")  # reading it would block forever
+    result = read_documents("code", config(tree, include=("locked.py", "dangling.py", "pipe.py", "top.py")), LOG)
+    if RUNNING_AS_ROOT:  # root reads a file with mode 000
+        assert set(result.documents["path"].to_pylist()) == {"locked.py", "top.py"}
+        assert result.skipped["unreadable"] == 2
+    else:
+        assert result.documents["path"].to_pylist() == ["top.py"]
+        assert result.skipped["unreadable"] == 3
+
+
+def test_include_is_relative_to_the_root_and_exclude_wins(tree):
+    only_top = read_documents("code", config(tree, include=("*.py",), exclude=("b*.py", "l*.py", "e*.py")), LOG)
+    assert only_top.documents["path"].to_pylist() == ["top.py"]
+    nested = read_documents("code", config(tree, include=("pkg/**/*.py",), exclude=()), LOG)
+    assert sorted(nested.documents["path"].to_pylist()) == ["pkg/mod.py", "pkg/sub/deep.py", "pkg/tests/test_mod.py"]
+
+
+def test_glob_semantics():
+    assert glob_pattern("**/*.py").fullmatch("top.py")
+    assert glob_pattern("**/*.py").fullmatch("a/b/c.py")
+    assert not glob_pattern("*.py").fullmatch("a/b.py")
+    assert glob_pattern("[!t]*.py").fullmatch("mod.py")
+    assert not glob_pattern("[!t]*.py").fullmatch("top.py")
+    assert not glob_pattern("a?c").fullmatch("a/c")
+
+
+def test_ids_are_stable_across_ingests(tree):
+    first = read_documents("code", config(tree), LOG).documents
+    again = read_documents("code", config(tree), LOG).documents
+    assert first.equals(again)
+    other_name = read_documents("other", config(tree), LOG).documents
+    assert set(other_name["id"].to_pylist()).isdisjoint(first["id"].to_pylist())
+
+
+def test_jsonl_lines_become_documents_with_metadata(tmp_path):
+    lines = [
+        json.dumps({"text": "first doc", "lang": "en", "stars": 3}),
+        "",
+        "{not json",
+        json.dumps({"body": "no text field"}),
+        json.dumps({"text": 42}),
+        json.dumps({"text": "second \u2028 doc", "b": 1, "a": [1, 2]}, ensure_ascii=False),
+    ]
+    write(tmp_path / "src", {"data/part.jsonl": "\n".join(lines).encode() + b"\n", "data/skip.txt": b"x"})
+    result = read_documents("web", config(tmp_path / "src", include=("**/*.jsonl",), format="jsonl"), LOG)
+    rows = sorted(result.documents.to_pylist(), key=lambda r: r["path"])
+    assert [(r["path"], r["text"], r["metadata"]) for r in rows] == [
+        ("data/part.jsonl:1", "first doc", '{"lang": "en", "stars": 3}'),
+        ("data/part.jsonl:6", "second \u2028 doc", '{"a": [1, 2], "b": 1}'),
+    ]
+    assert rows[0]["id"] == doc_id("web", "data/part.jsonl:1")
+    assert result.skipped["bad_json"] == 3
+    assert result.files_read == 1
+
+
+def test_missing_or_file_roots_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"source\.path: .*found nothing"):
+        source_root(SourceConfig(kind="directory", path=str(tmp_path / "nowhere")))
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"source\.path: .*found a file"):
+        read_documents("code", SourceConfig(kind="directory", path=str(tmp_path / "file.txt")), LOG)
+
+
+def test_stdlib_root_leaves_out_installed_packages():
+    result = read_documents("stdlib", SourceConfig(include=("json/*.py",)), LOG)
+    paths = result.documents["path"].to_pylist()
+    assert "json/__init__.py" in paths
+    assert all(p.startswith("json/") for p in paths)
+    assert set(result.skipped) == set(SKIP_REASONS)

@@ -1,0 +1,49 @@
+"""Versioned dataset tables on a real sqlite Iceberg catalog: tags, reuse, immutability, time travel."""
+
+import pytest
+
+from factory.data.tables import missing_refs, parse_ref, read_version, resolve, write_version
+from factory.errors import ArtifactError, ConfigError
+from tests.data.conftest import LOG, documents
+
+TABLE = "filtered.code"
+
+
+def test_versions_are_numbered_and_old_ones_stay_readable(catalog):
+    first = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n", "b.py": "b = 2\n"}), LOG)
+    second = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n", "c.py": "c = 3\n"}), LOG)
+    assert (first.tag, second.tag) == ("v1", "v2")
+    assert first.snapshot_id != second.snapshot_id
+    old = read_version(catalog, TABLE, resolve(catalog, TABLE, "v1"))
+    new = read_version(catalog, TABLE, resolve(catalog, TABLE, "v2"))
+    assert old["path"].to_pylist() == sorted(old["path"].to_pylist())
+    assert set(old["path"].to_pylist()) == {"a.py", "b.py"}
+    assert set(new["path"].to_pylist()) == {"a.py", "c.py"}
+    assert catalog.load_table(TABLE).current_snapshot().snapshot_id == second.snapshot_id
+
+
+def test_the_same_content_is_one_version(catalog):
+    texts = {"a.py": "a = 1\n", "b.py": "b = 2\n"}
+    first = write_version(catalog, TABLE, documents("code", texts), LOG)
+    again = write_version(catalog, TABLE, documents("code", dict(reversed(texts.items()))), LOG)
+    assert again == first
+    assert len(list(catalog.load_table(TABLE).snapshots())) == 1
+
+
+def test_named_tags_are_immutable(catalog):
+    release = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG, tag="release-1")
+    assert release.ref == f"{TABLE}@release-1"
+    assert write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG, tag="release-1") == release
+    with pytest.raises(ArtifactError, match="already names another version"):
+        write_version(catalog, TABLE, documents("code", {"a.py": "a = 2\n"}), LOG, tag="release-1")
+    assert set(read_version(catalog, TABLE, resolve(catalog, TABLE, "release-1"))["text"].to_pylist()) == {"a = 1\n"}
+
+
+def test_missing_tables_and_tags_are_named(catalog):
+    write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG)
+    problems = missing_refs(catalog, [f"{TABLE}@v1", f"{TABLE}@v9", "filtered.nothing@v1"])
+    assert len(problems) == 2
+    assert "no version tagged 'v9'" in problems[0] and "v1" in problems[0]
+    assert "filtered.nothing does not exist" in problems[1]
+    with pytest.raises(ConfigError, match="namespace.table@tag"):
+        parse_ref("filtered.code")
