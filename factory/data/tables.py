@@ -15,14 +15,17 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
 from pyiceberg.table import Table
 
 from factory.data.documents import ARROW_SCHEMA, COLUMNS, SCHEMA
 from factory.errors import ArtifactError, ConfigError
 
 VERSION_TAG = re.compile(r"^v(\d+)$")
-COMMIT_ATTEMPTS = 5
+COMMIT_ATTEMPTS = 10
+# Another writer committed between our read and our commit: reload the table and publish again.
+# (A replaced version is never lost: its tags keep its snapshot readable.)
+CONFLICTS = (CommitFailedException, ValidationException)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,13 +72,13 @@ def write_version(catalog: Catalog, table_name: str, documents: pa.Table, log: l
     sha = content_sha256(documents)
     catalog.create_namespace_if_not_exists(table_name.split(".")[0])
     table = catalog.create_table_if_not_exists(table_name, schema=SCHEMA)
-    for attempt in range(COMMIT_ATTEMPTS):  # another writer may commit between our read and our commit
+    for attempt in range(COMMIT_ATTEMPTS):
         try:
             version = _publish(table, table_name, documents, sha, tag)
             break
-        except CommitFailedException:
+        except CONFLICTS as e:
             if attempt == COMMIT_ATTEMPTS - 1:
-                raise
+                raise ArtifactError(f"{table_name}: {COMMIT_ATTEMPTS} commits in a row lost to concurrent writers; run again") from e
             table = catalog.load_table(table_name)
     log.info("%s: %d documents as %s (snapshot %d)", table_name, version.rows, version.ref, version.snapshot_id)
     return version

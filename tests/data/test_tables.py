@@ -1,5 +1,9 @@
 """Versioned dataset tables on a real sqlite Iceberg catalog: tags, reuse, immutability, time travel."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from factory.data.tables import missing_refs, parse_ref, read_version, resolve, write_version
@@ -47,3 +51,35 @@ def test_missing_tables_and_tags_are_named(catalog):
     assert "filtered.nothing does not exist" in problems[1]
     with pytest.raises(ConfigError, match="namespace.table@tag"):
         parse_ref("filtered.code")
+
+
+WRITER = """
+import logging, sys
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.tables import write_version
+from tests.data.conftest import documents
+catalog = open_catalog(CatalogConfig.local(sys.argv[1]))
+for i in range(int(sys.argv[3])):
+    version = write_version(catalog, "filtered.code", documents("code", {f"w{sys.argv[2]}.py": f"x = {i}\\n"}), logging.getLogger())
+    print(version.content_tag)
+"""
+
+
+def test_concurrent_writers_lose_no_version(tmp_path):
+    from factory.data.catalog import CatalogConfig, open_catalog
+
+    root = str(tmp_path / "shared")
+    open_catalog(CatalogConfig.local(root)).create_namespace_if_not_exists("filtered")
+    repo = Path(__file__).resolve().parents[2]
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, root, str(w), "6"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for w in range(2)
+    ]
+    outputs = [w.communicate(timeout=240) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], [err for _, err in outputs]
+    table = open_catalog(CatalogConfig.local(root)).load_table(TABLE)
+    tags = [tag for out, _ in outputs for tag in out.split()]
+    assert len(set(tags)) == 12
+    assert all(table.snapshot_by_name(tag) is not None for tag in tags)
+    versions = sorted(int(name[1:]) for name in table.refs() if name.startswith("v"))
+    assert versions == list(range(1, 13)), "every version got its own number"
