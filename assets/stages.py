@@ -38,6 +38,7 @@ DESCRIPTIONS = {
 KINDS = {
     "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "checkpoints": {"torch"}, "model": {"torch"}, "evaluation": {"torch"},
 }
+DISTRIBUTED = {"checkpoints"}  # stages that run as several ranks when resources.processes_per_node > 1
 GROUPS = {"raw_datasets": "data", "deduped_datasets": "data", "filtered_datasets": "data", "blend": "data"}
 CHECK_DESCRIPTIONS = {
     "non_empty": "Every filtered dataset has documents.",
@@ -83,7 +84,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         else:
             if holder := registry.holder(spec.fingerprint):
                 context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
-            request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance)
+            processes = experiment.resources.processes_per_node if kind in DISTRIBUTED else 1
+            request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes)
             yield from launcher.launch(context, request)
         if kind in CHECK_SPECS:
             yield from check_results(spec, registry, stores)

@@ -30,7 +30,7 @@ class StageLauncher(ConfigurableResource):
         """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure."""
         kind = request.spec.kind
         with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
-            argv = stage_argv(request.write(Path(tmp) / "request.json"))
+            argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes)
             with open_pipes_session(
                 context=context,
                 context_injector=PipesTempFileContextInjector(),

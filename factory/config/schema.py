@@ -217,7 +217,19 @@ class PretrainConfig(Section):
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this (0 turns clipping off)."""
     checkpoint_every: int = Field(0, ge=0)
-    """Keep a checkpoint every N steps (0: only the final one)."""
+    """Save a checkpoint every N steps (0: only the final one); a relaunched stage resumes from the latest."""
+    keep_last: int = Field(2, ge=1)
+    """Checkpoints kept besides the best and the final one; older ones are deleted (and the deletion logged)."""
+    keep_best_by: Literal["loss"] | None = "loss"
+    """Also keep the checkpoint with the lowest mean training loss since the checkpoint before it (null: no best)."""
+    async_checkpoints: bool = False
+    """Write checkpoints on a background thread: the step loop only waits for a copy of the state."""
+    grad_accum_steps: int = Field(1, ge=1)
+    """Micro-batches per optimizer step: batch_size sequences are split into this many forward/backward passes."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """`bf16` autocast, `fp32`, or `auto`: bf16 on a GPU that supports it, fp32 otherwise."""
+    compile: bool = False
+    """Compile the model with torch.compile."""
     log_every: int = Field(25, ge=1)
     """Report training metrics every N steps."""
 
@@ -225,6 +237,8 @@ class PretrainConfig(Section):
     def _warmup_fits(self) -> PretrainConfig:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        if self.batch_size % self.grad_accum_steps:
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})")
         return self
 
 

@@ -82,6 +82,9 @@ class Batch:
     documents: tuple[tuple[str, ...], ...]
     state: LoaderState
     real_tokens: int
+    """Targets to predict in this rank's slice."""
+    global_tokens: int
+    """Targets to predict in the whole global batch (every rank's slice): the loss is averaged over these."""
 
 
 class PartReader:
@@ -272,7 +275,10 @@ class BlendLoader:
             tokens = torch.from_numpy(np.stack([s.tokens for s in mine]))
             x, y = tokens[:, :-1].clone(), tokens[:, 1:].clone()
             x[x == PAD] = self.eos_id
-            yield Batch(x=x, y=y, documents=tuple(s.documents for s in mine), state=group[-1].state, real_tokens=int((y != PAD).sum()))
+            total = sum(int((s.tokens[1:] != PAD).sum()) for s in group)
+            yield Batch(
+                x=x, y=y, documents=tuple(s.documents for s in mine), state=group[-1].state, real_tokens=int((y != PAD).sum()), global_tokens=total
+            )
 
 
 def fill_ratio(sequences: list[Sequence]) -> float:

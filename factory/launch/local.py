@@ -17,8 +17,10 @@ STAGE_MODULE = "factory.stages"
 STDERR_TAIL_LINES = 20
 
 
-def stage_argv(request_path: Path, python: str = sys.executable) -> list[str]:
-    """The command that runs one stage from its request file."""
+def stage_argv(request_path: Path, python: str = sys.executable, processes: int = 1) -> list[str]:
+    """The command that runs one stage from its request file: one process, or `processes` ranks under torchrun."""
+    if processes > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m", STAGE_MODULE, str(request_path)]
     return [python, "-m", STAGE_MODULE, str(request_path)]
 
 

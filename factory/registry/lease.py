@@ -2,7 +2,7 @@
 
 A lease is a small file in the registry (so it works on shared storage too) created with
 O_EXCL. Its holder touches it every `heartbeat_s`; a lease not touched for `stale_after_s` is
-taken over (its holder died). Two waiters that see the same stale lease at the same instant can
+taken over (its holder died), and so is one whose holder process is gone from this machine. Two waiters that see the same stale lease at the same instant can
 both take it over; that costs one duplicate computation, never a wrong artifact, because
 publishing is content-addressed and the first manifest for a fingerprint stands.
 """
@@ -65,7 +65,7 @@ def hold(
         holder = read_holder(path)
         if holder is None:
             continue  # released between our attempt and our look: try again at once
-        if holder.age_s > stale_after_s:
+        if holder.age_s > stale_after_s or _died_here(holder):
             if on_takeover:
                 on_takeover(holder)
             _remove_if_token(path, holder.token)
@@ -83,6 +83,19 @@ def hold(
         stop.set()
         beat.join()
         _remove_if_token(path, token)
+
+
+def _died_here(holder: Holder) -> bool:
+    """A holder on this machine whose process is gone: no need to wait for its heartbeat to go stale."""
+    if holder.host != socket.gethostname() or holder.pid == os.getpid():
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, owned by someone else
+    return False
 
 
 def _try_create(path: Path, owner: str, token: str) -> bool:

@@ -134,6 +134,16 @@ class ArtifactStore:
             if kind is None or manifest.kind == kind:
                 yield manifest
 
+    def work(self, fingerprint: str) -> Path:
+        """A stage's scratch directory that outlives its process (checkpoints to resume from); removed once it publishes."""
+        path = self.root / "work" / fingerprint
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def drop_work(self, fingerprint: str) -> None:
+        """Remove a stage's scratch directory (after its artifact is published)."""
+        shutil.rmtree(self.root / "work" / fingerprint, ignore_errors=True)
+
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:
         """A fresh directory to write an artifact into; removed unless it was published."""

@@ -5,22 +5,43 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 from factory.errors import FactoryError
 from factory.registry.store import ArtifactStore
-from factory.stages.report import open_reporter
+from factory.stages.report import Reporter, open_reporter
 from factory.stages.request import StageRequest
 from factory.stages.runners import RUNNERS, StageContext
+from factory.train.distributed import World, broadcast, join, leave, world_from_env
 
 USAGE = "usage: python -m factory.stages <request.json>"
 
 
 def run(request: StageRequest) -> None:
-    """Run the stage unless its artifact is already published; report the artifact either way."""
+    """Run the stage unless its artifact is already published; report the artifact either way.
+
+    Under torchrun every rank runs this: rank 0 holds the lease, decides whether the stage must
+    run and tells the others; only rank 0 publishes and reports.
+    """
+    world = world_from_env()
+    join(world)
+    try:
+        with open_reporter(request.spec.kind) as reporter:
+            if world.is_main:
+                _run_main(request, reporter, world)
+            elif broadcast(world, None) == "miss":
+                with tempfile.TemporaryDirectory(prefix="rank-") as scratch:
+                    registry = ArtifactStore(request.registry)
+                    RUNNERS[request.spec.kind](StageContext(request=request, registry=registry, out=Path(scratch), reporter=reporter))
+    finally:
+        leave(world)
+
+
+def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
     spec = request.spec
     registry = ArtifactStore(request.registry)
-    with open_reporter(spec.kind) as reporter, registry.lease(
+    with registry.lease(
         spec.fingerprint,
         owner=f"{spec.kind} for {request.provenance.experiment} (pid {os.getpid()} on {socket.gethostname()})",
         on_wait=lambda holder: reporter.log.info("awaiting cache: %s is computing this stage", holder.owner),
@@ -28,6 +49,7 @@ def run(request: StageRequest) -> None:
     ):
         manifest = registry.lookup(spec.fingerprint)
         cache = "hit" if manifest else "miss"
+        broadcast(world, cache)
         if manifest is None:
             with registry.staging() as out:
                 summary = RUNNERS[spec.kind](StageContext(request=request, registry=registry, out=out, reporter=reporter))
@@ -41,6 +63,7 @@ def run(request: StageRequest) -> None:
                     provenance=request.provenance,
                     summary=summary,
                 )
+            registry.drop_work(spec.fingerprint)
             reporter.log.info("published %s artifact %s", spec.kind, manifest.digest[:12])
         artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
         reporter.materialized({**manifest.metadata(), "cache": cache, "artifact": artifact}, manifest.digest)

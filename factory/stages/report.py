@@ -68,9 +68,11 @@ def open_reporter(name: str) -> Iterator[Reporter]:
     log = logging.getLogger(f"factory.stage.{name}")
     log.setLevel(logging.INFO)
     log.propagate = False
-    if DAGSTER_PIPES_CONTEXT_ENV_VAR not in os.environ:
+    rank = os.environ.get("RANK", "0")
+    if DAGSTER_PIPES_CONTEXT_ENV_VAR not in os.environ or rank != "0":  # only rank 0 talks to Dagster
         stderr = logging.StreamHandler(sys.stderr)
-        stderr.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", "%H:%M:%S"))
+        prefix = f"[rank {rank}] " if rank != "0" else ""
+        stderr.setFormatter(logging.Formatter(f"%(asctime)s %(name)s {prefix}%(message)s", "%H:%M:%S"))
         with _handler(log, stderr):
             yield ConsoleReporter(log)
         return

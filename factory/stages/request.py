@@ -21,6 +21,8 @@ class StageRequest:
     registry: str
     catalog: CatalogConfig
     provenance: Provenance
+    processes: int = 1
+    """Ranks to start on this machine (placement: never part of the fingerprint)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -34,6 +36,7 @@ class StageRequest:
                 "git_commit": self.provenance.git_commit,
                 "run_id": self.provenance.run_id,
             },
+            "processes": self.processes,
         }
 
     def write(self, path: Path) -> Path:
@@ -51,6 +54,7 @@ class StageRequest:
                 registry=data["registry"],
                 catalog=CatalogConfig(**data["catalog"]),
                 provenance=Provenance(**data["provenance"]),
+                processes=int(data.get("processes", 1)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{path}: not a stage request ({e})") from e

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from factory.config.schema import EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.blend import Blend
 from factory.data.catalog import open_catalog
-from factory.data.loader import BlendStream, build_loader
+from factory.data.loader import Batch, BlendStream, LoaderState, build_loader
 from factory.evals.bpb import bits_per_byte, validation_tokens
 from factory.models.gpt import GPT, build_model
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
@@ -26,7 +27,8 @@ from factory.registry.store import ArtifactStore
 from factory.stages.datasets import BLEND_FILE, DATA_RUNNERS
 from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
-from factory.train.pretrain import FINAL_CHECKPOINT, load_weights, pretrain
+from factory.train.distributed import world_from_env
+from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE, load_weights, pretrain
 
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
@@ -85,20 +87,39 @@ def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
 
 
 def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
-    """Pretrain the model on packed token sequences from the train split."""
+    """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it.
+
+    Training writes into the stage's work directory (it outlives a killed process); rank 0 then
+    links the kept checkpoints and logs into the artifact.
+    """
     model_config = ModelConfig.model_validate(ctx.config["model"])
     config = PretrainConfig.model_validate(ctx.config["pretrain"])
     tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
     catalog = open_catalog(ctx.request.catalog)
     eos_id = tokenizer.token_to_id(EOS)
     loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"])
-    result = pretrain(loader.batches(config.batch_size), tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], ctx.out, ctx.log, ctx.reporter.metrics)
+    world = world_from_env()
+    work = ctx.registry.work(ctx.request.spec.fingerprint)
+
+    def data(state: LoaderState | None) -> Iterator[Batch]:
+        return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
+
+    result = pretrain(data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, ctx.reporter.metrics, world)
+    if not world.is_main:
+        return {}
+    for name in result.checkpoints:
+        for suffix in (".pt", ".json"):
+            os.link(work / CHECKPOINT_DIR / Path(name).with_suffix(suffix), ctx.out / Path(name).with_suffix(suffix))
+    for name in (METRICS_FILE, POSITIONS_FILE):
+        shutil.copyfile(work / name, ctx.out / name)
     run = {
         "model": model_config.model_dump(mode="json"),
         "vocab_size": tokenizer.get_vocab_size(),
         "steps": result.steps,
         "tokens_seen": result.tokens_seen,
         "parameters": result.parameters,
+        "checkpoints": list(result.checkpoints),
+        "final": result.checkpoints[-1],
     }
     (ctx.out / RUN_FILE).write_text(json.dumps(run, indent=2, sort_keys=True))
     return {
@@ -107,19 +128,21 @@ def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
         "tokens_seen": result.tokens_seen,
         "parameters": result.parameters,
         "checkpoints": len(result.checkpoints),
+        "resumed_from_step": result.resumed_from,
+        "ranks": world.size,
         "train_seconds": round(result.seconds, 2),
-        "tokens_per_second": round(result.tokens_seen / result.seconds),
+        "tokens_per_second": round((result.tokens_seen / result.steps) * (result.steps - result.resumed_from) / max(result.seconds, 1e-9)),
     }
 
 
 def run_model(ctx: StageContext) -> dict[str, Any]:
     """Export the final weights with their config and tokenizer: a self-contained model."""
     checkpoints = ctx.upstream("checkpoints")
-    weights = load_weights(checkpoints / FINAL_CHECKPOINT)
+    run = json.loads((checkpoints / RUN_FILE).read_text())
+    weights = load_weights(checkpoints / run["final"])
     torch.save(weights, ctx.out / MODEL_WEIGHTS)
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
     shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
-    run = json.loads((checkpoints / RUN_FILE).read_text())
     (ctx.out / MODEL_CONFIG).write_text(json.dumps(run, indent=2, sort_keys=True))
     return {"parameters": run["parameters"], "tokens_seen": run["tokens_seen"], "vocab_size": run["vocab_size"]}
 

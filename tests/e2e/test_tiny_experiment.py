@@ -163,7 +163,9 @@ def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     for sequence, x, y in zip(fetched, batch.x, batch.y, strict=True):
         expected = [*x.tolist(), y[-1].item()]
         assert sequence.tokens == [t for t in expected[: sequence.real_tokens + 1]]
-    final = torch.load(registry.open(digests["checkpoints"]) / "final.pt", weights_only=True)
+    run = json.loads((registry.open(digests["checkpoints"]) / "run.json").read_text())
+    assert run["final"] == f"step_{experiment.pretrain.steps:06d}.pt" and run["final"] in run["checkpoints"]
+    final = torch.load(registry.open(digests["checkpoints"]) / run["final"], weights_only=True)
     [last] = islice(loader.batches(experiment.pretrain.batch_size), experiment.pretrain.steps - 1, experiment.pretrain.steps)
     assert final["data_position"] == last.state.to_json()
     assert PAD not in fetched[0].tokens

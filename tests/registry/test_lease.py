@@ -56,3 +56,19 @@ def test_a_stale_lease_is_taken_over(tmp_path):
         assert read_holder(lease).owner == "alive"
     assert [h.owner for h in taken] == ["dead"]
     assert not lease.exists()
+
+
+def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(tmp_path):
+    lease, log = tmp_path / "x.lease", tmp_path / "log"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.replace("time.sleep(0.5)", "time.sleep(600)"), str(lease), str(log), "k"])
+    deadline = time.monotonic() + 60
+    while not (log.exists() and log.read_text()):
+        assert time.monotonic() < deadline, "the holder never started"
+        time.sleep(0.05)
+    holder.kill()
+    holder.wait()
+    assert read_holder(lease).owner == "k"  # the fresh heartbeat says alive; the dead pid says otherwise
+    taken = []
+    with hold(lease, "next", stale_after_s=600, on_takeover=taken.append):
+        assert read_holder(lease).owner == "next"
+    assert [h.owner for h in taken] == ["k"]

@@ -11,24 +11,30 @@ import torch
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import FactoryError
-from factory.train.pretrain import FINAL_CHECKPOINT, METRICS_FILE, POSITIONS_FILE, load_weights, lr_at, pretrain
+from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE, load_weights, lr_at, pretrain
 
 LOG = logging.getLogger("test.pretrain")
 VOCAB = 16
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
-TRAIN = PretrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, checkpoint_every=10, log_every=5)
+TRAIN = PretrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, checkpoint_every=10, log_every=5, keep_last=5)
+FINAL = f"{CHECKPOINT_DIR}/step_000030.pt"
 TOKENS = torch.arange(8, dtype=torch.int64).repeat(100)  # 0..7 over and over: trivially predictable
 
 
-def batches(steps: int | None = None):
+def batches(steps: int | None = None, state: LoaderState | None = None):
     """Batches of windows of TOKENS, each tagged with the position after it (a stand-in for a blend)."""
-    step = 0
+    step = state.slot if state else 0
     while steps is None or step < steps:
         starts = [(step * 8 + i) % 50 for i in range(TRAIN.batch_size)]
         x = torch.stack([TOKENS[s : s + MODEL.context] for s in starts])
         y = torch.stack([TOKENS[s + 1 : s + 1 + MODEL.context] for s in starts])
         step += 1
-        yield Batch(x=x, y=y, documents=(), state=LoaderState(slot=step), real_tokens=y.numel())
+        yield Batch(x=x, y=y, documents=(), state=LoaderState(slot=step), real_tokens=y.numel(), global_tokens=y.numel())
+
+
+def source(steps: int | None = None):
+    """A batch source: batches from a position on."""
+    return lambda state: batches(steps, state)
 
 
 def sha256(path) -> str:
@@ -39,7 +45,7 @@ def sha256(path) -> str:
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     seen = []
-    result = pretrain(batches(), VOCAB, MODEL, TRAIN, 0, out, LOG, on_metrics=lambda step, row: seen.append((step, row)))
+    result = pretrain(source(), VOCAB, MODEL, TRAIN, 0, out, LOG, on_metrics=lambda step, row: seen.append((step, row)))
     return out, result, seen
 
 
@@ -81,21 +87,25 @@ def test_metrics_reach_the_sink_as_they_are_logged(run):
 
 def test_writes_step_checkpoints_and_a_final_one(run):
     out, result, _ = run
-    assert result.checkpoints == ("step_000010.pt", "step_000020.pt", FINAL_CHECKPOINT)
-    assert sorted(p.name for p in out.iterdir()) == sorted([*result.checkpoints, METRICS_FILE, POSITIONS_FILE])
+    assert result.checkpoints == ("step_000010.pt", "step_000020.pt", "step_000030.pt")
+    assert sorted(p.name for p in out.iterdir()) == sorted([CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE])
+    assert sorted(p.name for p in (out / CHECKPOINT_DIR).iterdir()) == sorted(
+        [*result.checkpoints, *(c.replace(".pt", ".json") for c in result.checkpoints)]
+    )
     assert result.steps == 30
     assert result.tokens_seen == 30 * 8 * 16  # every target is real: no padding in these batches
 
 
 def test_checkpoint_holds_model_optimizer_and_step(run):
     out, result, _ = run
-    state = torch.load(out / "step_000020.pt", weights_only=True)
+    state = torch.load(out / CHECKPOINT_DIR / "step_000020.pt", weights_only=True)
     assert state["step"] == 20
-    assert {"model", "optimizer", "data_position", "torch_rng"} <= set(state)
+    assert {"model", "optimizer", "data_position", "rng", "tokens_seen"} <= set(state)
     assert state["data_position"]["slot"] == 20  # the loader position after the 20th batch
+    assert len(state["rng"]) == 1 and "torch" in state["rng"][0]  # one RNG state per rank
     assert state["optimizer"]["state"]  # AdamW moments exist after 20 steps
-    assert torch.load(out / FINAL_CHECKPOINT, weights_only=True)["step"] == 30
-    weights = load_weights(out / FINAL_CHECKPOINT)
+    assert torch.load(out / FINAL, weights_only=True)["step"] == 30
+    weights = load_weights(out / FINAL)
     assert "wte.weight" in weights
     assert sum(w.numel() for k, w in weights.items() if k != "lm_head.weight") == result.parameters
     assert not torch.equal(weights["wte.weight"], state["model"]["wte.weight"])
@@ -103,16 +113,17 @@ def test_checkpoint_holds_model_optimizer_and_step(run):
 
 def test_same_seed_gives_a_byte_identical_final_checkpoint(run, tmp_path):
     out, _, _ = run
-    pretrain(batches(), VOCAB, MODEL, TRAIN, 0, tmp_path / "again", LOG)
-    assert sha256(tmp_path / "again" / FINAL_CHECKPOINT) == sha256(out / FINAL_CHECKPOINT)
-    pretrain(batches(), VOCAB, MODEL, TRAIN, 1, tmp_path / "other", LOG)
-    assert sha256(tmp_path / "other" / FINAL_CHECKPOINT) != sha256(out / FINAL_CHECKPOINT)
+    pretrain(source(), VOCAB, MODEL, TRAIN, 0, tmp_path / "again", LOG)
+    assert sha256(tmp_path / "again" / FINAL) == sha256(out / FINAL)
+    pretrain(source(), VOCAB, MODEL, TRAIN, 1, tmp_path / "other", LOG)
+    assert sha256(tmp_path / "other" / FINAL) != sha256(out / FINAL)
 
 
 def test_data_running_out_is_refused_with_what_to_change(tmp_path):
     with pytest.raises(FactoryError, match="ran out of documents after 12 of 30 steps.*oversample"):
-        pretrain(batches(12), VOCAB, MODEL, TRAIN, 0, tmp_path, LOG)
-    assert not (tmp_path / FINAL_CHECKPOINT).exists()
+        pretrain(source(12), VOCAB, MODEL, TRAIN, 0, tmp_path, LOG)
+    assert not (tmp_path / FINAL).exists()
+    assert (tmp_path / CHECKPOINT_DIR / "step_000010.pt").exists(), "the last good checkpoint is kept"
 
 
 def test_data_positions_record_where_every_logged_step_started(run):

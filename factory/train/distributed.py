@@ -1,0 +1,86 @@
+"""Ranks: the world a stage process lives in, read from torchrun's environment.
+
+One process is a world of one. Under torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK` set), the
+process group is started with gloo on CPU and nccl on GPU; only rank 0 talks to Dagster and
+writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class World:
+    """This process's place among the ranks of a stage."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that reports, checkpoints and publishes."""
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: its GPU when there are GPUs, else the CPU."""
+        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+SINGLE = World()
+
+
+def world_from_env(environ: Mapping[str, str] = os.environ) -> World:
+    """The world torchrun describes in the environment (a world of one without torchrun)."""
+    size = int(environ.get("WORLD_SIZE", "1"))
+    return World(rank=int(environ.get("RANK", "0")), size=size, local_rank=int(environ.get("LOCAL_RANK", "0")))
+
+
+def join(world: World) -> None:
+    """Start the process group of a world of several ranks (no-op for one, or when already started)."""
+    if world.size > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(world.local_rank)
+        dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+
+
+def leave(world: World) -> None:
+    """Tear the process group down."""
+    if world.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast(world: World, value: Any) -> Any:
+    """Rank 0's `value`, on every rank."""
+    if world.size == 1:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def gather(world: World, value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order, on every rank."""
+    if world.size == 1:
+        return [value]
+    values: list[Any] = [None] * world.size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def total(world: World, value: float) -> float:
+    """The sum of `value` over the ranks."""
+    if world.size == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())

@@ -1,0 +1,217 @@
+"""Resume and ranks for real: SIGKILL at several points then relaunch gives the same bytes; 1 rank == 2 ranks."""
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from factory.config.schema import ModelConfig, PretrainConfig
+from factory.data.loader import Batch, LoaderState
+from factory.errors import StageFailed
+from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
+
+REPO = Path(__file__).resolve().parents[2]
+LOG = logging.getLogger("test.resume")
+
+# A training run as its own process: the same synthetic blend on every launch; ranks from torchrun.
+TRAINER = textwrap.dedent(
+    """
+    import logging, sys
+    from pathlib import Path
+    import torch
+    from factory.config.schema import ModelConfig, PretrainConfig
+    from factory.data.loader import Batch, LoaderState
+    from factory.train.distributed import join, leave, world_from_env
+    from factory.train.pretrain import pretrain
+
+    work, steps, every, accum, dropout = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    model = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=dropout)
+    config = PretrainConfig(steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, checkpoint_every=every, log_every=1,
+                            keep_last=2, grad_accum_steps=accum)
+    world = world_from_env()
+    join(world)
+
+    def data(state):
+        step = state.slot if state else 0
+        generator = torch.Generator().manual_seed(1234)
+        tokens = torch.randint(0, 64, (5000,), generator=generator)
+        share = config.batch_size // world.size
+        while True:
+            starts = [(step * 37 + 13 * i) % 4900 for i in range(config.batch_size)]
+            seqs = torch.stack([tokens[s : s + model.context + 1] for s in starts])
+            seqs[:, -3:] = -1  # padding at the end, as packed sequences have
+            mine = seqs[world.rank * share : (world.rank + 1) * share]
+            x, y = mine[:, :-1].clone(), mine[:, 1:].clone()
+            x[x < 0] = 0
+            step += 1
+            yield Batch(x=x, y=y, documents=(), state=LoaderState(slot=step), real_tokens=int((y >= 0).sum()),
+                        global_tokens=int((seqs[:, 1:] >= 0).sum()))
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    pretrain(data, 64, model, config, 7, work, logging.getLogger("trainer"), world=world)
+    leave(world)
+    """
+)
+
+
+def launch(work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1) -> subprocess.Popen:
+    """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters."""
+    prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    script = work.parent / "trainer.py"
+    script.write_text(TRAINER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> str:
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    return err
+
+
+def final_sha(work: Path, steps: int = 60) -> str:
+    return hashlib.sha256((work / CHECKPOINT_DIR / f"step_{steps:06d}.pt").read_bytes()).hexdigest()
+
+
+def logged_steps(work: Path) -> int:
+    try:
+        lines = (work / METRICS_FILE).read_text().splitlines()
+        return json.loads(lines[-1])["step"] if lines else 0
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    work = tmp_path_factory.mktemp("reference") / "work"
+    finish(launch(work))
+    return final_sha(work)
+
+
+@pytest.mark.parametrize("kill_after", [3, 17, 41])
+def test_sigkill_then_relaunch_gives_the_bytes_of_an_uninterrupted_run(tmp_path, reference, kill_after):
+    work = tmp_path / "work"
+    process = launch(work)
+    deadline = time.monotonic() + 120
+    while logged_steps(work) < kill_after and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = logged_steps(work)
+    assert kill_after <= killed_at < 60, "the kill must land before the end"
+    err = finish(launch(work))
+    if killed_at >= 10:
+        assert "resuming from step_" in err
+    assert final_sha(work) == reference
+    steps = [json.loads(line)["step"] for line in (work / METRICS_FILE).read_text().splitlines()]
+    assert steps == list(range(1, 61)), "the resumed run rewrites the metrics of the steps it repeats, once"
+
+
+def test_a_kill_during_a_checkpoint_write_loses_nothing(tmp_path, reference):
+    work = tmp_path / "work"
+    process = launch(work)
+    checkpoints = work / CHECKPOINT_DIR
+    deadline = time.monotonic() + 120
+    while process.poll() is None and not any(p.name.startswith("step_000030") for p in (checkpoints.iterdir() if checkpoints.exists() else [])):
+        assert time.monotonic() < deadline
+        time.sleep(0.0005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    # Whatever the kill left (a temp file, bytes without a record, or a whole checkpoint), plus a save cut short by hand:
+    (checkpoints / "step_000040.pt.tmp").write_bytes(b"partial")
+    (checkpoints / "step_000040.pt").write_bytes(b"torn")
+    err = finish(launch(work))
+    assert "left by an interrupted save" in err
+    assert final_sha(work) == reference
+    assert not list(checkpoints.glob("*.tmp"))
+
+
+def test_two_ranks_compute_what_one_rank_computes(tmp_path):
+    one, two = tmp_path / "one" / "work", tmp_path / "two" / "work"
+    one.parent.mkdir()
+    two.parent.mkdir()
+    finish(launch(one, steps=12, every=0, dropout=0.0))  # dropout masks depend on how the batch is split
+    finish(launch(two, steps=12, every=0, ranks=2, dropout=0.0))
+    a = torch.load(one / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)
+    b = torch.load(two / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)
+    for name, weight in a["model"].items():
+        torch.testing.assert_close(b["model"][name], weight, rtol=1e-3, atol=1e-4)  # float noise, amplified by Adam on tiny gradients
+    assert len(b["rng"]) == 2, "every rank's RNG state is in the checkpoint"
+    start = torch.load(one / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)["rng"]
+    assert len(start) == 1
+
+
+def test_gradient_accumulation_computes_what_one_pass_computes(tmp_path):
+    one, four = tmp_path / "one" / "work", tmp_path / "four" / "work"
+    one.parent.mkdir()
+    four.parent.mkdir()
+    finish(launch(one, steps=8, every=0, dropout=0.0))
+    finish(launch(four, steps=8, every=0, accum=4, dropout=0.0))
+    a = torch.load(one / CHECKPOINT_DIR / "step_000008.pt", weights_only=True)["model"]
+    b = torch.load(four / CHECKPOINT_DIR / "step_000008.pt", weights_only=True)["model"]
+    for name, weight in a.items():
+        torch.testing.assert_close(b[name], weight, rtol=1e-3, atol=1e-4)
+
+
+def test_retention_keeps_the_last_k_and_the_best_and_logs_deletions(tmp_path, caplog):
+    store = CheckpointDir(tmp_path, RetentionPolicy(keep_last=2, best_metric="loss"), LOG)
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        for step, loss in zip(range(1, 7), [5.0, 1.0, 4.0, 3.0, 2.5, 2.0], strict=True):
+            store.save(step, {"step": step, "w": torch.full((4,), float(step))}, {"loss": loss})
+    assert [c.step for c in store.complete()] == [2, 5, 6]
+    deleted = [r.getMessage() for r in caplog.records if "deleted checkpoint" in r.getMessage()]
+    assert len(deleted) == 3 and "step_000001.pt" in deleted[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step_00000{s}.{e}" for s in (2, 5, 6) for e in ("json", "pt")]
+
+
+def test_a_corrupt_checkpoint_is_skipped_for_the_one_before(tmp_path, caplog):
+    store = CheckpointDir(tmp_path, RetentionPolicy(keep_last=3, best_metric=None), LOG)
+    for step in (1, 2):
+        store.save(step, {"step": step}, {})
+    (tmp_path / "step_000002.pt").write_bytes(b"bit rot")
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        saved, state = store.latest()
+    assert saved.step == 1 and state["step"] == 1
+    assert any("does not match its checksum" in r.getMessage() for r in caplog.records)
+
+
+def test_asynchronous_saves_write_the_same_bytes(tmp_path):
+    state = {"step": 3, "w": torch.arange(10.0)}
+    for name, asynchronous in (("sync", False), ("async", True)):
+        store = CheckpointDir(tmp_path / name, RetentionPolicy(), LOG, asynchronous=asynchronous)
+        store.save(3, state, {"loss": 1.0})
+        store.wait()
+    assert (tmp_path / "sync" / "step_000003.pt").read_bytes() == (tmp_path / "async" / "step_000003.pt").read_bytes()
+
+
+def test_a_nan_loss_ends_the_run_with_what_to_change_keeping_the_last_checkpoint(tmp_path):
+    model = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
+    config = PretrainConfig(steps=20, batch_size=4, lr=1e-2, checkpoint_every=5, log_every=5)
+
+    def data(state):
+        step, generator = (state.slot if state else 0), torch.Generator().manual_seed(0)
+        while True:
+            step += 1
+            x, y = torch.randint(0, 16, (4, 16), generator=generator), torch.randint(0, 16, (4, 16), generator=generator)
+            yield Batch(x=x, y=y, documents=(), state=LoaderState(slot=step), real_tokens=64, global_tokens=64)
+
+    pretrain(data, 16, model, config.model_copy(update={"steps": 5}), 0, tmp_path, LOG)
+    # A run that diverged: its last checkpoint holds weights gone to NaN (a valid file, with its checksum).
+    store = CheckpointDir(tmp_path / CHECKPOINT_DIR, RetentionPolicy(), LOG)
+    saved, state = store.latest()
+    state["model"]["ln_f.weight"].fill_(float("nan"))
+    store.save(saved.step, state, {"loss": 1.0})
+    with pytest.raises(StageFailed, match=r"became nan at step 6; the last good checkpoint \(step_000005.pt\) is kept.*pretrain.lr"):
+        pretrain(data, 16, model, config, 0, tmp_path, LOG)
+    assert [c.step for c in store.complete()] == [5]
