@@ -4,13 +4,14 @@ import os
 
 from dagster import Definitions
 
+from assets.checkpoints import checkpoints
 from assets.leaderboard import leaderboard, leaderboard_automation
 from assets.sensors import experiments_at_head
 from assets.stages import stage_assets
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 defs = Definitions(
-    assets=[*stage_assets, leaderboard],
+    assets=[*stage_assets, checkpoints, leaderboard],
     sensors=[experiments_at_head, leaderboard_automation],
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),

@@ -1,4 +1,4 @@
-"""Partitions: one per experiment (name from the experiment file)."""
+"""Partitions: one per experiment (name from the experiment file); one per saved checkpoint."""
 
 from dagster import DynamicPartitionsDefinition
 
@@ -7,3 +7,5 @@ EXPERIMENTS = "experiments"
 COMMIT_TAG = "factory/commit"
 SOURCE_TAG = "factory/source"
 experiments_partitions = DynamicPartitionsDefinition(name=EXPERIMENTS)
+CHECKPOINTS = "checkpoints"
+checkpoints_partitions = DynamicPartitionsDefinition(name=CHECKPOINTS)

@@ -14,6 +14,7 @@ from dagster import DagsterEventType, DagsterInstance, ExecuteInProcessResult, P
 from rich.console import Console
 from rich.table import Table
 
+from assets.checkpoints import checkpoints
 from assets.leaderboard import leaderboard
 from assets.partitions import EXPERIMENTS
 from assets.stages import stage_assets
@@ -23,7 +24,7 @@ from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-EVERYTHING = [*stage_assets, leaderboard]
+EVERYTHING = [*stage_assets, checkpoints, leaderboard]
 
 
 def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:

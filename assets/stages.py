@@ -16,6 +16,7 @@ from dagster import (
     asset,
 )
 
+from assets.checkpoints import record_checkpoints
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, StageSpec, config_hash, plan_stage, upstream_of
@@ -31,14 +32,15 @@ DESCRIPTIONS = {
     "filtered_datasets": "Quality filters applied: `filtered.<name>`, tagged `v<n>` or by name; checked before training.",
     "blend": "The training mixture: table versions with weights and modes (finite or oversample).",
     "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
-    "checkpoints": "Pretraining run: a GPT trained on packed token sequences; periodic and final checkpoints.",
+    "pretrain": "Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are `checkpoints` partitions.",
     "model": "The final weights exported with their config and tokenizer.",
     "evaluation": "Validation bits-per-byte of the model and of its untrained initialisation.",
 }
 KINDS = {
-    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "checkpoints": {"torch"}, "model": {"torch"}, "evaluation": {"torch"},
+    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "model": {"torch"}, "evaluation": {"torch"},
 }
-DISTRIBUTED = {"checkpoints"}  # stages that run as several ranks when resources.processes_per_node > 1
+DISTRIBUTED = {"pretrain"}  # stages that run as several ranks when resources.processes_per_node > 1
+TRAINING = {"pretrain"}  # stages whose artifacts hold checkpoints
 GROUPS = {"raw_datasets": "data", "deduped_datasets": "data", "filtered_datasets": "data", "blend": "data"}
 CHECK_DESCRIPTIONS = {
     "non_empty": "Every filtered dataset has documents.",
@@ -89,6 +91,9 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             yield from launcher.launch(context, request)
         if kind in CHECK_SPECS:
             yield from check_results(spec, registry, stores)
+        if kind in TRAINING and (published := registry.lookup(spec.fingerprint)) is not None:
+            keys = record_checkpoints(context, experiment.name, kind, registry.path(published.digest), published.digest)
+            context.log.info(f"{kind}: {len(keys)} checkpoints recorded as partitions of `checkpoints`")
 
     return stage
 

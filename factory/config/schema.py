@@ -293,7 +293,7 @@ class Experiment(Section):
         stages = ["raw_datasets", "deduped_datasets", "filtered_datasets"] if self.data.datasets else []
         stages += ["blend", "tokenizer"]
         if self.pretrain is not None:
-            stages += ["checkpoints", "model"]
+            stages += ["pretrain", "model"]
             if self.eval is not None:
                 stages.append("evaluation")
         return tuple(stages)

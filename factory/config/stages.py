@@ -19,8 +19,8 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "filtered_datasets": ("deduped_datasets",),
     "blend": ("filtered_datasets",),
     "tokenizer": ("blend",),
-    "checkpoints": ("blend", "tokenizer"),
-    "model": ("checkpoints", "tokenizer"),
+    "pretrain": ("blend", "tokenizer"),
+    "model": ("pretrain", "tokenizer"),
     "evaluation": ("model", "blend"),
 }
 DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
@@ -71,7 +71,7 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
             return {"blend": data["blend"], "validation_percent": data["validation_percent"]}
         case "tokenizer":
             return {"tokenizer": dump["tokenizer"], "seed": seed, "shuffle_buffer_docs": stream["shuffle_buffer_docs"]}
-        case "checkpoints":
+        case "pretrain":
             return {"model": dump["model"], "pretrain": dump["pretrain"], "seed": seed, "stream": stream}
         case "model":
             return {}

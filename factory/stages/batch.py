@@ -53,13 +53,13 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
         raise ConfigError(f"{experiment.name} has no pretrain section, so no training batches")
     if not 0 <= step < experiment.pretrain.steps:
         raise ConfigError(f"step {step} is outside the run: {experiment.name} trains steps 0..{experiment.pretrain.steps - 1}")
-    digests = stage_artifacts(experiment, registry, "checkpoints")
-    checkpoints = registry.open(digests["checkpoints"])
+    digests = stage_artifacts(experiment, registry, "pretrain")
+    checkpoints = registry.open(digests["pretrain"])
     positions = [json.loads(line) for line in (checkpoints / POSITIONS_FILE).read_text().splitlines() if line]
     start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
     blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / BLEND_FILE).read_text()))
     tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / TOKENIZER_FILE)
-    spec = plan_stage(experiment, "checkpoints", {n: digests[n] for n in upstream_of(experiment, "checkpoints")})
+    spec = plan_stage(experiment, "pretrain", {n: digests[n] for n in upstream_of(experiment, "pretrain")})
     loader = build_loader(
         catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, dict(spec.config)["stream"]
     )

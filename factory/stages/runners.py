@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from factory.config.schema import EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.blend import Blend
@@ -32,6 +33,7 @@ from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE,
 
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
+MODEL_SAFETENSORS = "model.safetensors"
 MODEL_CONFIG = "config.json"
 RESULTS_FILE = "results.json"
 RUN_FILE = "run.json"
@@ -86,7 +88,7 @@ def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
     }
 
 
-def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
+def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it.
 
     Training writes into the stage's work directory (it outlives a killed process); rank 0 then
@@ -137,10 +139,14 @@ def run_checkpoints(ctx: StageContext) -> dict[str, Any]:
 
 def run_model(ctx: StageContext) -> dict[str, Any]:
     """Export the final weights with their config and tokenizer: a self-contained model."""
-    checkpoints = ctx.upstream("checkpoints")
+    checkpoints = ctx.upstream("pretrain")
     run = json.loads((checkpoints / RUN_FILE).read_text())
     weights = load_weights(checkpoints / run["final"])
     torch.save(weights, ctx.out / MODEL_WEIGHTS)
+    # The same weights for other tools; a tied output projection is the embedding, so it is stored once.
+    tied = "lm_head.weight" in weights and weights["lm_head.weight"].data_ptr() == weights["wte.weight"].data_ptr()
+    save_file({k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}, ctx.out / MODEL_SAFETENSORS,
+              metadata={"tied_embeddings": str(tied).lower(), "format": "pt"})
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
     shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
     (ctx.out / MODEL_CONFIG).write_text(json.dumps(run, indent=2, sort_keys=True))
@@ -178,7 +184,7 @@ def run_evaluation(ctx: StageContext) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     **DATA_RUNNERS,
     "tokenizer": run_tokenizer,
-    "checkpoints": run_checkpoints,
+    "pretrain": run_pretrain,
     "model": run_model,
     "evaluation": run_evaluation,
 }

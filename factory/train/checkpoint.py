@@ -51,6 +51,16 @@ class RetentionPolicy:
     best_metric: str | None = "loss"
 
 
+def partition_key(experiment: str, stage: str, step: int) -> str:
+    """The `checkpoints` partition of one checkpoint: `<experiment>__<stage>-<step:06d>`."""
+    return f"{experiment}__{stage}-{step:06d}"
+
+
+def published(artifact: Path) -> list[SavedCheckpoint]:
+    """The checkpoints a published training artifact holds, by step."""
+    return CheckpointDir(artifact, RetentionPolicy(), logging.getLogger(__name__)).complete()
+
+
 def canonical(value: Any) -> Any:
     """The state tree with every string interned.
 
@@ -88,7 +98,6 @@ class CheckpointDir:
         self.asynchronous = asynchronous
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
-        directory.mkdir(parents=True, exist_ok=True)
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, float], final: bool = False) -> None:
         """Save `state` as the checkpoint of `step` (in the background when asynchronous), then apply retention."""
@@ -120,6 +129,7 @@ class CheckpointDir:
         torch.save(canonical(dict(state)), buffer)
         data = buffer.getvalue()
         path = self.directory / f"step_{step:06d}.pt"
+        self.directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, data)
         record = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "metrics": metrics}
         _atomic_write(path.with_suffix(".json"), json.dumps(record, sort_keys=True).encode())
@@ -172,7 +182,7 @@ class CheckpointDir:
     def drop_incomplete(self) -> None:
         """Remove files a killed save left behind (temp files, bytes without a record)."""
         recorded = {c.path.name for c in self.complete()}
-        for path in self.directory.iterdir():
+        for path in self.directory.iterdir() if self.directory.is_dir() else []:
             if path.suffix == ".tmp" or (path.suffix == ".pt" and path.name not in recorded):
                 self.log.info("removing %s, left by an interrupted save", path.name)
                 path.unlink(missing_ok=True)

@@ -101,6 +101,7 @@ def pretrain(
     checkpoints = CheckpointDir(work_dir / CHECKPOINT_DIR, policy, log, asynchronous=config.async_checkpoints)
     start, position, tokens_seen = 0, LoaderState(), 0
     if world.is_main:
+        work_dir.mkdir(parents=True, exist_ok=True)
         checkpoints.drop_incomplete()
     found = checkpoints.latest()
     if found is not None:
@@ -155,7 +156,7 @@ def pretrain(
             if done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0):
                 state = _state(model, optimizer, done, position, tokens_seen, world)
                 if world.is_main:
-                    metrics = {"loss": sum(interval_losses) / len(interval_losses)}
+                    metrics = {"loss": sum(interval_losses) / len(interval_losses), "lr": lr, "tokens_seen": tokens_seen}
                     checkpoints.save(done, state, metrics, final=done == config.steps)
                 interval_losses = []
     checkpoints.wait()

@@ -11,8 +11,9 @@ LINEAGE = {
     "filtered_datasets": {"deduped_datasets"},
     "blend": {"filtered_datasets"},
     "tokenizer": {"blend"},
-    "checkpoints": {"blend", "tokenizer"},
-    "model": {"checkpoints", "tokenizer"},
+    "pretrain": {"blend", "tokenizer"},
+    "checkpoints": {"pretrain"},
+    "model": {"pretrain", "tokenizer"},
     "evaluation": {"model", "blend"},
     "leaderboard": {"evaluation"},
 }
@@ -30,6 +31,8 @@ def test_stage_assets_are_partitioned_by_experiment():
         partitions = graph.get(AssetKey(name)).partitions_def
         if name == "leaderboard":
             assert partitions is None
+        elif name == "checkpoints":
+            assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == "checkpoints"
         else:
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == EXPERIMENTS
 

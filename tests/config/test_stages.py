@@ -49,15 +49,15 @@ def test_fingerprints_are_stable_for_the_same_experiment(tiny):
     assert all(re.fullmatch(r"[0-9a-f]{64}", fp) for fp in first.values())
 
 
-def test_learning_rate_changes_only_the_checkpoints_fingerprint(tiny):
+def test_learning_rate_changes_only_the_pretrain_fingerprint(tiny):
     variant = with_section(tiny, "pretrain", lr=0.01)
     assert variant.pretrain.lr == 0.01 and tiny.pretrain.lr == 0.003
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"checkpoints"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"pretrain"}
 
 
-def test_model_width_changes_checkpoints_and_evaluation(tiny):
+def test_model_width_changes_pretrain_and_evaluation(tiny):
     variant = with_section(tiny, "model", n_embd=256)
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"checkpoints", "evaluation"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"pretrain", "evaluation"}
 
 
 def test_tokenizer_config_changes_only_the_tokenizer_fingerprint(tiny):
@@ -96,12 +96,12 @@ def test_blend_weights_change_the_blend_not_the_datasets(tiny):
 
 def test_packing_changes_training_not_the_tokenizer(tiny):
     variant = with_section(tiny, "data", packing="next-fit")
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"checkpoints"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"pretrain"}
 
 
 def test_seed_changes_every_seeded_stage_but_not_raw_or_filtered_data(tiny):
     variant = tiny.model_copy(update={"seed": 7})
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"deduped_datasets", "tokenizer", "checkpoints", "evaluation"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"deduped_datasets", "tokenizer", "pretrain", "evaluation"}
 
 
 @pytest.mark.parametrize("changes", [{"queue": "gpu-large"}, {"processes_per_node": 8}, {"nodes": 4}])
@@ -161,7 +161,7 @@ def test_unknown_stage_is_a_config_error(tiny):
 
 
 def test_stage_spec_round_trips_through_json(tiny):
-    spec = plan_stage(tiny, "checkpoints", {name: fake_digest(name) for name in STAGES})
+    spec = plan_stage(tiny, "pretrain", {name: fake_digest(name) for name in STAGES})
     data = json.loads(json.dumps(spec.to_json()))
     again = StageSpec.from_json(data)
     assert again.fingerprint == spec.fingerprint

@@ -73,8 +73,8 @@ def test_lineage_is_recorded_in_manifests(pipeline):
     assert by_kind["filtered_datasets"].inputs == {"deduped_datasets": digest["deduped_datasets"]}
     assert by_kind["blend"].inputs == {"filtered_datasets": digest["filtered_datasets"]}
     assert by_kind["tokenizer"].inputs == {"blend": digest["blend"]}
-    assert by_kind["checkpoints"].inputs == {"blend": digest["blend"], "tokenizer": digest["tokenizer"]}
-    assert by_kind["model"].inputs == {"checkpoints": digest["checkpoints"], "tokenizer": digest["tokenizer"]}
+    assert by_kind["pretrain"].inputs == {"blend": digest["blend"], "tokenizer": digest["tokenizer"]}
+    assert by_kind["model"].inputs == {"pretrain": digest["pretrain"], "tokenizer": digest["tokenizer"]}
     assert by_kind["evaluation"].inputs == {"model": digest["model"], "blend": digest["blend"]}
 
 
@@ -153,7 +153,7 @@ def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     from factory.data.loader import build_loader
     from factory.models.tokenizer import EOS, load_tokenizer
 
-    digests = stage_artifacts(experiment, registry, "checkpoints")
+    digests = stage_artifacts(experiment, registry, "pretrain")
     blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / "blend.json").read_text()))
     tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / "tokenizer.json")
     stream = {"packing": experiment.data.packing, "shuffle_buffer_docs": experiment.data.shuffle_buffer_docs,
@@ -163,9 +163,39 @@ def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     for sequence, x, y in zip(fetched, batch.x, batch.y, strict=True):
         expected = [*x.tolist(), y[-1].item()]
         assert sequence.tokens == [t for t in expected[: sequence.real_tokens + 1]]
-    run = json.loads((registry.open(digests["checkpoints"]) / "run.json").read_text())
+    run = json.loads((registry.open(digests["pretrain"]) / "run.json").read_text())
     assert run["final"] == f"step_{experiment.pretrain.steps:06d}.pt" and run["final"] in run["checkpoints"]
-    final = torch.load(registry.open(digests["checkpoints"]) / run["final"], weights_only=True)
+    final = torch.load(registry.open(digests["pretrain"]) / run["final"], weights_only=True)
     [last] = islice(loader.batches(experiment.pretrain.batch_size), experiment.pretrain.steps - 1, experiment.pretrain.steps)
     assert final["data_position"] == last.state.to_json()
     assert PAD not in fetched[0].tokens
+
+
+def test_every_kept_checkpoint_is_a_checkpoints_partition(pipeline):
+    from factory.train.checkpoint import published
+
+    instance, name = pipeline["instance"], pipeline["name"]
+    [training, *_] = materializations(instance, "pretrain", name)
+    artifact = Path(metadata_of(training)["artifact"])
+    kept = published(artifact)
+    assert kept and kept[-1].step == load(pipeline["source"]).pretrain.steps
+    keys = [f"{name}__pretrain-{c.step:06d}" for c in kept]
+    assert set(keys) <= set(instance.get_dynamic_partitions("checkpoints"))
+    for key, checkpoint in zip(keys, kept, strict=True):
+        [latest, *_] = materializations(instance, "checkpoints", key)
+        metadata = metadata_of(latest)
+        assert metadata["step"] == checkpoint.step and metadata["sha256"] == checkpoint.sha256
+        assert metadata["size_bytes"] == (artifact / checkpoint.name).stat().st_size
+        assert metadata["tokens_seen"] > 0 and metadata["loss"] > 0
+
+
+def test_the_model_is_also_exported_as_safetensors(pipeline):
+    from safetensors.torch import load_file
+
+    [latest, *_] = materializations(pipeline["instance"], "model", pipeline["name"])
+    artifact = Path(metadata_of(latest)["artifact"])
+    exported = load_file(artifact / "model.safetensors")
+    weights = torch.load(artifact / "model.pt", weights_only=True)
+    assert set(weights) - set(exported) == {"lm_head.weight"}, "the tied projection is stored once"
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, weights[name]), name

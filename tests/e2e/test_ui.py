@@ -75,8 +75,9 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
     parents = {tuple(n["assetKey"]["path"])[0]: {d["path"][0] for d in n["dependencyKeys"]} for n in data["assetNodes"]}
     assert parents["leaderboard"] == {"evaluation"}
     assert parents["evaluation"] == {"model", "blend"}
-    assert parents["model"] == {"checkpoints", "tokenizer"}
-    assert parents["checkpoints"] == {"blend", "tokenizer"}
+    assert parents["model"] == {"pretrain", "tokenizer"}
+    assert parents["pretrain"] == {"blend", "tokenizer"}
+    assert parents["checkpoints"] == {"pretrain"}
     assert parents["tokenizer"] == {"blend"}
     assert parents["blend"] == {"filtered_datasets"}
     assert parents["filtered_datasets"] == {"deduped_datasets"}

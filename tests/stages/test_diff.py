@@ -11,7 +11,7 @@ def test_experiment_diff_names_the_change_and_the_shared_stages(tmp_path, tiny_p
     lines = diff_experiments(base, other, ArtifactStore(tmp_path))
     assert lines[0] == "config: pretrain.lr: 0.003 -> 0.001"
     assert any(line.startswith("tokenizer: same stage") for line in lines)
-    assert any(line.startswith("checkpoints: differs") for line in lines)
+    assert any(line.startswith("pretrain: differs") for line in lines)
 
 
 def test_artifact_diff_shows_config_inputs_and_code(tmp_path, tiny_path):

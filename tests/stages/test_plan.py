@@ -20,14 +20,14 @@ def test_reason_names_the_changed_field_and_cached_stages_say_where_from(tmp_pat
     digests = {}
     for kind in ("raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer"):
         digests[kind] = publish(registry, plan_stage(experiment, kind, digests), experiment.name).digest
-    old = plan_stage(experiment, "checkpoints", digests)
+    old = plan_stage(experiment, "pretrain", digests)
     publish(registry, old, experiment.name)
     changed = experiment.model_copy(update={"pretrain": experiment.pretrain.model_copy(update={"lr": 0.5})})
-    new = plan_stage(changed, "checkpoints", digests)
+    new = plan_stage(changed, "pretrain", digests)
     assert why_run(experiment.name, new, registry.manifests()) == "pretrain.lr: 0.003 -> 0.5"
     plans = {p.kind: p for p in build_plan([changed], registry)}
     assert plans["blend"].status == "cached" and plans["blend"].detail.startswith(f"from {experiment.name}")
-    assert plans["checkpoints"].status == "run" and "pretrain.lr" in plans["checkpoints"].detail
+    assert plans["pretrain"].status == "run" and "pretrain.lr" in plans["pretrain"].detail
     assert plans["model"].status == "run" and plans["model"].detail == "never computed for this experiment"
     with registry.lease(new.fingerprint, "someone else"):
-        assert {p.kind: p.status for p in build_plan([changed], registry)}["checkpoints"] == "waiting"
+        assert {p.kind: p.status for p in build_plan([changed], registry)}["pretrain"] == "waiting"
