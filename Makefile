@@ -33,6 +33,8 @@ test: setup
 bench: setup
 	$(BIN)/python bench/check_configs.py
 	$(BIN)/python bench/stage_cache.py
+	$(BIN)/python bench/loader.py
+	$(BIN)/python bench/trainer.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

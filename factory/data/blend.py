@@ -7,14 +7,15 @@ same blend (and the same fingerprint downstream) even after the catalog is rebui
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 
 from factory.config.fingerprint import sha256_of
 from factory.config.schema import DataConfig
-from factory.data.tables import TableVersion, parse_ref, resolve
+from factory.data.documents import SPLITS, split_of
+from factory.data.tables import TableVersion, parse_ref, resolve, stream_version
 from factory.errors import ArtifactError
 
 
@@ -33,6 +34,8 @@ class BlendPart:
     mode: str
     """`finite` or `oversample`."""
     rows: int
+    split_rows: dict[str, int] = field(default_factory=dict)
+    """Documents per split (counted once when the blend is built, so readers need not count them again)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,8 +78,20 @@ def build_blend(catalog: Catalog, data: DataConfig, datasets: Mapping[str, Table
         else:
             table, name = parse_ref(component.table or "")
             tag, rows = pinned_version(catalog, table, name)
-        parts.append(BlendPart(label=component.label, table=table, tag=tag, version=name, weight=component.weight, mode=component.mode, rows=rows))
+        splits = count_splits(catalog, table, resolve(catalog, table, tag), data.validation_percent)
+        parts.append(BlendPart(
+            label=component.label, table=table, tag=tag, version=name, weight=component.weight, mode=component.mode, rows=rows, split_rows=splits,
+        ))
     return Blend(parts=tuple(parts), validation_percent=data.validation_percent)
+
+
+def count_splits(catalog: Catalog, table_name: str, snapshot_id: int, validation_percent: int) -> dict[str, int]:
+    """Documents of a table version in each split (one pass over the id column)."""
+    counts = dict.fromkeys(SPLITS, 0)
+    for batch in stream_version(catalog, table_name, snapshot_id, ("id",)):
+        for doc in batch.column("id").to_pylist():
+            counts[split_of(doc, validation_percent)] += 1
+    return counts
 
 
 def pinned_version(catalog: Catalog, table_name: str, tag: str) -> tuple[str, int]:

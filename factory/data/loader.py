@@ -19,7 +19,7 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from factory.data.blend import Blend, BlendPart
 from factory.data.documents import split_of
-from factory.data.tables import resolve, stream_version
+from factory.data.tables import resolve
 from factory.errors import ConfigError
 
 CHUNK_SLOTS = 4096
@@ -54,9 +54,8 @@ class LoaderState:
         return cls(slot=int(data["slot"]), counts=tuple(int(c) for c in data["counts"]), skip=int(data["skip"]))
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Document:
-    """One document of the stream and the part it came from."""
+class Document(NamedTuple):
+    """One document of the stream and the part it came from (a tuple: made once per row, so it must be cheap)."""
 
     part: int
     id: str
@@ -94,16 +93,14 @@ class PartReader:
         self.catalog, self.part, self.index = catalog, part, index
         self.split, self.validation_percent, self.seed, self.buffer_docs = split, validation_percent, seed, buffer_docs
         self.snapshot_id = resolve(catalog, part.table, part.tag)
-        self._size: int | None = None
+        self.table = catalog.load_table(part.table)
+        self._size: int | None = part.split_rows.get(split)
 
     @property
     def size(self) -> int:
-        """Documents of this part in this split (one pass over the id column, once)."""
+        """Documents of this part in this split (as the blend recorded them, or counted once)."""
         if self._size is None:
-            self._size = sum(
-                sum(1 for i in batch.column("id").to_pylist() if split_of(i, self.validation_percent) == self.split)
-                for batch in stream_version(self.catalog, self.part.table, self.snapshot_id, ("id",))
-            )
+            self._size = sum(1 for _ in self._rows(("id",)))
         return self._size
 
     def documents_from(self, position: int, finite: bool) -> Iterator[Document]:
@@ -125,10 +122,12 @@ class PartReader:
                 return
             epoch, block = epoch + 1, 0
 
-    def _rows(self) -> Iterator[Document]:
-        for batch in stream_version(self.catalog, self.part.table, self.snapshot_id, ("id", "path", "text")):
-            ids, paths, texts = (batch.column(name).to_pylist() for name in ("id", "path", "text"))
-            for doc_id, path, text in zip(ids, paths, texts, strict=True):
+    def _rows(self, columns: tuple[str, ...] = ("id", "path", "text")) -> Iterator[Document]:
+        scan = self.table.scan(snapshot_id=self.snapshot_id, selected_fields=columns)
+        for batch in scan.to_arrow_batch_reader():
+            values = {name: batch.column(name).to_pylist() for name in columns}
+            paths, texts = values.get("path", values["id"]), values.get("text", values["id"])
+            for doc_id, path, text in zip(values["id"], paths, texts, strict=True):
                 if split_of(doc_id, self.validation_percent) == self.split:
                     yield Document(part=self.index, id=doc_id, path=path, text=text)
 

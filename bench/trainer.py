@@ -1,0 +1,122 @@
+"""Trainer overhead and checkpoint stalls, measured side by side in one run (`make bench`).
+
+1. Tokens/s of the factory trainer (`factory.train.pretrain`: checkpoints every 25 steps with
+   retention, the metrics log, a metrics sink standing where Dagster Pipes sits) vs. a bare torch
+   loop on the same model, batches (in memory) and optimizer. Goal: >= 0.97.
+2. The stall a checkpoint save adds to the step that saves it, synchronous vs. asynchronous.
+
+Runs alternate (bare, factory, bare, factory, ...) and the best of each is kept, so a noisy
+neighbour hurts both sides alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from factory.config.schema import ModelConfig, PretrainConfig
+from factory.data.loader import PAD, Batch, LoaderState
+from factory.models.gpt import build_model
+from factory.train.pretrain import build_optimizer, lr_at, pretrain
+
+LOG = logging.getLogger("bench.trainer")
+VOCAB = 2048
+ROUNDS = 3
+
+
+def make_batches(steps: int, batch_size: int, context: int) -> list[Batch]:
+    """Random token batches, built once, so neither side pays for data."""
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for step in range(steps):
+        seqs = torch.randint(0, VOCAB, (batch_size, context + 1), generator=generator)
+        x, y = seqs[:, :-1].clone(), seqs[:, 1:].clone()
+        batches.append(Batch(x=x, y=y, documents=(), state=LoaderState(slot=step + 1), real_tokens=y.numel(), global_tokens=y.numel()))
+    return batches
+
+
+def bare_loop(batches: list[Batch], model_config: ModelConfig, config: PretrainConfig) -> float:
+    """The reference: the same steps with nothing around them; returns seconds."""
+    model = build_model(model_config, VOCAB, 0)
+    optimizer = build_optimizer(model, config)
+    model.train()
+    started = time.perf_counter()
+    for step, batch in enumerate(batches):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(batch.x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch.y.view(-1), ignore_index=PAD)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        loss.item()
+    return time.perf_counter() - started
+
+
+def factory_loop(batches: list[Batch], model_config: ModelConfig, config: PretrainConfig, work: Path) -> tuple[float, list[float]]:
+    """The factory trainer on the same batches; returns seconds and the wall time of every step."""
+    stamps: list[float] = []
+
+    def data(state: LoaderState | None):
+        for batch in batches[state.slot if state else 0 :]:
+            stamps.append(time.perf_counter())
+            yield batch
+
+    sink: list[dict] = []
+    started = time.perf_counter()
+    pretrain(data, VOCAB, model_config, config, 0, work, LOG, on_metrics=lambda step, row: sink.append(row))
+    elapsed = time.perf_counter() - started
+    stamps.append(time.perf_counter())
+    return elapsed, [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def overhead() -> None:
+    model_config = ModelConfig(n_layer=2, n_head=4, n_embd=128, context=128)
+    config = PretrainConfig(steps=100, batch_size=16, lr=3e-3, warmup_steps=10, checkpoint_every=25, log_every=10, keep_last=2)
+    batches = make_batches(config.steps, config.batch_size, model_config.context)
+    tokens = config.steps * config.batch_size * model_config.context
+    bare, ours = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(ROUNDS):
+            bare.append(bare_loop(batches, model_config, config))
+            ours.append(factory_loop(batches, model_config, config, Path(tmp) / f"run{round_}")[0])
+    print(f"trainer: bare torch loop {tokens / min(bare):,.0f} tokens/s, factory trainer {tokens / min(ours):,.0f} tokens/s")
+    print(f"trainer: factory / bare = {min(bare) / min(ours):.3f} (goal >= 0.97; best of {ROUNDS}, alternating)")
+
+
+def stall() -> None:
+    """Per mid-run save: (run time with saves every 10 steps - run time with only the final save) / saves."""
+    model_config = ModelConfig(n_layer=4, n_head=8, n_embd=384, context=64)
+    steps, every = 30, 10
+    batches = make_batches(steps, 8, model_config.context)
+    base = PretrainConfig(steps=steps, batch_size=8, lr=1e-3, checkpoint_every=0, log_every=10, keep_last=2)
+    modes = {"none": base, "sync": base.model_copy(update={"checkpoint_every": every}),
+             "async": base.model_copy(update={"checkpoint_every": every, "async_checkpoints": True})}
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(ROUNDS):
+            for name, config in modes.items():
+                times[name].append(factory_loop(batches, model_config, config, Path(tmp) / f"{name}{round_}")[0])
+    saves = steps // every - 1
+    state_mb = sum(p.numel() for p in build_model(model_config, VOCAB, 0).parameters()) * 4 * 3 / 1e6
+    step_ms = 1000 * min(times["none"]) / steps
+    stalls = {name: 1000 * (min(times[name]) - min(times["none"])) / saves for name in ("sync", "async")}
+    for name, ms in stalls.items():
+        print(f"checkpoint stall ({state_mb:.0f} MB of state, a step takes {step_ms:.0f} ms): {name} save costs the loop {ms:.0f} ms")
+    print(f"checkpoint stall: async / sync = {max(stalls['async'], 0.0) / max(stalls['sync'], 1e-9):.2f} (lower is better)")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    overhead()
+    stall()
+
+
+if __name__ == "__main__":
+    main()
