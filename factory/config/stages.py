@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,9 +94,10 @@ def source_identity(experiment: Experiment) -> dict[str, Any]:
 
 
 def installed_distributions() -> str:
-    """Hash of the name and version of every installed distribution."""
-    names = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
-    return sha256_of(names)[:16]
+    """Hash of the name and version of every distribution installed in site-packages (not on sys.path at large,
+    which differs between `python -m` in a checkout and an installed console script)."""
+    found = importlib.metadata.distributions(path=[sysconfig.get_paths()["purelib"]])
+    return sha256_of(sorted(f"{d.metadata['Name']}=={d.version}" for d in found))[:16]
 
 
 def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:

@@ -137,12 +137,16 @@ def pretrain(
                     f"the blend ran out of documents after {step} of {config.steps} steps: give a part `mode: oversample`, "
                     "add data, or lower pretrain.steps"
                 )
-            loss_value, grad_norm = _step(network, optimizer, batch, config, world, autocast, device)
+            try:
+                loss_value, grad_norm = _step(network, optimizer, batch, config, world, autocast, device)
+            except (torch.OutOfMemoryError, MemoryError) as e:
+                raise StageFailed(
+                    f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower pretrain.batch_size, raise grad_accum_steps "
+                    "or shrink the model"
+                ) from e
             position, tokens_seen = batch.state, tokens_seen + batch.global_tokens
             if not math.isfinite(loss_value):
-                kept = checkpoints.complete()
-                where = f"the last good checkpoint ({kept[-1].name}) is kept" if kept else "no checkpoint was saved yet"
-                raise StageFailed(f"the training loss became {loss_value} at step {step + 1}; {where}. Lower pretrain.lr or raise grad_clip")
+                raise StageFailed(f"the training loss became {loss_value} at step {step + 1}; {_kept(checkpoints)}. Lower pretrain.lr or raise grad_clip")
             interval_losses.append(loss_value)
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
@@ -170,6 +174,12 @@ def pretrain(
         seconds=time.perf_counter() - started,
         resumed_from=start,
     )
+
+
+def _kept(checkpoints: CheckpointDir) -> str:
+    """What a failed run leaves to resume from."""
+    kept = checkpoints.complete()
+    return f"the last good checkpoint ({kept[-1].name}) is kept" if kept else "no checkpoint was saved yet"
 
 
 def _step(

@@ -215,3 +215,14 @@ def test_source_tree_hash_follows_python_sources_only(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "mod.py").write_text("x = 2\n")
     assert source_tree_hash(tmp_path / "c") == source_tree_hash(tmp_path / "b")
+
+
+def test_the_site_packages_identity_does_not_depend_on_where_python_starts(tmp_path):
+    import subprocess
+    import sys
+
+    code = "from factory.config.stages import installed_distributions; print(installed_distributions())"
+    repo = Path(__file__).resolve().parents[2]
+    here = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True).stdout
+    elsewhere = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # as installed
+    assert here == elsewhere and len(here.strip()) == 16

@@ -199,3 +199,15 @@ def test_the_model_is_also_exported_as_safetensors(pipeline):
     assert set(weights) - set(exported) == {"lm_head.weight"}, "the tied projection is stored once"
     for name, tensor in exported.items():
         assert torch.equal(tensor, weights[name]), name
+
+
+def test_factory_data_batch_from_the_command_line(pipeline):
+    """The CLI finds the run's artifacts: the stage fingerprints it computes are those the run computed."""
+    import sys
+
+    command = [sys.executable, "-m", "factory", "data", "batch", str(pipeline["source"]), "57", "--root", str(pipeline["root"]), "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=300)
+    assert result.returncode == 0, result.stderr
+    batch = json.loads(result.stdout)
+    assert batch["step"] == 57 and len(batch["sequences"]) == load(pipeline["source"]).pretrain.batch_size
+    assert all(d["table"].startswith("filtered.") for s in batch["sequences"] for d in s["documents"])
