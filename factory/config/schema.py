@@ -191,11 +191,15 @@ class ModelConfig(Section):
     """Dropout probability in attention and MLP outputs."""
     tie_embeddings: bool = True
     """Share the input embedding with the output projection."""
+    positions: Literal["learned", "rotary"] = "learned"
+    """Learned position embeddings (GPT-2), or rotary embeddings applied to queries and keys (RoPE)."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"rotary positions need an even head width; n_embd / n_head is {self.n_embd // self.n_head}")
         return self
 
 

@@ -11,6 +11,24 @@ from torch.nn import functional as F
 from factory.config.schema import ModelConfig
 
 
+ROPE_BASE = 10_000.0
+
+
+def rotary_tables(context: int, head_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of each position's rotation angle per pair of channels, (context, head_width / 2)."""
+    inverse = 1.0 / (ROPE_BASE ** (torch.arange(0, head_width, 2, dtype=torch.float32) / head_width))
+    angles = torch.outer(torch.arange(context, dtype=torch.float32), inverse)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (first half, second half) of x (batch, heads, time, width) by each position's angle."""
+    half = x.size(-1) // 2
+    a, b = x[..., :half], x[..., half:]
+    cos, sin = cos[: x.size(-2)], sin[: x.size(-2)]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head attention where each position sees only itself and the past."""
 
@@ -20,11 +38,18 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         self.dropout = config.dropout
+        self.rotary = config.positions == "rotary"
+        if self.rotary:  # not in the state dict: derived from the config
+            cos, sin = rotary_tables(config.context, config.n_embd // config.n_head)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
         q, k, v = (t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.rotary:
+            q, k = rotate(q, self.cos, self.sin), rotate(k, self.cos, self.sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, time, width))
 
@@ -50,14 +75,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token + learned position embeddings, a stack of blocks, a language-model head."""
+    """Token embeddings (+ learned positions, unless rotary), a stack of blocks, a language-model head."""
 
     def __init__(self, config: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.config = config
         self.vocab_size = vocab_size
         self.wte = nn.Embedding(vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.context, config.n_embd)
+        self.wpe = nn.Embedding(config.context, config.n_embd) if config.positions == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
@@ -88,8 +113,10 @@ class GPT(nn.Module):
         _, time = idx.shape
         if time > self.config.context:
             raise ValueError(f"sequence of {time} tokens is longer than the model's context ({self.config.context})")
-        positions = torch.arange(time, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(positions))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(time, device=idx.device))
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))

@@ -72,3 +72,32 @@ def test_a_future_token_does_not_change_earlier_logits():
     torch.testing.assert_close(before[:, :position], after[:, :position], rtol=0, atol=1e-6)
     assert not torch.allclose(before[:, position:], after[:, position:])
 
+
+
+def test_rotary_positions_replace_the_position_table_and_still_learn():
+    from factory.config.schema import ModelConfig
+    from factory.models.gpt import build_model, rotate, rotary_tables
+
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16, positions="rotary")
+    model = build_model(config, 50, 0)
+    assert "wpe.weight" not in model.state_dict() and not any("cos" in k for k in model.state_dict())
+    cos, sin = rotary_tables(16, 16)
+    x = torch.randn(1, 1, 16, 16)
+    rotated = rotate(x, cos, sin)
+    assert torch.allclose(rotated[..., 0, :], x[..., 0, :])  # position 0 is not rotated
+    assert torch.allclose(rotated.norm(dim=-1), x.norm(dim=-1), atol=1e-5)  # a rotation keeps lengths
+    # Relative: the score of q at i and k at j depends on i - j only.
+    q, k = torch.randn(16), torch.randn(16)
+    at = lambda v, p: rotate(v.view(1, 1, 1, 16).expand(1, 1, 16, 16).contiguous(), cos, sin)[0, 0, p]
+    assert torch.allclose(at(q, 5) @ at(k, 3), at(q, 9) @ at(k, 7), atol=1e-4)
+    tokens = torch.randint(0, 50, (4, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
