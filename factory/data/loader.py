@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from factory.data.blend import Blend, BlendPart
 from factory.data.documents import split_of
-from factory.data.tables import resolve
+from factory.data.tables import record_batches, resolve
 from factory.errors import ConfigError
 
 CHUNK_SLOTS = 4096
@@ -123,8 +123,7 @@ class PartReader:
             epoch, block = epoch + 1, 0
 
     def _rows(self, columns: tuple[str, ...] = ("id", "path", "text")) -> Iterator[Document]:
-        scan = self.table.scan(snapshot_id=self.snapshot_id, selected_fields=columns)
-        for batch in scan.to_arrow_batch_reader():
+        for batch in record_batches(self.table, self.snapshot_id, columns):
             values = {name: batch.column(name).to_pylist() for name in columns}
             paths, texts = values.get("path", values["id"]), values.get("text", values["id"])
             for doc_id, path, text in zip(values["id"], paths, texts, strict=True):
