@@ -34,10 +34,11 @@ def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:
     """The table versions an upstream data stage published, by dataset name (snapshot ids resolved again)."""
     records = json.loads((ctx.upstream(stage) / DATASETS_FILE).read_text())
     catalog = open_catalog(ctx.request.catalog)
-    return {
-        name: TableVersion(**{**record, "snapshot_id": resolve(catalog, record["table"], record["content_tag"])})
-        for name, record in ((n, {k: r[k] for k in ("table", "tag", "content_tag", "rows", "bytes")}) for n, r in records.items())
-    }
+    versions = {}
+    for name, record in records.items():
+        fields = {key: record[key] for key in ("table", "tag", "content_tag", "rows", "bytes")}
+        versions[name] = TableVersion(**fields, snapshot_id=resolve(catalog, record["table"], record["content_tag"]))
+    return versions
 
 
 def _publish_versions(ctx: StageContext, versions: dict[str, TableVersion], stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
