@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup run ui test check bench clean
+.PHONY: setup run ui mlflow test check bench clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,15 @@ run: setup
 
 ui: setup
 	$(BIN)/factory ui
+
+# The MLflow UI over the embedded tracking store. The UI needs the full `mlflow` package (Flask,
+# pandas, matplotlib; ~850 MB, and it pins pyarrow below what pyiceberg uses), so it lives in its
+# own virtualenv, made on first use. Its version equals the mlflow-skinny pin: a newer UI would
+# migrate the store's schema past what training writes with.
+MLFLOW_VENV := .venv-mlflow
+mlflow: setup
+	@test -x $(MLFLOW_VENV)/bin/mlflow || { $(PYTHON) -m venv $(MLFLOW_VENV) && $(MLFLOW_VENV)/bin/pip install -q mlflow==3.17.2; }
+	$(MLFLOW_VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(abspath .factory)/mlflow/mlflow.db --host 127.0.0.1 --port 5000
 
 check: setup
 	$(BIN)/factory check experiments

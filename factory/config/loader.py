@@ -77,7 +77,7 @@ def read_document(path: Path, text: str, chain: tuple[Path, ...], read: Reader) 
     if parent_name is None:
         return Document(path=path, raw=raw, locations=locations, body=body)
     line = lines[("extends",)]
-    if not isinstance(parent_name, str) or not parent_name.strip():
+    if not isinstance(parent_name, str) or not parent_name.strip() or "\0" in parent_name:
         raise ConfigError(f"{path}:{line}: extends: expected the path of another experiment file, found {parent_name!r}")
     parent_path = (path.parent / parent_name).resolve()
     here = path.resolve()
@@ -275,5 +275,5 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: no such experiment file") from e
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a path no file system accepts
         raise ConfigError(f"{path}: cannot read the file as UTF-8 text ({e})") from e

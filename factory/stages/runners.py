@@ -28,6 +28,7 @@ from factory.registry.store import ArtifactStore
 from factory.stages.datasets import BLEND_FILE, DATA_RUNNERS
 from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
+from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import world_from_env
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE, load_weights, pretrain
 
@@ -106,7 +107,18 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
 
-    result = pretrain(data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, ctx.reporter.metrics, world)
+    tracker = open_tracker(ctx) if world.is_main else NullRun()
+
+    def report(step: int, row: dict[str, float]) -> None:
+        ctx.reporter.metrics(step, row)
+        tracker.log_metrics(step, {key: value for key, value in row.items() if key != "step"})
+
+    try:
+        result = pretrain(data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, report, world)
+    except BaseException:
+        tracker.finish("failed")
+        raise
+    tracker.finish("finished")
     if not world.is_main:
         return {}
     for name in result.checkpoints:
@@ -132,9 +144,26 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         "checkpoints": len(result.checkpoints),
         "resumed_from_step": result.resumed_from,
         "ranks": world.size,
+        "tracker_run": tracker.id,
+        "tracker_url": tracker.url,
         "train_seconds": round(result.seconds, 2),
         "tokens_per_second": round((result.tokens_seen / result.steps) * (result.steps - result.resumed_from) / max(result.seconds, 1e-9)),
     }
+
+
+def open_tracker(ctx: StageContext) -> TrackerRun:
+    """The tracker run of this training stage (resumed when the stage is relaunched), with its config and provenance."""
+    request = ctx.request
+    tracker = open_run(
+        TrackingConfig.from_env(os.environ), Path(request.registry).parent, name=request.provenance.experiment, run_key=request.spec.fingerprint
+    )
+    tracker.log_params(ctx.config)
+    tracker.set_tags({
+        "fingerprint": request.spec.fingerprint, "git_commit": request.provenance.git_commit, "code": request.spec.code,
+        "experiment": request.provenance.experiment, "config_hash": request.provenance.config_hash,
+    })
+    ctx.log.info("tracking in %s", tracker.url)
+    return tracker
 
 
 def run_model(ctx: StageContext) -> dict[str, Any]:

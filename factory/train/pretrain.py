@@ -121,6 +121,7 @@ def pretrain(
     batches = data(position if start else None)
     started = time.perf_counter()
     interval_losses: list[float] = []
+    logged_at, logged_tokens, logged_step = time.perf_counter(), tokens_seen, start
     loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == config.steps else float("nan")
     network.train()
     with _appending(work_dir, world) as (metrics_file, positions_file):
@@ -150,7 +151,13 @@ def pretrain(
             interval_losses.append(loss_value)
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
-                row = {"step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6)}
+                now = time.perf_counter()
+                row = {
+                    "step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
+                    "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
+                    "step_seconds": round((now - logged_at) / (done - logged_step), 6),
+                }
+                logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:
                     metrics_file.write(json.dumps(row) + "\n")
                     metrics_file.flush()

@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -36,3 +37,11 @@ def test_random_front_matter_loads_or_fails_with_a_location(tmp_path, front):
         assert LOCATED.search(str(e)), str(e)
     else:
         assert experiments and all(e.name for e in experiments)
+
+
+def test_an_extends_path_with_a_nul_byte_is_a_config_error(tmp_path):
+    from factory.config.loader import load_text
+    from factory.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="extends: expected the path of another experiment file"):
+        load_text(tmp_path / "x.md", '---\nextends: "\\0"\n---\n')

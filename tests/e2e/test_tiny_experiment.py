@@ -211,3 +211,20 @@ def test_factory_data_batch_from_the_command_line(pipeline):
     batch = json.loads(result.stdout)
     assert batch["step"] == 57 and len(batch["sequences"]) == load(pipeline["source"]).pretrain.batch_size
     assert all(d["table"].startswith("filtered.") for s in batch["sequences"] for d in s["documents"])
+
+
+def test_training_is_tracked_in_mlflow_and_the_run_is_on_the_materialization(pipeline):
+    from mlflow.tracking import MlflowClient
+
+    materialized = [metadata_of(m) for m in materializations(pipeline["instance"], "pretrain", pipeline["name"])]
+    computed = next(m for m in materialized if m["cache"] == "miss")
+    run_id = computed["summary/tracker_run"]
+    assert run_id and run_id in computed["summary/tracker_url"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{pipeline['root'] / 'mlflow' / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["fingerprint"] == computed["fingerprint"]
+    assert run.data.params["pretrain.lr"] == str(load(pipeline["source"]).pretrain.lr)
+    losses = client.get_metric_history(run_id, "loss")
+    assert [m.step for m in losses] == list(range(25, 301, 25))
+    assert {"tokens_per_second", "step_seconds", "grad_norm", "lr"} <= set(run.data.metrics)

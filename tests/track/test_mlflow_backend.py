@@ -1,0 +1,155 @@
+"""The MLflow tracker on a real sqlite store, read back through MlflowClient."""
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from factory.errors import ConfigError
+from factory.track.base import TrackingConfig, open_run
+from factory.track.mlflow_backend import RUN_KEY_TAG, run_url, store_location
+
+CONFIG = TrackingConfig()
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    """A new, migrated MLflow store, made once: creating one runs all of MLflow's migrations (seconds)."""
+    root = tmp_path_factory.mktemp("empty")
+    uri, _ = store_location(CONFIG, root)
+    MlflowClient(tracking_uri=uri).search_experiments()
+    return root / "mlflow" / "mlflow.db"
+
+
+@pytest.fixture
+def root(tmp_path, empty_store) -> Path:
+    """A factory root whose MLflow store exists but holds no runs yet."""
+    (tmp_path / "mlflow").mkdir()
+    shutil.copyfile(empty_store, tmp_path / "mlflow" / "mlflow.db")
+    return tmp_path
+
+
+@pytest.fixture
+def client(root) -> MlflowClient:
+    """A second client on the same store, as the MLflow UI would read it."""
+    uri, _ = store_location(CONFIG, root)
+    return MlflowClient(tracking_uri=uri)
+
+
+def test_params_metrics_and_tags_are_logged_and_read_back(root, client):
+    run = open_run(CONFIG, root, name="tiny/pretrain", run_key="fp-1")
+    run.log_params({"model": {"n_layer": 2, "d_model": 64}, "lr": 0.001, "betas": [0.9, 0.95]})
+    for step, loss in [(0, 4.0), (10, 3.0), (20, 2.5)]:
+        run.log_metrics(step, {"train/loss": loss, "train/lr": 1e-3})
+    run.set_tags({"stage": "pretrain", "experiment": "tiny"})
+    run.finish("finished")
+
+    stored = client.get_run(run.id)
+    history = sorted(client.get_metric_history(run.id, "train/loss"), key=lambda m: m.step)
+    assert stored.data.params == {"model.n_layer": "2", "model.d_model": "64", "lr": "0.001", "betas": "[0.9, 0.95]"}
+    assert [(m.step, m.value) for m in history] == [(0, 4.0), (10, 3.0), (20, 2.5)]
+    assert stored.data.tags["stage"] == "pretrain"
+    assert stored.data.tags[RUN_KEY_TAG] == "fp-1"
+    assert stored.info.run_name == "tiny/pretrain"
+    assert stored.info.status == "FINISHED"
+    assert stored.info.end_time is not None
+
+
+def test_the_store_and_artifacts_live_under_the_root(root, client):
+    run = open_run(CONFIG, root, name="n", run_key="fp-1")
+
+    experiment = client.get_experiment_by_name("model-factory")
+    assert (root / "mlflow" / "mlflow.db").is_file()
+    assert experiment.artifact_location == (root / "mlflow" / "artifacts").resolve().as_uri()
+    assert run.url == f"mlflow run {run.id} in sqlite:///{(root / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def test_a_failed_run_is_marked_failed(root, client):
+    run = open_run(CONFIG, root, name="n", run_key="fp-1")
+    run.finish("failed")
+
+    assert client.get_run(run.id).info.status == "FAILED"
+
+
+def test_reopening_an_unfinished_key_resumes_the_same_run(root, client):
+    first = open_run(CONFIG, root, name="n", run_key="fp-1")
+    first.log_params({"lr": 0.1})
+    first.log_metrics(1, {"loss": 2.0})
+    # the process dies here: no finish()
+
+    second = open_run(CONFIG, root, name="n", run_key="fp-1")
+    assert client.get_run(second.id).info.status == "RUNNING"
+    second.log_params({"lr": 0.1})  # a relaunched stage logs its (unchanged) params again
+    second.log_metrics(2, {"loss": 1.0})
+    second.finish("finished")
+
+    assert second.id == first.id
+    assert [m.step for m in client.get_metric_history(second.id, "loss")] == [1, 2]
+    assert len(client.search_runs([client.get_experiment_by_name("model-factory").experiment_id])) == 1
+
+
+def test_a_failed_run_is_resumed_by_its_relaunch(root, client):
+    first = open_run(CONFIG, root, name="n", run_key="fp-1")
+    first.finish("failed")
+
+    second = open_run(CONFIG, root, name="n", run_key="fp-1")
+
+    assert second.id == first.id
+    assert client.get_run(second.id).info.status == "RUNNING"
+
+
+def test_a_finished_run_is_not_resumed(root, client):
+    first = open_run(CONFIG, root, name="n", run_key="fp-1")
+    first.finish("finished")
+
+    second = open_run(CONFIG, root, name="n", run_key="fp-1")
+
+    assert second.id != first.id
+    assert client.get_run(first.id).info.status == "FINISHED"
+    assert client.get_run(second.id).info.status == "RUNNING"
+
+
+def test_two_runs_in_one_process_do_not_interfere(root, client):
+    a = open_run(CONFIG, root, name="a", run_key="fp-a")
+    b = open_run(CONFIG, root, name="b", run_key="fp-b")
+    a.log_metrics(0, {"loss": 1.0})
+    b.log_metrics(0, {"loss": 9.0})
+    b.finish("failed")
+    a.finish("finished")
+
+    assert a.id != b.id
+    assert [m.value for m in client.get_metric_history(a.id, "loss")] == [1.0]
+    assert (client.get_run(a.id).info.status, client.get_run(b.id).info.status) == ("FINISHED", "FAILED")
+
+
+def test_creating_the_store_prints_no_mlflow_chatter(tmp_path, capfd):
+    open_run(CONFIG, tmp_path, name="n", run_key="fp-1").finish("finished")
+
+    out, err = capfd.readouterr()
+    assert "database tables" not in out + err
+    assert "alembic" not in out + err
+
+
+def test_an_unusable_tracking_uri_is_a_config_error(tmp_path):
+    config = TrackingConfig(uri="nosuchscheme://somewhere")
+
+    with pytest.raises(ConfigError, match="FACTORY_TRACKER_URI"):
+        open_run(config, tmp_path, name="n", run_key="fp-1")
+
+
+def test_a_server_that_does_not_answer_is_a_config_error_at_once(tmp_path):
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = TrackingConfig(uri=f"http://127.0.0.1:{port}")
+
+    with pytest.raises(ConfigError, match=f"no MLflow server answers at http://127.0.0.1:{port}"):
+        open_run(config, tmp_path, name="n", run_key="fp-1")
+
+
+def test_server_runs_link_to_the_ui():
+    url = run_url("http://mlflow:5000/", experiment_id="3", run_id="ab12")
+
+    assert url == "http://mlflow:5000/#/experiments/3/runs/ab12"
