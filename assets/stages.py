@@ -2,6 +2,7 @@
 
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from dagster import (
     AssetCheckResult,
@@ -89,10 +90,13 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             processes = experiment.resources.processes_per_node if kind in DISTRIBUTED else 1
             request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes)
             yield from launcher.launch(context, request)
+            manifest = registry.lookup(spec.fingerprint)  # once, for the checks and checkpoints below
+            if manifest is None:
+                raise Failure(description=f"{kind}: the stage reported success but published no artifact")
         if kind in CHECK_SPECS:
-            yield from check_results(spec, registry, stores)
-        if kind in TRAINING and (published := registry.lookup(spec.fingerprint)) is not None:
-            keys = record_checkpoints(context, experiment.name, kind, registry.path(published.digest), published.digest)
+            yield from check_results(spec, registry.path(manifest.digest), stores)
+        if kind in TRAINING:
+            keys = record_checkpoints(context, experiment.name, kind, registry.path(manifest.digest), manifest.digest)
             context.log.info(f"{kind}: {len(keys)} checkpoints recorded as partitions of `checkpoints`")
 
     return stage
@@ -112,12 +116,9 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
     }
 
 
-def check_results(spec: StageSpec, registry: ArtifactStore, stores: FactoryStores) -> Iterator[AssetCheckResult]:
+def check_results(spec: StageSpec, artifact: Path, stores: FactoryStores) -> Iterator[AssetCheckResult]:
     """The blocking dataset checks, run on the artifact just materialized."""
-    manifest = registry.lookup(spec.fingerprint)
-    if manifest is None:
-        raise Failure(description=f"{spec.kind}: the stage reported success but published no artifact")
-    for outcome in check_filtered(stores.catalog(), registry.path(manifest.digest), dict(spec.config)):
+    for outcome in check_filtered(stores.catalog(), artifact, dict(spec.config)):
         yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)
 
 

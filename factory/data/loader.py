@@ -26,7 +26,7 @@ import torch
 from pyiceberg.catalog import Catalog
 from tokenizers import Tokenizer
 
-from factory.data.blend import Blend, BlendPart
+from factory.data.blend import Blend, BlendPart, count_splits
 from factory.data.documents import split_of
 from factory.data.tables import record_batches, resolve
 from factory.errors import ConfigError
@@ -100,7 +100,7 @@ class PartReader:
     def size(self) -> int:
         """Documents of this part in this split (as the blend recorded them, or counted once)."""
         if self._size is None:
-            self._size = sum(1 for _ in self._rows(("id",)))
+            self._size = count_splits(self.catalog, self.part.table, self.snapshot_id, self.validation_percent)[self.split]
         return self._size
 
     def documents_from(self, position: int, finite: bool) -> Iterator[Document]:
@@ -122,11 +122,10 @@ class PartReader:
                 return
             epoch, block = epoch + 1, 0
 
-    def _rows(self, columns: tuple[str, ...] = ("id", "path", "text")) -> Iterator[Document]:
-        for batch in record_batches(self.table, self.snapshot_id, columns):
-            values = {name: batch.column(name).to_pylist() for name in columns}
-            paths, texts = values.get("path", values["id"]), values.get("text", values["id"])
-            for doc_id, path, text in zip(values["id"], paths, texts, strict=True):
+    def _rows(self) -> Iterator[Document]:
+        for batch in record_batches(self.table, self.snapshot_id, ("id", "path", "text")):
+            ids, paths, texts = (batch.column(name).to_pylist() for name in ("id", "path", "text"))
+            for doc_id, path, text in zip(ids, paths, texts, strict=True):
                 if split_of(doc_id, self.validation_percent) == self.split:
                     yield Document(part=self.index, id=doc_id, path=path, text=text)
 

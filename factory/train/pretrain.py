@@ -256,8 +256,8 @@ def _truncate(path: Path, step: int, inclusive: bool) -> None:
     """Keep the rows of a JSONL log up to `step` (rows after it will be written again by the resumed run)."""
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if (json.loads(line)["step"] <= step if inclusive else json.loads(line)["step"] < step)]
+    last = step if inclusive else step - 1
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last]
     path.write_text("".join(line + "\n" for line in kept))
 
 
