@@ -5,16 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from factory.config.control import ControlConfig
+from factory.config.section import Section
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._=-]{0,127}$")
 IMAGE_PATTERN = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
-
-
-class Section(BaseModel):
-    """Base of every config section: frozen, strict about unknown keys."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 TABLE_PART = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -290,6 +287,8 @@ class Experiment(Section):
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig | None = None
     eval: EvalConfig | None = None
+    control: ControlConfig | None = None
+    """Rules evaluated inside the pretraining loop (`factory.train.control`)."""
     resources: ResourcesConfig = ResourcesConfig()
 
     def stages(self) -> tuple[str, ...]:

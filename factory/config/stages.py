@@ -73,7 +73,10 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
         case "tokenizer":
             return {"tokenizer": dump["tokenizer"], "seed": seed, "shuffle_buffer_docs": stream["shuffle_buffer_docs"]}
         case "pretrain":
-            return {"model": dump["model"], "pretrain": dump["pretrain"], "seed": seed, "stream": stream}
+            config = {"model": dump["model"], "pretrain": dump["pretrain"], "seed": seed, "stream": stream}
+            if experiment.control is not None:  # only when present, so recipes without rules keep their fingerprints
+                config["control"] = dump["control"]
+            return config
         case "model":
             return {}
         case "evaluation":

@@ -98,6 +98,8 @@ class CheckpointDir:
         self.asynchronous = asynchronous
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.bytes_written = 0
+        """Bytes of checkpoints written through this object (deleted ones included)."""
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, float], final: bool = False) -> None:
         """Save `state` as the checkpoint of `step` (in the background when asynchronous), then apply retention."""
@@ -131,6 +133,7 @@ class CheckpointDir:
         path = self.directory / f"step_{step:06d}.pt"
         self.directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, data)
+        self.bytes_written += len(data)
         record = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "metrics": metrics}
         _atomic_write(path.with_suffix(".json"), json.dumps(record, sort_keys=True).encode())
         self._retain(step)

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,17 +21,22 @@ import torch
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import PAD, Batch, LoaderState
 from factory.errors import ConfigError, StageFailed
 from factory.models.gpt import GPT, build_model
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather, total
 
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 POSITIONS_FILE = "data_positions.jsonl"
+CONTROL_FILE = "control.jsonl"
 MetricSink = Callable[[int, dict[str, float]], None]
+ControlSink = Callable[[dict[str, Any]], None]
+"""Receives every record of an action a control rule took (rank 0 only)."""
 BatchSource = Callable[[LoaderState | None], Iterator[Batch]]
 """Batches from a position on (None: from the start), this rank's slice of each global batch."""
 
@@ -49,6 +54,14 @@ class TrainResult:
     seconds: float
     resumed_from: int
     """The step training resumed at (0: a fresh start)."""
+    steps_computed: int = 0
+    """Forward/backward passes this process ran (skipped and rewound steps included)."""
+    checkpoint_bytes: int = 0
+    """Bytes of checkpoints this process wrote (deleted ones included)."""
+    stopped_by: str | None = None
+    """The control rule that stopped the run before `pretrain.steps` (None: it ran to the end)."""
+    eval_loss: float = float("nan")
+    """The last in-loop validation loss (nan: none was measured)."""
 
 
 def lr_at(step: int, config: PretrainConfig) -> float:
@@ -87,11 +100,16 @@ def pretrain(
     log: logging.Logger,
     on_metrics: MetricSink | None = None,
     world: World = SINGLE,
+    control: ControlConfig | None = None,
+    validation: Sequence[Batch] = (),
+    on_control: ControlSink | None = None,
 ) -> TrainResult:
     """Train (or resume training) a model; checkpoints, metrics and data positions go to `work_dir`.
 
     `data_positions.jsonl` records the loader's position before every `log_every`-th step, so any
     batch can be fetched again later (`factory data batch`). Only rank 0 writes files and reports.
+    With a `control` section, its rules run at every event (`validation`: the whole batches an
+    in-loop evaluation scores) and every action they take is appended to `control.jsonl`.
     """
     device = world.device
     model = build_model(model_config, vocab_size, seed).to(device)
@@ -99,6 +117,9 @@ def pretrain(
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
     checkpoints = CheckpointDir(work_dir / CHECKPOINT_DIR, policy, log, asynchronous=config.async_checkpoints)
+    controller = Controller(control, config.steps) if control is not None else None
+    if control is not None and not validation and (control.eval_every or controller.uses_evaluations):
+        raise ConfigError("control evaluates the validation loss, but the blend gave no validation batches: raise data.validation_percent")
     start, position, tokens_seen = 0, LoaderState(), 0
     if world.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -110,10 +131,15 @@ def pretrain(
         optimizer.load_state_dict(state["optimizer"])
         start, position, tokens_seen = state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"]
         torch.random.set_rng_state(state["rng"][world.rank]["torch"])
+        if controller is not None:
+            controller.load(state["control"])
         log.info("resuming from %s at step %d of %d", saved.name, start, config.steps)
+    stopped = controller is not None and controller.stopped_by is not None
+    end = start if stopped else config.steps
     if world.is_main:
         _truncate(work_dir / METRICS_FILE, start, inclusive=True)
         _truncate(work_dir / POSITIONS_FILE, start, inclusive=False)
+        _keep_lines(work_dir / CONTROL_FILE, controller.records if controller else 0)
     autocast = precision_of(config, device)
     network = torch.compile(model) if config.compile else model
     if world.size > 1:
@@ -122,11 +148,30 @@ def pretrain(
     started = time.perf_counter()
     interval_losses: list[float] = []
     logged_at, logged_tokens, logged_step = time.perf_counter(), tokens_seen, start
-    loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == config.steps else float("nan")
+    loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == end else float("nan")
+    steps_computed, eval_loss = 0, float("nan")
     network.train()
-    with _appending(work_dir, world) as (metrics_file, positions_file):
-        for step in range(start, config.steps):
-            lr = lr_at(step, config)
+    with _appending(work_dir, world, controller is not None) as (metrics_file, positions_file, control_file):
+
+        def record(actions: Actions | None, batch: Batch | None = None, samples: list[float] | None = None) -> None:
+            if actions is not None and actions.records:
+                _record(actions, batch, samples, world, log, control_file, on_control)
+
+        def save(done: int, final: bool) -> None:
+            state = _state(model, optimizer, done, position, tokens_seen, world, controller)
+            if world.is_main:
+                mean = sum(interval_losses) / len(interval_losses) if interval_losses else loss_value
+                checkpoints.save(done, state, {"loss": mean, "lr": lr, "tokens_seen": tokens_seen}, final=final)
+
+        def evaluate(done: int) -> Actions | None:
+            nonlocal eval_loss
+            eval_loss = validation_loss(model, validation, autocast, device)
+            log.info("step %d validation loss %.4f", done, eval_loss)
+            return controller.observe(Observation(event="eval", step=done, eval_loss=eval_loss)) if controller else None
+
+        step = start
+        while step < end:
+            lr = lr_at(step, config) * (controller.lr_factor if controller else 1.0)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             if positions_file and step % config.log_every == 0:
@@ -138,24 +183,33 @@ def pretrain(
                     f"the blend ran out of documents after {step} of {config.steps} steps: give a part `mode: oversample`, "
                     "add data, or lower pretrain.steps"
                 )
+            want_samples = controller is not None and controller.wants_samples
             try:
-                loss_value, grad_norm = _step(network, optimizer, batch, config, world, autocast, device)
+                loss_value, grad_norm, samples = _gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
             except (torch.OutOfMemoryError, MemoryError) as e:
                 raise StageFailed(
                     f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower pretrain.batch_size, raise grad_accum_steps "
                     "or shrink the model"
                 ) from e
-            position, tokens_seen = batch.state, tokens_seen + batch.global_tokens
-            if not math.isfinite(loss_value):
-                raise StageFailed(f"the training loss became {loss_value} at step {step + 1}; {_kept(checkpoints)}. Lower pretrain.lr or raise grad_clip")
-            interval_losses.append(loss_value)
-            done = step + 1
+            position, tokens_seen, done = batch.state, tokens_seen + batch.global_tokens, step + 1
+            steps_computed += 1
+            now = time.perf_counter()
+            actions = controller.observe(Observation(
+                event="step_end", step=done, loss=loss_value, grad_norm=grad_norm, lr=lr, sample_losses=tuple(samples),
+                tokens_per_second=batch.global_tokens / max(now - logged_at, 1e-9) * max(1, done - logged_step),
+            )) if controller else None
+            dropped = actions is not None and actions.drops_update
+            if not math.isfinite(loss_value) and not dropped:
+                raise StageFailed(f"the training loss became {loss_value} at step {done}; {_kept(checkpoints)}. Lower pretrain.lr or raise grad_clip")
+            if not dropped:
+                optimizer.step()
+                interval_losses.append(loss_value)
+            record(actions, batch, samples)
             if done % config.log_every == 0 or done == config.steps:
-                now = time.perf_counter()
                 row = {
                     "step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
                     "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
-                    "step_seconds": round((now - logged_at) / (done - logged_step), 6),
+                    "step_seconds": round((now - logged_at) / max(1, done - logged_step), 6),
                 }
                 logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:
@@ -164,23 +218,103 @@ def pretrain(
                     log.info("step %d/%d loss %.4f lr %.2e", done, config.steps, row["loss"], lr)
                     if on_metrics:
                         on_metrics(done, row)
-            if done == config.steps or (config.checkpoint_every and done % config.checkpoint_every == 0):
-                state = _state(model, optimizer, done, position, tokens_seen, world)
-                if world.is_main:
-                    metrics = {"loss": sum(interval_losses) / len(interval_losses), "lr": lr, "tokens_seen": tokens_seen}
-                    checkpoints.save(done, state, metrics, final=done == config.steps)
+            if actions is not None and actions.rewind:
+                step = _rewind(model, optimizer, checkpoints, done, log)
+                continue
+            step = done
+            stop = actions is not None and actions.stop
+            wants_checkpoint = done == config.steps or bool(config.checkpoint_every and done % config.checkpoint_every == 0)
+            wants_checkpoint |= actions is not None and actions.checkpoint
+            if controller is not None and ((control.eval_every and done % control.eval_every == 0) or (actions and actions.evaluate)):
+                followed = evaluate(done)
+                record(followed)
+                if followed.rewind:
+                    step = _rewind(model, optimizer, checkpoints, done, log)
+                    continue
+                stop |= followed.stop
+                wants_checkpoint |= followed.checkpoint
+            if wants_checkpoint or stop:
+                save(done, final=stop or done == config.steps)
                 interval_losses = []
+                if controller is not None:
+                    followed = controller.observe(Observation(event="checkpoint", step=done))
+                    record(followed)
+                    if followed.evaluate:
+                        record(evaluate(done))
+                    if followed.stop and not stop:  # the checkpoint just saved does not say the run stopped
+                        stop = True
+                        save(done, final=True)
+            if stop:
+                log.info("stopped at step %d of %d by control rule %s", done, config.steps, controller.stopped_by)
+                end = done
+        if controller is not None:
+            finished = controller.observe(Observation(event="train_end", step=step))
+            record(finished)
+            if finished.evaluate and validation:
+                record(evaluate(step))
     checkpoints.wait()
     kept = tuple(c.name for c in checkpoints.complete())
     return TrainResult(
-        steps=config.steps,
+        steps=end,
         final_loss=loss_value,
         tokens_seen=tokens_seen,
         parameters=model.num_parameters(),
         checkpoints=kept,
         seconds=time.perf_counter() - started,
         resumed_from=start,
+        steps_computed=steps_computed,
+        checkpoint_bytes=checkpoints.bytes_written,
+        stopped_by=controller.stopped_by if controller else None,
+        eval_loss=eval_loss,
     )
+
+
+def validation_loss(model: torch.nn.Module, batches: Sequence[Batch], autocast: torch.dtype | None, device: torch.device) -> float:
+    """Mean token loss over whole validation batches, without gradients (and without touching any RNG)."""
+    model.eval()
+    summed, tokens = 0.0, 0
+    with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        for batch in batches:
+            logits = model(batch.x.to(device))
+            y = batch.y.to(device)
+            summed += F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum").item()
+            tokens += int((y != PAD).sum())
+    model.train()
+    return summed / max(1, tokens)
+
+
+def _rewind(model: GPT, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, log: logging.Logger) -> int:
+    """Reload the latest good checkpoint's weights and optimizer; the data goes on from where it is. Returns the step to go on from."""
+    checkpoints.wait()
+    found = checkpoints.latest()
+    if found is None:
+        log.warning("control asked to rewind at step %d, but no checkpoint was saved yet: the batch is skipped instead", done)
+        return done
+    saved, state = found
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    log.warning("rewound from step %d to %s; the data goes on past the batches in between", done, saved.name)
+    return saved.step
+
+
+def _record(
+    actions: Actions, batch: Batch | None, samples: list[float] | None, world: World, log: logging.Logger, file: Any, sink: ControlSink | None
+) -> None:
+    """Write what the rules did: to the log (a Dagster event), control.jsonl and the sink (the tracker)."""
+    documents = [doc for slice_ in gather(world, [list(d) for d in batch.documents]) for doc in slice_] if batch is not None else []
+    for record in actions.records:
+        if record.get("batch") is True:
+            record["batch"] = {"documents": documents, "sample_losses": [round(v, 6) for v in samples or []]}
+        if not world.is_main:
+            continue
+        said = "; ".join(record.get("messages", []))
+        line = f"control: rule {record['rule']} at step {record['step']} ({record['event']}): {', '.join(record['operations'])}"
+        (log.warning if "alert" in record else log.info)("%s%s%s", line, f" - {said}" if said else "",
+                                                          f" - ALERT: {record['alert']}" if "alert" in record else "")
+        file.write(json.dumps(record, sort_keys=True) + "\n")
+        file.flush()
+        if sink is not None:
+            sink(record)
 
 
 def _kept(checkpoints: CheckpointDir) -> str:
@@ -189,12 +323,13 @@ def _kept(checkpoints: CheckpointDir) -> str:
     return f"the last good checkpoint ({kept[-1].name}) is kept" if kept else "no checkpoint was saved yet"
 
 
-def _step(
+def _gradients(
     network: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, config: PretrainConfig, world: World,
-    autocast: torch.dtype | None, device: torch.device,
-) -> tuple[float, float]:
-    """One optimizer step over this rank's slice, in `grad_accum_steps` micro-batches; returns the global mean loss and
-    the gradient norm before clipping.
+    autocast: torch.dtype | None, device: torch.device, want_samples: bool = False,
+) -> tuple[float, float, list[float]]:
+    """Gradients of one step over this rank's slice, in `grad_accum_steps` micro-batches, clipped; returns the global mean
+    loss, the gradient norm before clipping, and (when asked) the mean token loss of every sequence of the global batch.
+    The caller applies the update (or, when a control rule says so, does not).
 
     Each micro-batch's loss is its summed token loss over the global batch's token count (times
     the world size, which gradient averaging across ranks divides out), so every rank count and
@@ -205,6 +340,7 @@ def _step(
         raise ConfigError(f"each rank gets {batch.x.size(0)} sequences, fewer than pretrain.grad_accum_steps ({config.grad_accum_steps})")
     scale = world.size / max(1, batch.global_tokens)
     summed = 0.0
+    samples: list[float] = []
     optimizer.zero_grad(set_to_none=True)
     for i in range(config.grad_accum_steps):
         x = batch.x[i * micro : (i + 1) * micro].to(device)
@@ -213,15 +349,25 @@ def _step(
         sync = contextlib.nullcontext() if last or not isinstance(network, DistributedDataParallel) else network.no_sync()
         with sync, torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             logits = network(x)
-            loss_sum = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum")
+            flat = logits.view(-1, logits.size(-1)).float()
+            if want_samples:
+                token_losses = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="none").view(y.shape)
+                loss_sum = token_losses.sum()
+                counts = (y != PAD).sum(dim=1).clamp(min=1)
+                samples += (token_losses.detach().sum(dim=1) / counts).tolist()
+            else:
+                loss_sum = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="sum")
             (loss_sum * scale).backward()
         summed += loss_sum.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
-    optimizer.step()
-    return total(world, summed) / max(1, batch.global_tokens), float(grad_norm)
+    if want_samples and world.size > 1:
+        samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
+    return total(world, summed) / max(1, batch.global_tokens), float(grad_norm), samples
 
 
-def _state(model: GPT, optimizer: torch.optim.Optimizer, step: int, position: LoaderState, tokens_seen: int, world: World) -> dict[str, Any]:
+def _state(
+    model: GPT, optimizer: torch.optim.Optimizer, step: int, position: LoaderState, tokens_seen: int, world: World, controller: Controller | None
+) -> dict[str, Any]:
     """The full training state; every rank's RNG is gathered so each resumes its own."""
     rng = {"torch": torch.random.get_rng_state()}
     if torch.cuda.is_available():
@@ -233,17 +379,19 @@ def _state(model: GPT, optimizer: torch.optim.Optimizer, step: int, position: Lo
         "data_position": position.to_json(),
         "tokens_seen": tokens_seen,
         "rng": gather(world, rng),
+        **({"control": controller.state()} if controller is not None else {}),
     }
 
 
 @contextlib.contextmanager
-def _appending(work_dir: Path, world: World) -> Iterator[tuple[Any, Any]]:
-    """The metrics and positions logs, opened for appending on rank 0 (None elsewhere)."""
+def _appending(work_dir: Path, world: World, control: bool) -> Iterator[tuple[Any, Any, Any]]:
+    """The metrics, positions and control logs, opened for appending on rank 0 (None elsewhere)."""
     if not world.is_main:
-        yield None, None
+        yield None, None, None
         return
-    with open(work_dir / METRICS_FILE, "a") as metrics, open(work_dir / POSITIONS_FILE, "a") as positions:
-        yield metrics, positions
+    with contextlib.ExitStack() as files:
+        metrics, positions = files.enter_context(open(work_dir / METRICS_FILE, "a")), files.enter_context(open(work_dir / POSITIONS_FILE, "a"))
+        yield metrics, positions, files.enter_context(open(work_dir / CONTROL_FILE, "a")) if control else None
 
 
 def _last_logged_loss(path: Path) -> float:
@@ -259,6 +407,12 @@ def _truncate(path: Path, step: int, inclusive: bool) -> None:
     last = step if inclusive else step - 1
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+def _keep_lines(path: Path, count: int) -> None:
+    """Keep the first `count` lines of a log (the records a resumed controller already counts)."""
+    if path.exists():
+        path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[:count]))
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
