@@ -301,7 +301,7 @@ def _record(
     actions: Actions, batch: Batch | None, samples: list[float] | None, world: World, log: logging.Logger, file: Any, sink: ControlSink | None
 ) -> None:
     """Write what the rules did: to the log (a Dagster event), control.jsonl and the sink (the tracker)."""
-    documents = [doc for slice_ in gather(world, [list(d) for d in batch.documents]) for doc in slice_] if batch is not None else []
+    documents = [doc for part in gather(world, [list(d) for d in batch.documents]) for doc in part] if batch is not None else []
     for record in actions.records:
         if record.get("batch") is True:
             record["batch"] = {"documents": documents, "sample_losses": [round(v, 6) for v in samples or []]}
