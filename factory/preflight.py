@@ -10,10 +10,11 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from factory.config import Experiment, load_file
-from factory.config.loader import DEFAULT_MAX_VARIANTS
+from factory.config.loader import DEFAULT_MAX_VARIANTS, key_locations, location_of
 from factory.data.tables import missing_refs
 from factory.errors import ConfigError
 from factory.evals.benchmarks import BENCHMARKS
+from factory.train.control import problems as control_problems
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +53,7 @@ def check_files(
             reports.append(FileReport(path=str(path), errors=str(e).splitlines()))
             continue
         errors = [error for experiment in variants for error in _semantic_errors(path, experiment)]
+        errors += list(dict.fromkeys(error for experiment in variants for error in _control_errors(path, experiment)))
         if tables is not None:
             errors += _missing_tables(path, variants, tables)
         for experiment in variants:
@@ -97,4 +99,21 @@ def _semantic_errors(path: Path, experiment: Experiment) -> list[str]:
                 errors.append(f"{path}: eval.benchmarks: unknown benchmark {name!r}; registered: {', '.join(sorted(BENCHMARKS))}")
     if experiment.eval is not None and experiment.pretrain is None:
         errors.append(f"{path}: eval: there is no pretrain section, so there is no model to evaluate")
+    return errors
+
+
+def _control_errors(path: Path, experiment: Experiment) -> list[str]:
+    """The control section's rules, metrics and operations, checked as the training loop will build them; errors name file:line."""
+    if experiment.control is None:
+        return []
+    found = control_problems(experiment.control)
+    if experiment.pretrain is None:
+        found.insert(0, (("control",), "rules run inside pretraining, but there is no pretrain section"))
+    if not found:
+        return []
+    locations = key_locations(path)
+    errors = []
+    for keys, message in found:
+        where, line = location_of(keys, locations, (path, 1))
+        errors.append(f"{where}:{line}: {'.'.join(str(k) for k in keys)}: {message}")
     return errors

@@ -119,11 +119,22 @@ def split_front_matter(path: Path, text: str) -> tuple[str, int, str]:
     raise ConfigError(f"{path}:1: the front matter opened on line 1 is never closed: add a '---' line after it")
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 booleans: only true/false, so a rule's `on:` key stays the word `on`."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def parse_yaml(path: Path, front: str, first_line: int) -> tuple[dict[str, Any], dict[tuple, int]]:
     """Parse front matter; return the mapping and the line of every key path."""
     try:
-        node = yaml.compose(front, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(front)
+        node = yaml.compose(front, Loader=_Yaml12Loader)
+        data = yaml.load(front, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = first_line + mark.line if mark else first_line
@@ -226,13 +237,19 @@ def describe_validation_error(path: Path, error: ValidationError, locations: dic
     messages = []
     for problem in error.errors():
         loc = tuple(problem["loc"])
-        where_path, line = _location_of(loc, locations, (path, 2))
+        where_path, line = location_of(loc, locations, (path, 2))
         dotted = ".".join(str(p) for p in loc) or "(front matter)"
         messages.append(f"{where_path}:{line}: {dotted}: {_explain(problem, loc)}")
     return "\n".join(messages)
 
 
-def _location_of(loc: tuple, locations: dict[tuple, Location], default: Location) -> Location:
+def key_locations(path: Path) -> dict[tuple, Location]:
+    """Where every key of a file, and of the files it extends, was written."""
+    return read_document(path, _read(path), chain=(), read=_read).locations
+
+
+def location_of(loc: tuple, locations: dict[tuple, Location], default: Location) -> Location:
+    """The place of the deepest written key on the way to `loc`."""
     for end in range(len(loc), -1, -1):
         if loc[:end] in locations:
             return locations[loc[:end]]

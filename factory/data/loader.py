@@ -285,9 +285,13 @@ def fill_ratio(sequences: list[Sequence]) -> float:
     return float(sum(int((s.tokens != PAD).sum()) for s in sequences) / sum(len(s.tokens) for s in sequences))
 
 
-def build_loader(catalog: Catalog, blend: Blend, tokenizer: Tokenizer, eos_id: int, context: int, seed: int, stream: dict[str, Any]) -> BlendLoader:
-    """The training loader of a blend, from the `stream` settings of a checkpoints stage (packing, buffer, window)."""
-    documents = BlendStream(catalog=catalog, blend=blend, split="train", seed=seed, buffer_docs=stream["shuffle_buffer_docs"])
+def build_loader(
+    catalog: Catalog, blend: Blend, tokenizer: Tokenizer, eos_id: int, context: int, seed: int, stream: dict[str, Any], split: str = "train"
+) -> BlendLoader:
+    """The loader of one split of a blend (training reads `train`), from the `stream` settings of a pretrain stage."""
+    documents = BlendStream(
+        catalog=catalog, blend=blend, split=split, seed=seed, buffer_docs=stream["shuffle_buffer_docs"], finite=split != "train"
+    )
     return BlendLoader(
         stream=documents, tokenizer=tokenizer, eos_id=eos_id, context=context, packing=stream["packing"], window_docs=stream["pack_window_docs"]
     )

@@ -11,12 +11,14 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from factory.config.control import ControlConfig
 from factory.config.schema import EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.blend import Blend
 from factory.data.catalog import open_catalog
@@ -30,7 +32,7 @@ from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import world_from_env
-from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE, load_weights, pretrain
+from factory.train.pretrain import CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, load_weights, pretrain
 
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
@@ -107,14 +109,28 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
 
+    control = ControlConfig.model_validate(ctx.config["control"]) if ctx.config.get("control") else None
+    validation: list[Batch] = []
+    if control is not None:
+        held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"], "validation")
+        validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
     tracker = open_tracker(ctx) if world.is_main else NullRun()
 
     def report(step: int, row: dict[str, float]) -> None:
         ctx.reporter.metrics(step, row)
         tracker.log_metrics(step, {key: value for key, value in row.items() if key != "step"})
 
+    def acted(record: dict[str, Any]) -> None:
+        tags = {"control.last_action": describe_action(record)}
+        if "alert" in record:
+            tags[f"alert.{record['rule']}"] = f"step {record['step']}: {record['alert']}"
+        tracker.set_tags(tags)
+
     try:
-        result = pretrain(data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, report, world)
+        result = pretrain(
+            data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, report, world,
+            control=control, validation=validation, on_control=acted,
+        )
     except BaseException:
         tracker.finish("failed")
         raise
@@ -124,8 +140,9 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     for name in result.checkpoints:
         for suffix in (".pt", ".json"):
             os.link(work / CHECKPOINT_DIR / Path(name).with_suffix(suffix), ctx.out / Path(name).with_suffix(suffix))
-    for name in (METRICS_FILE, POSITIONS_FILE):
-        shutil.copyfile(work / name, ctx.out / name)
+    for name in (METRICS_FILE, POSITIONS_FILE, CONTROL_FILE):
+        if (work / name).exists():
+            shutil.copyfile(work / name, ctx.out / name)
     run = {
         "model": model_config.model_dump(mode="json"),
         "vocab_size": tokenizer.get_vocab_size(),
@@ -148,7 +165,25 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         "tracker_url": tracker.url,
         "train_seconds": round(result.seconds, 2),
         "tokens_per_second": round((result.tokens_seen / result.steps) * (result.steps - result.resumed_from) / max(result.seconds, 1e-9)),
+        **control_summary(work / CONTROL_FILE, result, config.steps),
     }
+
+
+def describe_action(record: dict[str, Any]) -> str:
+    """One line for what a control rule did."""
+    said = "; ".join([*record.get("messages", []), *([f"ALERT {record['alert']}"] if "alert" in record else [])])
+    return f"step {record['step']} {record['event']}: {record['rule']} -> {', '.join(record['operations'])}" + (f" ({said})" if said else "")
+
+
+def control_summary(path: Path, result: TrainResult, planned_steps: int) -> dict[str, Any]:
+    """What the control rules did, for the manifest and the materialization (nothing without a control section)."""
+    if not path.exists():
+        return {}
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    summary: dict[str, Any] = {"control_actions": len(records), "control_log": "\n".join(describe_action(r) for r in records[-50:])}
+    if result.stopped_by:
+        summary["stopped"] = f"stopped at step {result.steps} of {planned_steps} by {result.stopped_by}"
+    return summary
 
 
 def open_tracker(ctx: StageContext) -> TrackerRun:

@@ -44,20 +44,7 @@ def problems(config: ControlConfig, steps: int = 1) -> list[Problem]:
         samples[metric.name] = kind.sample(metric)
     for i, rule in enumerate(config.rules):
         at = ("control", "rules", i)
-        try:
-            condition = parse_condition(rule.when, {m.name: m for m in config.metrics})
-        except ConditionError as e:
-            found.append(((*at, "when"), f"{e} (found {rule.when!r})"))
-            continue
-        unknown = [f"{owner}.{name}" for owner, name in sorted(condition.fields) if owner in kinds and name not in kinds[owner].FIELDS]
-        for dotted in unknown:
-            owner = dotted.split(".")[0]
-            found.append(((*at, "when"), f"{dotted} is not a field of a {kinds[owner].__name__} metric; fields: {', '.join(kinds[owner].FIELDS)}"))
-        if not unknown and all(owner in kinds for owner, _ in condition.fields):
-            try:
-                evaluate(condition, samples, budget_s=1.0)
-            except ConditionError as e:
-                found.append(((*at, "when"), f"{e} (found {rule.when!r})"))
+        found += [((*at, "when"), message) for message in _condition_problems(rule, config, kinds, samples)]
         for j, (name, argument) in enumerate(rule.operations()):
             operation = OPERATIONS.get(name)
             where = (*at, "do", j)
@@ -72,6 +59,24 @@ def problems(config: ControlConfig, steps: int = 1) -> list[Problem]:
             if misplaced:
                 found.append((where, f"{name} cannot run at {', '.join(misplaced)}; it can at {', '.join(operation.events or ())}"))
     return found
+
+
+def _condition_problems(rule: RuleSpec, config: ControlConfig, kinds: dict[str, type], samples: dict[str, Any]) -> list[str]:
+    """What is wrong with a rule's condition: unsafe or malformed, unknown fields, or not true/false on values of the right types."""
+    try:
+        condition = parse_condition(rule.when, {m.name: m for m in config.metrics})
+    except ConditionError as e:
+        return [f"{e} (found {rule.when!r})"]
+    unknown = [(owner, name) for owner, name in sorted(condition.fields) if owner in kinds and name not in kinds[owner].FIELDS]
+    if unknown:
+        return [f"{owner}.{name} is not a field of a {kinds[owner].__name__} metric; fields: {', '.join(kinds[owner].FIELDS)}" for owner, name in unknown]
+    if any(owner not in kinds for owner, _ in condition.fields):
+        return []  # its metric's kind is unknown, which is reported on the metric
+    try:
+        evaluate(condition, samples, budget_s=1.0)
+    except ConditionError as e:
+        return [f"{e} (found {rule.when!r})"]
+    return []
 
 
 class Controller:
