@@ -44,6 +44,7 @@ bench: setup
 	$(BIN)/python bench/stage_cache.py
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/trainer.py
+	$(BIN)/python bench/control_savings.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

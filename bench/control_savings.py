@@ -1,0 +1,131 @@
+"""Does training control pay? Fixed budgets vs. the default control policy, on a suite of real runs.
+
+Six small runs (different learning rates: one that diverges, one that plateaus early, one that
+keeps improving) train a byte-level GPT on the interpreter's standard library, once with a fixed
+budget and fixed-interval checkpoints, once under the `control:` section of
+`experiments/tiny-code-lm-controlled.md` (same budget as a ceiling). For each: compute (steps and
+CPU-seconds, in-loop evaluations included), checkpoint bytes written, and the final model's loss
+on held-out files that neither side ever evaluated on during training.
+
+Targets: >= 3x less compute in total, >= 2x less checkpoint storage, every run's final loss within
+5% of (or better than) its fixed-budget run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from factory.config import load
+from factory.config.control import ControlConfig
+from factory.config.schema import ModelConfig, PretrainConfig
+from factory.data.loader import Batch, LoaderState
+from factory.train.pretrain import CHECKPOINT_DIR, load_weights, pretrain, validation_loss
+from factory.models.gpt import GPT
+
+LOG = logging.getLogger("bench.control")
+POLICY = Path(__file__).resolve().parents[1] / "experiments" / "tiny-code-lm-controlled.md"
+MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=64, context=64)
+BUDGET = 1200
+BATCH = 16
+TRAIN_BYTES = 100_000
+FIXED_CHECKPOINT_EVERY = 50
+RUNS = {  # name -> (lr, what it shows)
+    "lr=3e-4": (3e-4, "slow, keeps improving"),
+    "lr=1e-3": (1e-3, "steady"),
+    "lr=3e-3": (3e-3, "fast"),
+    "lr=1e-2": (1e-2, "plateaus early"),
+    "lr=3e-2": (3e-2, "unstable"),
+    "lr=1": (1.0, "diverges"),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    steps: int
+    cpu_s: float
+    checkpoint_bytes: int
+    final_loss: float
+    stopped_by: str | None
+
+
+def corpus() -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes of standard-library .py files: a small training set (the budget is generous for it: the common case where a
+    fixed budget wastes compute) and held-out files (by hash of path)."""
+    train, held_out = bytearray(), bytearray()
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        data = path.read_bytes()
+        if hashlib.sha256(path.name.encode()).digest()[0] < 26:
+            held_out.extend(data)
+        elif len(train) < TRAIN_BYTES:
+            train.extend(data)
+    return torch.tensor(list(train[:TRAIN_BYTES]), dtype=torch.int64), torch.tensor(list(held_out), dtype=torch.int64)
+
+
+def windows(tokens: torch.Tensor, seed: int, count: int) -> torch.Tensor:
+    starts = torch.randint(0, len(tokens) - MODEL.context - 1, (count,), generator=torch.Generator().manual_seed(seed))
+    return torch.stack([tokens[s : s + MODEL.context + 1] for s in starts.tolist()])
+
+
+def batch_of(seqs: torch.Tensor, step: int) -> Batch:
+    return Batch(x=seqs[:, :-1].clone(), y=seqs[:, 1:].clone(), documents=(), state=LoaderState(slot=step + 1),
+                 real_tokens=seqs[:, 1:].numel(), global_tokens=seqs[:, 1:].numel())
+
+
+def train_one(work: Path, train: torch.Tensor, validation: list[Batch], test: list[Batch], lr: float, control: ControlConfig | None) -> Outcome:
+    config = PretrainConfig(steps=BUDGET, batch_size=BATCH, lr=lr, warmup_steps=20, log_every=100, keep_last=1_000,
+                            checkpoint_every=0 if control else FIXED_CHECKPOINT_EVERY, keep_best_by=None)
+
+    def data(state: LoaderState | None):
+        step = state.slot if state else 0
+        while True:
+            yield batch_of(windows(train, step, BATCH), step)
+            step += 1
+
+    started = time.process_time()
+    result = pretrain(data, 256, MODEL, config, 0, work, LOG, control=control, validation=validation)
+    cpu_s = time.process_time() - started
+    model = GPT(MODEL, 256)
+    model.load_state_dict(load_weights(work / CHECKPOINT_DIR / result.checkpoints[-1]))
+    return Outcome(steps=result.steps_computed, cpu_s=cpu_s, checkpoint_bytes=result.checkpoint_bytes,
+                   final_loss=validation_loss(model, test, None, torch.device("cpu")), stopped_by=result.stopped_by)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    control = load(POLICY).control
+    assert control is not None, f"{POLICY} has no control section"
+    train, held_out = corpus()
+    validation = [batch_of(windows(held_out, 10_000 + i, BATCH), i) for i in range(control.eval_batches)]
+    test = [batch_of(windows(held_out, 20_000 + i, BATCH), i) for i in range(32)]
+    print(f"control savings: {len(RUNS)} runs, budget {BUDGET} steps, fixed checkpoints every {FIXED_CHECKPOINT_EVERY}; policy {POLICY.name}")
+    print(f"{'run':<10} {'kind':<22} {'steps fixed/ctl':>16} {'CPU-s fixed/ctl':>16} {'ckpt MB fixed/ctl':>18} {'loss fixed/ctl':>16} {'diff':>7}  stopped by")
+    totals = {"steps": [0, 0], "cpu": [0.0, 0.0], "bytes": [0, 0]}
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (lr, kind) in RUNS.items():
+            fixed = train_one(Path(tmp) / f"fixed-{name}", train, validation, test, lr, None)
+            ctl = train_one(Path(tmp) / f"ctl-{name}", train, validation, test, lr, control)
+            diff = (ctl.final_loss - fixed.final_loss) / fixed.final_loss
+            worst = max(worst, diff)
+            for key, a, b in (("steps", fixed.steps, ctl.steps), ("cpu", fixed.cpu_s, ctl.cpu_s), ("bytes", fixed.checkpoint_bytes, ctl.checkpoint_bytes)):
+                totals[key][0] += a
+                totals[key][1] += b
+            print(f"{name:<10} {kind:<22} {fixed.steps:>7} / {ctl.steps:<6} {fixed.cpu_s:>7.1f} / {ctl.cpu_s:<6.1f} "
+                  f"{fixed.checkpoint_bytes / 1e6:>8.1f} / {ctl.checkpoint_bytes / 1e6:<7.1f} {fixed.final_loss:>7.3f} / {ctl.final_loss:<6.3f} "
+                  f"{diff:>+6.1%}  {ctl.stopped_by or '-'}")
+    print(f"control savings: compute fixed / controlled = {totals['steps'][0] / totals['steps'][1]:.2f}x in steps, "
+          f"{totals['cpu'][0] / totals['cpu'][1]:.2f}x in CPU-seconds (goal >= 3x)")
+    print(f"control savings: checkpoint bytes fixed / controlled = {totals['bytes'][0] / max(1, totals['bytes'][1]):.2f}x (goal >= 2x)")
+    print(f"control savings: worst final-loss change {worst:+.1%} (goal: every run within +5%)")
+
+
+if __name__ == "__main__":
+    main()
