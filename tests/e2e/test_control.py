@@ -4,39 +4,52 @@ import json
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey
+import warnings
+
+from dagster import AssetKey, DagsterInstance, PreviewWarning
 
 from assets.run import failure_messages, run_experiment
+from factory.cli import dagster_home
 from factory.config import load
 from factory.registry import ArtifactStore
 
 pytestmark = pytest.mark.e2e
 CONTROLLED = """\
 ---
-extends: {tiny}
-pretrain: {{steps: 60, checkpoint_every: 0, log_every: 10}}
+seed: 7
+data:
+  datasets:
+    stdlib:
+      source: {kind: python-stdlib, include: ["json/**/*.py", "email/**/*.py", "logging/**/*.py", "*.py"]}
+tokenizer: {vocab_size: 512, sample_bytes: 500000}
+model: {n_layer: 1, n_head: 2, n_embd: 32, context: 64}
+pretrain: {steps: 60, batch_size: 8, checkpoint_every: 0, log_every: 10}
 control:
   eval_every: 10
   eval_batches: 2
   metrics:
-    - {{name: evals, kind: history, window: 5}}
+    - {name: evals, kind: history, window: 5}
   rules:
     - name: enough
       on: [eval]
       when: "step >= 30"
-      do: [{{alert: "stopping at {{step}} with {{evals.eval_loss}}"}}, stop]
+      do: [{alert: "stopping at {step} with {evals.eval_loss}"}, stop]
 ---
 Stops itself at step 30 of 60.
 """
 
 
 @pytest.fixture(scope="module")
-def controlled(pipeline, tmp_path_factory):
+def controlled(tmp_path_factory):
+    """Its own root and instance: the shared tiny pipeline's state stays as its tests expect."""
+    warnings.filterwarnings("ignore", category=PreviewWarning)
+    root = tmp_path_factory.mktemp("controlled")
     path = tmp_path_factory.mktemp("experiments") / "tiny-controlled.md"
-    path.write_text(CONTROLLED.format(tiny=pipeline["source"].resolve()))
-    result = run_experiment(path, pipeline["root"], pipeline["instance"])
+    path.write_text(CONTROLLED)
+    instance = DagsterInstance.from_config(str(dagster_home(root)))
+    result = run_experiment(path, root, instance)
     assert result.success, failure_messages(result)
-    return {**pipeline, "name": load(path).name}
+    return {"root": root, "instance": instance, "name": load(path).name}
 
 
 def test_a_rule_stops_pretraining_and_the_manifest_says_so(controlled):
