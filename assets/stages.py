@@ -87,8 +87,11 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         else:
             if holder := registry.holder(spec.fingerprint):
                 context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
-            processes = experiment.resources.processes_per_node if kind in DISTRIBUTED else 1
-            request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes)
+            placement = experiment.resources
+            processes, nodes = (placement.processes_per_node, placement.nodes) if kind in DISTRIBUTED else (1, 1)
+            request = StageRequest(
+                spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes, nodes=nodes
+            )
             yield from launcher.launch(context, request)
             manifest = registry.lookup(spec.fingerprint)  # once, for the checks and checkpoints below
             if manifest is None:

@@ -30,7 +30,10 @@ class StageLauncher(ConfigurableResource):
         """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure."""
         kind = request.spec.kind
         with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
-            argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes)
+            try:
+                argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
+            except FactoryError as e:
+                raise Failure(description=str(e)) from e
             with open_pipes_session(
                 context=context,
                 context_injector=PipesTempFileContextInjector(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -15,12 +16,22 @@ from factory.errors import LaunchError, StageFailed
 
 STAGE_MODULE = "factory.stages"
 STDERR_TAIL_LINES = 20
+RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
+"""A line of one rank under `torchrun --tee 2`: `[default<local rank>]:<line>`."""
+FAILED_RANK = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
+"""torchrun's report of the first rank that failed."""
 
 
-def stage_argv(request_path: Path, python: str = sys.executable, processes: int = 1) -> list[str]:
+def stage_argv(request_path: Path, python: str = sys.executable, processes: int = 1, nodes: int = 1) -> list[str]:
     """The command that runs one stage from its request file: one process, or `processes` ranks under torchrun."""
-    if processes > 1:
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m", STAGE_MODULE, str(request_path)]
+    if nodes > 1:
+        raise LaunchError(
+            f"resources.nodes is {nodes}, but the local launcher runs a stage on this one machine: set resources.nodes: 1 "
+            "(and processes_per_node for ranks here), or run the experiment on a cluster"
+        )
+    if processes > 1:  # --tee 2: each rank's stderr lines come prefixed with its rank, so a failure can quote the failing rank
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "--tee", "2", "-m", STAGE_MODULE,
+                str(request_path)]
     return [python, "-m", STAGE_MODULE, str(request_path)]
 
 
@@ -33,7 +44,7 @@ class LocalLauncher:
             process = subprocess.Popen(argv, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True, bufsize=1)
         except OSError as e:
             raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
-        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        tail = _Tail()
         pump = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
         pump.start()
         try:
@@ -44,11 +55,32 @@ class LocalLauncher:
                 process.wait()
             pump.join()
         if code != 0:
-            detail = "".join(tail).strip() or "(no output on stderr)"
-            raise StageFailed(f"stage {name!r} exited with code {code}:\n{detail}")
+            raise StageFailed(f"stage {name!r} exited with code {code}{tail.explain()}")
 
 
-def _tee(stream: IO[str], tail: collections.deque[str]) -> None:
+class _Tail:
+    """The last stderr lines of a stage, overall and per rank (under torchrun)."""
+
+    def __init__(self) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.ranks: dict[int, collections.deque[str]] = {}
+        self.failed: int | None = None
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        if match := RANK_LINE.match(line):
+            self.ranks.setdefault(int(match.group(1)), collections.deque(maxlen=STDERR_TAIL_LINES)).append(match.group(2))
+        elif self.failed is None and (match := FAILED_RANK.search(line)):
+            self.failed = int(match.group(1))
+
+    def explain(self) -> str:
+        """What to show of the output: the failing rank's last lines when torchrun named one, else the last lines."""
+        if self.failed is not None and self.failed in self.ranks:
+            return f"; rank {self.failed} failed first, its last lines:\n" + "".join(self.ranks[self.failed]).strip()
+        return ":\n" + ("".join(self.lines).strip() or "(no output on stderr)")
+
+
+def _tee(stream: IO[str], tail: _Tail) -> None:
     for line in stream:
         sys.stderr.write(line)
-        tail.append(line)
+        tail.add(line)

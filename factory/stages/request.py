@@ -22,7 +22,9 @@ class StageRequest:
     catalog: CatalogConfig
     provenance: Provenance
     processes: int = 1
-    """Ranks to start on this machine (placement: never part of the fingerprint)."""
+    """Ranks to start per node (placement: never part of the fingerprint)."""
+    nodes: int = 1
+    """Machines to spread the ranks over (placement too); the local launcher has one."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -37,6 +39,7 @@ class StageRequest:
                 "run_id": self.provenance.run_id,
             },
             "processes": self.processes,
+            "nodes": self.nodes,
         }
 
     def write(self, path: Path) -> Path:
@@ -55,6 +58,7 @@ class StageRequest:
                 catalog=CatalogConfig(**data["catalog"]),
                 provenance=Provenance(**data["provenance"]),
                 processes=int(data.get("processes", 1)),
+                nodes=int(data.get("nodes", 1)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{path}: not a stage request ({e})") from e

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import math
+import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -210,6 +211,7 @@ def pretrain(
                     "step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
                     "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
                     "step_seconds": round((now - logged_at) / max(1, done - logged_step), 6),
+                    **memory_mb(device),
                 }
                 logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:
@@ -219,8 +221,9 @@ def pretrain(
                     if on_metrics:
                         on_metrics(done, row)
             if actions is not None and actions.rewind:
-                step = _rewind(model, optimizer, checkpoints, done, log)
-                continue
+                step = done = _rewind(model, optimizer, checkpoints, done, log)
+                if not actions.stop:
+                    continue
             step = done
             stop = actions is not None and actions.stop
             wants_checkpoint = done == config.steps or bool(config.checkpoint_every and done % config.checkpoint_every == 0)
@@ -228,9 +231,10 @@ def pretrain(
             if controller is not None and ((control.eval_every and done % control.eval_every == 0) or (actions and actions.evaluate)):
                 followed = evaluate(done)
                 record(followed)
-                if followed.rewind:
-                    step = _rewind(model, optimizer, checkpoints, done, log)
-                    continue
+                if followed.rewind:  # with stop: end on the last good checkpoint's weights
+                    step = done = _rewind(model, optimizer, checkpoints, done, log)
+                    if not followed.stop:
+                        continue
                 stop |= followed.stop
                 wants_checkpoint |= followed.checkpoint
             if wants_checkpoint or stop:
@@ -267,6 +271,14 @@ def pretrain(
         stopped_by=controller.stopped_by if controller else None,
         eval_loss=eval_loss,
     )
+
+
+def memory_mb(device: torch.device) -> dict[str, float]:
+    """Peak memory so far: this process's resident set, and the GPU's allocations on a GPU."""
+    peak = {"rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}  # Linux reports KiB
+    if device.type == "cuda":
+        peak["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return peak
 
 
 def validation_loss(model: torch.nn.Module, batches: Sequence[Batch], autocast: torch.dtype | None, device: torch.device) -> float:

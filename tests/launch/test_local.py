@@ -64,3 +64,33 @@ def test_stage_argv_runs_the_stages_module_on_the_request():
     request = Path("/tmp/requests/corpus.json")
     assert stage_argv(request) == [sys.executable, "-m", "factory.stages", "/tmp/requests/corpus.json"]
     assert stage_argv(request, python="/opt/py/bin/python3")[0] == "/opt/py/bin/python3"
+
+
+def test_several_nodes_are_refused_with_what_to_change():
+    with pytest.raises(LaunchError, match="resources.nodes is 2, but the local launcher runs a stage on this one machine"):
+        stage_argv(Path("/tmp/r.json"), processes=2, nodes=2)
+
+
+RANK_FAILS = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"[rank {rank}] working", file=sys.stderr, flush=True)
+if rank == 1:
+    print("[rank 1] about to fail", file=sys.stderr, flush=True)
+    raise ValueError("boom on rank 1")
+time.sleep(60)
+"""
+
+
+def test_a_failing_rank_is_named_with_its_own_last_lines(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_FAILS)
+    argv = stage_argv(tmp_path / "request.json", processes=2)
+    assert argv[argv.index("--tee") + 1] == "2"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee", "2", str(script)]
+    with pytest.raises(StageFailed) as failed:
+        LocalLauncher().run(torchrun, {}, name="ranks")
+    message = str(failed.value)
+    assert "rank 1 failed first, its last lines:" in message
+    assert "[rank 1] about to fail" in message and "ValueError: boom on rank 1" in message
+    assert "[rank 0] working" not in message and "Root Cause" not in message

@@ -131,3 +131,17 @@ def test_a_rule_on_evaluations_needs_validation_batches(tmp_path):
 
     with pytest.raises(ConfigError, match="validation"):
         pretrain(source(), VOCAB, MODEL, TRAIN, 0, tmp_path, LOG, control=control(eval_every=5))
+
+
+def test_rewind_then_stop_ends_on_the_last_good_checkpoint(tmp_path):
+    keep = {"name": "keep", "on": ["eval"], "when": "step == 12", "do": ["checkpoint"]}
+    late = {"name": "late", "on": ["eval"], "when": "step >= 20", "do": ["rewind", "stop"]}
+    config = TRAIN.model_copy(update={"checkpoint_every": 0})
+    result = pretrain(source(spike_at=None), VOCAB, MODEL, config, 0, tmp_path / "rewound", LOG,
+                      control=control(keep, late, eval_every=4), validation=VALIDATION)
+    assert (result.steps, result.steps_computed, result.stopped_by) == (12, 20, "late")
+    plain = {"name": "plain", "on": ["eval"], "when": "step >= 12", "do": ["stop"]}
+    pretrain(source(spike_at=None), VOCAB, MODEL, config, 0, tmp_path / "plain", LOG, control=control(plain, eval_every=4), validation=VALIDATION)
+    weights = [torch.load(tmp_path / run / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)["model"] for run in ("rewound", "plain")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
