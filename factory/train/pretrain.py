@@ -172,6 +172,7 @@ def pretrain(
 
         step = start
         while step < end:
+            step_started = time.perf_counter()
             lr = lr_at(step, config) * (controller.lr_factor if controller else 1.0)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -197,7 +198,7 @@ def pretrain(
             now = time.perf_counter()
             actions = controller.observe(Observation(
                 event="step_end", step=done, loss=loss_value, grad_norm=grad_norm, lr=lr, sample_losses=tuple(samples),
-                tokens_per_second=batch.global_tokens / max(now - logged_at, 1e-9) * max(1, done - logged_step),
+                tokens_per_second=batch.global_tokens / max(now - step_started, 1e-9),
             )) if controller else None
             dropped = actions is not None and actions.drops_update
             if not math.isfinite(loss_value) and not dropped:
