@@ -26,9 +26,10 @@ LOG = logging.getLogger("test.resume")
 # A training run as its own process: the same synthetic blend on every launch; ranks from torchrun.
 TRAINER = textwrap.dedent(
     """
-    import logging, sys
+    import logging, os, sys
     from pathlib import Path
     import torch
+    from factory.config.control import ControlConfig
     from factory.config.schema import ModelConfig, PretrainConfig
     from factory.data.loader import Batch, LoaderState
     from factory.train.distributed import join, leave, world_from_env
@@ -58,18 +59,22 @@ TRAINER = textwrap.dedent(
                         global_tokens=int((seqs[:, 1:] >= 0).sum()))
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    pretrain(data, 64, model, config, 7, work, logging.getLogger("trainer"), world=world)
+    control = ControlConfig.model_validate_json(os.environ["CONTROL"]) if os.environ.get("CONTROL") else None
+    pretrain(data, 64, model, config, 7, work, logging.getLogger("trainer"), world=world, control=control)
     leave(world)
     """
 )
 
 
-def launch(work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1) -> subprocess.Popen:
-    """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters."""
+def launch(
+    work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = ""
+) -> subprocess.Popen:
+    """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
+    control section as JSON."""
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     script = work.parent / "trainer.py"
     script.write_text(TRAINER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CONTROL": control}
     return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -150,6 +155,27 @@ def test_two_ranks_compute_what_one_rank_computes(tmp_path):
     assert len(b["rng"]) == 2, "every rank's RNG state is in the checkpoint"
     start = torch.load(one / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)["rng"]
     assert len(start) == 1
+
+
+def test_two_ranks_take_the_same_control_decisions_as_one(tmp_path):
+    control = json.dumps({"metrics": [{"name": "batch", "kind": "batch_inspector"}], "rules": [
+        {"name": "look", "when": "step == 4", "do": ["log_batch"]},
+        {"name": "skip", "when": "step == 6 or step == 7", "do": ["skip_batch"]},
+    ]})
+    runs = {}
+    for ranks in (1, 2):
+        work = tmp_path / str(ranks) / "work"
+        work.parent.mkdir()
+        finish(launch(work, steps=12, every=0, ranks=ranks, dropout=0.0, control=control))
+        records = [json.loads(line) for line in (work / "control.jsonl").read_text().splitlines()]
+        runs[ranks] = (records, torch.load(work / CHECKPOINT_DIR / "step_000012.pt", weights_only=True))
+    (one, first), (two, second) = runs[1], runs[2]
+    assert [(r["rule"], r["step"]) for r in one] == [(r["rule"], r["step"]) for r in two] == [("look", 4), ("skip", 6), ("skip", 7)]
+    assert len(two[0]["batch"]["sample_losses"]) == 8, "both ranks' sequences are in the record"
+    torch.testing.assert_close(torch.tensor(two[0]["batch"]["sample_losses"]), torch.tensor(one[0]["batch"]["sample_losses"]), rtol=1e-3, atol=1e-4)
+    assert int(second["optimizer"]["state"][0]["step"]) == int(first["optimizer"]["state"][0]["step"]) == 10
+    for name, weight in first["model"].items():
+        torch.testing.assert_close(second["model"][name], weight, rtol=1e-3, atol=1e-4)
 
 
 def test_gradient_accumulation_computes_what_one_pass_computes(tmp_path):
