@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import collections
 import os
 import re
@@ -16,6 +17,8 @@ from factory.errors import LaunchError, StageFailed
 
 STAGE_MODULE = "factory.stages"
 STDERR_TAIL_LINES = 20
+PROGRESS_ENV = "FACTORY_PROGRESS"
+"""Set to 1 for a stage whose stderr ends on a terminal: it may draw a progress bar."""
 RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
 """A line of one rank under `torchrun --tee 2`: `[default<local rank>]:<line>`."""
 FAILED_RANK = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
@@ -40,8 +43,9 @@ class LocalLauncher:
 
     def run(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
         """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit."""
+        progress = {PROGRESS_ENV: "1" if sys.stderr.isatty() else "0"}  # a live progress bar on a terminal, plain logs elsewhere
         try:
-            process = subprocess.Popen(argv, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True, bufsize=1)
+            process = subprocess.Popen(argv, env={**progress, **os.environ, **env}, stderr=subprocess.PIPE)
         except OSError as e:
             raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
         tail = _Tail()
@@ -67,6 +71,7 @@ class _Tail:
         self.failed: int | None = None
 
     def add(self, line: str) -> None:
+        line = line.rsplit("\r", 1)[-1]  # a redrawn progress line: only what is left on screen
         self.lines.append(line)
         if match := RANK_LINE.match(line):
             self.ranks.setdefault(int(match.group(1)), collections.deque(maxlen=STDERR_TAIL_LINES)).append(match.group(2))
@@ -80,7 +85,17 @@ class _Tail:
         return ":\n" + ("".join(self.lines).strip() or "(no output on stderr)")
 
 
-def _tee(stream: IO[str], tail: _Tail) -> None:
-    for line in stream:
-        sys.stderr.write(line)
-        tail.add(line)
+def _tee(stream: IO[bytes], tail: _Tail) -> None:
+    """Pass the child's stderr through as it comes (a progress bar redraws without newlines) and keep its last lines."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    partial = ""
+    while chunk := os.read(stream.fileno(), 65536):
+        text = decoder.decode(chunk)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        *lines, partial = (partial + text).split("\n")
+        for line in lines:
+            tail.add(line + "\n")
+        partial = partial.rsplit("\r", 1)[-1]
+    if partial:
+        tail.add(partial)

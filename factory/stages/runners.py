@@ -28,11 +28,14 @@ from factory.models.gpt import GPT, build_model
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
 from factory.registry.store import ArtifactStore
 from factory.stages.datasets import BLEND_FILE, DATA_RUNNERS
+from factory.stages.progress import training_progress, wants_progress
 from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import world_from_env
-from factory.train.pretrain import CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, load_weights, pretrain
+from factory.train.pretrain import (
+    CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, load_weights, pretrain,
+)
 
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
@@ -115,10 +118,14 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"], "validation")
         validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
     tracker = open_tracker(ctx) if world.is_main else NullRun()
+    # A relaunched stage trains again the steps after its last checkpoint; their metrics are the same bytes (resume is
+    # bitwise), and the tracker already has them: Neptune refuses steps that do not increase.
+    tracked_until = last_logged_step(work / METRICS_FILE)
 
     def report(step: int, row: dict[str, float]) -> None:
         ctx.reporter.metrics(step, row)
-        tracker.log_metrics(step, {key: value for key, value in row.items() if key != "step"})
+        if step > tracked_until:
+            tracker.log_metrics(step, {key: value for key, value in row.items() if key != "step"})
 
     def acted(record: dict[str, Any]) -> None:
         tags = {"control.last_action": describe_action(record)}
@@ -127,10 +134,11 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         tracker.set_tags(tags)
 
     try:
-        result = pretrain(
-            data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, report, world,
-            control=control, validation=validation, on_control=acted,
-        )
+        with training_progress("pretrain", config.steps, world.is_main and wants_progress(world.size)) as on_step:
+            result = pretrain(
+                data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, report, world,
+                control=control, validation=validation, on_control=acted, on_step=on_step,
+            )
     except BaseException:
         tracker.finish("failed")
         raise

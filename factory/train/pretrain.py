@@ -36,6 +36,7 @@ METRICS_FILE = "metrics.jsonl"
 POSITIONS_FILE = "data_positions.jsonl"
 CONTROL_FILE = "control.jsonl"
 MetricSink = Callable[[int, dict[str, float]], None]
+StepSink = Callable[[int, float, float], None]
 ControlSink = Callable[[dict[str, Any]], None]
 """Receives every record of an action a control rule took (rank 0 only)."""
 BatchSource = Callable[[LoaderState | None], Iterator[Batch]]
@@ -104,6 +105,7 @@ def pretrain(
     control: ControlConfig | None = None,
     validation: Sequence[Batch] = (),
     on_control: ControlSink | None = None,
+    on_step: StepSink | None = None,
 ) -> TrainResult:
     """Train (or resume training) a model; checkpoints, metrics and data positions go to `work_dir`.
 
@@ -111,6 +113,7 @@ def pretrain(
     batch can be fetched again later (`factory data batch`). Only rank 0 writes files and reports.
     With a `control` section, its rules run at every event (`validation`: the whole batches an
     in-loop evaluation scores) and every action they take is appended to `control.jsonl`.
+    `on_step` hears of every step (steps done, loss, tokens/s): a progress bar.
     """
     device = world.device
     model = build_model(model_config, vocab_size, seed).to(device)
@@ -207,6 +210,8 @@ def pretrain(
                 optimizer.step()
                 interval_losses.append(loss_value)
             record(actions, batch, samples)
+            if on_step is not None:
+                on_step(done, loss_value, batch.global_tokens / max(now - step_started, 1e-9))
             if done % config.log_every == 0 or done == config.steps:
                 row = {
                     "step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
@@ -407,10 +412,19 @@ def _appending(work_dir: Path, world: World, control: bool) -> Iterator[tuple[An
         yield metrics, positions, files.enter_context(open(work_dir / CONTROL_FILE, "a")) if control else None
 
 
+def _last_row(path: Path) -> dict[str, Any]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return rows[-1] if rows else {}
+
+
 def _last_logged_loss(path: Path) -> float:
     """The loss of the last row of the metrics log (a run resumed after its final checkpoint trains no step)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return float(rows[-1]["loss"]) if rows else float("nan")
+    return float(_last_row(path).get("loss", float("nan")))
+
+
+def last_logged_step(path: Path) -> int:
+    """The step of the last row of a metrics log (0: none), before a relaunch truncates it."""
+    return int(_last_row(path).get("step", 0))
 
 
 def _truncate(path: Path, step: int, inclusive: bool) -> None:

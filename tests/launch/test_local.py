@@ -94,3 +94,28 @@ def test_a_failing_rank_is_named_with_its_own_last_lines(tmp_path):
     assert "rank 1 failed first, its last lines:" in message
     assert "[rank 1] about to fail" in message and "ValueError: boom on rank 1" in message
     assert "[rank 0] working" not in message and "Root Cause" not in message
+
+
+def test_a_stage_hears_whether_its_stderr_ends_on_a_terminal(tmp_path, monkeypatch):
+    import os
+    import pty
+
+    out = tmp_path / "progress.txt"
+    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['FACTORY_PROGRESS'])"
+    monkeypatch.delenv("FACTORY_PROGRESS", raising=False)
+    LocalLauncher().run(python(code, str(out)), {}, name="captured")
+    assert out.read_text() == "0"  # pytest captures stderr: not a terminal
+    leader, follower = pty.openpty()
+    with open(follower, "w", closefd=True) as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        LocalLauncher().run(python(code, str(out)), {}, name="terminal")
+    os.close(leader)
+    assert out.read_text() == "1"
+
+
+def test_redrawn_lines_reach_the_terminal_and_the_tail_keeps_what_was_left_on_screen(capfd):
+    code = "import sys\nfor i in range(3): sys.stderr.write(f'\\rstep {i}/3'); sys.stderr.flush()\nsys.stderr.write('\\ndone\\n'); sys.exit(4)"
+    with pytest.raises(StageFailed) as failed:
+        LocalLauncher().run(python(code), {}, name="bar")
+    assert "\rstep 0/3\rstep 1/3\rstep 2/3\ndone" in capfd.readouterr().err
+    assert str(failed.value).endswith("code 4:\nstep 2/3\ndone")

@@ -11,7 +11,7 @@ import torch
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import FactoryError
-from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE, load_weights, lr_at, pretrain
+from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE, last_logged_step, load_weights, lr_at, pretrain
 
 LOG = logging.getLogger("test.pretrain")
 VOCAB = 16
@@ -143,3 +143,9 @@ def test_compiled_training_matches_eager_training(tmp_path):
     assert set(compiled) == set(eager), "the checkpoint holds the model's own names, not the compiled wrapper's"
     for name, weight in eager.items():
         torch.testing.assert_close(compiled[name], weight, rtol=1e-3, atol=1e-4)  # fused kernels round differently
+
+
+def test_the_last_logged_step_is_what_a_relaunched_stage_skips_in_the_tracker(run, tmp_path):
+    out, _, _ = run
+    assert last_logged_step(out / METRICS_FILE) == TRAIN.steps
+    assert last_logged_step(tmp_path / "never-written.jsonl") == 0
