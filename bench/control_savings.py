@@ -7,8 +7,9 @@ budget and fixed-interval checkpoints, once under the `control:` section of
 CPU-seconds, in-loop evaluations included), checkpoint bytes written, and the final model's loss
 on held-out files that neither side ever evaluated on during training.
 
-Two regimes: a generous budget for the data (where fixed budgets waste compute) and a budget that is
-about right (where they do not). `python bench/control_savings.py 30000` runs one regime.
+Two regimes: a generous budget for the data (where fixed budgets waste compute: the case control
+is for, since nobody knows in advance when a run is done) and a budget about right (where they do
+not). `python bench/control_savings.py generous` runs one regime.
 
 Targets: >= 3x less compute in total, >= 2x less checkpoint storage, every run's final loss within
 5% of (or better than) its fixed-budget run.
@@ -31,17 +32,17 @@ from factory.config import load
 from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
-from factory.train.pretrain import CHECKPOINT_DIR, load_weights, pretrain, validation_loss
+from factory.train.pretrain import CHECKPOINT_DIR, load_weights, pretrain
+from factory.train.step import validation_loss
 from factory.models.gpt import GPT
 
 LOG = logging.getLogger("bench.control")
 POLICY = Path(__file__).resolve().parents[1] / "experiments" / "tiny-code-lm-controlled.md"
 MODEL = ModelConfig(n_layer=2, n_head=4, n_embd=64, context=64)
-BUDGET = 2000
 BATCH = 16
-REGIMES = {  # training bytes -> what the fixed budget is for that much data
-    30_000: "generous budget: the data runs out of news long before the budget ends",
-    60_000: "budget about right: most fixed runs still improve at the end",
+REGIMES = {  # name -> (training bytes, fixed budget in steps, what the budget is for that much data)
+    "generous": (30_000, 3000, "a generous budget: the runs have nothing left to learn long before it ends"),
+    "about-right": (60_000, 2000, "a budget about right: most fixed runs still improve at the end"),
 }
 FIXED_CHECKPOINT_EVERY = 50
 RUNS = {  # name -> (lr, what it shows)
@@ -86,8 +87,10 @@ def batch_of(seqs: torch.Tensor, step: int) -> Batch:
                  real_tokens=seqs[:, 1:].numel(), global_tokens=seqs[:, 1:].numel())
 
 
-def train_one(work: Path, train: torch.Tensor, validation: list[Batch], test: list[Batch], lr: float, control: ControlConfig | None) -> Outcome:
-    config = PretrainConfig(steps=BUDGET, batch_size=BATCH, lr=lr, warmup_steps=20, log_every=100, keep_last=1_000,
+def train_one(
+    work: Path, train: torch.Tensor, validation: list[Batch], test: list[Batch], lr: float, budget: int, control: ControlConfig | None
+) -> Outcome:
+    config = PretrainConfig(steps=budget, batch_size=BATCH, lr=lr, warmup_steps=20, log_every=100, keep_last=1_000,
                             checkpoint_every=0 if control else FIXED_CHECKPOINT_EVERY, keep_best_by=None)
 
     def data(state: LoaderState | None):
@@ -105,19 +108,20 @@ def train_one(work: Path, train: torch.Tensor, validation: list[Batch], test: li
                    final_loss=validation_loss(model, test, None, torch.device("cpu")), stopped_by=result.stopped_by)
 
 
-def compare(train_bytes: int, control: ControlConfig) -> None:
-    """Every run of the suite, fixed vs controlled, on `train_bytes` of training data; print the table and the ratios."""
+def compare(regime: str, control: ControlConfig) -> None:
+    """Every run of the suite, fixed vs controlled, in one regime; print the table and the ratios."""
+    train_bytes, budget, what = REGIMES[regime]
     train, held_out = corpus(train_bytes)
     validation = [batch_of(windows(held_out, 10_000 + i, BATCH), i) for i in range(control.eval_batches)]
     test = [batch_of(windows(held_out, 20_000 + i, BATCH), i) for i in range(32)]
-    print(f"\ncontrol savings, {train_bytes // 1000} kB of training data ({REGIMES.get(train_bytes, 'chosen on the command line')}):")
+    print(f"\ncontrol savings, regime {regime}: {train_bytes // 1000} kB of training data, budget {budget} steps ({what}):")
     print(f"{'run':<10} {'kind':<22} {'steps fixed/ctl':>16} {'CPU-s fixed/ctl':>16} {'ckpt MB fixed/ctl':>18} {'loss fixed/ctl':>16} {'diff':>7}  stopped by")
     totals = {"steps": [0, 0], "cpu": [0.0, 0.0], "bytes": [0, 0]}
     worst = -1.0
     with tempfile.TemporaryDirectory() as tmp:
         for name, (lr, kind) in RUNS.items():
-            fixed = train_one(Path(tmp) / f"fixed-{name}", train, validation, test, lr, None)
-            ctl = train_one(Path(tmp) / f"ctl-{name}", train, validation, test, lr, control)
+            fixed = train_one(Path(tmp) / f"fixed-{name}", train, validation, test, lr, budget, None)
+            ctl = train_one(Path(tmp) / f"ctl-{name}", train, validation, test, lr, budget, control)
             diff = (ctl.final_loss - fixed.final_loss) / fixed.final_loss
             worst = max(worst, diff)
             for key, a, b in (("steps", fixed.steps, ctl.steps), ("cpu", fixed.cpu_s, ctl.cpu_s), ("bytes", fixed.checkpoint_bytes, ctl.checkpoint_bytes)):
@@ -137,10 +141,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="  %(message)s")
     control = load(POLICY).control
     assert control is not None, f"{POLICY} has no control section"
-    print(f"control savings: {len(RUNS)} runs per regime, budget {BUDGET} steps, fixed checkpoints every {FIXED_CHECKPOINT_EVERY}; "
-          f"policy {POLICY.name}")
-    for train_bytes in [int(a) for a in sys.argv[1:]] or list(REGIMES):  # training bytes per regime; default: both
-        compare(train_bytes, control)
+    print(f"control savings: {len(RUNS)} runs per regime, fixed checkpoints every {FIXED_CHECKPOINT_EVERY} steps; policy {POLICY.name}")
+    for regime in sys.argv[1:] or list(REGIMES):
+        if regime not in REGIMES:
+            sys.exit(f"unknown regime {regime!r}; regimes: {', '.join(REGIMES)}")
+        compare(regime, control)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import math
-import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig
-from factory.data.loader import PAD, Batch, LoaderState
+from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, StageFailed
 from factory.models.gpt import GPT, build_model
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy
 from factory.train.control import Actions, Controller, Observation
-from factory.train.distributed import SINGLE, World, gather, total
+from factory.train.distributed import SINGLE, World, gather
+from factory.train.step import gradients, memory_mb, validation_loss
 
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
@@ -190,7 +189,7 @@ def pretrain(
                 )
             want_samples = controller is not None and controller.wants_samples
             try:
-                loss_value, grad_norm, samples = _gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
+                loss_value, grad_norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
             except (torch.OutOfMemoryError, MemoryError) as e:
                 raise StageFailed(
                     f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower pretrain.batch_size, raise grad_accum_steps "
@@ -279,28 +278,6 @@ def pretrain(
     )
 
 
-def memory_mb(device: torch.device) -> dict[str, float]:
-    """Peak memory so far: this process's resident set, and the GPU's allocations on a GPU."""
-    peak = {"rss_peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}  # Linux reports KiB
-    if device.type == "cuda":
-        peak["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return peak
-
-
-def validation_loss(model: torch.nn.Module, batches: Sequence[Batch], autocast: torch.dtype | None, device: torch.device) -> float:
-    """Mean token loss over whole validation batches, without gradients (and without touching any RNG)."""
-    model.eval()
-    summed, tokens = 0.0, 0
-    with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-        for batch in batches:
-            logits = model(batch.x.to(device))
-            y = batch.y.to(device)
-            summed += F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum").item()
-            tokens += int((y != PAD).sum())
-    model.train()
-    return summed / max(1, tokens)
-
-
 def _rewind(model: GPT, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, log: logging.Logger) -> int:
     """Reload the latest good checkpoint's weights and optimizer; the data goes on from where it is. Returns the step to go on from."""
     checkpoints.wait()
@@ -339,48 +316,6 @@ def _kept(checkpoints: CheckpointDir) -> str:
     """What a failed run leaves to resume from."""
     kept = checkpoints.complete()
     return f"the last good checkpoint ({kept[-1].name}) is kept" if kept else "no checkpoint was saved yet"
-
-
-def _gradients(
-    network: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, config: PretrainConfig, world: World,
-    autocast: torch.dtype | None, device: torch.device, want_samples: bool = False,
-) -> tuple[float, float, list[float]]:
-    """Gradients of one step over this rank's slice, in `grad_accum_steps` micro-batches, clipped; returns the global mean
-    loss, the gradient norm before clipping, and (when asked) the mean token loss of every sequence of the global batch.
-    The caller applies the update (or, when a control rule says so, does not).
-
-    Each micro-batch's loss is its summed token loss over the global batch's token count (times
-    the world size, which gradient averaging across ranks divides out), so every rank count and
-    every accumulation split computes the same mean.
-    """
-    micro = batch.x.size(0) // config.grad_accum_steps
-    if micro == 0:
-        raise ConfigError(f"each rank gets {batch.x.size(0)} sequences, fewer than pretrain.grad_accum_steps ({config.grad_accum_steps})")
-    scale = world.size / max(1, batch.global_tokens)
-    summed = 0.0
-    samples: list[float] = []
-    optimizer.zero_grad(set_to_none=True)
-    for i in range(config.grad_accum_steps):
-        x = batch.x[i * micro : (i + 1) * micro].to(device)
-        y = batch.y[i * micro : (i + 1) * micro].to(device)
-        last = i == config.grad_accum_steps - 1
-        sync = contextlib.nullcontext() if last or not isinstance(network, DistributedDataParallel) else network.no_sync()
-        with sync, torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            logits = network(x)
-            flat = logits.view(-1, logits.size(-1)).float()
-            if want_samples:
-                token_losses = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="none").view(y.shape)
-                loss_sum = token_losses.sum()
-                counts = (y != PAD).sum(dim=1).clamp(min=1)
-                samples += (token_losses.detach().sum(dim=1) / counts).tolist()
-            else:
-                loss_sum = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="sum")
-            (loss_sum * scale).backward()
-        summed += loss_sum.item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
-    if want_samples and world.size > 1:
-        samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
-    return total(world, summed) / max(1, batch.global_tokens), float(grad_norm), samples
 
 
 def _state(

@@ -1,6 +1,5 @@
 """The controller on its own: metric kinds, operations, patience modes, and what `problems` reports."""
 
-import math
 
 import pytest
 
