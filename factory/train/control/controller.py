@@ -30,7 +30,7 @@ class Rule:
     condition: Condition
 
 
-def problems(config: ControlConfig, steps: int = 1) -> list[Problem]:
+def problems(config: ControlConfig) -> list[Problem]:
     """Everything wrong with a control section, by key path; empty when a Controller can be built from it."""
     found: list[Problem] = []
     samples: dict[str, Any] = {name: 1 for name in SCALARS}
@@ -83,7 +83,7 @@ class Controller:
     """Evaluates the rules at each event and says what the loop must do."""
 
     def __init__(self, config: ControlConfig, steps: int) -> None:
-        found = problems(config, steps)
+        found = problems(config)
         if found:
             raise ConfigError("; ".join(f"{'.'.join(str(k) for k in keys)}: {message}" for keys, message in found))
         self.config = config
