@@ -26,6 +26,7 @@ from factory.stages.batch import to_json as batch_json
 from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
 from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
+from factory.launch.local import progress_env
 from factory.registry import ArtifactStore, git_commit
 from factory.stages.leaderboard import latest_leaderboard
 
@@ -121,7 +122,8 @@ def run(
             err.print("error: the working tree has uncommitted changes; commit them (or drop --strict) so the run is reproducible from its commit")
             raise typer.Exit(2)
         err.print(f"warning: uncommitted changes; artifacts will record commit {commit}")
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
+    # Decided here, before Dagster captures the step's output (stderr is then a pipe): stages draw a progress bar on a terminal.
+    env = {**progress_env(), **os.environ, "DAGSTER_HOME": str(dagster_home(root))}
     out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
     code = subprocess.call([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env=env)
     if code != 0:

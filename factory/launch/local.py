@@ -38,14 +38,18 @@ def stage_argv(request_path: Path, python: str = sys.executable, processes: int 
     return [python, "-m", STAGE_MODULE, str(request_path)]
 
 
+def progress_env(stream: IO[str] | None = None) -> dict[str, str]:
+    """`FACTORY_PROGRESS=1` when `stream` (stderr) is a terminal: stages may draw a live progress bar; plain logs elsewhere."""
+    return {PROGRESS_ENV: "1" if (stream or sys.stderr).isatty() else "0"}
+
+
 class LocalLauncher:
     """Runs a stage command as a child process and waits for it."""
 
     def run(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
         """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit."""
-        progress = {PROGRESS_ENV: "1" if sys.stderr.isatty() else "0"}  # a live progress bar on a terminal, plain logs elsewhere
         try:
-            process = subprocess.Popen(argv, env={**progress, **os.environ, **env}, stderr=subprocess.PIPE)
+            process = subprocess.Popen(argv, env={**progress_env(), **os.environ, **env}, stderr=subprocess.PIPE)
         except OSError as e:
             raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
         tail = _Tail()
