@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -191,6 +192,8 @@ def control_summary(path: Path, result: TrainResult, planned_steps: int) -> dict
     summary: dict[str, Any] = {"control_actions": len(records), "control_log": "\n".join(describe_action(r) for r in records[-50:])}
     if result.stopped_by:
         summary["stopped"] = f"stopped at step {result.steps} of {planned_steps} by {result.stopped_by}"
+    if math.isfinite(result.eval_loss):
+        summary["validation_loss"] = round(result.eval_loss, 4)
     return summary
 
 

@@ -60,6 +60,7 @@ def test_a_rule_stops_pretraining_and_the_manifest_says_so(controlled):
     assert metadata["summary/stopped"] == "stopped at step 30 of 60 by enough"
     assert metadata["summary/steps"] == 30
     assert metadata["summary/control_actions"] == 1
+    assert 0 < metadata["summary/validation_loss"] < 10  # the last in-loop evaluation, at step 30
     assert "step 30 eval: enough -> alert, stop" in metadata["summary/control_log"]
     manifest = registry.lookup(metadata["fingerprint"])
     assert manifest.summary["stopped"] == metadata["summary/stopped"]

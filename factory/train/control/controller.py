@@ -107,13 +107,13 @@ class Controller:
     def observe(self, observation: Observation) -> Actions:
         """Feed an event to the metrics, run the rules subscribed to it, and return what they ask."""
         self.metrics.observe(observation)
-        values: dict[str, Any] = {**self.metrics.values(), "step": observation.step, "steps": self.steps}
         actions = Actions()
+        due = [rule for rule in self.rules if observation.event in rule.spec.on
+               and (rule.spec.max_times is None or self.acted[rule.spec.name] < rule.spec.max_times)]
+        values: dict[str, Any] = {**self.metrics.values(), "step": observation.step, "steps": self.steps} if due else {}
         budget_s = self.config.budget_ms / 1000
-        for rule in self.rules:
+        for rule in due:
             spec = rule.spec
-            if observation.event not in spec.on or (spec.max_times is not None and self.acted[spec.name] >= spec.max_times):
-                continue
             try:
                 holds = evaluate(rule.condition, values, budget_s)
             except ConditionError as e:
