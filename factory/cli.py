@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from factory.config import load, load_file
+from factory.config.cluster import load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.preflight import check_files, experiment_files
@@ -61,13 +62,21 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
     max_variants: Annotated[int, typer.Option(help="A sweep may expand to at most this many variants.")] = DEFAULT_MAX_VARIANTS,
     root: RootOption = DEFAULT_ROOT,
+    cluster: Annotated[
+        Path | None, typer.Option("--cluster", envvar="FACTORY_CLUSTER", help="A cluster profile: placements must fit its queues.")
+    ] = None,
 ) -> None:
     """Validate experiment files without running anything; exit 2 when any is wrong."""
     files = experiment_files(paths)
     if not files:
         err.print("error: no experiment files given (pass .md files or directories holding them)")
         raise typer.Exit(2)
-    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.local(root / "iceberg")))
+    try:
+        profile = load_profile(cluster) if cluster is not None else None
+    except ConfigError as e:
+        err.print(str(e), markup=False, highlight=False)
+        raise typer.Exit(2) from e
+    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.local(root / "iceberg")), cluster=profile)
     if as_json:
         print(json.dumps({"ok": all(r.ok for r in reports), "files": [r.to_json() for r in reports]}, indent=2))
     else:

@@ -10,6 +10,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from factory.config import Experiment, load_file
+from factory.config.cluster import ClusterProfile
 from factory.config.loader import DEFAULT_MAX_VARIANTS, key_locations, location_of
 from factory.data.tables import missing_refs
 from factory.errors import ConfigError
@@ -40,10 +41,12 @@ def experiment_files(paths: Iterable[Path]) -> list[Path]:
 
 
 def check_files(
-    files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS, catalog: Callable[[], Catalog] | None = None
+    files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS, catalog: Callable[[], Catalog] | None = None,
+    cluster: ClusterProfile | None = None,
 ) -> list[FileReport]:
     """Check every file; names must be unique across all of them. Pinned `table@tag`s are looked up in
-    `catalog` (opened only when some file pins one; each reference checked once)."""
+    `catalog` (opened only when some file pins one; each reference checked once). With a `cluster`
+    profile, placements must fit its queues and images must be pinned for a cluster launcher."""
     reports, owners = [], {}
     tables = TableLookup(catalog) if catalog is not None else None
     for path in files:
@@ -54,6 +57,8 @@ def check_files(
             continue
         errors = [error for experiment in variants for error in _semantic_errors(path, experiment)]
         errors += list(dict.fromkeys(error for experiment in variants for error in _control_errors(path, experiment)))
+        if cluster is not None:
+            errors += list(dict.fromkeys(error for experiment in variants for error in _placement_errors(path, experiment, cluster)))
         if tables is not None:
             errors += _missing_tables(path, variants, tables)
         for experiment in variants:
@@ -102,13 +107,31 @@ def _semantic_errors(path: Path, experiment: Experiment) -> list[str]:
     return errors
 
 
-def _control_errors(path: Path, experiment: Experiment) -> list[str]:
-    """The control section's rules, metrics and operations, checked as the training loop will build them; errors name file:line."""
-    if experiment.control is None:
-        return []
-    found = control_problems(experiment.control)
-    if experiment.pretrain is None:
-        found.insert(0, (("control",), "rules run inside pretraining, but there is no pretrain section"))
+def _placement_errors(path: Path, experiment: Experiment, cluster: ClusterProfile) -> list[str]:
+    """Whether the experiment can run where the profile says stages run; errors name file:line."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    if experiment.image == "local" and cluster.launcher != "local":
+        found.append((("image",), f"'local' runs only with the local launcher; the {cluster.launcher} launcher needs an image pinned "
+                                  "by digest (name@sha256:<64 hex>)"))
+    wanted = experiment.resources
+    queue = cluster.queues.get(wanted.queue)
+    if queue is None:
+        found.append((("resources", "queue"), f"unknown queue {wanted.queue!r}; the cluster has: {', '.join(sorted(cluster.queues))}"))
+    else:
+        if wanted.nodes > queue.nodes:
+            found.append((("resources", "nodes"), f"{wanted.nodes} nodes, but queue {wanted.queue!r} gives a stage at most {queue.nodes}"))
+        if wanted.gpus > queue.gpus_per_node:
+            found.append((("resources", "gpus"), f"{wanted.gpus} GPUs per node, but queue {wanted.queue!r} has {queue.gpus_per_node}"))
+        if wanted.priority is not None and wanted.priority not in queue.priorities:
+            allowed = ", ".join(queue.priorities) or "none"
+            found.append((("resources", "priority"), f"priority {wanted.priority!r} is not offered by queue {wanted.queue!r}; offered: {allowed}"))
+    if cluster.launcher == "local" and wanted.nodes > 1:
+        found.append((("resources", "nodes"), f"{wanted.nodes} nodes, but the local launcher runs a stage on one machine"))
+    return _located(path, found)
+
+
+def _located(path: Path, found: list[tuple[tuple, str]]) -> list[str]:
+    """`file:line: dotted.field: message` for each problem, at the deepest key written on the way to its field."""
     if not found:
         return []
     locations = key_locations(path)
@@ -117,3 +140,13 @@ def _control_errors(path: Path, experiment: Experiment) -> list[str]:
         where, line = location_of(keys, locations, (path, 1))
         errors.append(f"{where}:{line}: {'.'.join(str(k) for k in keys)}: {message}")
     return errors
+
+
+def _control_errors(path: Path, experiment: Experiment) -> list[str]:
+    """The control section's rules, metrics and operations, checked as the training loop will build them; errors name file:line."""
+    if experiment.control is None:
+        return []
+    found = control_problems(experiment.control)
+    if experiment.pretrain is None:
+        found.insert(0, (("control",), "rules run inside pretraining, but there is no pretrain section"))
+    return _located(path, found)

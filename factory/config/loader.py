@@ -232,14 +232,16 @@ def _set(raw: dict[str, Any], keys: tuple[str, ...], value: Any, document: Docum
     target[keys[-1]] = value
 
 
-def describe_validation_error(path: Path, error: ValidationError, locations: dict[tuple, Location]) -> str:
-    """One line per problem: `file:line: dotted.field: what is wrong (found X)`."""
+def describe_validation_error(
+    path: Path, error: ValidationError, locations: dict[tuple, Location], model: type[BaseModel] = Experiment
+) -> str:
+    """One line per problem: `file:line: dotted.field: what is wrong (found X)`; `model` is what was validated."""
     messages = []
     for problem in error.errors():
         loc = tuple(problem["loc"])
         where_path, line = location_of(loc, locations, (path, 2))
         dotted = ".".join(str(p) for p in loc) or "(front matter)"
-        messages.append(f"{where_path}:{line}: {dotted}: {_explain(problem, loc)}")
+        messages.append(f"{where_path}:{line}: {dotted}: {_explain(problem, loc, model)}")
     return "\n".join(messages)
 
 
@@ -256,11 +258,12 @@ def location_of(loc: tuple, locations: dict[tuple, Location], default: Location)
     return default
 
 
-def _explain(problem: dict, loc: tuple) -> str:
+def _explain(problem: dict, loc: tuple, model: type[BaseModel]) -> str:
     kind = problem["type"]
     if kind == "extra_forbidden":
-        fields = _fields_at(Experiment, loc[:-1]) + (["extends", "sweep"] if len(loc) == 1 else [])
-        allowed = ", ".join(sorted(f for f in fields if f not in ("source", "variant")))
+        fields = _fields_at(model, loc[:-1]) + (["extends", "sweep"] if len(loc) == 1 and model is Experiment else [])
+        reserved = ("source", "variant") if len(loc) == 1 and model is Experiment else ()  # set by the loader, not the file
+        allowed = ", ".join(sorted(f for f in fields if f not in reserved))
         return f"unknown key; allowed here: {allowed}"
     if kind == "missing":
         return "required field is missing"
@@ -276,14 +279,23 @@ def _short(value: Any) -> str:
 
 
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The fields of the section at `loc` (a key of a mapping of sections, or an index of a list, is stepped over)."""
+    keyed = False
     for part in loc:
+        if keyed:  # `part` names an entry of a dict/tuple of sections, not a field
+            keyed = False
+            continue
         field = model.model_fields.get(str(part))
         annotation = field.annotation if field else None
         candidates = [annotation, *getattr(annotation, "__args__", ())]
+        candidates += [inner for c in list(candidates) for inner in getattr(c, "__args__", ())]
         nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
         if not nested:
             return []
         model = nested[0]
+        keyed = getattr(annotation, "__origin__", None) in (dict, tuple) or any(
+            getattr(c, "__origin__", None) in (dict, tuple) for c in candidates
+        )
     return list(model.model_fields)
 
 

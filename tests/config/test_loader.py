@@ -199,3 +199,11 @@ def test_missing_file_is_a_config_error(tmp_path):
     path = tmp_path / "nowhere.md"
     message = load_error(path)
     assert str(path) in message and "no such experiment file" in message
+
+
+def test_an_unknown_key_inside_a_named_section_lists_that_sections_fields(tmp_path):
+    path = tmp_path / "exp.md"
+    path.write_text("---\ndata:\n  datasets:\n    stdlib: {colour: red}\n---\n")
+    with pytest.raises(ConfigError) as failed:
+        load(path)
+    assert str(failed.value) == f"{path}:4: data.datasets.stdlib.colour: unknown key; allowed here: dedup, filters, max_duplicate_share, source, tag"
