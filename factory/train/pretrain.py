@@ -166,11 +166,11 @@ def pretrain(
                 mean = sum(interval_losses) / len(interval_losses) if interval_losses else loss_value
                 checkpoints.save(done, state, {"loss": mean, "lr": lr, "tokens_seen": tokens_seen}, final=final)
 
-        def evaluate(done: int) -> Actions | None:
+        def evaluate(done: int) -> Actions:  # only with a controller: evaluations exist for its rules
             nonlocal eval_loss
             eval_loss = validation_loss(model, validation, autocast, device)
             log.info("step %d validation loss %.4f", done, eval_loss)
-            return controller.observe(Observation(event="eval", step=done, eval_loss=eval_loss)) if controller else None
+            return controller.observe(Observation(event="eval", step=done, eval_loss=eval_loss))
 
         step = start
         while step < end:
@@ -296,7 +296,8 @@ def _record(
     actions: Actions, batch: Batch | None, samples: list[float] | None, world: World, log: logging.Logger, file: Any, sink: ControlSink | None
 ) -> None:
     """Write what the rules did: to the log (a Dagster event), control.jsonl and the sink (the tracker)."""
-    documents = [doc for part in gather(world, [list(d) for d in batch.documents]) for doc in part] if batch is not None else []
+    wants_batch = batch is not None and any(record.get("batch") is True for record in actions.records)  # the same on every rank
+    documents = [doc for part in gather(world, [list(d) for d in batch.documents]) for doc in part] if wants_batch else []
     for record in actions.records:
         if record.get("batch") is True:
             record["batch"] = {"documents": documents, "sample_losses": [round(v, 6) for v in samples or []]}
