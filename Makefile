@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup run ui mlflow test check bench clean
+.PHONY: setup run nightly ui mlflow test check bench clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,13 @@ $(STAMP): pyproject.toml
 
 run: setup
 	$(BIN)/factory run $(EXPERIMENT)
+
+# A larger recipe that must beat the tiny one: fails unless its val_bpb is at least 5% lower.
+nightly: setup
+	$(BIN)/factory run experiments/tiny-code-lm.md
+	$(BIN)/factory run experiments/nightly.md
+	$(BIN)/factory leaderboard --html .factory/leaderboard.html
+	$(BIN)/factory evals compare nightly tiny-code-lm --benchmark val_bpb --min-improvement 0.05
 
 ui: setup
 	$(BIN)/factory ui
@@ -45,6 +52,7 @@ bench: setup
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/trainer.py
 	$(BIN)/python bench/control_savings.py
+	$(BIN)/python bench/eval_backfill.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

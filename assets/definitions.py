@@ -5,14 +5,16 @@ import os
 from dagster import Definitions
 
 from assets.checkpoints import checkpoints
-from assets.leaderboard import leaderboard, leaderboard_automation
+from assets.evaluations import evaluations
+from assets.leaderboard import automation, best_model, leaderboard
+from assets.report import run_report
 from assets.sensors import experiments_at_head
 from assets.stages import stage_assets
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 defs = Definitions(
-    assets=[*stage_assets, checkpoints, leaderboard],
-    sensors=[experiments_at_head, leaderboard_automation],
+    assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report],
+    sensors=[experiments_at_head, automation],
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
         "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),

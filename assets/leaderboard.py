@@ -1,7 +1,14 @@
-"""The leaderboard: every experiment's latest evaluation, published as an artifact and shown as Markdown."""
+"""The leaderboard (every experiment at its best checkpoint) and the best model it may mark.
 
+`best_model` moves only when the leaderboard's blocking check passes: the new leader may not be
+worse than the current best on any benchmark by more than the tolerance.
+"""
+
+from collections.abc import Iterator
 
 from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetSelection,
     AutomationCondition,
@@ -13,40 +20,68 @@ from dagster import (
     asset,
 )
 
-from assets.partitions import EXPERIMENTS
-from assets.records import latest_metadata
-from factory.evals.leaderboard import build_rows
+from factory.evals.leaderboard import REGRESSION_TOLERANCE, regressions
 from factory.registry import git_commit
-from factory.stages.leaderboard import publish_leaderboard
+from factory.stages.leaderboard import HTML_FILE, current_best, current_board, latest_board, mark_best, publish_leaderboard
 from resources import FactoryStores
 
-
-# Refresh whenever any experiment's evaluation changes (runs started by the git sensor included).
+# Refresh whenever an evaluation changes (runs started by the automation sensor included).
 REFRESH = AutomationCondition.any_deps_updated() & ~AutomationCondition.in_progress() & ~AutomationCondition.any_deps_in_progress()
+NO_REGRESSION = "no_regression"
 
 
 @asset(
-    deps=["evaluation"],
-    description="All experiments ranked by validation bits-per-byte.",
-    kinds={"markdown"},
+    deps=["evaluations"],
+    description="Every experiment at its best checkpoint, scored on every benchmark; Markdown here, HTML in the artifact.",
+    kinds={"markdown", "html"},
+    group_name="pipeline",
+    automation_condition=REFRESH,
+    check_specs=[AssetCheckSpec(
+        NO_REGRESSION, asset="leaderboard", blocking=True,
+        description=f"The leader is not worse than the current best model on any benchmark by more than {REGRESSION_TOLERANCE:.0%}.",
+    )],
+)
+def leaderboard(context: AssetExecutionContext, stores: FactoryStores) -> Iterator[MaterializeResult]:
+    registry = stores.registry()
+    board = current_board(registry)
+    manifest, markdown = publish_leaderboard(registry, board, git_commit())
+    best = current_best(registry)
+    found = regressions(board.rows[0], best, board.benchmarks) if board.rows and best is not None else []
+    metadata = {
+        **manifest.metadata(), "leaderboard": MetadataValue.md(markdown), "experiments": len(board.rows),
+        "html": MetadataValue.path(str(registry.path(manifest.digest) / HTML_FILE)),
+    }
+    check = AssetCheckResult(
+        check_name=NO_REGRESSION, passed=not found,
+        description="; ".join(found) or ("no best model yet" if best is None else f"no regression against {best.experiment} ({best.checkpoint})"),
+        metadata={"leader": board.rows[0].experiment if board.rows else "", "current_best": best.experiment if best else ""},
+    )
+    yield MaterializeResult(metadata=metadata, data_version=DataVersion(manifest.digest), check_results=[check])
+
+
+@asset(
+    deps=["leaderboard"],
+    description="The model marked best: the leaderboard's leader, moved only when the no-regression check passes.",
+    kinds={"torch"},
     group_name="pipeline",
     automation_condition=REFRESH,
 )
-def leaderboard(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
+def best_model(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
     registry = stores.registry()
-    evaluations = []
-    for name in context.instance.get_dynamic_partitions(EXPERIMENTS):
-        metadata = latest_metadata(context.instance, "evaluation", name)
-        manifest = registry.lookup(metadata["fingerprint"]) if metadata else None
-        if manifest is None:
-            context.log.info(f"{name}: no intact evaluation yet; left off the leaderboard")
-            continue
-        evaluations.append((name, manifest))
-    manifest, markdown = publish_leaderboard(registry, build_rows(evaluations), git_commit())
-    metadata = {**manifest.metadata(), "leaderboard": MetadataValue.md(markdown), "experiments": len(evaluations)}
-    return MaterializeResult(metadata=metadata, data_version=DataVersion(manifest.digest))
+    board = latest_board(registry)  # the board the no-regression check just passed
+    if board is None or not board.rows:
+        return MaterializeResult(metadata={"best": "none: no evaluations yet"})
+    leader = board.rows[0]
+    manifest = mark_best(registry, leader, git_commit())
+    context.log.info(f"best model: {leader.experiment} at {leader.checkpoint}")
+    return MaterializeResult(
+        metadata={**manifest.metadata(), "experiment": leader.experiment, "checkpoint": leader.checkpoint,
+                  "scores": MetadataValue.json(dict(leader.scores))},
+        data_version=DataVersion(manifest.digest),
+    )
 
 
-leaderboard_automation = AutomationConditionSensorDefinition(
-    "leaderboard_automation", target=AssetSelection.assets("leaderboard"), default_status=DefaultSensorStatus.RUNNING
+automation = AutomationConditionSensorDefinition(
+    "automation", target=AssetSelection.assets("evaluations", "leaderboard", "best_model"),
+    default_status=DefaultSensorStatus.RUNNING,
 )

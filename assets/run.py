@@ -10,13 +10,16 @@ import sys
 import warnings
 from pathlib import Path
 
-from dagster import DagsterEventType, DagsterInstance, ExecuteInProcessResult, PreviewWarning, materialize
+from dagster import AssetKey, DagsterEventType, DagsterInstance, ExecuteInProcessResult, PreviewWarning, materialize
 from rich.console import Console
 from rich.table import Table
 
+from assets.backfill import evaluate_checkpoints, stored_checkpoints
 from assets.checkpoints import checkpoints
-from assets.leaderboard import leaderboard
-from assets.partitions import EXPERIMENTS
+from assets.evaluations import evaluations
+from assets.leaderboard import best_model, leaderboard
+from assets.partitions import CHECKPOINTS, EXPERIMENTS
+from assets.report import run_report
 from assets.stages import stage_assets
 from factory.config import Experiment, load_file
 from factory.errors import ConfigError
@@ -24,25 +27,34 @@ from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-EVERYTHING = [*stage_assets, checkpoints, leaderboard]
+EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report]
+
+
+def resources_at(root: Path, experiments: Path = Path("experiments")) -> dict:
+    """The embedded-default resources over the stores under `root`."""
+    return {"experiments": ExperimentFiles(directory=str(experiments)), "stores": FactoryStores(root=str(root)), "launcher": StageLauncher()}
 
 
 def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:
-    """Materialize every stage of every experiment the file defines, then the leaderboard."""
+    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard."""
     experiments = load_file(path)
-    resources = {
-        "experiments": ExperimentFiles(directory=str(path.parent)),
-        "stores": FactoryStores(root=str(root)),
-        "launcher": StageLauncher(),
-    }
-    common = {"instance": instance, "resources": resources, "raise_on_error": False, "run_config": RUN_CONFIG}
+    common = {"instance": instance, "resources": resources_at(root, path.parent), "raise_on_error": False, "run_config": RUN_CONFIG}
     for experiment in experiments:
         result = materialize_stages(experiment, common)
         if not result.success:
             return result
         if not quiet:
             print_stages(experiment, result)
-    return materialize(EVERYTHING, selection=["leaderboard"], **common)
+        if experiment.eval is not None:
+            for result in evaluate_checkpoints(instance, experiment.eval.benchmarks, stored_checkpoints(instance, f"{experiment.name}__"),
+                                               lambda **options: materialize(EVERYTHING, **options, **common)):
+                if not result.success:
+                    return result
+    result = materialize(EVERYTHING, selection=["leaderboard", "best_model"], **common)
+    for experiment in experiments:
+        if result.success:
+            result = materialize(EVERYTHING, selection=["run_report"], partition_key=experiment.name, **common)
+    return result
 
 
 def materialize_stages(experiment: Experiment, common: dict) -> ExecuteInProcessResult:
@@ -61,6 +73,8 @@ def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None
         table.add_column(column, no_wrap=True)
     for event in result.get_asset_materialization_events():
         materialization = event.materialization
+        if materialization.asset_key == AssetKey(CHECKPOINTS):
+            continue  # many per run; the training stage's log counts them
         metadata = {key: value.value for key, value in materialization.metadata.items()}
         computed = "reused" if metadata.get("cache") == "hit" else "computed"
         artifact = os.path.relpath(metadata["artifact"]) if "artifact" in metadata else ""

@@ -17,7 +17,7 @@ from dagster import (
     asset,
 )
 
-from assets.checkpoints import record_checkpoints
+from assets.checkpoints import CheckpointRecorder
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, StageSpec, config_hash, plan_stage, upstream_of
@@ -25,6 +25,7 @@ from factory.data.checks import CHECKS
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.datasets import check_filtered
 from factory.stages.request import StageRequest
+from factory.train.pretrain import CHECKPOINT_DIR
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 DESCRIPTIONS = {
@@ -35,10 +36,9 @@ DESCRIPTIONS = {
     "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
     "pretrain": "Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are `checkpoints` partitions.",
     "model": "The final weights exported with their config and tokenizer.",
-    "evaluation": "Validation bits-per-byte of the model and of its untrained initialisation.",
 }
 KINDS = {
-    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "model": {"torch"}, "evaluation": {"torch"},
+    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "model": {"torch"},
 }
 DISTRIBUTED = {"pretrain"}  # stages that run as several ranks when resources.processes_per_node > 1
 TRAINING = {"pretrain"}  # stages whose artifacts hold checkpoints
@@ -81,6 +81,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(), run_id=context.run_id
         )
         manifest = registry.lookup(spec.fingerprint)
+        recorder = CheckpointRecorder(context, experiment, spec, provenance.git_commit) if kind in TRAINING else None
         if manifest is not None:
             context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
             yield MaterializeResult(metadata=cached_metadata(manifest, registry, provenance), data_version=DataVersion(manifest.digest))
@@ -92,15 +93,16 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             request = StageRequest(
                 spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes, nodes=nodes
             )
-            yield from launcher.launch(context, request)
+            checkpoints = registry.work_path(spec.fingerprint) / CHECKPOINT_DIR
+            yield from launcher.launch(context, request, on_poll=(lambda: recorder.record(checkpoints)) if recorder else None)
             manifest = registry.lookup(spec.fingerprint)  # once, for the checks and checkpoints below
             if manifest is None:
                 raise Failure(description=f"{kind}: the stage reported success but published no artifact")
         if kind in CHECK_SPECS:
             yield from check_results(spec, registry.path(manifest.digest), stores)
-        if kind in TRAINING:
-            keys = record_checkpoints(context, experiment.name, kind, registry.path(manifest.digest), manifest.digest)
-            context.log.info(f"{kind}: {len(keys)} checkpoints recorded as partitions of `checkpoints`")
+        if recorder is not None:
+            keys = recorder.record(registry.path(manifest.digest), manifest.digest)
+            context.log.info(f"{kind}: {len(keys)} kept checkpoints recorded as partitions of `checkpoints`")
 
     return stage
 

@@ -29,7 +29,9 @@ from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
 from factory.launch.local import progress_env
 from factory.registry import ArtifactStore, git_commit
-from factory.stages.leaderboard import latest_leaderboard
+from factory.evals.benchmarks import registered
+from factory.evals.leaderboard import Board, render_html
+from factory.stages.leaderboard import current_board
 
 DEFAULT_ROOT = Path(".factory")
 DAGSTER_YAML = """\
@@ -160,9 +162,25 @@ def diff(
 
 
 @app.command()
-def leaderboard(root: RootOption = DEFAULT_ROOT) -> None:
-    """Print the most recent leaderboard."""
-    if not _print_leaderboard(root):
+def leaderboard(
+    root: RootOption = DEFAULT_ROOT,
+    sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: val_bpb).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    html: Annotated[Path | None, typer.Option(help="Also write the board as a static HTML page here.")] = None,
+) -> None:
+    """Every experiment at its best checkpoint, scored on every benchmark (from the registry's evaluation results)."""
+    try:
+        board = current_board(ArtifactStore(root / "registry"), sort)
+    except ConfigError as e:
+        err.print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if html is not None:
+        tmp = html.with_name(html.name + ".tmp")
+        tmp.write_text(render_html(board))
+        tmp.replace(html)
+    if as_json:
+        out.print_json(json.dumps(board.to_json()))
+    elif not _print_leaderboard(root, board):
         raise typer.Exit(1)
 
 
@@ -173,14 +191,74 @@ def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
     raise typer.Exit(subprocess.call([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env=env))
 
 
-def _print_leaderboard(root: Path) -> bool:
-    markdown = latest_leaderboard(ArtifactStore(root / "registry"))
-    if markdown is None:
-        err.print(f"no leaderboard in {root.resolve()} yet: run `factory run experiments/<name>.md` first")
+def _print_leaderboard(root: Path, board: Board | None = None) -> bool:
+    board = board or current_board(ArtifactStore(root / "registry"))
+    if not board.rows:
+        err.print(f"no evaluations in {root.resolve()} yet: run `factory run experiments/<name>.md` first")
         return False
-    out.print("\n[bold]leaderboard[/]")
-    out.print(markdown, markup=False, highlight=False)
+    names = sorted(board.benchmarks)
+    table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left")
+    for column in ("rank", "experiment", "best checkpoint", *(f"{n} {'↓' if board.benchmarks[n] else '↑'}" for n in names), "tokens", "commit", "tracker"):
+        table.add_column(column, no_wrap=column != "tracker")
+    for rank, row in enumerate(board.rows, start=1):
+        scores = [f"{row.scores[n]:.4f}" if n in row.scores else "–" for n in names]
+        table.add_row(str(rank), row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return True
+
+
+evals_app = typer.Typer(no_args_is_help=True, help="Benchmarks and evaluations of checkpoints.")
+app.add_typer(evals_app, name="evals")
+
+
+@evals_app.command("list")
+def evals_list() -> None:
+    """The registered benchmarks."""
+    table = Table(title="benchmarks", title_justify="left")
+    for column in ("name", "version", "better", "description"):
+        table.add_column(column)
+    for bench in sorted(registered().values(), key=lambda b: b.name):
+        table.add_row(bench.name, str(bench.version), "lower" if bench.lower_is_better else "higher", bench.description)
+    out.print(table)
+
+
+@evals_app.command("backfill")
+def evals_backfill(
+    benchmark: Annotated[str, typer.Option(help="The registered benchmark to evaluate every recorded checkpoint on.")],
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Evaluate every checkpoint recorded so far on one benchmark (batched: many partitions per run), then the leaderboard."""
+    if benchmark not in registered():
+        err.print(f"error: unknown benchmark {benchmark!r}; registered: {', '.join(sorted(registered()))}")
+        raise typer.Exit(2)
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
+    code = subprocess.call([sys.executable, "-m", "assets.backfill", "--benchmark", benchmark, "--root", str(root)], env=env)
+    if code != 0:
+        raise typer.Exit(code)
+    _print_leaderboard(root)
+
+
+@evals_app.command("compare")
+def evals_compare(
+    candidate: Annotated[str, typer.Argument(help="The experiment that must be better.")],
+    baseline: Annotated[str, typer.Argument(help="The experiment it is compared with.")],
+    benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at its best checkpoint.")] = "val_bpb",
+    min_improvement: Annotated[float, typer.Option(help="Relative improvement required, e.g. 0.05 for 5%.")] = 0.0,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`)."""
+    board = current_board(ArtifactStore(root / "registry"))
+    rows = {row.experiment: row for row in board.rows}
+    missing = [name for name in (candidate, baseline) if name not in rows or benchmark not in rows[name].scores]
+    if missing:
+        err.print(f"error: no {benchmark} results for {', '.join(missing)} in {root.resolve()}: run and evaluate them first")
+        raise typer.Exit(2)
+    new, old = rows[candidate].scores[benchmark], rows[baseline].scores[benchmark]
+    gain = ((old - new) if board.benchmarks[benchmark] else (new - old)) / max(abs(old), 1e-12)
+    verdict = "better" if gain >= min_improvement else "NOT better enough"
+    out.print(f"{candidate} {benchmark} {new:.4f} vs {baseline} {old:.4f}: {gain:+.1%} ({verdict}; required {min_improvement:+.1%})")
+    if gain < min_improvement:
+        raise typer.Exit(1)
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Look inside datasets and the batches training saw.")

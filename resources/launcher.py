@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dagster import (
@@ -20,31 +21,51 @@ from dagster import (
 
 from factory.errors import FactoryError
 from factory.launch import LocalLauncher, stage_argv
+from factory.stages.evaluate import EvalRequest
 from factory.stages.request import StageRequest
+
+EVALUATE_MODULE = "factory.stages.evaluate"
 
 
 class StageLauncher(ConfigurableResource):
     """Runs `python -m factory.stages` as a local child process (the embedded default)."""
 
-    def launch(self, context: AssetExecutionContext, request: StageRequest) -> Iterator[PipesExecutionResult]:
-        """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure."""
+    def launch(
+        self, context: AssetExecutionContext, request: StageRequest, on_poll: Callable[[], None] | None = None
+    ) -> Iterator[PipesExecutionResult]:
+        """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure.
+
+        `on_poll` runs in this thread about every second while the stage runs (to record its checkpoints as they appear).
+        """
         kind = request.spec.kind
         with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
             try:
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
-            with open_pipes_session(
-                context=context,
-                context_injector=PipesTempFileContextInjector(),
-                message_reader=PipesTempFileMessageReader(),
-            ) as session:
-                try:
-                    LocalLauncher().run(argv, session.get_bootstrap_env_vars(), kind)
-                except FactoryError as e:
-                    raise Failure(description=str(e)) from e
-            metrics = session.get_custom_messages()
-            for result in session.get_results():
-                if metrics and isinstance(result, MaterializeResult):
-                    result = result._replace(metadata={**(result.metadata or {}), "metrics": MetadataValue.json(metrics)})
-                yield result
+            yield from _run_with_pipes(context, argv, kind, on_poll)
+
+    def evaluate(self, context: AssetExecutionContext, request: EvalRequest) -> Iterator[PipesExecutionResult]:
+        """Evaluate a batch of checkpoint x benchmark pairs in one process; yield what it reported."""
+        with tempfile.TemporaryDirectory(prefix="factory-evaluations-") as tmp:
+            argv = [sys.executable, "-m", EVALUATE_MODULE, str(request.write(Path(tmp) / "request.json"))]
+            yield from _run_with_pipes(context, argv, "evaluations", None)
+
+
+def _run_with_pipes(
+    context: AssetExecutionContext, argv: list[str], name: str, on_poll: Callable[[], None] | None
+) -> Iterator[PipesExecutionResult]:
+    with open_pipes_session(
+        context=context,
+        context_injector=PipesTempFileContextInjector(),
+        message_reader=PipesTempFileMessageReader(),
+    ) as session:
+        try:
+            LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name, on_poll=on_poll)
+        except FactoryError as e:
+            raise Failure(description=str(e)) from e
+    metrics = session.get_custom_messages()
+    for result in session.get_results():
+        if metrics and isinstance(result, MaterializeResult):
+            result = result._replace(metadata={**(result.metadata or {}), "metrics": MetadataValue.json(metrics)})
+        yield result

@@ -1,8 +1,12 @@
 """The `factory` command: bad input is a clear message and exit 2, never a traceback."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+from factory.registry import ArtifactStore
+from tests.conftest import publish_result
 
 
 def factory(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -52,3 +56,33 @@ def test_leaderboard_without_runs_says_what_to_do(tmp_path):
     result = factory("leaderboard", "--root", str(tmp_path))
     assert result.returncode == 1
     assert "factory run" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_evals_list_shows_the_shipped_benchmarks():
+    result = factory("evals", "list")
+    assert result.returncode == 0 and all(name in result.stdout for name in ("val_bpb", "next_line", "python_sanity"))
+
+
+def test_evals_compare_passes_only_on_the_required_improvement(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    publish_result(registry, "big", "val_bpb", 1.9)
+    publish_result(registry, "small", "val_bpb", 2.0)
+    enough = factory("evals", "compare", "big", "small", "--min-improvement", "0.04", "--root", str(tmp_path))
+    assert enough.returncode == 0 and "+5.0%" in enough.stdout
+    short = factory("evals", "compare", "big", "small", "--min-improvement", "0.06", "--root", str(tmp_path))
+    assert short.returncode == 1 and "NOT better enough" in short.stdout
+    missing = factory("evals", "compare", "big", "nope", "--root", str(tmp_path))
+    assert missing.returncode == 2 and "no val_bpb results for nope" in missing.stderr
+
+
+def test_leaderboard_json_and_html_from_the_registry(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    publish_result(registry, "a", "val_bpb", 2.0)
+    publish_result(registry, "b", "val_bpb", 1.5)
+    page = tmp_path / "board.html"
+    result = factory("leaderboard", "--root", str(tmp_path), "--json", "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    assert [row["experiment"] for row in json.loads(result.stdout)["rows"]] == ["b", "a"]
+    assert page.read_text().startswith("<!doctype html>")
+    bad = factory("leaderboard", "--root", str(tmp_path), "--sort", "nope")
+    assert bad.returncode == 2 and "no results for benchmark 'nope'" in bad.stderr

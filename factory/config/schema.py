@@ -244,12 +244,14 @@ class PretrainConfig(Section):
 
 
 class EvalConfig(Section):
+    """How this experiment's checkpoints are evaluated (each checkpoint x benchmark is an `evaluations` partition)."""
+
     benchmarks: tuple[str, ...] = ("val_bpb",)
-    """Benchmarks to run, by registered name (`factory check` verifies they exist)."""
+    """Benchmarks every checkpoint is evaluated on as it is saved, by registered name (`factory check` verifies them)."""
     max_bytes: int = Field(500_000, gt=0)
-    """Bytes of the validation split scored for bits-per-byte (files in path order)."""
+    """Bytes of held-out text a benchmark reads at most."""
     batch_size: int = Field(16, ge=1)
-    """Windows scored per forward pass."""
+    """Sequences per forward pass (does not change scores)."""
 
 
 class ResourcesConfig(Section):
@@ -297,8 +299,6 @@ class Experiment(Section):
         stages += ["blend", "tokenizer"]
         if self.pretrain is not None:
             stages += ["pretrain", "model"]
-            if self.eval is not None:
-                stages.append("evaluation")
         return tuple(stages)
 
     @field_validator("name")

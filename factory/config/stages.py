@@ -22,7 +22,6 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "tokenizer": ("blend",),
     "pretrain": ("blend", "tokenizer"),
     "model": ("pretrain", "tokenizer"),
-    "evaluation": ("model", "blend"),
 }
 DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 STAGES = tuple(UPSTREAM)
@@ -79,8 +78,6 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
             return config
         case "model":
             return {}
-        case "evaluation":
-            return {"eval": dump["eval"], "model": dump["model"], "seed": seed, "shuffle_buffer_docs": stream["shuffle_buffer_docs"]}
     raise ConfigError(f"unknown stage {kind!r}; stages are: {', '.join(STAGES)}")
 
 

@@ -1,6 +1,51 @@
-"""The benchmarks an experiment may name in `eval.benchmarks`, with their metric direction."""
+"""The benchmark registry: each benchmark is a name, a version, a metric direction and a function.
 
-from dataclasses import dataclass
+A benchmark scores one model on what `EvalInputs` gives it and returns a `Score`. It must be
+deterministic (seeded from `inputs.seed`) and batched (`inputs.batch_size` sequences per forward
+pass). Changing what a benchmark measures means a new `version`: results of other versions are
+never compared with it. Modules named in FACTORY_BENCHMARKS register more benchmarks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from factory.errors import ConfigError
+
+if TYPE_CHECKING:  # `factory check` reads the registry without importing torch
+    from tokenizers import Tokenizer
+    from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalInputs:
+    """What a benchmark may use: the model under test, its tokenizer and the held-out data."""
+
+    model: nn.Module
+    """The checkpoint's model, in eval mode on the CPU; `model(idx)` gives logits (batch, time, vocab)."""
+    tokenizer: Tokenizer
+    eos_id: int
+    context: int
+    """The model's context length in tokens."""
+    validation_texts: Callable[[], Iterable[str]]
+    """The blend's held-out documents, always in the same order; call it again for a fresh pass."""
+    seed: int
+    batch_size: int
+    max_bytes: int
+    """Bytes of held-out text a benchmark reads at most."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Score:
+    """A benchmark's result: the metric, how many items it covers, and details for the report."""
+
+    value: float
+    count: int
+    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -11,8 +56,51 @@ class Benchmark:
     version: int
     lower_is_better: bool
     description: str
+    run: Callable[[EvalInputs], Score]
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether score `a` beats score `b`."""
+        return a < b if self.lower_is_better else a > b
+
+    def to_json(self) -> dict[str, Any]:
+        """The registry entry without its function."""
+        return {"name": self.name, "version": self.version, "lower_is_better": self.lower_is_better, "description": self.description}
 
 
-BENCHMARKS = {
-    "val_bpb": Benchmark(name="val_bpb", version=1, lower_is_better=True, description="validation bits per byte on held-out stdlib files"),
-}
+BENCHMARKS: dict[str, Benchmark] = {}
+PLUGINS_ENV = "FACTORY_BENCHMARKS"
+"""Comma-separated modules that register more benchmarks with `register` (your own, without editing the factory)."""
+
+
+def register(benchmark: Benchmark) -> Benchmark:
+    """Add a benchmark to the registry; a second benchmark of the same name is an error."""
+    if benchmark.name in BENCHMARKS and BENCHMARKS[benchmark.name] is not benchmark:
+        raise ConfigError(f"a benchmark named {benchmark.name!r} is already registered; pick another name")
+    BENCHMARKS[benchmark.name] = benchmark
+    return benchmark
+
+
+def _load() -> None:
+    """Register the shipped benchmarks, and those of the modules named in FACTORY_BENCHMARKS."""
+    from factory.evals import suite  # noqa: F401  (the shipped benchmarks register themselves)
+
+    for module in filter(None, (name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"{PLUGINS_ENV} names module {module!r}, which does not import ({e}); fix the name or install it") from e
+
+
+def benchmark(name: str) -> Benchmark:
+    """The registered benchmark called `name`, or a ConfigError listing the known ones."""
+    _load()
+    try:
+        return BENCHMARKS[name]
+    except KeyError:
+        raise ConfigError(f"unknown benchmark {name!r}; registered: {', '.join(sorted(BENCHMARKS))}") from None
+
+
+def registered() -> dict[str, Benchmark]:
+    """Every registered benchmark, by name."""
+    _load()
+    return dict(BENCHMARKS)

@@ -1,62 +1,183 @@
-"""The leaderboard: one row per experiment from its latest evaluation, rendered as Markdown."""
+"""The leaderboard: experiments x benchmarks, each experiment at its best checkpoint.
+
+Rows come from the evaluation results in the registry (one per checkpoint x benchmark). An
+experiment's best checkpoint is the one with the best score on the primary benchmark; the row
+shows that checkpoint's score on every benchmark, so a row is one model, never a mix.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import html
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from factory.errors import ConfigError
 from factory.registry.store import Manifest
+
+PRIMARY = "val_bpb"
+REGRESSION_TOLERANCE = 0.02
+"""Relative: a candidate best may be at most 2% worse than the current best on any benchmark."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Row:
-    """One experiment's standing."""
+    """One experiment at its best checkpoint."""
 
     experiment: str
-    bpb: float
-    init_bpb: float
-    parameters: int
+    checkpoint: str
+    step: int
     tokens_seen: int
+    scores: Mapping[str, float]
+    checkpoints_evaluated: int
     git_commit: str
-    digest: str
+    tracker_url: str = ""
+    digests: Mapping[str, str] = field(default_factory=dict)
+    """The evaluation artifact behind each score."""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in self.__slots__}
 
 
-def build_rows(evaluations: Iterable[tuple[str, Manifest]]) -> list[Row]:
-    """Rows from (experiment, evaluation manifest) pairs, best (lowest bits-per-byte) first."""
-    rows = [
-        Row(
-            experiment=experiment,
-            bpb=manifest.summary["bpb"],
-            init_bpb=manifest.summary["init_bpb"],
-            parameters=manifest.summary["parameters"],
-            tokens_seen=manifest.summary["tokens_seen"],
-            git_commit=manifest.git_commit,
-            digest=manifest.digest,
-        )
-        for experiment, manifest in evaluations
-    ]
-    return sorted(rows, key=lambda row: (row.bpb, row.experiment))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Board:
+    """Ranked rows and the benchmarks they are scored on (name -> lower is better)."""
+
+    rows: tuple[Row, ...]
+    benchmarks: Mapping[str, bool]
+    sort: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return {"sort": self.sort, "benchmarks": dict(self.benchmarks), "rows": [row.to_json() for row in self.rows]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Board:
+        """Inverse of `to_json`."""
+        return cls(rows=tuple(Row(**row) for row in data["rows"]), benchmarks=data["benchmarks"], sort=data["sort"])
 
 
-def render_markdown(rows: Iterable[Row]) -> str:
-    """A Markdown table of the rows, in their order."""
+def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
+    """The newest result per checkpoint bytes x benchmark (older code versions' results are superseded)."""
+    newest: dict[tuple[str, str, str], Manifest] = {}
+    for manifest in manifests:
+        s = manifest.summary
+        key = (s["experiment"], s["checkpoint"], s["benchmark"])
+        if key not in newest or (s["version"], manifest.created) >= (newest[key].summary["version"], newest[key].created):
+            newest[key] = manifest
+    return list(newest.values())
+
+
+def build_board(results: Iterable[Manifest], tracker_urls: Mapping[str, str] | None = None, sort: str | None = None) -> Board:
+    """Rank experiments by `sort` (default: the primary benchmark), each at its best checkpoint."""
+    results = latest_results(results)
+    benchmarks = {m.summary["benchmark"]: bool(m.summary["lower_is_better"]) for m in results}
+    primary = PRIMARY if PRIMARY in benchmarks else min(benchmarks, default=PRIMARY)
+    sort = sort or primary
+    if benchmarks and sort not in benchmarks:
+        raise ConfigError(f"no results for benchmark {sort!r} to sort by; benchmarks with results: {', '.join(sorted(benchmarks))}")
+    by_experiment: dict[str, dict[str, dict[str, Manifest]]] = {}
+    for manifest in results:
+        s = manifest.summary
+        by_experiment.setdefault(s["experiment"], {}).setdefault(s["checkpoint"], {})[s["benchmark"]] = manifest
+    rows = [_best_row(name, checkpoints, primary, benchmarks, (tracker_urls or {}).get(name, "")) for name, checkpoints in by_experiment.items()]
+    return Board(rows=tuple(sorted(rows, key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))), benchmarks=benchmarks, sort=sort)
+
+
+def _best_row(experiment: str, checkpoints: Mapping[str, Mapping[str, Manifest]], primary: str, benchmarks: Mapping[str, bool], url: str) -> Row:
+    sign = 1 if benchmarks.get(primary, True) else -1
+    scored = [name for name, results in checkpoints.items() if primary in results] or list(checkpoints)
+
+    def standing(name: str) -> tuple[float, int]:
+        result = checkpoints[name].get(primary)
+        value = sign * result.summary["value"] if result else float("inf")
+        return value, -next(iter(checkpoints[name].values())).summary["step"]  # ties: the later checkpoint
+
+    best = min(scored, key=standing)
+    results = checkpoints[best]
+    first = next(iter(results.values()))
+    return Row(
+        experiment=experiment, checkpoint=best, step=first.summary["step"], tokens_seen=first.summary["tokens_seen"],
+        scores={name: m.summary["value"] for name, m in sorted(results.items())}, checkpoints_evaluated=len(checkpoints),
+        git_commit=first.git_commit, tracker_url=url, digests={name: m.digest for name, m in sorted(results.items())},
+    )
+
+
+def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, float, str]:
+    if sort not in row.scores:
+        return (1, 0.0, row.experiment)
+    return (0, row.scores[sort] if lower_is_better else -row.scores[sort], row.experiment)
+
+
+def regressions(candidate: Row, best: Row, benchmarks: Mapping[str, bool], tolerance: float = REGRESSION_TOLERANCE) -> list[str]:
+    """Each benchmark on which `candidate` is worse than `best` by more than `tolerance` (relative), said plainly."""
+    found = []
+    for name in sorted(set(candidate.scores) & set(best.scores)):
+        new, old = candidate.scores[name], best.scores[name]
+        lower = benchmarks.get(name, True)
+        worse_by = (new - old) if lower else (old - new)
+        if worse_by > tolerance * max(abs(old), 1e-12):
+            found.append(f"{name}: {new:.4f} vs {old:.4f} for the current best {best.experiment} ({best.checkpoint}), "
+                         f"{worse_by / max(abs(old), 1e-12):.1%} worse (tolerance {tolerance:.0%}, {'lower' if lower else 'higher'} is better)")
+    return found
+
+
+def _short(commit: str) -> str:
+    return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
+def render_markdown(board: Board) -> str:
+    """A Markdown table of the board, in rank order."""
+    names = sorted(board.benchmarks)
+    arrows = {name: "↓" if board.benchmarks[name] else "↑" for name in names}
     lines = [
-        "| rank | experiment | val bits/byte | untrained bits/byte | parameters | tokens seen | commit | evaluation |",
-        "|---:|---|---:|---:|---:|---:|---|---|",
+        "| rank | experiment | best checkpoint | " + " | ".join(f"{name} {arrows[name]}" for name in names) + " | tokens seen | commit | tracker |",
+        "|---:|---|---|" + "---:|" * len(names) + "---:|---|---|",
     ]
-    for rank, row in enumerate(rows, start=1):
-        lines.append(
-            f"| {rank} | {row.experiment} | {row.bpb:.4f} | {row.init_bpb:.4f} | {row.parameters:,} | "
-            f"{row.tokens_seen:,} | {_short_commit(row.git_commit)} | {row.digest[:12]} |"
-        )
-    if len(lines) == 2:
-        lines.append("| | no evaluations yet | | | | | | |")
+    for rank, row in enumerate(board.rows, start=1):
+        scores = " | ".join(f"{row.scores[name]:.4f}" if name in row.scores else "–" for name in names)
+        tracker = f"[run]({row.tracker_url})" if row.tracker_url else ""
+        lines.append(f"| {rank} | {row.experiment} | {row.checkpoint} | {scores} | {row.tokens_seen:,} | {_short(row.git_commit)} | {tracker} |")
+    if not board.rows:
+        lines.append("| | no evaluations yet | |" + " |" * len(names) + " | | |")
     return "\n".join(lines)
 
 
-def _short_commit(commit: str) -> str:
-    return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+def render_html(board: Board) -> str:
+    """A static, self-contained HTML page of the board; clicking a column header sorts by it."""
+    names = sorted(board.benchmarks)
+    headers = ["rank", "experiment", "best checkpoint", *(f"{n} {'↓' if board.benchmarks[n] else '↑'}" for n in names), "tokens seen", "commit", "tracker"]
+    body = []
+    for rank, row in enumerate(board.rows, start=1):
+        cells = [f'<td data-v="{rank}">{rank}</td>', f"<td>{html.escape(row.experiment)}</td>", f"<td>{html.escape(row.checkpoint)}</td>"]
+        for name in names:
+            value = row.scores.get(name)
+            cells.append(f'<td data-v="{value}">{value:.4f}</td>' if value is not None else '<td data-v="">–</td>')
+        link = f'<a href="{html.escape(row.tracker_url)}">run</a>' if row.tracker_url else ""
+        cells += [f'<td data-v="{row.tokens_seen}">{row.tokens_seen:,}</td>', f"<td><code>{html.escape(_short(row.git_commit))}</code></td>", f"<td>{link}</td>"]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    return HTML_PAGE.format(head=head, body="\n".join(body) or f'<tr><td colspan="{len(headers)}">no evaluations yet</td></tr>',
+                            sort=html.escape(board.sort), data=html.escape(json.dumps(board.to_json())))
+
+
+HTML_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>leaderboard</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
+th{{cursor:pointer;background:#f4f4f4}}td:nth-child(2),td:nth-child(3){{text-align:left}}</style></head>
+<body><h1>leaderboard</h1><p>Each experiment at its best checkpoint, ranked by {sort}. Click a header to sort.</p>
+<table id="board"><thead><tr>{head}</tr></thead><tbody>
+{body}
+</tbody></table>
+<script type="application/json" id="data">{data}</script>
+<script>
+document.querySelectorAll("#board th").forEach((th, i) => th.addEventListener("click", () => {{
+  const body = document.querySelector("#board tbody"), rows = Array.from(body.rows);
+  const key = r => {{ const c = r.cells[i], v = c.dataset.v; return v === undefined ? c.textContent : (v === "" ? Infinity : parseFloat(v)); }};
+  const up = th.dataset.up !== "1"; th.dataset.up = up ? "1" : "0";
+  rows.sort((a, b) => (key(a) > key(b) ? 1 : key(a) < key(b) ? -1 : 0) * (up ? 1 : -1)).forEach(r => body.appendChild(r));
+}}));
+</script></body></html>
+"""

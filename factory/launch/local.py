@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -17,6 +17,7 @@ from factory.errors import LaunchError, StageFailed
 
 STAGE_MODULE = "factory.stages"
 STDERR_TAIL_LINES = 20
+POLL_S = 1.0
 PROGRESS_ENV = "FACTORY_PROGRESS"
 """Set to 1 for a stage whose stderr ends on a terminal: it may draw a progress bar."""
 RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
@@ -46,8 +47,11 @@ def progress_env(stream: IO[str] | None = None) -> dict[str, str]:
 class LocalLauncher:
     """Runs a stage command as a child process and waits for it."""
 
-    def run(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
-        """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit."""
+    def run(self, argv: list[str], env: Mapping[str, str], name: str, on_poll: Callable[[], None] | None = None) -> None:
+        """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit.
+
+        `on_poll` is called about every POLL_S seconds while the process runs, and once after it ends.
+        """
         try:
             process = subprocess.Popen(argv, env={**progress_env(), **os.environ, **env}, stderr=subprocess.PIPE)
         except OSError as e:
@@ -56,7 +60,7 @@ class LocalLauncher:
         pump = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
         pump.start()
         try:
-            code = process.wait()
+            code = _wait(process, on_poll)
         finally:
             if process.poll() is None:
                 process.kill()
@@ -64,6 +68,19 @@ class LocalLauncher:
             pump.join()
         if code != 0:
             raise StageFailed(f"stage {name!r} exited with code {code}{tail.explain()}")
+
+
+def _wait(process: subprocess.Popen, on_poll: Callable[[], None] | None) -> int:
+    if on_poll is None:
+        return process.wait()
+    while True:
+        try:
+            code = process.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            on_poll()
+            continue
+        on_poll()
+        return code
 
 
 class _Tail:

@@ -136,13 +136,17 @@ class ArtifactStore:
 
     def work(self, fingerprint: str) -> Path:
         """A stage's scratch directory that outlives its process (checkpoints to resume from); removed once it publishes."""
-        path = self.root / "work" / fingerprint
+        path = self.work_path(fingerprint)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def work_path(self, fingerprint: str) -> Path:
+        """Where a stage's scratch directory is while it runs (it may not exist)."""
+        return self.root / "work" / fingerprint
+
     def drop_work(self, fingerprint: str) -> None:
         """Remove a stage's scratch directory (after its artifact is published)."""
-        shutil.rmtree(self.root / "work" / fingerprint, ignore_errors=True)
+        shutil.rmtree(self.work_path(fingerprint), ignore_errors=True)
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:

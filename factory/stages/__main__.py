@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from factory.errors import FactoryError
@@ -52,7 +53,10 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
         broadcast(world, cache)
         if manifest is None:
             with registry.staging() as out:
+                wall, cpu = time.perf_counter(), time.process_time()
                 summary = RUNNERS[spec.kind](StageContext(request=request, registry=registry, out=out, reporter=reporter))
+                # What computing it cost (this process; under torchrun, rank 0's share): shown in run reports.
+                summary = {**summary, "wall_seconds": round(time.perf_counter() - wall, 2), "cpu_seconds": round(time.process_time() - cpu, 2)}
                 manifest = registry.publish(
                     out,
                     kind=spec.kind,

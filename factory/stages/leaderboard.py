@@ -1,45 +1,77 @@
-"""Publish a leaderboard as an immutable artifact, and find the newest one."""
+"""The leaderboard from the registry's evaluation results: built, published as an immutable artifact, found again."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-
 from factory.config.fingerprint import code_identity, sha256_of
-from factory.evals.leaderboard import Row, render_markdown
+from factory.evals.leaderboard import Board, Row, build_board, render_html, render_markdown
 from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.stages.evaluate import KIND as EVALUATIONS
 
 KIND = "leaderboard"
-ROWS_FILE = "leaderboard.json"
+BOARD_FILE = "leaderboard.json"
 MARKDOWN_FILE = "leaderboard.md"
+HTML_FILE = "leaderboard.html"
+BEST_REF = "best-model"
+"""The registry ref of the current best model (a published leaderboard row)."""
+BEST_FILE = "best.json"
 
 
-def publish_leaderboard(registry: ArtifactStore, rows: Sequence[Row], commit: str) -> tuple[Manifest, str]:
-    """Publish the rows (JSON and Markdown); the same evaluations give the same artifact."""
-    inputs = {row.experiment: row.digest for row in rows}
+def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
+    """Every experiment's best checkpoint from the evaluation results in the registry, with links to its tracker run."""
+    urls: dict[str, tuple[str, str]] = {}
+    for manifest in registry.manifests("pretrain"):
+        url = manifest.summary.get("tracker_url", "")
+        if url and manifest.created >= urls.get(manifest.experiment, ("", ""))[0]:
+            urls[manifest.experiment] = (manifest.created, url)
+    return build_board(registry.manifests(EVALUATIONS), {name: url for name, (_, url) in urls.items()}, sort)
+
+
+def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> tuple[Manifest, str]:
+    """Publish the board (JSON, Markdown, HTML); the same results give the same artifact. Returns it and its Markdown."""
+    inputs = {f"{row.experiment}/{name}": digest for row in board.rows for name, digest in row.digests.items()}
     code = code_identity("local")
-    fingerprint = sha256_of({"kind": KIND, "inputs": inputs, "code": code})
-    markdown = render_markdown(rows)
+    fingerprint = sha256_of({"kind": KIND, "inputs": inputs, "sort": board.sort, "code": code})
+    markdown = render_markdown(board)
     manifest = registry.lookup(fingerprint)
     if manifest is None:
         with registry.staging() as out:
-            (out / ROWS_FILE).write_text(json.dumps([row.to_json() for row in rows], indent=2))
+            (out / BOARD_FILE).write_text(json.dumps(board.to_json(), indent=2, sort_keys=True))
             (out / MARKDOWN_FILE).write_text(markdown + "\n")
+            (out / HTML_FILE).write_text(render_html(board))
             manifest = registry.publish(
-                out,
-                kind=KIND,
-                fingerprint=fingerprint,
-                config={},
-                inputs=inputs,
-                code=code,
+                out, kind=KIND, fingerprint=fingerprint, config={"sort": board.sort}, inputs=inputs, code=code,
                 provenance=Provenance(experiment="*", config_hash=sha256_of(inputs)[:16], git_commit=commit),
-                summary={"experiments": len(rows), "best": rows[0].experiment if rows else ""},
+                summary={"experiments": len(board.rows), "best": board.rows[0].experiment if board.rows else ""},
             )
     registry.set_ref(KIND, manifest.digest)  # the newest leaderboard, even when it was reused
     return manifest, markdown
 
 
-def latest_leaderboard(registry: ArtifactStore) -> str | None:
-    """Markdown of the most recently materialized leaderboard, or None."""
+def latest_board(registry: ArtifactStore) -> Board | None:
+    """The most recently published leaderboard, or None."""
     digest = registry.ref(KIND)
-    return None if digest is None else (registry.open(digest) / MARKDOWN_FILE).read_text()
+    return None if digest is None else Board.from_json(json.loads((registry.open(digest) / BOARD_FILE).read_text()))
+
+
+def current_best(registry: ArtifactStore) -> Row | None:
+    """The model currently marked best, or None."""
+    digest = registry.ref(BEST_REF)
+    return None if digest is None else Row(**json.loads((registry.open(digest) / BEST_FILE).read_text()))
+
+
+def mark_best(registry: ArtifactStore, row: Row, commit: str) -> Manifest:
+    """Mark `row` as the best model: publish it and move the ref (the previous ones stay in the registry)."""
+    fingerprint = sha256_of({"kind": BEST_REF, "row": row.to_json()})
+    manifest = registry.lookup(fingerprint)
+    if manifest is None:
+        with registry.staging() as out:
+            (out / BEST_FILE).write_text(json.dumps(row.to_json(), indent=2, sort_keys=True))
+            manifest = registry.publish(
+                out, kind=BEST_REF, fingerprint=fingerprint, config={}, inputs=dict(row.digests), code=code_identity("local"),
+                provenance=Provenance(experiment=row.experiment, config_hash=fingerprint[:16], git_commit=commit),
+                summary={"experiment": row.experiment, "checkpoint": row.checkpoint, **{f"score/{k}": v for k, v in row.scores.items()}},
+            )
+    registry.set_ref(BEST_REF, manifest.digest)
+    return manifest
+

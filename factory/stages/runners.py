@@ -20,13 +20,11 @@ import torch
 from safetensors.torch import save_file
 
 from factory.config.control import ControlConfig
-from factory.config.schema import EvalConfig, ModelConfig, PretrainConfig, TokenizerConfig
+from factory.config.schema import ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.blend import Blend
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, BlendStream, LoaderState, build_loader
-from factory.evals.bpb import bits_per_byte, validation_tokens
-from factory.models.gpt import GPT, build_model
-from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
+from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer
 from factory.registry.store import ArtifactStore
 from factory.stages.datasets import BLEND_FILE, DATA_RUNNERS
 from factory.stages.progress import training_progress, wants_progress
@@ -42,7 +40,6 @@ TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
 MODEL_SAFETENSORS = "model.safetensors"
 MODEL_CONFIG = "config.json"
-RESULTS_FILE = "results.json"
 RUN_FILE = "run.json"
 
 
@@ -228,38 +225,9 @@ def run_model(ctx: StageContext) -> dict[str, Any]:
     return {"parameters": run["parameters"], "tokens_seen": run["tokens_seen"], "vocab_size": run["vocab_size"]}
 
 
-def run_evaluation(ctx: StageContext) -> dict[str, Any]:
-    """Validation bits-per-byte of the trained model and of its untrained initialisation."""
-    config = EvalConfig.model_validate(ctx.config["eval"])
-    model_dir = ctx.upstream("model")
-    model_config_json = json.loads((model_dir / MODEL_CONFIG).read_text())
-    model_config = ModelConfig.model_validate(model_config_json["model"])
-    tokenizer = load_tokenizer(model_dir / TOKENIZER_FILE)
-    vocab_size = tokenizer.get_vocab_size()
-    tokens = validation_tokens(ctx.blend_stream("validation", finite=True).texts(), tokenizer, tokenizer.token_to_id(EOS), config.max_bytes)
-    lengths = token_byte_lengths(tokenizer)
-    trained = GPT(model_config, vocab_size)
-    trained.load_state_dict(torch.load(model_dir / MODEL_WEIGHTS, map_location="cpu", weights_only=True))
-    untrained = build_model(model_config, vocab_size, ctx.config["seed"])
-    score = bits_per_byte(trained, tokens, lengths, model_config.context, config.batch_size)
-    baseline = bits_per_byte(untrained, tokens, lengths, model_config.context, config.batch_size)
-    results = {
-        "bpb": round(score.bpb, 6),
-        "init_bpb": round(baseline.bpb, 6),
-        "tokens": score.tokens,
-        "bytes": score.bytes,
-        "parameters": trained.num_parameters(),
-        "tokens_seen": model_config_json["tokens_seen"],
-    }
-    (ctx.out / RESULTS_FILE).write_text(json.dumps(results, indent=2, sort_keys=True))
-    ctx.log.info("validation bits/byte %.4f (untrained %.4f) over %d bytes", score.bpb, baseline.bpb, score.bytes)
-    return results
-
-
 RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     **DATA_RUNNERS,
     "tokenizer": run_tokenizer,
     "pretrain": run_pretrain,
     "model": run_model,
-    "evaluation": run_evaluation,
 }

@@ -56,9 +56,9 @@ def partition_key(experiment: str, stage: str, step: int) -> str:
     return f"{experiment}__{stage}-{step:06d}"
 
 
-def published(artifact: Path) -> list[SavedCheckpoint]:
-    """The checkpoints a published training artifact holds, by step."""
-    return CheckpointDir(artifact, RetentionPolicy(), logging.getLogger(__name__)).complete()
+def published(directory: Path) -> list[SavedCheckpoint]:
+    """The complete checkpoints in a directory (a published training artifact, or a run's checkpoint directory), by step."""
+    return CheckpointDir(directory, RetentionPolicy(), logging.getLogger(__name__)).complete()
 
 
 def canonical(value: Any) -> Any:

@@ -1,9 +1,9 @@
 """The code location: the asset graph's lineage and partitioning as the Dagster UI shows it."""
 
-from dagster import AssetKey, DynamicPartitionsDefinition
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, DynamicPartitionsDefinition, MultiPartitionsDefinition, evaluate_automation_conditions
 
 from assets.definitions import defs
-from assets.partitions import EXPERIMENTS
+from assets.partitions import BENCHMARKS, CHECKPOINTS, EXPERIMENTS
 
 LINEAGE = {
     "raw_datasets": set(),
@@ -14,8 +14,10 @@ LINEAGE = {
     "pretrain": {"blend", "tokenizer"},
     "checkpoints": {"pretrain"},
     "model": {"pretrain", "tokenizer"},
-    "evaluation": {"model", "blend"},
-    "leaderboard": {"evaluation"},
+    "evaluations": {"checkpoints"},
+    "leaderboard": {"evaluations"},
+    "best_model": {"leaderboard"},
+    "run_report": {"model", "leaderboard"},
 }
 
 
@@ -29,10 +31,13 @@ def test_stage_assets_are_partitioned_by_experiment():
     graph = defs.resolve_asset_graph()
     for name in LINEAGE:
         partitions = graph.get(AssetKey(name)).partitions_def
-        if name == "leaderboard":
+        if name in ("leaderboard", "best_model"):
             assert partitions is None
         elif name == "checkpoints":
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == "checkpoints"
+        elif name == "evaluations":
+            assert isinstance(partitions, MultiPartitionsDefinition)
+            assert {d.name: d.partitions_def.name for d in partitions.partitions_defs} == {"benchmark": BENCHMARKS, "checkpoint": CHECKPOINTS}
         else:
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == EXPERIMENTS
 
@@ -44,22 +49,39 @@ def test_filtered_datasets_carry_blocking_checks():
     assert all(spec.blocking for spec in checks.values())
 
 
-def test_leaderboard_refreshes_when_an_evaluation_changes():
-    from dagster import AssetMaterialization, DagsterInstance, evaluate_automation_conditions
-
+def test_a_new_checkpoint_makes_its_evaluations_due_and_a_new_benchmark_makes_every_checkpoints_due():
     instance = DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(EXPERIMENTS, ["a", "b"])
+    instance.add_dynamic_partitions(BENCHMARKS, ["val_bpb", "next_line"])
+    instance.add_dynamic_partitions(CHECKPOINTS, ["a__pretrain-000100"])
     first = evaluate_automation_conditions(defs=defs, instance=instance)
     assert first.total_requested == 0
-    instance.report_runless_asset_event(AssetMaterialization("evaluation", partition="a"))
+    instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition="a__pretrain-000100"))
     second = evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
-    assert second.total_requested == 1
+    assert second.get_requested_partitions(AssetKey("evaluations")) == {"val_bpb|a__pretrain-000100", "next_line|a__pretrain-000100"}
+    instance.add_dynamic_partitions(CHECKPOINTS, ["a__pretrain-000200"])
+    instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition="a__pretrain-000200"))
+    third = evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor)
+    assert third.get_requested_partitions(AssetKey("evaluations")) == {"val_bpb|a__pretrain-000200", "next_line|a__pretrain-000200"}
+    instance.add_dynamic_partitions(BENCHMARKS, ["python_sanity"])
+    fourth = evaluate_automation_conditions(defs=defs, instance=instance, cursor=third.cursor)
+    assert fourth.get_requested_partitions(AssetKey("evaluations")) == {"python_sanity|a__pretrain-000100", "python_sanity|a__pretrain-000200"}
+
+
+def test_leaderboard_and_best_model_refresh_when_an_evaluation_changes():
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BENCHMARKS, ["val_bpb"])
+    instance.add_dynamic_partitions(CHECKPOINTS, ["a__pretrain-000100"])
+    first = evaluate_automation_conditions(defs=defs, instance=instance)
+    instance.report_runless_asset_event(AssetMaterialization("evaluations", partition="val_bpb|a__pretrain-000100"))
+    second = evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+    # Requested together, so they run in one run, where the leaderboard's blocking check can hold best_model back.
     assert second.get_requested_partitions(AssetKey("leaderboard")) == {None}
+    assert second.get_requested_partitions(AssetKey("best_model")) == {None}
     assert evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor).total_requested == 0
 
 
 def test_sensors_are_running_by_default():
     from dagster import DefaultSensorStatus
 
-    for name in ("experiments_at_head", "leaderboard_automation"):
+    for name in ("experiments_at_head", "automation"):
         assert defs.resolve_sensor_def(name).default_status == DefaultSensorStatus.RUNNING

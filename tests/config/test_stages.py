@@ -55,9 +55,9 @@ def test_learning_rate_changes_only_the_pretrain_fingerprint(tiny):
     assert changed(fingerprints(tiny), fingerprints(variant)) == {"pretrain"}
 
 
-def test_model_width_changes_pretrain_and_evaluation(tiny):
+def test_model_width_changes_pretrain(tiny):
     variant = with_section(tiny, "model", n_embd=256)
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"pretrain", "evaluation"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"pretrain"}
 
 
 def test_tokenizer_config_changes_only_the_tokenizer_fingerprint(tiny):
@@ -101,7 +101,7 @@ def test_packing_changes_training_not_the_tokenizer(tiny):
 
 def test_seed_changes_every_seeded_stage_but_not_raw_or_filtered_data(tiny):
     variant = tiny.model_copy(update={"seed": 7})
-    assert changed(fingerprints(tiny), fingerprints(variant)) == {"deduped_datasets", "tokenizer", "pretrain", "evaluation"}
+    assert changed(fingerprints(tiny), fingerprints(variant)) == {"deduped_datasets", "tokenizer", "pretrain"}
 
 
 @pytest.mark.parametrize("changes", [{"queue": "gpu-large"}, {"processes_per_node": 8}, {"nodes": 4}])

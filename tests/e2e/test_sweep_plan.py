@@ -60,7 +60,7 @@ def test_plan_counts_match_execution_counts(tmp_path, tiny_path):
     registry = ArtifactStore(root / "registry")
     variants = load_file(path)
     predicted = counts(build_plan(variants, registry))
-    assert predicted == {"raw_datasets": 1, "deduped_datasets": 1, "filtered_datasets": 1, "blend": 1, "tokenizer": 2, "pretrain": 4, "model": 4, "evaluation": 4}
+    assert predicted == {"raw_datasets": 1, "deduped_datasets": 1, "filtered_datasets": 1, "blend": 1, "tokenizer": 2, "pretrain": 4, "model": 4}
     instance = DagsterInstance.from_config(str(dagster_home(root)))
     assert run_all(path, root, instance) == predicted
     assert counts(build_plan(variants, registry)) == {}

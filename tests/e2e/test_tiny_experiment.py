@@ -8,10 +8,13 @@ import pytest
 import torch
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
+from factory.data.catalog import CatalogConfig
+
 from assets.run import failure_messages, run_experiment
+from tests.e2e.conftest import objects_but_reports
 from factory.config import STAGES, config_hash, load
 from factory.registry import ArtifactStore
-from factory.stages.leaderboard import latest_leaderboard
+from factory.stages.leaderboard import latest_board
 
 pytestmark = pytest.mark.e2e
 ALL_ASSETS = (*STAGES, "leaderboard")
@@ -30,12 +33,48 @@ def metadata_of(materialization) -> dict:
     return {key: value.value for key, value in materialization.metadata.items()}
 
 
-def test_trained_model_beats_its_untrained_initialisation(pipeline):
-    [latest, *_] = materializations(pipeline["instance"], "evaluation", pipeline["name"])
-    metadata = metadata_of(latest)
-    assert metadata["summary/bpb"] < 0.8 * metadata["summary/init_bpb"], metadata
-    results = json.loads((Path(metadata["artifact"]) / "results.json").read_text())
-    assert results["bpb"] == metadata["summary/bpb"]
+def scores(pipeline, benchmark: str) -> dict[int, float]:
+    """Step -> newest score of the experiment's checkpoints on one benchmark, from the registry."""
+    from factory.evals.leaderboard import latest_results
+
+    results = latest_results(ArtifactStore(pipeline["root"] / "registry").manifests("evaluations"))
+    return {m.summary["step"]: m.summary["value"] for m in results if m.summary["benchmark"] == benchmark}
+
+
+def test_every_kept_checkpoint_is_evaluated_and_training_helped(pipeline):
+    from dataclasses import replace
+
+    from factory.evals.suite import VAL_BPB
+    from factory.models.gpt import build_model
+    from factory.stages.evaluate import CheckpointRef, load_inputs
+
+    bpb = scores(pipeline, "val_bpb")
+    assert sorted(bpb) == [100, 200, 300] and sorted(scores(pipeline, "next_line")) == [100, 200, 300]
+    assert bpb[300] < bpb[100], bpb
+    # The untrained initialisation of the same seed, scored by the same benchmark on the same bytes, is far worse.
+    key = f"{pipeline['name']}__pretrain-000300"
+    [latest, *_] = materializations(pipeline["instance"], "checkpoints", key)
+    fields = {k: v for k, v in metadata_of(latest).items() if k in CheckpointRef.__slots__}
+    inputs = load_inputs(ArtifactStore(pipeline["root"] / "registry"), CatalogConfig.local(pipeline["root"] / "iceberg"), CheckpointRef(key=key, **fields))
+    untrained = build_model(inputs.model.config, inputs.model.vocab_size, load(pipeline["source"]).seed).eval()
+    assert bpb[300] < 0.8 * VAL_BPB.run(replace(inputs, model=untrained)).value
+
+
+def test_an_evaluation_loads_exactly_the_bytes_its_checkpoint_partition_recorded(pipeline, tmp_path):
+    from factory.errors import ArtifactError
+    from factory.stages.evaluate import CheckpointRef, load_inputs
+
+    key = f"{pipeline['name']}__pretrain-000300"
+    [latest, *_] = materializations(pipeline["instance"], "checkpoints", key)
+    fields = {k: v for k, v in metadata_of(latest).items() if k in CheckpointRef.__slots__}
+    impostor = tmp_path / "step_000300.pt"
+    recorded = Path(fields["path"]).read_bytes()
+    impostor.write_bytes(recorded[:-1] + bytes([recorded[-1] ^ 1]))  # one bit flipped
+    registry, catalog = ArtifactStore(pipeline["root"] / "registry"), CatalogConfig.local(pipeline["root"] / "iceberg")
+    with pytest.raises(ArtifactError, match="does not match the sha256"):
+        load_inputs(registry, catalog, CheckpointRef(key=key, **{**fields, "path": str(impostor)}))
+    with pytest.raises(ArtifactError, match="retention policy"):
+        load_inputs(registry, catalog, CheckpointRef(key=key, **{**fields, "path": str(tmp_path / "gone.pt")}))
 
 
 def test_every_asset_records_commit_config_hash_and_digest(pipeline):
@@ -61,7 +100,7 @@ def test_second_run_reuses_every_artifact(pipeline):
         assert metadata_of(second)["cache"] == "hit", asset
         assert metadata_of(second)["digest"] == metadata_of(first)["digest"], asset
         assert registry.lookup(metadata_of(second)["fingerprint"]) is not None, asset
-    assert sorted(p.name for p in (pipeline["root"] / "registry" / "objects").iterdir()) == pipeline["objects_after_first"]
+    assert objects_but_reports(registry) == pipeline["objects_after_first"]
 
 
 def test_lineage_is_recorded_in_manifests(pipeline):
@@ -75,14 +114,20 @@ def test_lineage_is_recorded_in_manifests(pipeline):
     assert by_kind["tokenizer"].inputs == {"blend": digest["blend"]}
     assert by_kind["pretrain"].inputs == {"blend": digest["blend"], "tokenizer": digest["tokenizer"]}
     assert by_kind["model"].inputs == {"pretrain": digest["pretrain"], "tokenizer": digest["tokenizer"]}
-    assert by_kind["evaluation"].inputs == {"model": digest["model"], "blend": digest["blend"]}
+    assert by_kind["evaluations"].inputs == {"blend": digest["blend"], "tokenizer": digest["tokenizer"]}
 
 
-def test_leaderboard_lists_the_experiment(pipeline):
-    markdown = latest_leaderboard(ArtifactStore(pipeline["root"] / "registry"))
-    assert markdown is not None and f"| 1 | {pipeline['name']} |" in markdown
+def test_leaderboard_lists_the_experiment_at_its_best_checkpoint(pipeline):
+    board = latest_board(ArtifactStore(pipeline["root"] / "registry"))
+    [row] = board.rows
+    bpb = scores(pipeline, "val_bpb")
+    best = min(bpb, key=bpb.get)
+    assert row.experiment == pipeline["name"] and row.checkpoint == f"{pipeline['name']}__pretrain-{best:06d}"
+    assert row.scores["val_bpb"] == bpb[best] and row.tracker_url.startswith("mlflow run ")
     [latest, *_] = materializations(pipeline["instance"], "leaderboard", None)
-    assert pipeline["name"] in metadata_of(latest)["leaderboard"]
+    assert f"| 1 | {pipeline['name']} |" in metadata_of(latest)["leaderboard"]
+    [best_model, *_] = materializations(pipeline["instance"], "best_model", None)
+    assert metadata_of(best_model)["checkpoint"] == row.checkpoint
 
 
 def run_variant(tmp_path, tiny_path, front_matter: str):
@@ -228,3 +273,46 @@ def test_training_is_tracked_in_mlflow_and_the_run_is_on_the_materialization(pip
     losses = client.get_metric_history(run_id, "loss")
     assert [m.step for m in losses] == list(range(25, 301, 25))
     assert {"tokens_per_second", "step_seconds", "grad_norm", "lr"} <= set(run.data.metrics)
+
+
+def test_checkpoints_are_recorded_while_training_runs(pipeline):
+    """Each checkpoint partition is materialized from the training directory before the stage finishes, then from the artifact."""
+    instance, name = pipeline["instance"], pipeline["name"]
+    finished = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("pretrain"), asset_partitions=[name]), limit=100).records[-1]
+    assert metadata_of(finished.asset_materialization)["cache"] == "miss"  # the first run, which trained
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("checkpoints"), asset_partitions=[f"{name}__pretrain-000100"]), limit=100).records
+    live = [r for r in records if metadata_of(r.asset_materialization)["stored"].startswith("training")]
+    assert live and all(r.timestamp < finished.timestamp for r in live)
+    assert "/registry/work/" in metadata_of(live[-1].asset_materialization)["path"]
+
+
+def test_the_run_report_shows_curves_evaluations_decisions_cost_and_lineage(pipeline):
+    from matplotlib.image import imread
+
+    [latest, *_] = materializations(pipeline["instance"], "run_report", pipeline["name"])
+    page = Path(metadata_of(latest)["report"])
+    text = page.read_text()
+    assert text.count("data:image/png;base64,") == 3  # training loss, val_bpb, next_line
+    for name in ("training.png", "val_bpb.png", "next_line.png"):
+        image = imread(page.parent / name)
+        assert image.shape[:2] == (400, 800) and image.std() > 0.05, name  # a drawn plot, not a blank canvas
+    assert "tiny-code-lm: the smallest model" in text  # the reasoning from the file's body
+    assert f"{pipeline['name']}__pretrain-000300" in text
+    assert "7 of 7 hits" in text  # the newest report describes the second run, where every stage was a cache hit
+
+
+def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline):
+    import sys
+
+    command = [sys.executable, "-m", "factory", "evals", "backfill", "--benchmark", "python_sanity", "--root", str(pipeline["root"])]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "python_sanity: 3 checkpoints evaluated in 1 run of up to 50 partitions" in result.stdout
+    assert sorted(scores(pipeline, "python_sanity")) == [100, 200, 300]
+    keys = pipeline["instance"].get_materialized_partitions(AssetKey("evaluations"))
+    assert {f"python_sanity|{pipeline['name']}__pretrain-{step:06d}" for step in (100, 200, 300)} <= keys
+    board = subprocess.run([sys.executable, "-m", "factory", "leaderboard", "--root", str(pipeline["root"]), "--json"],
+                           capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert board.returncode == 0 and set(json.loads(board.stdout)["benchmarks"]) == {"val_bpb", "next_line", "python_sanity"}
+    unknown = subprocess.run([*command[:6], "no_such_benchmark", "--root", str(pipeline["root"])], capture_output=True, text=True, cwd=REPO)
+    assert unknown.returncode == 2 and "unknown benchmark 'no_such_benchmark'; registered:" in unknown.stderr

@@ -19,7 +19,7 @@ STARTUP_TIMEOUT_S = 180
 QUERY = """
 {
   assetNodes { assetKey { path } dependencyKeys { path } isPartitioned }
-  assetOrError(assetKey: {path: ["evaluation"]}) {
+  assetOrError(assetKey: {path: ["model"]}) {
     ... on Asset { assetMaterializations(limit: 1) { partition metadataEntries { label } } }
   }
 }
@@ -73,8 +73,9 @@ def ui(pipeline, tmp_path_factory):
 def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
     data = graphql(ui, QUERY)
     parents = {tuple(n["assetKey"]["path"])[0]: {d["path"][0] for d in n["dependencyKeys"]} for n in data["assetNodes"]}
-    assert parents["leaderboard"] == {"evaluation"}
-    assert parents["evaluation"] == {"model", "blend"}
+    assert parents["best_model"] == {"leaderboard"}
+    assert parents["leaderboard"] == {"evaluations"}
+    assert parents["evaluations"] == {"checkpoints"}
     assert parents["model"] == {"pretrain", "tokenizer"}
     assert parents["pretrain"] == {"blend", "tokenizer"}
     assert parents["checkpoints"] == {"pretrain"}
@@ -83,8 +84,8 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
     assert parents["filtered_datasets"] == {"deduped_datasets"}
     assert parents["deduped_datasets"] == {"raw_datasets"}
     partitioned = {n["assetKey"]["path"][0]: n["isPartitioned"] for n in data["assetNodes"]}
-    assert partitioned["evaluation"] and not partitioned["leaderboard"]
+    assert partitioned["evaluations"] and not partitioned["leaderboard"]
     [latest] = data["assetOrError"]["assetMaterializations"]
     assert latest["partition"] == pipeline["name"]
     labels = {entry["label"] for entry in latest["metadataEntries"]}
-    assert {"digest", "git_commit", "config_hash", "summary/bpb"} <= labels
+    assert {"digest", "git_commit", "config_hash", "summary/parameters"} <= labels

@@ -1,73 +1,92 @@
-"""The leaderboard: rows ordered by bits per byte, rendered as a Markdown table."""
+"""The leaderboard: each experiment at its best checkpoint on the primary benchmark, ranked; regressions found."""
 
-from factory.evals.leaderboard import Row, build_rows, render_markdown
+import json
+import re
+
+import pytest
+
+from factory.errors import ConfigError
+from factory.evals.leaderboard import Board, build_board, latest_results, regressions, render_html, render_markdown
 from factory.registry.store import Manifest
 
+LOWER = {"val_bpb": True, "next_line": False}
 
-def evaluation(experiment: str, bpb: float, digest: str, commit: str = "0123456789abcdef0123") -> Manifest:
+
+def result(experiment: str, step: int, benchmark: str, value: float, created: str = "2026-01-01T00:00:00+00:00", version: int = 1) -> Manifest:
+    checkpoint = f"{experiment}__pretrain-{step:06d}"
     return Manifest(
-        kind="evaluation",
-        fingerprint=f"fp-{experiment}",
-        digest=digest,
-        files={"results.json": {"sha256": "0" * 64, "bytes": 10}},
-        config={},
-        inputs={"model": "m" * 64},
-        code="local:abc",
-        experiment=experiment,
-        config_hash="c" * 16,
-        git_commit=commit,
-        created="2025-01-01T00:00:00+00:00",
-        summary={"bpb": bpb, "init_bpb": 8.0, "parameters": 123_456, "tokens_seen": 1_000_000},
+        kind="evaluations", fingerprint=f"fp-{checkpoint}-{benchmark}-{created}", digest=f"d-{checkpoint}-{benchmark}-{value}",
+        files={"result.json": {"sha256": "0" * 64, "bytes": 10}}, config={}, inputs={}, code="local:abc", experiment=experiment,
+        config_hash="c" * 16, git_commit="0123456789abcdef0123", created=created,
+        summary={"benchmark": benchmark, "version": version, "lower_is_better": LOWER[benchmark], "value": value, "count": 10,
+                 "checkpoint": checkpoint, "experiment": experiment, "step": step, "tokens_seen": step * 100},
     )
 
 
-EVALUATIONS = [
-    ("middle", evaluation("middle", 2.5, "b" * 64)),
-    ("worst", evaluation("worst", 3.25, "c" * 64)),
-    ("best", evaluation("best", 1.75, "a" * 64)),
+RESULTS = [
+    result("a", 100, "val_bpb", 2.5), result("a", 100, "next_line", 0.10),
+    result("a", 200, "val_bpb", 2.2), result("a", 200, "next_line", 0.05),  # a's best by val_bpb, though worse on next_line
+    result("b", 100, "val_bpb", 2.0), result("b", 100, "next_line", 0.30),
+    result("c", 300, "val_bpb", 3.0),
 ]
 
 
-def test_rows_are_ordered_by_lowest_bits_per_byte_first():
-    rows = build_rows(EVALUATIONS)
-    assert [row.experiment for row in rows] == ["best", "middle", "worst"]
-    assert [row.bpb for row in rows] == [1.75, 2.5, 3.25]
+def test_each_experiment_is_shown_at_its_best_checkpoint_on_the_primary_benchmark_with_that_checkpoints_scores():
+    board = build_board(RESULTS)
+    assert [row.experiment for row in board.rows] == ["b", "a", "c"]
+    a = board.rows[1]
+    assert (a.checkpoint, a.step, a.tokens_seen, a.checkpoints_evaluated) == ("a__pretrain-000200", 200, 20_000, 2)
+    assert dict(a.scores) == {"val_bpb": 2.2, "next_line": 0.05}  # one model per row, never the best of each column
+    assert board.benchmarks == LOWER and board.sort == "val_bpb"
 
 
-def test_ties_are_broken_by_experiment_name():
-    rows = build_rows([("zeta", evaluation("zeta", 2.0, "z" * 64)), ("alpha", evaluation("alpha", 2.0, "y" * 64))])
-    assert [row.experiment for row in rows] == ["alpha", "zeta"]
+def test_sorting_by_a_higher_is_better_benchmark_puts_the_highest_first_and_rows_without_it_last():
+    board = build_board(RESULTS, sort="next_line")
+    assert [row.experiment for row in board.rows] == ["b", "a", "c"]
+    assert [row.scores.get("next_line") for row in board.rows] == [0.30, 0.05, None]
 
 
-def test_rows_carry_the_manifest_summary_and_provenance():
-    [best, *_] = build_rows(EVALUATIONS)
-    assert best == Row(
-        experiment="best",
-        bpb=1.75,
-        init_bpb=8.0,
-        parameters=123_456,
-        tokens_seen=1_000_000,
-        git_commit="0123456789abcdef0123",
-        digest="a" * 64,
-    )
-    assert best.to_json()["digest"] == "a" * 64
-    assert set(best.to_json()) == {"experiment", "bpb", "init_bpb", "parameters", "tokens_seen", "git_commit", "digest"}
+def test_sorting_by_a_benchmark_without_results_says_which_have_results():
+    with pytest.raises(ConfigError, match="no results for benchmark 'nope'.*next_line, val_bpb"):
+        build_board(RESULTS, sort="nope")
 
 
-def test_markdown_has_a_rank_column_and_one_line_per_experiment_in_order():
-    markdown = render_markdown(build_rows(EVALUATIONS))
-    header, separator, *lines = markdown.splitlines()
-    assert header.startswith("| rank | experiment |")
+def test_a_newer_result_for_the_same_checkpoint_and_benchmark_supersedes_the_older():
+    newer = result("c", 300, "val_bpb", 1.0, created="2026-02-01T00:00:00+00:00")
+    assert [m.summary["value"] for m in latest_results([RESULTS[-1], newer])] == [1.0]
+    assert build_board([*RESULTS, newer]).rows[0].experiment == "c"
+
+
+def test_regressions_beyond_the_tolerance_are_named_with_both_scores_and_small_ones_pass():
+    board = build_board(RESULTS)
+    b, a = board.rows[0], board.rows[1]
+    assert regressions(b, a, board.benchmarks) == []  # b is better on both
+    found = regressions(a, b, board.benchmarks)
+    assert len(found) == 2 and found[0].startswith("next_line: 0.0500 vs 0.3000") and "higher is better" in found[0]
+    slightly = build_board([result("x", 1, "val_bpb", 2.03), result("y", 1, "val_bpb", 2.0)])
+    x, y = sorted(slightly.rows, key=lambda row: row.experiment)
+    assert regressions(x, y, slightly.benchmarks, tolerance=0.02) == []
+    assert regressions(x, y, slightly.benchmarks, tolerance=0.01) != []
+
+
+def test_markdown_has_a_column_per_benchmark_and_a_line_per_experiment_in_rank_order():
+    header, separator, *lines = render_markdown(build_board(RESULTS)).splitlines()
+    assert "next_line ↑" in header and "val_bpb ↓" in header
     assert separator.count("|") == header.count("|")
-    assert len(lines) == 3
-    for rank, (line, name) in enumerate(zip(lines, ["best", "middle", "worst"], strict=True), start=1):
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        assert cells[:3] == [str(rank), name, f"{dict(best=1.75, middle=2.5, worst=3.25)[name]:.4f}"]
-        assert "123,456" in cells and "1,000,000" in cells
-        assert "0123456789ab" in cells
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    assert [row[1] for row in cells] == ["b", "a", "c"]
+    assert cells[2][3] == "–" and cells[2][4] == "3.0000"  # c has no next_line score
 
 
-def test_markdown_without_rows_says_so():
-    markdown = render_markdown([])
-    assert "no evaluations yet" in markdown
-    assert markdown.splitlines()[0].startswith("| rank |")
+def test_the_html_page_escapes_names_and_carries_the_board_as_json():
+    board = build_board([result("<script>x</script>", 1, "val_bpb", 2.0)])
+    page = render_html(board)
+    assert "<script>x</script>" not in page and "&lt;script&gt;" in page
+    data = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1)
+    import html
+    assert Board.from_json(json.loads(html.unescape(data))) == board
+
+
+def test_an_empty_board_says_so():
+    board = build_board([])
+    assert board.rows == () and "no evaluations yet" in render_markdown(board) and "no evaluations yet" in render_html(board)

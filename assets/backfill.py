@@ -1,0 +1,122 @@
+"""Evaluate many `evaluations` partitions in few runs: partition ranges of up to EVALS_PER_RUN checkpoints.
+
+`python -m assets.backfill --benchmark NAME [--root DIR]` adds the benchmark's partition and
+evaluates every recorded checkpoint on it, in process (no daemon needed); `factory evals backfill`
+calls it. The same ranges are what the Dagster UI's backfill and the automation sensor produce
+from the asset's backfill policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, PreviewWarning, materialize
+
+from assets.evaluations import EVALS_PER_RUN
+from assets.partitions import BENCHMARKS, CHECKPOINTS
+from assets.records import latest_metadata
+from factory.errors import ConfigError
+from factory.evals.benchmarks import benchmark
+
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+
+def ranges(order: Iterable[str], wanted: set[str], limit: int = EVALS_PER_RUN) -> Iterator[tuple[str, str, int]]:
+    """(first, last, count) of each run: stretches of consecutive wanted checkpoints (in partition order), at most `limit` long."""
+    run: list[str] = []
+    for key in order:
+        if key in wanted and len(run) < limit:
+            run.append(key)
+            continue
+        if run:
+            yield run[0], run[-1], len(run)
+        run = [key] if key in wanted else []
+    if run:
+        yield run[0], run[-1], len(run)
+
+
+def stored_checkpoints(instance: DagsterInstance, prefix: str = "") -> set[str]:
+    """Checkpoint partitions (whose key starts with `prefix`) whose bytes are still stored; retention deleted the others."""
+    stored = set()
+    for key in instance.get_dynamic_partitions(CHECKPOINTS):
+        if key.startswith(prefix):
+            metadata = latest_metadata(instance, CHECKPOINTS, key)
+            if metadata is not None and Path(metadata["path"]).exists():
+                stored.add(key)
+    return stored
+
+
+def evaluate_checkpoints(
+    instance: DagsterInstance, benchmarks: Iterable[str], checkpoints: set[str], run: Callable[..., ExecuteInProcessResult],
+    limit: int = EVALS_PER_RUN,
+) -> list[ExecuteInProcessResult]:
+    """Evaluate `checkpoints` on `benchmarks`, one run per range of at most `limit` partitions; stops at the first failed run.
+
+    A range spans benchmarks too (from the first to the last wanted one, in partition order): every
+    benchmark in between is evaluated as well, as the asset's partitions say it should be.
+    """
+    new = [name for name in benchmarks if not instance.has_dynamic_partition(BENCHMARKS, name)]
+    if new:
+        instance.add_dynamic_partitions(BENCHMARKS, new)
+    order = instance.get_dynamic_partitions(BENCHMARKS)
+    span = sorted(order.index(name) for name in benchmarks)
+    if not span:
+        return []
+    low, high = order[span[0]], order[span[-1]]
+    per_run = max(1, limit // (span[-1] - span[0] + 1))
+    results = []
+    for first, last, _ in ranges(instance.get_dynamic_partitions(CHECKPOINTS), checkpoints, per_run):
+        tags = {
+            RANGE_START: str(MultiPartitionKey({"benchmark": low, "checkpoint": first})),
+            RANGE_END: str(MultiPartitionKey({"benchmark": high, "checkpoint": last})),
+        }
+        results.append(run(selection=["evaluations"], tags=tags))
+        if not results[-1].success:
+            break
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit 0 ok, 1 an evaluation failed, 2 bad input."""
+    from assets.run import EVERYTHING, RUN_CONFIG, failure_messages, resources_at
+
+    parser = argparse.ArgumentParser(prog="python -m assets.backfill")
+    parser.add_argument("--benchmark", required=True)
+    parser.add_argument("--root", type=Path, default=Path(".factory"))
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=PreviewWarning)
+    try:
+        benchmark(args.benchmark)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    instance = DagsterInstance.get()
+    checkpoints = stored_checkpoints(instance)
+    if not checkpoints:
+        print(f"no stored checkpoints recorded in {instance.root_directory}: run an experiment first", file=sys.stderr)
+        return 1
+    if gone := len(instance.get_dynamic_partitions(CHECKPOINTS)) - len(checkpoints):
+        print(f"{gone} recorded checkpoints were deleted by their run's retention policy; they are not evaluated")
+
+    def run(**options) -> ExecuteInProcessResult:
+        return materialize(EVERYTHING, instance=instance, resources=resources_at(args.root), raise_on_error=False, run_config=RUN_CONFIG, **options)
+
+    results = evaluate_checkpoints(instance, [args.benchmark], checkpoints, run)
+    for result in results:
+        if not result.success:
+            for message in failure_messages(result):
+                print(f"error: {message}", file=sys.stderr)
+            return 1
+    runs = f"{len(results)} run" if len(results) == 1 else f"{len(results)} runs"
+    print(f"{args.benchmark}: {len(checkpoints)} checkpoints evaluated in {runs} of up to {EVALS_PER_RUN} partitions")
+    leaderboard = run(selection=["leaderboard", "best_model"])
+    return 0 if leaderboard.success else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""An experiment's run report, assembled from the registry and published as an immutable artifact."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+from factory.config.fingerprint import code_identity, sha256_of
+from factory.config.schema import Experiment
+from factory.evals.leaderboard import latest_results
+from factory.evals.report import EvalPoint, ReportInputs, StageCost, plot_benchmark, plot_training, render_report
+from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.stages.evaluate import KIND as EVALUATIONS
+from factory.train.pretrain import CONTROL_FILE, METRICS_FILE
+
+KIND = "run_report"
+REPORT_FILE = "report.html"
+
+
+def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mapping[str, tuple[str, str]], git_commit: str) -> ReportInputs:
+    """What the report shows; `stages` maps each stage the experiment ran to (its fingerprint, "hit" or "miss")."""
+    manifests = {kind: registry.lookup(fingerprint) for kind, (fingerprint, _) in stages.items()}
+    training = manifests.get("pretrain")
+    links = {"config commit": git_commit}
+    if training is not None and training.summary.get("tracker_url"):
+        links["tracker run"] = training.summary["tracker_url"]
+    return ReportInputs(
+        experiment=experiment.name,
+        git_commit=git_commit,
+        body_markdown=experiment.description,
+        config_yaml=yaml.safe_dump(experiment.model_dump(mode="json", exclude={"name", "description", "source"}), sort_keys=False),
+        training=_jsonl(registry.path(training.digest) / METRICS_FILE) if training else [],
+        evaluations=[_point(m) for m in latest_results(registry.manifests(EVALUATIONS)) if m.summary["experiment"] == experiment.name],
+        stages=[_cost(kind, manifests[kind], cache) for kind, (_, cache) in stages.items()],
+        control=_jsonl(registry.path(training.digest) / CONTROL_FILE) if training else [],
+        links=links,
+    )
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _point(manifest: Manifest) -> EvalPoint:
+    s = manifest.summary
+    return EvalPoint(benchmark=s["benchmark"], step=s["step"], value=s["value"], lower_is_better=s["lower_is_better"], checkpoint=s["checkpoint"])
+
+
+def _cost(kind: str, manifest: Manifest | None, cache: str) -> StageCost:
+    """A stage's CPU-seconds when this run computed it; 0 when it came from the cache (or is gone from the registry)."""
+    if manifest is None:
+        return StageCost(kind=kind, digest="missing from the registry", cache="miss", seconds=0.0)
+    seconds = 0.0 if cache == "hit" else float(manifest.summary.get("cpu_seconds", 0.0))
+    return StageCost(kind=kind, digest=manifest.digest, cache="hit" if cache == "hit" else "miss", seconds=seconds, inputs=dict(manifest.inputs))
+
+
+def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
+    """Publish the report (the HTML page, plus its plots as PNG files for other viewers)."""
+    page = render_report(inputs)
+    fingerprint = sha256_of({"kind": KIND, "page": sha256_of(page)})
+    manifest = registry.lookup(fingerprint)
+    if manifest is not None:
+        return manifest
+    with registry.staging() as out:
+        (out / REPORT_FILE).write_text(page)
+        if inputs.training:
+            (out / "training.png").write_bytes(plot_training(inputs.training))
+        for name in sorted({point.benchmark for point in inputs.evaluations}):
+            (out / f"{name}.png").write_bytes(plot_benchmark(inputs.evaluations, name))
+        return registry.publish(
+            out, kind=KIND, fingerprint=fingerprint, config={}, inputs={stage.kind: stage.digest for stage in inputs.stages},
+            code=code_identity("local"), provenance=Provenance(experiment=inputs.experiment, config_hash=fingerprint[:16], git_commit=inputs.git_commit),
+            summary={"evaluations": len(inputs.evaluations), "control_decisions": len(inputs.control)},
+        )

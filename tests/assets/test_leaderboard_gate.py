@@ -1,0 +1,56 @@
+"""The best model moves only when the leaderboard's blocking check passes (a real Dagster instance and registry)."""
+
+import pytest
+from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
+
+from assets.leaderboard import best_model, leaderboard
+from factory.registry import ArtifactStore
+from factory.stages.leaderboard import current_best, latest_board
+from resources import FactoryStores
+from tests.conftest import publish_result
+
+
+@pytest.fixture
+def gate(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    instance = DagsterInstance.ephemeral()
+
+    def run():
+        return materialize([leaderboard, best_model], instance=instance, resources={"stores": FactoryStores(root=str(tmp_path))},
+                           raise_on_error=False)
+
+    return registry, instance, run
+
+
+def check_of(result):
+    [check] = [e.event_specific_data for e in result.all_events if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION]
+    return check
+
+
+def test_a_leader_that_regresses_on_another_benchmark_is_not_marked_best(gate):
+    registry, instance, run = gate
+    publish_result(registry, "a", "val_bpb", 2.0)
+    publish_result(registry, "a", "next_line", 0.30)
+    first = run()
+    assert first.success and check_of(first).passed and current_best(registry).experiment == "a"
+    publish_result(registry, "b", "val_bpb", 1.8)  # better on the primary benchmark...
+    publish_result(registry, "b", "next_line", 0.10)  # ...but a third of a's next-line accuracy
+    second = run()
+    check = check_of(second)
+    assert not check.passed and check.description.startswith("next_line: 0.1000 vs 0.3000 for the current best a")
+    assert latest_board(registry).rows[0].experiment == "b"  # the leaderboard shows the truth...
+    assert current_best(registry).experiment == "a"  # ...but the best model did not move
+    materialized = [e.asset_key for e in second.all_events if e.event_type == DagsterEventType.ASSET_MATERIALIZATION]
+    assert materialized == [AssetKey("leaderboard")]
+
+
+def test_a_leader_within_the_tolerance_everywhere_is_marked_best(gate):
+    registry, instance, run = gate
+    publish_result(registry, "a", "val_bpb", 2.0)
+    publish_result(registry, "a", "next_line", 0.30)
+    assert run().success
+    publish_result(registry, "c", "val_bpb", 1.8)
+    publish_result(registry, "c", "next_line", 0.297)  # 1% worse: within the 2% tolerance
+    result = run()
+    assert result.success and check_of(result).passed
+    assert current_best(registry).experiment == "c"

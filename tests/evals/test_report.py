@@ -1,0 +1,226 @@
+"""The run report: plots that show what they claim, an escaped self-contained page, the same bytes each time."""
+
+import base64
+import io
+import re
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgb
+from matplotlib.image import imread
+
+from factory.evals.report import (
+    BEST_COLOUR,
+    EVAL_LOSS_COLOUR,
+    LOSS_COLOUR,
+    EvalPoint,
+    ReportInputs,
+    StageCost,
+    _benchmark_axes,
+    plot_benchmark,
+    plot_training,
+    render_report,
+)
+
+FALLING = [{"step": step, "loss": 8.0 - 0.02 * step, "lr": 3e-3} for step in range(0, 301, 10)]
+EVALS = [{"step": step, "eval_loss": 7.0 - 0.015 * step} for step in (100, 200, 300)]
+
+
+def point(benchmark: str, step: int, value: float, lower: bool, stage: str = "pretrain") -> EvalPoint:
+    return EvalPoint(benchmark=benchmark, step=step, value=value, lower_is_better=lower, checkpoint=f"tiny__{stage}-{step:06d}")
+
+
+RISING = [point("pass@1", step, value, lower=False) for step, value in ((300, 0.06), (100, 0.01), (200, 0.045))]  # out of order on purpose
+BPB = [point("val_bpb", step, value, lower=True) for step, value in ((200, 2.2), (100, 2.9), (300, 1.5))]
+
+
+def pixels(png: bytes) -> np.ndarray:
+    """The PNG's RGB pixels, floats in [0, 1]."""
+    return imread(io.BytesIO(png), format="png")[..., :3]
+
+
+def plot_area(image: np.ndarray) -> tuple[slice, slice]:
+    """Rows and columns strictly inside the axes frame (the longest dark lines), so the legend below is left out."""
+    dark = image.sum(axis=-1) < 0.6
+    columns = np.flatnonzero(dark.sum(axis=0) > 0.5 * dark.sum(axis=0).max())
+    rows = np.flatnonzero(dark.sum(axis=1) > 0.5 * dark.sum(axis=1).max())
+    return slice(rows[0] + 2, rows[-1] - 1), slice(columns[0] + 2, columns[-1] - 1)
+
+
+def matching(image: np.ndarray, colour: str) -> np.ndarray:
+    """Mask of the pixels of `colour` (antialiased edges left out)."""
+    return np.all(np.abs(image - np.array(to_rgb(colour))) < 0.05, axis=-1)
+
+
+def line_rows(png: bytes, colour: str) -> np.ndarray:
+    """For each column inside the frame that the line crosses once, the mean screen row of its pixels."""
+    image = pixels(png)
+    rows, columns = plot_area(image)
+    mask = matching(image[rows, columns], colour)
+    means = []
+    for column in mask.T:
+        hit = np.flatnonzero(column)
+        if hit.size and hit[-1] - hit[0] < hit.size + 2:  # one run, not two separate marks
+            means.append(hit.mean())
+    return np.array(means)
+
+
+def test_training_plot_is_a_picture_not_a_blank():
+    image = pixels(plot_training(FALLING))
+    assert image.shape == (400, 800, 3)
+    assert (image.sum(axis=-1) < 1.5).mean() > 0.01  # text, frame and line: dark pixels
+    assert matching(image, LOSS_COLOUR).sum() > 500
+
+
+def test_falling_loss_goes_down_the_screen_left_to_right():
+    rows = line_rows(plot_training(FALLING), LOSS_COLOUR)
+    assert len(rows) > 500  # the line spans most of the width
+    assert rows[-1] - rows[0] > 200  # screen rows grow downwards: the right end is much lower
+    assert np.all(np.diff(rows) > -1.0)  # and it never climbs back
+
+
+def test_rising_loss_goes_up_the_screen():
+    rising = [{"step": row["step"], "loss": 2.0 + 0.02 * row["step"]} for row in FALLING]
+    rows = line_rows(plot_training(rising), LOSS_COLOUR)
+    assert rows[0] - rows[-1] > 200
+
+
+def test_eval_loss_is_drawn_only_when_logged():
+    assert matching(pixels(plot_training(FALLING)), EVAL_LOSS_COLOUR).sum() == 0
+    with_eval = plot_training(FALLING + EVALS)
+    assert matching(pixels(with_eval), EVAL_LOSS_COLOUR).sum() > 300
+    rows = line_rows(with_eval, EVAL_LOSS_COLOUR)
+    assert rows[-1] - rows[0] > 50
+
+
+def test_log_scale_bends_a_straight_falling_line():
+    """On a log axis a linear fall is steeper at the low end: the second half drops more than the first."""
+    rows = line_rows(plot_training(FALLING, log_scale=True), LOSS_COLOUR)
+    middle = len(rows) // 2
+    assert rows[-1] - rows[middle] > 1.3 * (rows[middle] - rows[0])
+    linear = line_rows(plot_training(FALLING), LOSS_COLOUR)
+    assert abs((linear[-1] - linear[middle]) - (linear[middle] - linear[0])) < 10
+
+
+def test_training_plot_without_loss_is_refused():
+    with pytest.raises(ValueError, match="no loss"):
+        plot_training([{"step": 1, "lr": 1e-3}])
+
+
+def test_rising_higher_is_better_scores_go_up_the_screen_in_step_order():
+    rows = line_rows(plot_benchmark(RISING, "pass@1"), "#1f77b4")
+    assert len(rows) > 400
+    assert rows[0] - rows[-1] > 200
+    assert np.all(np.diff(rows) < 1.0)
+
+
+def best_star_position(png: bytes) -> tuple[float, float]:
+    """Centre of the best-point star inside the frame, as fractions of the frame (0, 0 = top left)."""
+    image = pixels(png)
+    rows, columns = plot_area(image)
+    ys, xs = np.nonzero(matching(image[rows, columns], BEST_COLOUR))
+    assert ys.size > 30
+    return xs.mean() / (columns.stop - columns.start), ys.mean() / (rows.stop - rows.start)
+
+
+def test_best_point_is_starred_where_the_direction_says():
+    falling_lower = plot_benchmark(BPB, "val_bpb")
+    x, y = best_star_position(falling_lower)
+    assert x > 0.9 and y > 0.9  # lowest value, last step: bottom right
+    falling_higher = [point("val_bpb", p.step, p.value, lower=False) for p in BPB]
+    x, y = best_star_position(plot_benchmark(falling_higher, "val_bpb"))
+    assert x < 0.1 and y < 0.1  # highest value, first step: top left
+
+
+def test_benchmark_plot_labels_its_direction_and_draws_a_line_per_series():
+    ax = _benchmark_axes(BPB + [point("val_bpb", 50, 2.9, lower=True, stage="sft")] + RISING, "val_bpb")
+    assert ax.get_ylabel() == "val_bpb (lower is better)"
+    assert ax.get_xlabel() == "step"
+    assert [line.get_label() for line in ax.get_lines()] == ["pretrain", "sft", "best: 1.5 at step 300"]
+    assert list(ax.get_lines()[0].get_xdata()) == [100, 200, 300]
+    assert _benchmark_axes(RISING, "pass@1").get_ylabel() == "pass@1 (higher is better)"
+
+
+def test_benchmark_points_that_disagree_on_direction_are_refused():
+    with pytest.raises(ValueError, match="lower_is_better"):
+        plot_benchmark(BPB + [point("val_bpb", 400, 1.0, lower=False)], "val_bpb")
+
+
+def test_plots_are_the_same_bytes_each_time_whatever_the_row_order():
+    assert plot_training(FALLING + EVALS) == plot_training(EVALS + FALLING[1::2] + FALLING[::2])
+    assert plot_benchmark(RISING, "pass@1") == plot_benchmark(list(reversed(RISING)), "pass@1")
+
+
+STAGES = [
+    StageCost(kind="tokenizer", digest="b" * 64, cache="hit", seconds=0.0, inputs={"ingest": "a" * 64}),
+    StageCost(kind="pretrain", digest="c" * 64, cache="miss", seconds=120.25, inputs={"tokenizer": "b" * 64}),
+    StageCost(kind="eval", digest="d" * 64, cache="miss", seconds=3.5, inputs={"pretrain": "c" * 64}),
+]
+CONTROL = [
+    {"step": 150, "rule": "loss_spike", "event": "train_step", "actions": ["rewind", "halve_lr"], "alert": "loss jumped 3x"},
+    {"step": 90, "rule": "warmup_done", "event": "eval", "actions": ["evaluate"], "message": "warmup over"},
+]
+FULL = ReportInputs(
+    experiment="tiny-code-lm",
+    git_commit="0123456789abcdef",
+    body_markdown="# Why\n\nSmall on purpose, `n_layer: 2`.\n\n- **Data.** stdlib\n  and more\n- <script>alert(1)</script>\n",
+    config_yaml="model:\n  n_layer: 2\nnote: <b>bold</b>\n",
+    training=FALLING + EVALS,
+    evaluations=BPB + RISING,
+    stages=STAGES,
+    control=CONTROL,
+    links={"tracker run": "http://mlflow.local/#/runs/abc", "evil": "javascript:alert(1)"},
+)
+
+
+def test_report_embeds_one_training_plot_and_one_per_benchmark():
+    page = render_report(FULL)
+    assert page.count("data:image/png;base64,") == 3
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert base64.b64decode(images[0]) == plot_training(FULL.training)
+    assert base64.b64decode(images[1]) == plot_benchmark(FULL.evaluations, "pass@1")
+    assert base64.b64decode(images[2]) == plot_benchmark(FULL.evaluations, "val_bpb")
+
+
+def test_report_escapes_every_input_string():
+    page = render_report(FULL)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<b>bold</b>" not in page and "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert 'href="javascript:' not in page  # only http(s) values become links
+    assert '<a href="http://mlflow.local/#/runs/abc">' in page
+
+
+def test_report_renders_the_reasoning_as_simple_markdown():
+    page = render_report(FULL)
+    assert "<h3>Why</h3>" in page
+    assert "<p>Small on purpose, <code>n_layer: 2</code>.</p>" in page
+    assert "<li><strong>Data.</strong> stdlib and more</li>" in page
+
+
+def test_report_lists_control_decisions_in_step_order():
+    page = render_report(FULL)
+    assert page.index("warmup_done") < page.index("loss_spike")
+    assert "<td>rewind, halve_lr</td><td>loss jumped 3x</td>" in page
+
+
+def test_report_totals_stage_cost_and_cache_hits_and_shortens_lineage_digests():
+    page = render_report(FULL)
+    assert "<td>total</td><td></td><td>1 of 3 hits</td><td class=n>123.8</td>" in page
+    assert "<td>pretrain cccccccccccc</td><td>tokenizer</td><td>bbbbbbbbbbbb</td>" in page
+    assert "b" * 13 not in page
+
+
+def test_report_is_the_same_bytes_each_time():
+    assert render_report(FULL).encode() == render_report(FULL).encode()
+
+
+def test_empty_sections_say_none():
+    page = render_report(ReportInputs(experiment="fresh", git_commit="abc"))
+    assert page.count("<em>none</em>") == 8  # training, benchmarks, evaluations, control, stages, lineage, config, reasoning
+    assert "data:image/png" not in page
+    assert "<h2>Control decisions</h2>\n<p><em>none</em></p>" in page
+
+
+def test_a_benchmark_with_no_points_is_refused():
+    with pytest.raises(ValueError, match="'nope'"):
+        plot_benchmark(BPB, "nope")
