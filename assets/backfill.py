@@ -17,6 +17,7 @@ from pathlib import Path
 from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, PreviewWarning, materialize
 
 from assets.evaluations import EVALS_PER_RUN
+from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
 from assets.partitions import BENCHMARKS, CHECKPOINTS
 from assets.records import latest_metadata
 from factory.errors import ConfigError
@@ -26,27 +27,27 @@ RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 
 
-def ranges(order: Iterable[str], wanted: set[str], limit: int = EVALS_PER_RUN) -> Iterator[tuple[str, str, int]]:
-    """(first, last, count) of each run: stretches of consecutive wanted checkpoints (in partition order), at most `limit` long."""
+def ranges(order: Iterable[str], wanted: set[str], limit: int = EVALS_PER_RUN) -> Iterator[tuple[str, str]]:
+    """(first, last) of each run: stretches of consecutive wanted checkpoints (in partition order), at most `limit` long."""
     run: list[str] = []
     for key in order:
         if key in wanted and len(run) < limit:
             run.append(key)
             continue
         if run:
-            yield run[0], run[-1], len(run)
+            yield run[0], run[-1]
         run = [key] if key in wanted else []
     if run:
-        yield run[0], run[-1], len(run)
+        yield run[0], run[-1]
 
 
-def stored_checkpoints(instance: DagsterInstance, prefix: str = "") -> set[str]:
-    """Checkpoint partitions (whose key starts with `prefix`) whose bytes are still stored; retention deleted the others."""
+def stored_checkpoints(instance: DagsterInstance, experiment: str | None = None) -> set[str]:
+    """Checkpoint partitions (of one experiment, or all) whose bytes are still where they were recorded."""
     stored = set()
     for key in instance.get_dynamic_partitions(CHECKPOINTS):
-        if key.startswith(prefix):
+        if experiment is None or key.rsplit("__", 1)[0] == experiment:
             metadata = latest_metadata(instance, CHECKPOINTS, key)
-            if metadata is not None and Path(metadata["path"]).exists():
+            if metadata is not None and metadata.get("path") and Path(metadata["path"]).exists():
                 stored.add(key)
     return stored
 
@@ -70,7 +71,7 @@ def evaluate_checkpoints(
     low, high = order[span[0]], order[span[-1]]
     per_run = max(1, limit // (span[-1] - span[0] + 1))
     results = []
-    for first, last, _ in ranges(instance.get_dynamic_partitions(CHECKPOINTS), checkpoints, per_run):
+    for first, last in ranges(instance.get_dynamic_partitions(CHECKPOINTS), checkpoints, per_run):
         tags = {
             RANGE_START: str(MultiPartitionKey({"benchmark": low, "checkpoint": first})),
             RANGE_END: str(MultiPartitionKey({"benchmark": high, "checkpoint": last})),
@@ -83,8 +84,6 @@ def evaluate_checkpoints(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit 0 ok, 1 an evaluation failed, 2 bad input."""
-    from assets.run import EVERYTHING, RUN_CONFIG, failure_messages, resources_at
-
     parser = argparse.ArgumentParser(prog="python -m assets.backfill")
     parser.add_argument("--benchmark", required=True)
     parser.add_argument("--root", type=Path, default=Path(".factory"))
@@ -114,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     runs = f"{len(results)} run" if len(results) == 1 else f"{len(results)} runs"
     print(f"{args.benchmark}: {len(checkpoints)} checkpoints evaluated in {runs} of up to {EVALS_PER_RUN} partitions")
-    leaderboard = run(selection=["leaderboard", "best_model"])
-    return 0 if leaderboard.success else 1
+    board = run(selection=["leaderboard", "best_model"])
+    for message in failure_messages(board):
+        print(f"{'note' if gate_refused(board) else 'error'}: {message}", file=sys.stderr)
+    return 0 if board.success or gate_refused(board) else 1
 
 
 if __name__ == "__main__":

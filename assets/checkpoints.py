@@ -9,12 +9,14 @@ reported again, pointing into the immutable artifact.
 
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetMaterialization, AssetSpec, MetadataValue
+from dagster import AssetExecutionContext, AssetMaterialization, AssetSpec, Failure, MetadataValue
 
 from assets.partitions import BENCHMARKS, CHECKPOINTS, checkpoints_partitions
 from factory.config import Experiment, StageSpec
 from factory.config.schema import EvalConfig
-from factory.train.checkpoint import partition_key, published
+from factory.errors import ConfigError
+from factory.evals.benchmarks import benchmark
+from factory.train.checkpoint import SavedCheckpoint, partition_key, published
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,
@@ -35,9 +37,21 @@ class CheckpointRecorder:
         self.spec = spec
         self.git_commit = git_commit
         self.recorded: dict[str, str] = {}
-        benchmarks = [name for name in (experiment.eval.benchmarks if experiment.eval else ()) if not context.instance.has_dynamic_partition(BENCHMARKS, name)]
-        if benchmarks:  # the benchmarks this experiment asks for exist before its first checkpoint does
-            context.instance.add_dynamic_partitions(BENCHMARKS, benchmarks)
+        names = experiment.eval.benchmarks if experiment.eval else ()
+        for name in names:  # a typo must not become a partition every later backfill trips over
+            try:
+                benchmark(name)
+            except ConfigError as e:
+                raise Failure(description=f"{experiment.name}: eval.benchmarks: {e}") from e
+        if new := [name for name in names if not context.instance.has_dynamic_partition(BENCHMARKS, name)]:
+            context.instance.add_dynamic_partitions(BENCHMARKS, new)  # before the first checkpoint, so its evaluations are due
+
+    def poll(self, directory: Path) -> None:
+        """`record` while the stage runs: a failure to write to Dagster is logged and tried again next time, never fatal."""
+        try:
+            self.record(directory)
+        except Exception as e:  # e.g. "database is locked" while the daemon writes; training must go on
+            self.context.log.warning(f"recording checkpoints failed this time, will retry: {e}")
 
     def record(self, directory: Path, stage_digest: str | None = None) -> list[str]:
         """Report every complete checkpoint in `directory` not yet reported from there; returns the keys in it."""
@@ -53,7 +67,14 @@ class CheckpointRecorder:
             self.context.log_event(AssetMaterialization(asset_key=CHECKPOINTS, partition=key, metadata=self.metadata(checkpoint, stage_digest)))
         return keys
 
-    def metadata(self, checkpoint, stage_digest: str | None) -> dict:
+    def forget_deleted(self, kept: list[str]) -> None:
+        """Remove the partitions of checkpoints recorded during training that retention deleted since."""
+        if gone := sorted(set(self.recorded) - set(kept)):
+            for key in gone:
+                self.context.instance.delete_dynamic_partition(CHECKPOINTS, key)
+            self.context.log.info(f"{len(gone)} checkpoints deleted by the retention policy are no longer partitions: {', '.join(gone)}")
+
+    def metadata(self, checkpoint: SavedCheckpoint, stage_digest: str | None) -> dict:
         """What an evaluation needs to load exactly these bytes, and what a person wants to see."""
         metrics = checkpoint.metrics
         evaluation = self.experiment.eval or EvalConfig()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from dagster import (
     AssetExecutionContext,
+    AssetObservation,
     AutomationCondition,
     BackfillPolicy,
     Failure,
@@ -43,10 +44,17 @@ CHECKPOINT_FIELDS = ("step", "tokens_seen", "path", "sha256", "training", "eval"
 def evaluations(context: AssetExecutionContext, stores: FactoryStores, launcher: StageLauncher) -> Iterator[PipesExecutionResult]:
     items = tuple(eval_item(context, key) for key in context.partition_keys)
     context.log.info(f"evaluating {len(items)} checkpoint x benchmark pairs in one process")
-    request = EvalRequest(
-        items=items, registry=str(stores.registry().root), catalog=stores.catalog(), code=code_identity("local"), run_id=context.run_id
-    )
+    registry = stores.registry()
+    request = EvalRequest(items=items, registry=str(registry.root), catalog=stores.catalog(), code=code_identity("local"), run_id=context.run_id)
     yield from launcher.evaluate(context, request)
+    # One process reports one materialization for the whole batch; each partition's own score and artifact are observed here.
+    for item in items:
+        if manifest := registry.lookup(item.fingerprint(request.code)):
+            context.log_event(AssetObservation(
+                asset_key="evaluations", partition=item.partition,
+                metadata={"value": manifest.summary["value"], "count": manifest.summary["count"], "result": manifest.digest,
+                          "checkpoint_sha256": item.checkpoint.sha256},
+            ))
 
 
 def eval_item(context: AssetExecutionContext, key: str) -> EvalItem:

@@ -15,6 +15,7 @@ from dagster import (
     AutomationConditionSensorDefinition,
     DataVersion,
     DefaultSensorStatus,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -68,10 +69,12 @@ def leaderboard(context: AssetExecutionContext, stores: FactoryStores) -> Iterat
 )
 def best_model(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
     registry = stores.registry()
-    board = latest_board(registry)  # the board the no-regression check just passed
+    board = latest_board(registry)  # the board the leaderboard published (and checked)
     if board is None or not board.rows:
         return MaterializeResult(metadata={"best": "none: no evaluations yet"})
-    leader = board.rows[0]
+    leader, best = board.rows[0], current_best(registry)
+    if best is not None and (found := regressions(leader, best, board.benchmarks)):  # also when run without the leaderboard
+        raise Failure(description=f"{leader.experiment} is not marked best: " + "; ".join(found))
     manifest = mark_best(registry, leader, git_commit())
     context.log.info(f"best model: {leader.experiment} at {leader.checkpoint}")
     return MaterializeResult(

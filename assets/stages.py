@@ -94,7 +94,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
                 spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes, nodes=nodes
             )
             checkpoints = registry.work_path(spec.fingerprint) / CHECKPOINT_DIR
-            yield from launcher.launch(context, request, on_poll=(lambda: recorder.record(checkpoints)) if recorder else None)
+            yield from launcher.launch(context, request, on_poll=(lambda: recorder.poll(checkpoints)) if recorder else None)
             manifest = registry.lookup(spec.fingerprint)  # once, for the checks and checkpoints below
             if manifest is None:
                 raise Failure(description=f"{kind}: the stage reported success but published no artifact")
@@ -102,6 +102,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             yield from check_results(spec, registry.path(manifest.digest), stores)
         if recorder is not None:
             keys = recorder.record(registry.path(manifest.digest), manifest.digest)
+            recorder.forget_deleted(keys)
             context.log.info(f"{kind}: {len(keys)} kept checkpoints recorded as partitions of `checkpoints`")
 
     return stage

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from dagster import AssetMaterialization, DagsterInstance, MetadataValue, PreviewWarning, materialize
+from dagster import AssetMaterialization, DagsterInstance, MetadataValue, materialize
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ["FACTORY_BENCHMARKS"] = "bench.weight_benchmark"  # read by the evaluation processes too
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from assets.backfill import evaluate_checkpoints  # noqa: E402
 from assets.evaluations import EVALS_PER_RUN  # noqa: E402
 from assets.partitions import CHECKPOINTS  # noqa: E402
-from assets.run import EVERYTHING, RUN_CONFIG, failure_messages, resources_at  # noqa: E402
+from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, resources_at  # noqa: E402
 from factory.cli import dagster_home  # noqa: E402
 from factory.config.schema import ModelConfig, TokenizerConfig  # noqa: E402
 from factory.models.gpt import build_model  # noqa: E402

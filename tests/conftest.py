@@ -1,11 +1,10 @@
 """Shared fixtures: the one tiny experiment the docs and the tests share; evaluation results as the evaluator publishes them."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from factory.registry import ArtifactStore, Provenance
+from factory.registry import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "tiny-code-lm.md"
@@ -17,12 +16,16 @@ def tiny_path() -> Path:
     return TINY
 
 
-def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, value: float, step: int = 100) -> None:
-    """An evaluation result of `experiment`'s checkpoint at `step`, published as the evaluation process publishes it."""
-    checkpoint = f"{experiment}__pretrain-{step:06d}"
-    summary = {"benchmark": benchmark, "version": 1, "lower_is_better": benchmark == "val_bpb", "value": value, "count": 64,
-               "checkpoint": checkpoint, "experiment": experiment, "step": step, "tokens_seen": 10 * step, "checkpoint_sha256": "0" * 64}
-    with registry.staging() as out:
-        (out / "result.json").write_text(json.dumps(summary))
-        registry.publish(out, kind="evaluations", fingerprint=f"{checkpoint}-{benchmark}", config={}, inputs={}, code="local:test",
-                         provenance=Provenance(experiment=experiment, config_hash="c" * 16, git_commit="0" * 40), summary=summary)
+def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, value: float, step: int = 100, training: str = "run-1",
+                   count: int = 64) -> None:
+    """A score of `experiment`'s checkpoint at `step` (from its training run `training`), published as the evaluator does."""
+    from factory.evals.benchmarks import benchmark as registered
+    from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, publish_score
+
+    spec = {"kind": "pretrain", "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {}, "code": training}
+    checkpoint = CheckpointRef(key=f"{experiment}__pretrain-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
+                               path="unused", sha256=f"{experiment}{step}{training}".ljust(64, "0"), training=spec,
+                               eval={"max_bytes": 1000, "batch_size": 8}, git_commit="0" * 40)
+    item = EvalItem(partition=f"{benchmark}|{checkpoint.key}", benchmark=benchmark, checkpoint=checkpoint)
+    request = EvalRequest(items=(item,), registry=str(registry.root), catalog=None, code="local:test")
+    publish_score(registry, request, item, registered(benchmark), value, count, {}, 0.1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,22 +59,17 @@ class Benchmark:
     description: str
     run: Callable[[EvalInputs], Score]
 
-    def better(self, a: float, b: float) -> bool:
-        """Whether score `a` beats score `b`."""
-        return a < b if self.lower_is_better else a > b
-
-    def to_json(self) -> dict[str, Any]:
-        """The registry entry without its function."""
-        return {"name": self.name, "version": self.version, "lower_is_better": self.lower_is_better, "description": self.description}
-
 
 BENCHMARKS: dict[str, Benchmark] = {}
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 PLUGINS_ENV = "FACTORY_BENCHMARKS"
 """Comma-separated modules that register more benchmarks with `register` (your own, without editing the factory)."""
 
 
 def register(benchmark: Benchmark) -> Benchmark:
     """Add a benchmark to the registry; a second benchmark of the same name is an error."""
+    if not NAME.fullmatch(benchmark.name):
+        raise ConfigError(f"benchmark name {benchmark.name!r}: use letters, digits, '_', '.' and '-' only (it is a partition key)")
     if benchmark.name in BENCHMARKS and BENCHMARKS[benchmark.name] is not benchmark:
         raise ConfigError(f"a benchmark named {benchmark.name!r} is already registered; pick another name")
     BENCHMARKS[benchmark.name] = benchmark

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,9 @@ from factory.registry.store import Manifest
 
 PRIMARY = "val_bpb"
 REGRESSION_TOLERANCE = 0.02
-"""Relative: a candidate best may be at most 2% worse than the current best on any benchmark."""
+"""Relative: a candidate best may be at most 2% worse than the current best on any benchmark..."""
+NOISE_SIGMAS = 2.0
+"""...or, for a share of items (0 to 1), within this many standard errors of the best's share, if that is wider."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,6 +33,8 @@ class Row:
     step: int
     tokens_seen: int
     scores: Mapping[str, float]
+    counts: Mapping[str, int]
+    """Items each score covers (lines, samples, bytes): how noisy it is."""
     checkpoints_evaluated: int
     git_commit: str
     tracker_url: str = ""
@@ -60,13 +65,23 @@ class Board:
 
 
 def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
-    """The newest result per checkpoint bytes x benchmark (older code versions' results are superseded)."""
+    """The results that describe each experiment now: from its newest training run only, each benchmark at its
+    newest version only (versions are never compared), and the newest result per checkpoint x benchmark."""
+    manifests = list(manifests)
+    newest_training: dict[str, tuple[str, str]] = {}
+    version: dict[str, int] = {}
+    for m in manifests:
+        s = m.summary
+        newest_training[s["experiment"]] = max(newest_training.get(s["experiment"], ("", "")), (m.created, s.get("training", "")))
+        version[s["benchmark"]] = max(version.get(s["benchmark"], 0), s["version"])
     newest: dict[tuple[str, str, str], Manifest] = {}
-    for manifest in manifests:
-        s = manifest.summary
+    for m in manifests:
+        s = m.summary
+        if s.get("training", "") != newest_training[s["experiment"]][1] or s["version"] != version[s["benchmark"]]:
+            continue
         key = (s["experiment"], s["checkpoint"], s["benchmark"])
-        if key not in newest or (s["version"], manifest.created) >= (newest[key].summary["version"], newest[key].created):
-            newest[key] = manifest
+        if key not in newest or m.created >= newest[key].created:
+            newest[key] = m
     return list(newest.values())
 
 
@@ -100,7 +115,8 @@ def _best_row(experiment: str, checkpoints: Mapping[str, Mapping[str, Manifest]]
     first = next(iter(results.values()))
     return Row(
         experiment=experiment, checkpoint=best, step=first.summary["step"], tokens_seen=first.summary["tokens_seen"],
-        scores={name: m.summary["value"] for name, m in sorted(results.items())}, checkpoints_evaluated=len(checkpoints),
+        scores={name: m.summary["value"] for name, m in sorted(results.items())},
+        counts={name: m.summary["count"] for name, m in sorted(results.items())}, checkpoints_evaluated=len(checkpoints),
         git_commit=first.git_commit, tracker_url=url, digests={name: m.digest for name, m in sorted(results.items())},
     )
 
@@ -112,15 +128,23 @@ def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, float, s
 
 
 def regressions(candidate: Row, best: Row, benchmarks: Mapping[str, bool], tolerance: float = REGRESSION_TOLERANCE) -> list[str]:
-    """Each benchmark on which `candidate` is worse than `best` by more than `tolerance` (relative), said plainly."""
+    """Each benchmark on which `candidate` is worse than `best` by more than the tolerance, said plainly.
+
+    The tolerance is `tolerance` relative to the best's score; for a share of items (next-line matches, valid samples)
+    it is at least NOISE_SIGMAS binomial standard errors, so a benchmark of 64 lines does not fail on one line's luck.
+    """
     found = []
     for name in sorted(set(candidate.scores) & set(best.scores)):
         new, old = candidate.scores[name], best.scores[name]
         lower = benchmarks.get(name, True)
         worse_by = (new - old) if lower else (old - new)
-        if worse_by > tolerance * max(abs(old), 1e-12):
+        allowed = tolerance * max(abs(old), 1e-12)
+        count = best.counts.get(name, 0)
+        if not lower and 0.0 <= old <= 1.0 and count:
+            allowed = max(allowed, NOISE_SIGMAS * math.sqrt(max(old * (1 - old), 1 / count) / count))
+        if worse_by > allowed:
             found.append(f"{name}: {new:.4f} vs {old:.4f} for the current best {best.experiment} ({best.checkpoint}), "
-                         f"{worse_by / max(abs(old), 1e-12):.1%} worse (tolerance {tolerance:.0%}, {'lower' if lower else 'higher'} is better)")
+                         f"worse by {worse_by:.4f} where {allowed:.4f} is allowed ({'lower' if lower else 'higher'} is better)")
     return found
 
 

@@ -108,7 +108,7 @@ def render_report(inputs: ReportInputs) -> str:
         f"<h1>{_e(title)}</h1>",
         _section("Links", _links(inputs)),
         _section("Summary", _summary(inputs)),
-        _section("Training", _img(plot_training(inputs.training), "training loss") if _has_loss(inputs.training) else ""),
+        _section("Training", _img(plot_training(inputs.training), "training loss") if has_loss(inputs.training) else ""),
         _section("Benchmarks", _benchmarks(inputs.evaluations)),
         _section("Evaluations", _evaluations(inputs.evaluations)),
         _section("Control decisions", _control(inputs.control)),
@@ -145,7 +145,7 @@ def _series(rows: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, floa
     return sorted((row["step"], float(row[key])) for row in rows if row.get(key) is not None and math.isfinite(row[key]))
 
 
-def _has_loss(rows: Sequence[Mapping[str, Any]]) -> bool:
+def has_loss(rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the rows hold anything plot_training can draw."""
     return bool(_series(rows, "loss") or _series(rows, "eval_loss"))
 

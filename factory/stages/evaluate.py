@@ -23,6 +23,7 @@ import torch
 
 from factory.config.fingerprint import sha256_of
 from factory.config.schema import ModelConfig
+from factory.config.stages import StageSpec
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import BlendStream
@@ -66,12 +67,13 @@ class EvalItem:
     checkpoint: CheckpointRef
 
     def fingerprint(self, code: str) -> str:
-        """What decides the score's bytes."""
+        """What decides the score (and, with the partition key, whose score it is: a copied experiment gets its own)."""
         bench, training = benchmark(self.benchmark), self.checkpoint.training
         return sha256_of({
-            "kind": KIND, "benchmark": bench.name, "version": bench.version, "checkpoint": self.checkpoint.sha256,
-            "model": training["config"]["model"], "seed": training["config"]["seed"], "stream": training["config"]["stream"],
-            "upstream": training["upstream"], "eval": dict(self.checkpoint.eval), "code": code,
+            "kind": KIND, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
+            "checkpoint": self.checkpoint.sha256, "model": training["config"]["model"], "seed": training["config"]["seed"],
+            "stream": training["config"]["stream"], "upstream": training["upstream"], "max_bytes": self.checkpoint.eval["max_bytes"],
+            "code": code,
         })
 
 
@@ -124,19 +126,20 @@ def evaluate(request: EvalRequest, reporter: Reporter) -> dict[str, Manifest]:
         else:
             results[item.partition] = manifest
     reporter.log.info("%d evaluations to compute, %d already in the registry", len(pending), len(results))
-    loaded: dict[str, EvalInputs] = {}
+    loaded: dict[str, EvalInputs] = {}  # by checkpoint partition: its bytes, and its experiment's settings and data
     unavailable: dict[str, str] = {}
-    for item in sorted(pending, key=lambda i: (i.checkpoint.sha256, i.benchmark)):
-        if item.checkpoint.sha256 in unavailable:
+    for item in sorted(pending, key=lambda i: (i.checkpoint.key, i.benchmark)):
+        key = item.checkpoint.key
+        if key in unavailable:
             continue
-        if item.checkpoint.sha256 not in loaded:
+        if key not in loaded:
             loaded.clear()  # one model in memory at a time
             try:
-                loaded[item.checkpoint.sha256] = load_inputs(registry, request.catalog, item.checkpoint)
+                loaded[key] = load_inputs(registry, request.catalog, item.checkpoint)
             except ArtifactError as e:  # the other checkpoints are still evaluated (and kept in the registry)
-                unavailable[item.checkpoint.sha256] = str(e)
+                unavailable[key] = str(e)
                 continue
-        inputs = loaded[item.checkpoint.sha256]
+        inputs = loaded[key]
         bench = benchmark(item.benchmark)
         started = time.perf_counter()
         score = bench.run(inputs)
@@ -144,19 +147,14 @@ def evaluate(request: EvalRequest, reporter: Reporter) -> dict[str, Manifest]:
         results[item.partition] = publish_score(registry, request, item, bench, score.value, score.count, dict(score.details), seconds)
         reporter.log.info("%s: %s = %.4f over %d items (%.1f s)", item.checkpoint.key, bench.name, score.value, score.count, seconds)
     if unavailable:
-        raise ArtifactError(f"{len(unavailable)} checkpoints could not be evaluated ({len(results)} evaluations done): " + "; ".join(unavailable.values()))
+        count = f"{len(unavailable)} checkpoint" + ("s" if len(unavailable) > 1 else "")
+        raise ArtifactError(f"could not evaluate {count} ({len(results)} evaluations done): " + "; ".join(unavailable.values()))
     return results
 
 
 def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: CheckpointRef) -> EvalInputs:
     """The checkpoint's model, loaded from bytes that match its recorded sha256, with its tokenizer and held-out data."""
-    try:
-        data = Path(checkpoint.path).read_bytes()
-    except OSError as e:
-        raise ArtifactError(
-            f"checkpoint {checkpoint.key} is no longer at {checkpoint.path} ({e.strerror}); it was probably deleted by the "
-            "retention policy before it was evaluated: raise pretrain.keep_last to keep more checkpoints"
-        ) from e
+    data = read_checkpoint(registry, checkpoint)
     if hashlib.sha256(data).hexdigest() != checkpoint.sha256:
         raise ArtifactError(f"checkpoint {checkpoint.key} at {checkpoint.path} does not match the sha256 its partition recorded; not evaluated")
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -179,6 +177,21 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     )
 
 
+def read_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> bytes:
+    """The checkpoint's bytes: where its partition recorded them, or in its training artifact if the stage has published since."""
+    try:
+        return Path(checkpoint.path).read_bytes()
+    except OSError as e:
+        published = registry.lookup(StageSpec.from_json(checkpoint.training).fingerprint)
+        moved = registry.path(published.digest) / Path(checkpoint.path).name if published else None
+        if moved is not None and moved.is_file():
+            return moved.read_bytes()
+        raise ArtifactError(
+            f"checkpoint {checkpoint.key} is no longer at {checkpoint.path} ({e.strerror}) nor in its published training artifact: "
+            "the retention policy deleted it before it was evaluated; raise pretrain.keep_last to keep more checkpoints"
+        ) from e
+
+
 def publish_score(
     registry: ArtifactStore, request: EvalRequest, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float
 ) -> Manifest:
@@ -187,16 +200,16 @@ def publish_score(
     summary = {
         "benchmark": bench.name, "version": bench.version, "lower_is_better": bench.lower_is_better, "value": value, "count": count,
         "checkpoint": checkpoint.key, "experiment": checkpoint.experiment, "step": checkpoint.step, "tokens_seen": checkpoint.tokens_seen,
-        "checkpoint_sha256": checkpoint.sha256, "seconds": round(seconds, 3),
+        "checkpoint_sha256": checkpoint.sha256, "training": StageSpec.from_json(checkpoint.training).fingerprint,
     }
     with registry.staging() as out:
         (out / RESULT_FILE).write_text(json.dumps({**summary, "details": details}, indent=2, sort_keys=True, default=str))
         return registry.publish(
             out, kind=KIND, fingerprint=item.fingerprint(request.code),
-            config={"benchmark": bench.name, "version": bench.version, **checkpoint.eval},
+            config={"benchmark": bench.name, "version": bench.version, "max_bytes": checkpoint.eval["max_bytes"]},
             inputs=dict(checkpoint.training["upstream"]), code=request.code,
             provenance=Provenance(experiment=checkpoint.experiment, config_hash=sha256_of(checkpoint.training["config"])[:16], git_commit=checkpoint.git_commit, run_id=request.run_id),
-            summary=summary,
+            summary={**summary, "seconds": round(seconds, 3)},  # the time is the manifest's, not part of the result's bytes
         )
 
 

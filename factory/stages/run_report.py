@@ -11,7 +11,7 @@ import yaml
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.schema import Experiment
 from factory.evals.leaderboard import latest_results
-from factory.evals.report import EvalPoint, ReportInputs, StageCost, plot_benchmark, plot_training, render_report
+from factory.evals.report import EvalPoint, ReportInputs, StageCost, has_loss, plot_benchmark, plot_training, render_report
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.stages.evaluate import KIND as EVALUATIONS
 from factory.train.pretrain import CONTROL_FILE, METRICS_FILE
@@ -66,7 +66,7 @@ def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
         return manifest
     with registry.staging() as out:
         (out / REPORT_FILE).write_text(page)
-        if inputs.training:
+        if has_loss(inputs.training):  # a run that diverged to NaN has no curve to draw
             (out / "training.png").write_bytes(plot_training(inputs.training))
         for name in sorted({point.benchmark for point in inputs.evaluations}):
             (out / f"{name}.png").write_bytes(plot_benchmark(inputs.evaluations, name))

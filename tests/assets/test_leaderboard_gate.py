@@ -3,6 +3,7 @@
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
 
+from assets.execution import gate_refused
 from assets.leaderboard import best_model, leaderboard
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import current_best, latest_board
@@ -36,8 +37,10 @@ def test_a_leader_that_regresses_on_another_benchmark_is_not_marked_best(gate):
     publish_result(registry, "b", "val_bpb", 1.8)  # better on the primary benchmark...
     publish_result(registry, "b", "next_line", 0.10)  # ...but a third of a's next-line accuracy
     second = run()
+    assert not second.success and gate_refused(second)  # refused by the gate, which `factory run` reports as news
     check = check_of(second)
     assert not check.passed and check.description.startswith("next_line: 0.1000 vs 0.3000 for the current best a")
+    assert "where 0.1146 is allowed" in check.description  # 2 standard errors of 64 items at 0.30
     assert latest_board(registry).rows[0].experiment == "b"  # the leaderboard shows the truth...
     assert current_best(registry).experiment == "a"  # ...but the best model did not move
     materialized = [e.asset_key for e in second.all_events if e.event_type == DagsterEventType.ASSET_MATERIALIZATION]

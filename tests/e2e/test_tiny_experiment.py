@@ -8,13 +8,12 @@ import pytest
 import torch
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
-from factory.data.catalog import CatalogConfig
-
 from assets.run import failure_messages, run_experiment
-from tests.e2e.conftest import objects_but_reports
 from factory.config import STAGES, config_hash, load
+from factory.data.catalog import CatalogConfig
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_board
+from tests.e2e.conftest import objects_but_reports
 
 pytestmark = pytest.mark.e2e
 ALL_ASSETS = (*STAGES, "leaderboard")
@@ -33,11 +32,11 @@ def metadata_of(materialization) -> dict:
     return {key: value.value for key, value in materialization.metadata.items()}
 
 
-def scores(pipeline, benchmark: str) -> dict[int, float]:
+def scores(pipeline, benchmark: str, root: Path | None = None) -> dict[int, float]:
     """Step -> newest score of the experiment's checkpoints on one benchmark, from the registry."""
     from factory.evals.leaderboard import latest_results
 
-    results = latest_results(ArtifactStore(pipeline["root"] / "registry").manifests("evaluations"))
+    results = latest_results(ArtifactStore((root or pipeline["root"]) / "registry").manifests("evaluations"))
     return {m.summary["step"]: m.summary["value"] for m in results if m.summary["benchmark"] == benchmark}
 
 
@@ -301,18 +300,21 @@ def test_the_run_report_shows_curves_evaluations_decisions_cost_and_lineage(pipe
     assert "7 of 7 hits" in text  # the newest report describes the second run, where every stage was a cache hit
 
 
-def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline):
+def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline, tmp_path):
+    import shutil
     import sys
 
-    command = [sys.executable, "-m", "factory", "evals", "backfill", "--benchmark", "python_sanity", "--root", str(pipeline["root"])]
+    root = tmp_path / "copy"  # the shared pipeline's stores stay as the other tests expect them
+    shutil.copytree(pipeline["root"], root)
+    command = [sys.executable, "-m", "factory", "evals", "backfill", "--benchmark", "python_sanity", "--root", str(root)]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "python_sanity: 3 checkpoints evaluated in 1 run of up to 50 partitions" in result.stdout
-    assert sorted(scores(pipeline, "python_sanity")) == [100, 200, 300]
-    keys = pipeline["instance"].get_materialized_partitions(AssetKey("evaluations"))
+    assert sorted(scores(pipeline, "python_sanity", root)) == [100, 200, 300]
+    keys = DagsterInstance.from_config(str(root / "dagster")).get_materialized_partitions(AssetKey("evaluations"))
     assert {f"python_sanity|{pipeline['name']}__pretrain-{step:06d}" for step in (100, 200, 300)} <= keys
-    board = subprocess.run([sys.executable, "-m", "factory", "leaderboard", "--root", str(pipeline["root"]), "--json"],
+    board = subprocess.run([sys.executable, "-m", "factory", "leaderboard", "--root", str(root), "--json"],
                            capture_output=True, text=True, cwd=REPO, timeout=300)
     assert board.returncode == 0 and set(json.loads(board.stdout)["benchmarks"]) == {"val_bpb", "next_line", "python_sanity"}
-    unknown = subprocess.run([*command[:6], "no_such_benchmark", "--root", str(pipeline["root"])], capture_output=True, text=True, cwd=REPO)
+    unknown = subprocess.run([*command[:6], "no_such_benchmark", "--root", str(root)], capture_output=True, text=True, cwd=REPO)
     assert unknown.returncode == 2 and "unknown benchmark 'no_such_benchmark'; registered:" in unknown.stderr

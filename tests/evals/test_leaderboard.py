@@ -12,14 +12,15 @@ from factory.registry.store import Manifest
 LOWER = {"val_bpb": True, "next_line": False}
 
 
-def result(experiment: str, step: int, benchmark: str, value: float, created: str = "2026-01-01T00:00:00+00:00", version: int = 1) -> Manifest:
+def result(experiment: str, step: int, benchmark: str, value: float, created: str = "2026-01-01T00:00:00+00:00", version: int = 1,
+           training: str = "run-1", count: int = 64) -> Manifest:
     checkpoint = f"{experiment}__pretrain-{step:06d}"
     return Manifest(
         kind="evaluations", fingerprint=f"fp-{checkpoint}-{benchmark}-{created}", digest=f"d-{checkpoint}-{benchmark}-{value}",
         files={"result.json": {"sha256": "0" * 64, "bytes": 10}}, config={}, inputs={}, code="local:abc", experiment=experiment,
         config_hash="c" * 16, git_commit="0123456789abcdef0123", created=created,
-        summary={"benchmark": benchmark, "version": version, "lower_is_better": LOWER[benchmark], "value": value, "count": 10,
-                 "checkpoint": checkpoint, "experiment": experiment, "step": step, "tokens_seen": step * 100},
+        summary={"benchmark": benchmark, "version": version, "lower_is_better": LOWER[benchmark], "value": value, "count": count,
+                 "checkpoint": checkpoint, "experiment": experiment, "step": step, "tokens_seen": step * 100, "training": training},
     )
 
 
@@ -57,16 +58,37 @@ def test_a_newer_result_for_the_same_checkpoint_and_benchmark_supersedes_the_old
     assert build_board([*RESULTS, newer]).rows[0].experiment == "c"
 
 
+def test_a_retrained_experiment_is_shown_from_its_newest_training_run_only():
+    retrained = [result("a", 100, "val_bpb", 2.4, created="2026-02-01T00:00:00+00:00", training="run-2")]  # no step 200 this time
+    board = build_board([*RESULTS, *retrained])
+    a = next(row for row in board.rows if row.experiment == "a")
+    assert (a.checkpoint, dict(a.scores)) == ("a__pretrain-000100", {"val_bpb": 2.4})  # not run-1's step 200, not a mix
+
+
+def test_only_the_newest_version_of_a_benchmark_is_compared():
+    newer = result("c", 300, "val_bpb", 9.0, version=2)
+    board = build_board([*RESULTS, newer])
+    assert [row.experiment for row in board.rows] == ["c", "a", "b"]  # a and b have no v2 score: ranked after
+    assert board.rows[1].scores.get("val_bpb") is None
+
+
 def test_regressions_beyond_the_tolerance_are_named_with_both_scores_and_small_ones_pass():
     board = build_board(RESULTS)
     b, a = board.rows[0], board.rows[1]
     assert regressions(b, a, board.benchmarks) == []  # b is better on both
     found = regressions(a, b, board.benchmarks)
     assert len(found) == 2 and found[0].startswith("next_line: 0.0500 vs 0.3000") and "higher is better" in found[0]
+    assert "0.1146 is allowed" in found[0]  # two standard errors of a share of 64 items at 0.30
     slightly = build_board([result("x", 1, "val_bpb", 2.03), result("y", 1, "val_bpb", 2.0)])
     x, y = sorted(slightly.rows, key=lambda row: row.experiment)
     assert regressions(x, y, slightly.benchmarks, tolerance=0.02) == []
     assert regressions(x, y, slightly.benchmarks, tolerance=0.01) != []
+
+
+def test_a_share_of_few_items_may_drop_within_its_noise():
+    few = build_board([result("x", 1, "next_line", 0.05, count=10), result("y", 1, "next_line", 0.30, count=10)])
+    x, y = sorted(few.rows, key=lambda row: row.experiment)
+    assert regressions(x, y, few.benchmarks) == []  # 0.25 below, but 2 standard errors of 10 items at 0.30 are 0.29
 
 
 def test_markdown_has_a_column_per_benchmark_and_a_line_per_experiment_in_rank_order():

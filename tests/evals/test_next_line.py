@@ -164,9 +164,9 @@ def test_no_scoreable_line_says_what_to_raise(tokenizer):
         next_line_exact_match(inputs(tokenizer, model, ["def f():\n    return 1\n"]))
 
 
-def test_a_small_gpt_scores_the_same_twice(tokenizer):
+def test_a_small_gpt_scores_the_same_whatever_the_batch(tokenizer):
     model = build_model(ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64), tokenizer.get_vocab_size(), seed=0)
-    first, second = (next_line_exact_match(inputs(tokenizer, model, [DOCUMENT], context=64)) for _ in range(2))
+    first = next_line_exact_match(inputs(tokenizer, model, [DOCUMENT], context=64, batch_size=16))
+    second = next_line_exact_match(inputs(tokenizer, model, [DOCUMENT], context=64, batch_size=5))
     assert first == second
     assert first.count == LINES
-    assert 0.0 <= first.value <= 1.0

@@ -100,5 +100,4 @@ def test_a_small_gpt_gives_the_same_samples_for_the_same_seed_whatever_the_batch
     other = python_sanity(inputs(tokenizer, gpt, context=64, batch_size=32, seed=1))
     assert first == again
     assert first.details["examples"] != other.details["examples"]
-    assert 0.0 <= first.value <= 1.0
     assert first.count == SAMPLES

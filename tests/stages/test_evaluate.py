@@ -1,0 +1,115 @@
+"""The evaluation process: each partition with its own bytes and settings, nothing evaluated twice, missing bytes said plainly."""
+
+import hashlib
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from assets.backfill import ranges
+from factory.config.schema import ModelConfig, TokenizerConfig
+from factory.config.stages import StageSpec
+from factory.data.catalog import CatalogConfig
+from factory.errors import ArtifactError
+from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
+from factory.models.gpt import build_model
+from factory.models.tokenizer import train_tokenizer
+from factory.registry import ArtifactStore, Provenance
+from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, evaluate, read_checkpoint
+from factory.stages.report import ConsoleReporter
+
+MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
+CALLS: list[int] = []
+
+
+def settings_probe(inputs: EvalInputs) -> Score:
+    """Scores a model by its first weight, and says which settings it was given."""
+    CALLS.append(inputs.max_bytes)
+    return Score(value=float(next(inputs.model.parameters()).detach().flatten()[0]), count=1, details={"max_bytes": inputs.max_bytes})
+
+
+register(Benchmark(name="settings_probe", version=1, lower_is_better=True, run=settings_probe, description="test only"))
+
+
+def publish(registry: ArtifactStore, kind: str, files: dict[str, bytes]) -> str:
+    with registry.staging() as out:
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+        return registry.publish(out, kind=kind, fingerprint=f"test-{kind}", config={}, inputs={}, code="test",
+                                provenance=Provenance(experiment="t", config_hash="t", git_commit="t"), summary={}).digest
+
+
+@pytest.fixture
+def setup(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    tokenizer = train_tokenizer([Path(logging.__file__).read_text()], TokenizerConfig(vocab_size=300, sample_bytes=100_000))
+    upstream = {"tokenizer": publish(registry, "tokenizer", {"tokenizer.json": tokenizer.to_str().encode()}),
+                "blend": publish(registry, "blend", {"blend.json": b'{"parts": [], "validation_percent": 5}'})}
+    training = {"kind": "pretrain", "config": {"model": MODEL.model_dump(mode="json"), "seed": 0, "stream": {"shuffle_buffer_docs": 1}},
+                "upstream": upstream, "code": "test"}
+    path = tmp_path / "step_000001.pt"
+    torch.save({"model": build_model(MODEL, tokenizer.get_vocab_size(), seed=1).state_dict()}, path)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def item(experiment: str, max_bytes: int = 1000, at: Path = path) -> EvalItem:
+        ref = CheckpointRef(key=f"{experiment}__pretrain-000001", experiment=experiment, step=1, tokens_seen=1, path=str(at), sha256=sha,
+                            training=training, eval={"max_bytes": max_bytes, "batch_size": 8}, git_commit="0" * 40)
+        return EvalItem(partition=f"settings_probe|{ref.key}", benchmark="settings_probe", checkpoint=ref)
+
+    def request(*items: EvalItem) -> EvalRequest:
+        return EvalRequest(items=items, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / "iceberg"), code="test")
+
+    CALLS.clear()
+    return registry, item, request, training
+
+
+def test_two_experiments_with_the_same_checkpoint_bytes_get_their_own_settings_and_results(setup):
+    registry, item, request, _ = setup
+    results = evaluate(request(item("a", max_bytes=1000), item("b", max_bytes=5000)), ConsoleReporter(logging.getLogger("test")))
+    assert sorted(CALLS) == [1000, 5000]
+    a, b = results["settings_probe|a__pretrain-000001"], results["settings_probe|b__pretrain-000001"]
+    assert (a.summary["experiment"], b.summary["experiment"]) == ("a", "b") and a.fingerprint != b.fingerprint
+    assert a.summary["value"] == b.summary["value"]  # the same bytes score the same
+
+
+def test_an_evaluated_partition_is_never_evaluated_again(setup):
+    registry, item, request, _ = setup
+    first = evaluate(request(item("a")), ConsoleReporter(logging.getLogger("test")))
+    again = evaluate(request(item("a")), ConsoleReporter(logging.getLogger("test")))
+    assert CALLS == [1000] and again == first
+
+
+def test_a_fingerprint_covers_bytes_settings_and_partition_but_not_where_the_file_is(setup, tmp_path):
+    _, item, _, _ = setup
+    base = item("a").fingerprint("code")
+    assert item("a", at=tmp_path / "elsewhere.pt").fingerprint("code") == base
+    assert item("a", max_bytes=2000).fingerprint("code") != base
+    assert item("b").fingerprint("code") != base
+    assert item("a").fingerprint("other code") != base
+
+
+def test_deleted_checkpoints_are_named_and_the_others_still_published(setup, tmp_path):
+    registry, item, request, _ = setup
+    with pytest.raises(ArtifactError, match="could not evaluate 1 checkpoint .1 evaluations done.*retention policy deleted it"):
+        evaluate(request(item("a", at=tmp_path / "gone.pt"), item("b")), ConsoleReporter(logging.getLogger("test")))
+    assert [m.summary["experiment"] for m in registry.manifests("evaluations")] == ["b"]
+
+
+def test_a_checkpoint_moved_into_its_published_training_artifact_is_found_there(setup, tmp_path):
+    registry, item, _, training = setup
+    recorded = item("a", at=tmp_path / "work" / "step_000001.pt")  # the training directory, dropped after publishing
+    data = (tmp_path / "step_000001.pt").read_bytes()
+    with registry.staging() as out:
+        (out / "step_000001.pt").write_bytes(data)
+        registry.publish(out, kind="pretrain", fingerprint=StageSpec.from_json(training).fingerprint, config={}, inputs={}, code="test",
+                         provenance=Provenance(experiment="a", config_hash="t", git_commit="t"), summary={})
+    assert read_checkpoint(registry, recorded.checkpoint) == data
+
+
+def test_ranges_are_stretches_of_wanted_checkpoints_in_partition_order_at_most_limit_long():
+    order = ["a1", "a2", "b1", "a3", "a4", "a5"]
+    assert list(ranges(order, {"a1", "a2", "a3", "a4", "a5"}, limit=2)) == [("a1", "a2"), ("a3", "a4"), ("a5", "a5")]
+    assert list(ranges(order, {"a2", "a3"}, limit=50)) == [("a2", "a2"), ("a3", "a3")]
+    assert list(ranges(order, set(order), limit=50)) == [("a1", "a5")]
+    assert list(ranges(order, set())) == []
