@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from assets.backfill import evaluate_checkpoints  # noqa: E402
 from assets.evaluations import EVALS_PER_RUN  # noqa: E402
 from assets.partitions import CHECKPOINTS  # noqa: E402
-from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, resources_at  # noqa: E402
+from assets.execution import EVERYTHING, failure_messages, resources_at  # noqa: E402
 from factory.cli import dagster_home  # noqa: E402
 from factory.config.schema import ModelConfig, TokenizerConfig  # noqa: E402
 from factory.models.gpt import build_model  # noqa: E402
@@ -35,6 +35,7 @@ from factory.registry import ArtifactStore, Provenance  # noqa: E402
 UNBATCHED = 8
 BATCHED = 200
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def publish(registry: ArtifactStore, kind: str, name: str, data: bytes) -> str:
@@ -69,7 +70,7 @@ def record_checkpoints(root: Path, instance: DagsterInstance, count: int) -> lis
 
 def timed(root: Path, instance: DagsterInstance, keys: list[str], limit: int) -> tuple[float, int]:
     def run(**options):
-        return materialize(EVERYTHING, instance=instance, resources=resources_at(root), raise_on_error=False, run_config=RUN_CONFIG, **options)
+        return materialize(EVERYTHING, instance=instance, resources=resources_at(root), raise_on_error=False, run_config=QUIET, **options)
 
     started = time.perf_counter()
     results = evaluate_checkpoints(instance, ["mean_abs_weight"], set(keys), run, limit=limit)

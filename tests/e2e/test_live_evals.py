@@ -1,0 +1,66 @@
+"""Evaluations while training goes on: a checkpoint saved mid-run is due at the automation sensor's next tick and is
+evaluated, from the bytes its partition recorded, before the training run ends (the sensor's ticks run here, in process,
+as the daemon would run them; training runs as `factory run` in its own process, on the same instance)."""
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterInstance, evaluate_automation_conditions, materialize
+
+from assets.definitions import defs
+from assets.execution import EVERYTHING, resources_at
+from factory.registry import ArtifactStore
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+TICK_S = 2
+VARIANT = """---
+extends: {base}
+pretrain:
+  steps: 400
+  checkpoint_every: 50
+  keep_last: 8
+eval:
+  benchmarks: [next_line]
+---
+The tiny recipe for longer, with a checkpoint every 50 steps: evaluated as they come.
+"""
+
+
+def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(pipeline, tmp_path, tiny_path):
+    root = tmp_path / "copy"  # the data and tokenizer stages are cache hits here; the shared stores stay untouched
+    shutil.copytree(pipeline["root"], root)
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "longer.md").write_text(VARIANT.format(base=tiny_path))
+    log = tmp_path / "training.log"
+    with open(log, "w") as out:
+        training = subprocess.Popen([sys.executable, "-m", "factory", "run", str(experiments / "longer.md"), "--root", str(root)],
+                                    cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    instance = DagsterInstance.from_config(str(root / "dagster"))
+    resources, cursor, during = resources_at(root, experiments), None, []
+    deadline = time.monotonic() + 900
+    try:
+        while training.poll() is None and time.monotonic() < deadline:
+            tick = evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+            cursor = tick.cursor
+            for key in sorted(k for k in tick.get_requested_partitions(AssetKey("evaluations")) if k.startswith("next_line|longer__")):
+                run = materialize(EVERYTHING, selection=["evaluations"], partition_key=key, instance=instance, resources=resources,
+                                  raise_on_error=False, run_config=QUIET)
+                if run.success and training.poll() is None:
+                    during.append(key)
+            time.sleep(TICK_S)
+        assert training.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if training.poll() is None:
+            training.kill()
+    assert during, "no checkpoint was evaluated while its run was still training"
+    results = {m.summary["checkpoint"]: m for m in ArtifactStore(root / "registry").manifests("evaluations") if m.summary["experiment"] == "longer"}
+    for key in during:
+        checkpoint = key.split("|")[1]
+        assert checkpoint in results  # and its score is the one `factory run` found in the registry afterwards

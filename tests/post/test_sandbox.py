@@ -1,0 +1,116 @@
+"""The sandbox against a hostile corpus: each attack is contained, recorded as an outcome, and the host is unaffected."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from factory.post.sandbox import UID_BASE, Limits, Sandbox
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    return Sandbox(Limits(cpu_s=1, wall_s=3, memory_mb=256, file_mb=1, output_bytes=10_000), workers=2)
+
+
+def sandbox_processes() -> list[int]:
+    """Processes running as one of the sandbox's users right now."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+        if UID_BASE <= uid < UID_BASE + 100:
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_plain_code_runs_and_prints(sandbox):
+    outcome = sandbox.run("def f(x):\n    return [i * i for i in range(x)]\nprint(f(4))")
+    assert (outcome.status, outcome.stdout) == ("ok", "[0, 1, 4, 9]\n")
+
+
+def test_an_exception_is_an_error_outcome_with_its_traceback(sandbox):
+    outcome = sandbox.run("def f():\n    return 1 / 0\nf()")
+    assert outcome.status == "error" and outcome.stderr.strip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_an_infinite_loop_is_stopped_by_the_cpu_limit(sandbox):
+    started = time.perf_counter()
+    outcome = sandbox.run("while True:\n    pass")
+    assert outcome.status == "timeout" and time.perf_counter() - started < 3.5
+
+
+def test_sleeping_forever_is_stopped_by_the_wall_limit(sandbox):
+    outcome = sandbox.run("import time\ntime.sleep(60)")
+    assert outcome.status == "timeout" and outcome.seconds < 4
+
+
+def test_a_fork_bomb_starts_no_process(sandbox):
+    outcome = sandbox.run("import os\nwhile True:\n    os.fork()")
+    assert outcome.status == "error" and "os.fork is not allowed" in outcome.stderr
+    assert sandbox.run("import subprocess\nsubprocess.run(['true'])").status == "error"
+    assert sandbox.run("import os\nos.system('true')").status == "error"
+    assert sandbox_processes() == []
+
+
+def test_a_memory_hog_gets_a_memory_error(sandbox):
+    outcome = sandbox.run("hog = []\nwhile True:\n    hog.append(bytearray(10_000_000))")
+    assert outcome.status == "memory"
+
+
+def test_writes_outside_the_working_directory_are_refused_and_inside_allowed(sandbox, tmp_path):
+    target = tmp_path / "escaped.txt"
+    outcome = sandbox.run(f"open({str(target)!r}, 'w').write('x')")
+    assert outcome.status == "error" and not target.exists()
+    assert sandbox.run(f"import os\nos.remove({__file__!r})").status == "error" and Path(__file__).exists()
+    inside = sandbox.run("open('notes.txt', 'w').write('kept here')\nprint(open('notes.txt').read())")
+    assert (inside.status, inside.stdout) == ("ok", "kept here\n")
+
+
+def test_a_huge_file_is_cut_by_the_file_size_limit(sandbox):
+    outcome = sandbox.run("open('big', 'wb').write(b'x' * 5_000_000)")
+    assert outcome.status in ("error", "timeout")  # SIGXFSZ or OSError: File too large; either way nothing past 1 MB
+
+
+def test_secrets_in_the_environment_are_not_visible(sandbox, monkeypatch):
+    monkeypatch.setenv("FACTORY_TEST_SECRET", "hunter2")
+    outcome = sandbox.run("import os\nprint(sorted(os.environ))")
+    assert outcome.status == "ok" and "FACTORY_TEST_SECRET" not in outcome.stdout and "hunter2" not in outcome.stdout
+
+
+def test_the_network_is_out_of_reach(sandbox):
+    outcome = sandbox.run("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)")
+    assert outcome.status == "error" and "not allowed" in outcome.stderr
+    via_urllib = sandbox.run("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9', timeout=1)")
+    assert via_urllib.status == "error"
+
+
+def test_huge_output_is_capped_and_ends_the_run(sandbox):
+    outcome = sandbox.run("while True:\n    print('x' * 1000)")
+    assert outcome.status == "output_limit" and len(outcome.stdout) <= 10_000 and outcome.seconds < 2
+
+
+def test_the_guard_cannot_be_reached_through_gc_or_frames(sandbox):
+    assert sandbox.run("import gc").status == "error"
+    assert sandbox.run("import sys\nsys._getframe()").status == "error"
+
+
+@pytest.mark.skipif(not ROOT, reason="dropping to a user of its own and a network namespace need root; the audit hook still holds")
+def test_as_root_the_code_runs_as_its_own_user_with_one_process_and_no_network_interfaces(sandbox):
+    outcome = sandbox.run("import os, resource\nprint(os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC))\n"
+                          "print([line.split(':')[0].strip() for line in open('/proc/self/net/dev').read().splitlines()[2:]])")
+    uid, limit = outcome.stdout.splitlines()[0].split(" ", 1)
+    assert UID_BASE <= int(uid) < UID_BASE + 100 and limit == "(1, 1)"
+    assert outcome.stdout.splitlines()[1] == "['lo']"
+
+
+def test_many_hostile_runs_at_once_leave_the_host_as_it_was(sandbox):
+    corpus = ["while True: pass", "import os\nos.fork()", "x = bytearray(10**10)", "print('ok')"] * 3
+    outcomes = sandbox.run_many(corpus)
+    assert [o.status for o in outcomes] == ["timeout", "error", "memory", "ok"] * 3
+    assert sandbox_processes() == []
