@@ -68,12 +68,17 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return table, tag
 
 
-def write_version(catalog: Catalog, table_name: str, documents: pa.Table, log: logging.Logger, tag: str | None = None) -> TableVersion:
-    """Publish `documents` as a version of `table_name` (creating it); identical content reuses its snapshot."""
-    documents = documents.select(list(COLUMNS)).cast(ARROW_SCHEMA).sort_by("id")
+def write_version(
+    catalog: Catalog, table_name: str, documents: pa.Table, log: logging.Logger, tag: str | None = None, schema: pa.Schema | None = None
+) -> TableVersion:
+    """Publish `documents` as a version of `table_name` (creating it); identical content reuses its snapshot.
+
+    Rows are documents unless `schema` says otherwise; any schema needs the `id`, `sha256` and `bytes` columns.
+    """
+    documents = documents.select(list(schema.names if schema else COLUMNS)).cast(schema or ARROW_SCHEMA).sort_by("id")
     sha = content_sha256(documents)
     catalog.create_namespace_if_not_exists(table_name.split(".")[0])
-    table = catalog.create_table_if_not_exists(table_name, schema=SCHEMA)
+    table = catalog.create_table_if_not_exists(table_name, schema=schema or SCHEMA)
     for attempt in range(COMMIT_ATTEMPTS):
         try:
             version = _publish(table, table_name, documents, sha, tag)

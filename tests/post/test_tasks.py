@@ -1,0 +1,59 @@
+"""Code-execution tasks: seeded, executed for their expected output, split without leakage, stored as an Iceberg table."""
+
+import random
+from collections import Counter
+
+from dagster import DagsterInstance, materialize
+
+from assets.post import TABLE, code_exec_tasks
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.post.tasks import FAMILIES, generate, split_of
+from resources import FactoryStores
+
+
+def test_the_same_seed_gives_the_same_tasks_and_another_seed_others():
+    first, again, other = generate(16, 2, seed=3), generate(16, 2, seed=3), generate(16, 2, seed=4)
+    assert first.rows.equals(again.rows)
+    assert set(first.rows["id"].to_pylist()) != set(other.rows["id"].to_pylist())
+
+
+def test_expected_outputs_are_what_running_the_call_prints():
+    rows = generate(24, 2, seed=0).rows.to_pylist()
+    assert {row["family"] for row in rows} == {family(random.Random(0)).family for family in FAMILIES}
+    for row in rows:
+        scope: dict = {}
+        exec(row["function"], scope)
+        assert repr(eval(row["call"], scope)) == row["expected"], row
+
+
+def test_every_call_of_a_function_is_in_the_functions_split():
+    rows = generate(80, 3, seed=1).rows.to_pylist()
+    by_function: dict[str, set[str]] = {}
+    for row in rows:
+        by_function.setdefault(row["function"], set()).add(row["split"])
+        assert row["split"] == split_of(row["function"])
+    assert all(len(splits) == 1 for splits in by_function.values())
+    assert set(Counter(row["split"] for row in rows)) == {"train", "validation", "test"}
+
+
+def test_a_call_that_fails_in_the_sandbox_is_left_out_and_counted():
+    from factory.post.sandbox import Limits, Sandbox
+
+    starved = Sandbox(Limits(cpu_s=1, wall_s=3, memory_mb=128, output_bytes=3), workers=2)  # every answer is longer than 3 bytes
+    tasks = generate(8, 2, seed=0, sandbox=starved)
+    assert tasks.rows.num_rows < 16 and tasks.dropped == 16 - tasks.rows.num_rows
+
+
+def test_the_asset_writes_a_versioned_iceberg_table(tmp_path):
+    config = {"ops": {"code_exec_tasks": {"config": {"functions": 24, "calls_per_function": 2, "seed": 0}}}}
+    run = materialize([code_exec_tasks], instance=DagsterInstance.ephemeral(), resources={"stores": FactoryStores(root=str(tmp_path))},
+                      run_config=config)
+    assert run.success
+    [event] = run.get_asset_materialization_events()
+    metadata = {key: value.value for key, value in event.materialization.metadata.items()}
+    table = open_catalog(CatalogConfig.local(tmp_path / "iceberg")).load_table(TABLE)
+    assert metadata["table"] == f"{TABLE}@v1" and table.scan().to_arrow().num_rows == metadata["rows"] > 0
+    again = materialize([code_exec_tasks], instance=DagsterInstance.ephemeral(), resources={"stores": FactoryStores(root=str(tmp_path))},
+                        run_config=config)
+    [event] = again.get_asset_materialization_events()
+    assert event.materialization.metadata["table"].value == f"{TABLE}@v1"  # the same content is the same version
