@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:  # `factory check` reads the registry without importing torch
+    from pyiceberg.catalog import Catalog
     from tokenizers import Tokenizer
     from torch import nn
 
@@ -38,6 +39,8 @@ class EvalInputs:
     batch_size: int
     max_bytes: int
     """Bytes of held-out text a benchmark reads at most."""
+    catalog: Catalog | None = None
+    """The Iceberg catalog, for benchmarks that read a pinned table version (e.g. the code-execution tasks)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

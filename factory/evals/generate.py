@@ -6,6 +6,7 @@ the models the benchmarks see are small, and one forward pass per new token keep
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -48,3 +49,10 @@ def sample(
         return torch.cat([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generators, strict=True)])
 
     return _extend(model, prompts, new_tokens, context, draw)
+
+
+def same_length_batches(prompts: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Prompt indices in batches of at most `batch_size` whose prompts have the same token length (no padding needed)."""
+    by_length = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    groups = [list(group) for _, group in itertools.groupby(by_length, key=lambda i: len(prompts[i]))]
+    return [group[start : start + batch_size] for group in groups for start in range(0, len(group), batch_size)]

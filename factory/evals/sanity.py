@@ -11,13 +11,12 @@ must be Python or the start of a Python program.
 from __future__ import annotations
 
 import codeop
-import itertools
 import warnings
 
 import torch
 
 from factory.evals.benchmarks import EvalInputs, Score
-from factory.evals.generate import sample
+from factory.evals.generate import same_length_batches, sample
 
 # Statement heads that end on a visible character, where the byte-level BPE ends a pre-token, so
 # the model starts from a token boundary it saw in training.
@@ -48,18 +47,11 @@ def valid_sample(text: str, *, finished: bool) -> bool:
     return True
 
 
-def _batches(prompts: list[list[int]], batch_size: int) -> list[list[int]]:
-    """Sample indices in batches of at most `batch_size` whose prompts have the same token length."""
-    by_length = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    groups = [list(group) for _, group in itertools.groupby(by_length, key=lambda i: len(prompts[i]))]
-    return [group[start : start + batch_size] for group in groups for start in range(0, len(group), batch_size)]
-
-
 def python_sanity(inputs: EvalInputs) -> Score:
     """Share of seeded samples from fixed Python prompts that are valid Python (or a valid start of it)."""
     prompts = [inputs.tokenizer.encode(PROMPTS[i % len(PROMPTS)]).ids for i in range(SAMPLES)]
     samples: dict[int, tuple[str, bool]] = {}
-    for batch in _batches(prompts, inputs.batch_size):
+    for batch in same_length_batches(prompts, inputs.batch_size):
         rows = torch.tensor([prompts[i] for i in batch], dtype=torch.int64)
         seeds = [inputs.seed * SAMPLES + i for i in batch]
         new = sample(inputs.model, rows, NEW_TOKENS, inputs.context, TEMPERATURE, seeds)

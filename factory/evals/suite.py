@@ -48,3 +48,16 @@ PYTHON_SANITY = register(Benchmark(
     name="python_sanity", version=1, lower_is_better=False, run=python_sanity,
     description="share of 32 seeded samples (96 tokens at temperature 0.8) that are valid Python or a valid prefix",
 ))
+
+
+def code_exec(inputs: EvalInputs) -> Score:
+    """Share of held-out code-execution tasks whose output the model writes exactly."""
+    from factory.evals.code_exec import code_exec_accuracy
+
+    return code_exec_accuracy(inputs)
+
+
+CODE_EXEC = register(Benchmark(
+    name="code_exec", version=1, lower_is_better=False, run=code_exec,
+    description="exact output of 64 held-out function calls (test split of post.code_exec_tasks@v1), greedy decoding",
+))

@@ -173,7 +173,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     return EvalInputs(
         model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=model.config.context,
         validation_texts=validation_texts, seed=config["seed"], batch_size=checkpoint.eval["batch_size"],
-        max_bytes=checkpoint.eval["max_bytes"],
+        max_bytes=checkpoint.eval["max_bytes"], catalog=open_catalog(catalog),
     )
 
 

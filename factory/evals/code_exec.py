@@ -1,0 +1,59 @@
+"""Code-execution output prediction: given a held-out function and a call, does the model write what the call returns?
+
+The tasks are the test split of `post.code_exec_tasks@v1` (the `code_exec_tasks` asset), the first
+TASKS by id: a pinned table version, so scores stay comparable; a new task set means a new
+benchmark version. The prompt is the function, then `assert <call> == `; the answer is what the
+model writes greedily up to the end of the line, compared with the executed output exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from factory.data.tables import resolve
+from factory.errors import ArtifactError, ConfigError
+from factory.evals.benchmarks import EvalInputs, Score
+from factory.evals.generate import greedy, same_length_batches
+
+TABLE = "post.code_exec_tasks"
+TAG = "v1"
+TASKS = 64
+NEW_TOKENS = 24
+
+
+def prompt(function: str, call: str) -> str:
+    """What the model continues."""
+    return f"{function}\nassert {call} == "
+
+
+def answer(completion: str) -> str:
+    """The model's answer: its first line, without surrounding spaces."""
+    return completion.split("\n", 1)[0].strip()
+
+
+def test_tasks(inputs: EvalInputs) -> list[dict]:
+    """The pinned test tasks; a clear error when the task set was never generated."""
+    if inputs.catalog is None:
+        raise ConfigError("the code_exec benchmark needs the Iceberg catalog; it was not given one")
+    try:
+        snapshot = resolve(inputs.catalog, TABLE, TAG)
+    except ArtifactError as e:
+        raise ConfigError(f"{e}: materialize the code_exec_tasks asset first (Dagster UI, group post)") from e
+    rows = inputs.catalog.load_table(TABLE).scan(row_filter="split == 'test'", snapshot_id=snapshot).to_arrow().sort_by("id").to_pylist()
+    if not rows:
+        raise ConfigError(f"{TABLE}@{TAG} has no test tasks: generate more functions")
+    return rows[:TASKS]
+
+
+def code_exec_accuracy(inputs: EvalInputs) -> Score:
+    """Share of held-out calls whose output the model writes exactly."""
+    tasks = test_tasks(inputs)
+    prompts = [inputs.tokenizer.encode(prompt(t["function"], t["call"])).ids[-(inputs.context - NEW_TOKENS):] for t in tasks]
+    answers: dict[int, str] = {}
+    for batch in same_length_batches(prompts, inputs.batch_size):
+        new = greedy(inputs.model, torch.tensor([prompts[i] for i in batch], dtype=torch.int64), NEW_TOKENS, inputs.context)
+        for i, ids in zip(batch, new.tolist(), strict=True):
+            answers[i] = answer(inputs.tokenizer.decode(ids))
+    right = sum(answers[i] == t["expected"] for i, t in enumerate(tasks))
+    examples = [{"call": t["call"], "expected": t["expected"], "got": answers[i]} for i, t in enumerate(tasks[:3])]
+    return Score(value=right / len(tasks), count=len(tasks), details={"right": right, "tasks": len(tasks), "examples": examples})
