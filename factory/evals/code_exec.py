@@ -8,6 +8,8 @@ model writes greedily up to the end of the line, compared with the executed outp
 
 from __future__ import annotations
 
+import ast
+
 import torch
 
 from factory.data.tables import resolve
@@ -22,13 +24,17 @@ NEW_TOKENS = 24
 
 
 def prompt(function: str, call: str) -> str:
-    """What the model continues."""
-    return f"{function}\nassert {call} == "
+    """What the model continues (ending on `==`: the space before a value belongs to the value's token)."""
+    return f"{function}\nassert {call} =="
 
 
 def answer(completion: str) -> str:
-    """The model's answer: its first line, without surrounding spaces."""
-    return completion.split("\n", 1)[0].strip()
+    """The model's answer: its first line, written as Python writes the value when it is one (quotes do not matter)."""
+    text = completion.split("\n", 1)[0].strip()
+    try:
+        return repr(ast.literal_eval(text))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
 
 
 def test_tasks(inputs: EvalInputs) -> list[dict]:
@@ -47,13 +53,18 @@ def test_tasks(inputs: EvalInputs) -> list[dict]:
 
 def code_exec_accuracy(inputs: EvalInputs) -> Score:
     """Share of held-out calls whose output the model writes exactly."""
+    if inputs.context <= 2 * NEW_TOKENS:
+        raise ConfigError(f"the code_exec benchmark needs a context above {2 * NEW_TOKENS} tokens; the model has {inputs.context}")
     tasks = test_tasks(inputs)
-    prompts = [inputs.tokenizer.encode(prompt(t["function"], t["call"])).ids[-(inputs.context - NEW_TOKENS):] for t in tasks]
+    encoded = [inputs.tokenizer.encode(prompt(t["function"], t["call"])).ids for t in tasks]
+    prompts = [ids[-(inputs.context - NEW_TOKENS):] for ids in encoded]
+    cut = sum(len(ids) > len(kept) for ids, kept in zip(encoded, prompts, strict=True))
     answers: dict[int, str] = {}
     for batch in same_length_batches(prompts, inputs.batch_size):
         new = greedy(inputs.model, torch.tensor([prompts[i] for i in batch], dtype=torch.int64), NEW_TOKENS, inputs.context)
         for i, ids in zip(batch, new.tolist(), strict=True):
             answers[i] = answer(inputs.tokenizer.decode(ids))
-    right = sum(answers[i] == t["expected"] for i, t in enumerate(tasks))
+    right = sum(answers[i] == answer(t["expected"]) for i, t in enumerate(tasks))
     examples = [{"call": t["call"], "expected": t["expected"], "got": answers[i]} for i, t in enumerate(tasks[:3])]
-    return Score(value=right / len(tasks), count=len(tasks), details={"right": right, "tasks": len(tasks), "examples": examples})
+    details = {"right": right, "tasks": len(tasks), "prompts_cut_to_context": cut, "examples": examples}
+    return Score(value=right / len(tasks), count=len(tasks), details=details)

@@ -1,22 +1,26 @@
 """Run untrusted Python in a separate, confined process: the code is data, never trusted.
 
 Each execution gets an empty temporary working directory, a minimal environment, and a fresh
-process in its own session. Before the code runs, the child confines itself (all of it before
-the code is even read):
+interpreter in its own session. The boundary is the operating system, set up before the code is
+even read:
 
 - resource limits: CPU seconds, address space, file size, open files, no core dumps;
-- no network: a new network namespace when the kernel allows it (root), and in any case an audit
-  hook that refuses socket creation;
-- no new processes: as root, it drops to a uid of its own with RLIMIT_NPROC 1; in any case the
-  audit hook refuses fork, exec, spawn, subprocess and os.system;
-- no writes outside its directory, no ctypes, no signals to other processes: the audit hook again.
+- as root (the usual case in containers and CI): a uid of its own (claimed across processes)
+  with RLIMIT_NPROC 1, so it cannot start a process or thread, cannot signal or read other
+  processes and cannot write where that uid may not; network and IPC namespaces (`unshare`), so
+  no network and no shared memory outlive it; what it leaves in world-writable directories is
+  swept afterwards;
+- a Python audit hook refuses sockets, fork/exec/subprocess, ctypes, gc, frame access and writes
+  outside the directory. It is defence in depth: code can subvert an audit hook, so without root
+  (`Sandbox.isolation` says which) the sandbox is best effort.
 
-The parent enforces wall time and output size, kills the whole session at the end, and removes
-the directory. A crash, a limit or a refusal is an outcome (`status`), never an exception here.
+The parent enforces wall time and output size, kills the whole session before reaping it, and
+removes the directory. A crash, a limit or a refusal is an outcome (`status`), never an exception.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -28,11 +32,21 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Literal
+
+from factory.errors import ArtifactError
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
 UID_BASE = 61000
-"""Executions as root run as uid/gid UID_BASE + slot: each slot its own user, so RLIMIT_NPROC 1 means no fork."""
+UID_COUNT = 512
+"""As root, each execution runs as a uid of its own from this range, claimed with a lock file across processes."""
+UID_LOCKS = Path(tempfile.gettempdir()) / "factory-sandbox-uids"
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+"""World-writable places the sandbox user could still reach: swept of its files after each execution."""
+MODULES = ("math", "cmath", "json", "re", "string", "collections", "itertools", "functools", "operator", "random", "statistics",
+           "fractions", "decimal", "heapq", "bisect", "copy", "datetime", "textwrap", "typing", "dataclasses", "enum")
+"""Standard-library modules imported before privileges are dropped (the interpreter's files may be unreadable afterwards)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,50 +71,52 @@ class Outcome:
     seconds: float
 
 
-# Runs in the child before the untrusted code; the code arrives on stdin only after this has run.
+# Runs in the child (still root, when the parent is) before the untrusted code; the code arrives on stdin only after this.
 CONFINE = r"""
 def confine():
     import os, resource, sys
-    cpu, memory, fsize, uid, netns = (int(a) for a in sys.argv[1:6])
+    cpu, memory, fsize, uid, modules = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    for name in modules.split(","):
+        __import__(name)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
-    if netns:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # CLONE_NEWNET; sockets are refused below regardless
     if uid:
         resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    home = os.path.realpath(os.getcwd()) + os.sep
-    write = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    refused = frozenset({
+    # Defence in depth, not the boundary: code can subvert an audit hook. Builtins are bound here so patching them is no help.
+    isinstance_, any_, all_, str_, bytes_, int_, frozenset_ = isinstance, any, all, str, bytes, int, frozenset
+    realpath, fsdecode, write = os.path.realpath, os.fsdecode, os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    home = realpath(os.getcwd()) + os.sep
+    refused = frozenset_({
         "socket.__new__", "socket.connect", "socket.bind", "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
         "subprocess.Popen", "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "sys.addaudithook", "sys._getframe",
-        "object.__getattr__",
+        "resource.setrlimit", "resource.prlimit", "os.mkfifo", "os.mknod", "os.setxattr", "os.removexattr",
     })
-    modules = frozenset({"gc", "ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "socket", "_socket", "signal"})
-    paths = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
-                       "os.truncate", "os.utime", "os.replace", "shutil.rmtree", "shutil.move", "shutil.copyfile"})
-    realpath, fsdecode = os.path.realpath, os.fsdecode
+    blocked = frozenset_({"gc", "ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "socket", "_socket", "signal", "_signal",
+                          "resource", "subprocess", "mmap"})
+    paths = frozenset_({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
+                        "os.truncate", "os.utime", "os.replace", "shutil.rmtree", "shutil.move", "shutil.copyfile"})
 
     def inside(path):
         try:
-            return isinstance(path, int) or realpath(fsdecode(path)).startswith(home)
+            return realpath(fsdecode(path)).startswith(home)
         except (TypeError, ValueError):
             return False
 
     def guard(event, args):
-        if event in refused or (event == "import" and args[0].partition(".")[0] in modules):
-            raise PermissionError(f"sandbox: {event} {args[0] if event == 'import' else ''}".rstrip() + " is not allowed")
-        if event == "open" and args[0] is not None and ((args[1] and any(c in args[1] for c in "wax+")) or (args[2] or 0) & write):
-            if not inside(args[0]):
+        if event in refused or (event == "import" and str_(args[0]).partition(".")[0] in blocked):
+            raise PermissionError("sandbox: " + event + (" " + str_(args[0]) if event == "import" else "") + " is not allowed")
+        if event == "open" and args[0] is not None:
+            writes = (args[1] and any_(c in str_(args[1]) for c in "wax+")) or (int_(args[2] or 0) & write)
+            if writes and (isinstance_(args[0], int_) or not inside(args[0])):
                 raise PermissionError("sandbox: writing outside the working directory is not allowed")
-        if event in paths and not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))):
-            raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
+        if event in paths and not all_(isinstance_(a, (str_, bytes_)) and inside(a) for a in args[:2] if a is not None and not isinstance_(a, int_)):
+            raise PermissionError("sandbox: " + event + " outside the working directory is not allowed")
 
     source = sys.stdin.read()
     sys.addaudithook(guard)
@@ -110,60 +126,61 @@ def confine():
 exec(compile(confine(), "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 """
 
+
 class Sandbox:
-    """Runs code under `limits`; `workers` executions at a time in `run_many`."""
+    """Runs code under `limits`; `workers` executions at a time in `run_many`.
+
+    `isolation` says what holds the code: as root, its own uid (RLIMIT_NPROC 1: no process of its own), network and
+    IPC namespaces when `unshare` works, files it leaves in shared directories swept; otherwise only the limits and the hook.
+    """
 
     def __init__(self, limits: Limits = Limits(), workers: int = 2, python: str = sys.executable) -> None:
         self.limits = limits
         self.workers = workers
         self.python = python
-        self._slots = list(range(workers))
-        self._lock = threading.Lock()
+        self.root = os.geteuid() == 0
+        self.namespaces = self.root and _unshare_works()
+        self.isolation = ("own uid, network and IPC namespaces" if self.namespaces else "own uid" if self.root else "limits and audit hook only")
 
     def run(self, source: str) -> Outcome:
-        """Execute `source` once."""
-        with self._lock:
-            slot = self._slots.pop() if self._slots else self.workers
+        """Execute `source` once; whatever it does is an outcome, never an exception here."""
+        uid, lock = _claim_uid() if self.root else (0, -1)
+        work = tempfile.mkdtemp(prefix="sandbox-")
         try:
-            return self._run(source, slot)
+            if uid:
+                os.chown(work, uid, uid)
+            return self._run(source.encode("utf-8", errors="surrogatepass"), uid, work)
         finally:
-            with self._lock:
-                if slot < self.workers:
-                    self._slots.append(slot)
+            shutil.rmtree(work, onerror=_force_remove)
+            if uid:
+                _sweep(uid)
+                os.close(lock)
 
     def run_many(self, sources: Sequence[str]) -> list[Outcome]:
         """Execute each source, `workers` at a time; outcomes in the same order."""
         with ThreadPoolExecutor(self.workers) as pool:
             return list(pool.map(self.run, sources))
 
-    def _run(self, source: str, slot: int) -> Outcome:
-        limits, root = self.limits, os.geteuid() == 0
-        uid = UID_BASE + slot if root else 0
-        work = tempfile.mkdtemp(prefix="sandbox-")
-        if root:
-            os.chown(work, uid, uid)
-        argv = [self.python, "-I", "-S", "-B", "-c", CONFINE, str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20),
-                str(uid), "1" if root else "0"]
+    def _run(self, source: bytes, uid: int, work: str) -> Outcome:
+        limits = self.limits
+        argv = [self.python, "-P", "-s", "-S", "-B", "-c", CONFINE, str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20),
+                str(uid), ",".join(MODULES)]
+        if self.namespaces:
+            argv = ["unshare", "--net", "--ipc", "--", *argv]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         started = time.perf_counter()
         process = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
         out, err = _Capped(process, process.stdout, limits.output_bytes), _Capped(process, process.stderr, limits.output_bytes)
         try:
-            process.stdin.write(source.encode())
+            process.stdin.write(source)
             process.stdin.close()
         except BrokenPipeError:
             pass
-        timed_out = False
-        try:
-            process.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_session(process)
-            out.join()
-            err.join()
-            shutil.rmtree(work, ignore_errors=True)
+        timed_out = not _exited(process.pid, started + limits.wall_s)
+        _kill_session(process)  # before reaping: the session's id cannot have been reused
+        out.join(timeout=2)
+        err.join(timeout=2)
         seconds = time.perf_counter() - started
         stderr = "".join(err.text().splitlines(keepends=True)[-10:])
         return Outcome(status=_status(process.returncode, timed_out, out.overflow, stderr), stdout=out.text(), stderr=stderr, seconds=seconds)
@@ -183,21 +200,86 @@ class _Capped(threading.Thread):
             self.data += chunk[:room]
             if len(chunk) > room:
                 self.overflow = True
-                _kill_session(self.process, wait=False)
+                _signal_session(self.process.pid)
                 break
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
 
 
-def _kill_session(process: subprocess.Popen, wait: bool = True) -> None:
-    """Kill the child and anything it started in its session."""
+def _unshare_works() -> bool:
+    """Whether `unshare --net --ipc` can run a command here (root with the capability, util-linux installed)."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        return subprocess.run(["unshare", "--net", "--ipc", "--", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _claim_uid() -> tuple[int, int]:
+    """A sandbox uid no other execution (in any process) is using, and the lock file descriptor that holds it."""
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+        fd = os.open(UID_LOCKS / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return uid, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise ArtifactError(f"all {UID_COUNT} sandbox uids are in use; run fewer sandboxes at once")
+
+
+def _exited(pid: int, deadline: float) -> bool:
+    """Wait until the child exits (without reaping it) or the deadline passes; whether it exited."""
+    while time.perf_counter() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _signal_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
-    if wait:
-        process.wait()
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    """Kill the child and anything it started in its session, then reap it."""
+    _signal_session(process.pid)
+    process.wait()
+
+
+def _sweep(uid: int) -> None:
+    """Remove what the sandbox user left in the world-writable directories."""
+    for directory in SHARED_DIRS:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, onerror=_force_remove)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+
+
+def _force_remove(function, path, _error) -> None:
+    """rmtree's second try: make the parent writable and the entry removable (code may have chmod-ed them)."""
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _status(code: int | None, timed_out: bool, overflow: bool, stderr: str) -> Status:
@@ -205,6 +287,7 @@ def _status(code: int | None, timed_out: bool, overflow: bool, stderr: str) -> S
         return "output_limit"
     if timed_out or code in (-signal.SIGXCPU, -signal.SIGKILL):
         return "timeout"
-    if "MemoryError" in stderr:
-        return "memory"
-    return "ok" if code == 0 else "error"
+    if code == 0:
+        return "ok"
+    last = stderr.strip().rsplit("\n", 1)[-1]
+    return "memory" if last.startswith("MemoryError") else "error"

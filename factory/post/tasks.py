@@ -19,6 +19,8 @@ import pyarrow as pa
 
 from factory.post.sandbox import Limits, Sandbox
 
+MAX_REPEATS = 50
+"""A family whose generator repeated an earlier function this often has no new ones left."""
 SPLITS = (("train", 80), ("validation", 90), ("test", 100))
 """Function-hash bucket (0-99) below the bound -> split."""
 TASK_SCHEMA = pa.schema([
@@ -51,7 +53,8 @@ def _strings(rng: random.Random) -> Program:
 
 
 def _lists(rng: random.Random) -> Program:
-    k, m, r0 = rng.randint(2, 5), rng.randint(2, 4), 0
+    k, m = rng.randint(2, 5), rng.randint(2, 4)
+    r0 = rng.randrange(m)
     key = rng.choice(["x", "-x", "x % 3", "abs(x - 4)"])
     source = f"def f(xs):\n    kept = [x * {k} for x in xs if x % {m} == {r0}]\n    return sorted(kept, key=lambda x: {key})[:4]\n"
     return Program(family="list", difficulty="medium", source=source, arguments=lambda r: ([r.randint(-9, 9) for _ in range(r.randint(3, 8))],))
@@ -73,20 +76,24 @@ def _branches(rng: random.Random) -> Program:
 
 
 def _dicts(rng: random.Random) -> Program:
-    n = rng.randint(1, 3)
-    source = f"def f(s):\n    counts = {{}}\n    for c in s:\n        counts[c] = counts.get(c, 0) + 1\n    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:{n}]\n"
-    return Program(family="dict", difficulty="medium", source=source, arguments=lambda r: ("".join(r.choice("abcab") for _ in range(r.randint(3, 9))),))
+    n, key, letters = rng.randint(1, 4), rng.choice(["(-kv[1], kv[0])", "kv[0]", "(kv[1], kv[0])"]), rng.choice(["abcab", "xyzzy", "mississippi"])
+    start = rng.randint(0, 2)
+    source = (f"def f(s):\n    counts = {{}}\n    for c in s[{start}:]:\n        counts[c] = counts.get(c, 0) + 1\n"
+              f"    return sorted(counts.items(), key=lambda kv: {key})[:{n}]\n")
+    return Program(family="dict", difficulty="medium", source=source,
+                   arguments=lambda r: ("".join(r.choice(letters) for _ in range(r.randint(3, 9))),))
 
 
 def _recursion(rng: random.Random) -> Program:
-    a, b = rng.randint(1, 3), rng.randint(0, 2)
-    source = f"def f(n):\n    if n <= {b}:\n        return n + {a}\n    return f(n - 1) + f(n - 2) * {a}\n"
+    a, b, op, step = rng.randint(1, 4), rng.randint(0, 3), rng.choice(["+", "-"]), rng.choice([1, 2])
+    source = f"def f(n):\n    if n <= {b}:\n        return n + {a}\n    return f(n - 1) {op} f(n - {step} - 1) * {a}\n"
     return Program(family="recursion", difficulty="hard", source=source, arguments=lambda r: (r.randint(0, 12),))
 
 
 def _nested(rng: random.Random) -> Program:
-    k = rng.randint(2, 6)
-    source = (f"def f(xs, ys):\n    pairs = []\n    for x in xs:\n        for y in ys:\n            if (x + y) % {k} == 0:\n"
+    k, op = rng.randint(2, 9), rng.choice(["+", "*", "-"])
+    residue = rng.randrange(min(k, 3))
+    source = (f"def f(xs, ys):\n    pairs = []\n    for x in xs:\n        for y in ys:\n            if (x {op} y) % {k} == {residue}:\n"
               f"                pairs.append((x, y))\n    return len(pairs), pairs[:2]\n")
     return Program(family="nested", difficulty="hard", source=source,
                    arguments=lambda r: ([r.randint(0, 9) for _ in range(r.randint(1, 5))], [r.randint(0, 9) for _ in range(r.randint(1, 5))]))
@@ -102,15 +109,20 @@ def split_of(source: str) -> str:
 
 
 def programs(count: int, seed: int) -> Iterator[Program]:
-    """`count` distinct seeded functions, cycling through the families."""
-    rng, seen = random.Random(seed), set()
-    attempts = 0
-    while len(seen) < count and attempts < count * 20:
-        attempts += 1
-        program = FAMILIES[attempts % len(FAMILIES)](rng)
-        if program.source not in seen:
-            seen.add(program.source)
-            yield program
+    """Up to `count` distinct seeded functions, an equal share per family (fewer for a family with fewer distinct ones)."""
+    rng, seen, quota = random.Random(seed), set(), -(-count // len(FAMILIES))
+    made, misses, turn = [0] * len(FAMILIES), [0] * len(FAMILIES), 0
+    while any(m < quota and r < MAX_REPEATS for m, r in zip(made, misses, strict=True)):
+        family, turn = turn % len(FAMILIES), turn + 1
+        if made[family] >= quota or misses[family] >= MAX_REPEATS:
+            continue
+        program = FAMILIES[family](rng)
+        if program.source in seen:
+            misses[family] += 1
+            continue
+        seen.add(program.source)
+        made[family] += 1
+        yield program
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,12 +134,12 @@ class TaskSet:
 
 
 def generate(count: int, calls: int, seed: int, sandbox: Sandbox | None = None) -> TaskSet:
-    """Tasks for `count` functions with `calls` distinct calls each; expected outputs from executing them."""
+    """Tasks for up to `count` functions with up to `calls` distinct calls each; expected outputs from executing them."""
     rng = random.Random(seed + 1)
     pending: list[tuple[Program, str]] = []
     for program in programs(count, seed):
-        chosen = {f"f({', '.join(repr(a) for a in program.arguments(rng))})" for _ in range(calls * 3)}
-        pending += [(program, call) for call in sorted(chosen)[:calls]]
+        drawn = [f"f({', '.join(repr(a) for a in program.arguments(rng))})" for _ in range(calls * 3)]
+        pending += [(program, call) for call in list(dict.fromkeys(drawn))[:calls]]  # distinct, in the order drawn
     sandbox = sandbox or Sandbox(Limits(cpu_s=1, wall_s=3, memory_mb=128), workers=2)
     outcomes = sandbox.run_many([f"{program.source}\nprint(repr({call}))\n" for program, call in pending])
     rows = []

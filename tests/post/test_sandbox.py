@@ -39,10 +39,9 @@ def test_an_exception_is_an_error_outcome_with_its_traceback(sandbox):
     assert outcome.status == "error" and outcome.stderr.strip().endswith("ZeroDivisionError: division by zero")
 
 
-def test_an_infinite_loop_is_stopped_by_the_cpu_limit(sandbox):
-    started = time.perf_counter()
+def test_an_infinite_loop_is_stopped_by_the_cpu_limit_before_the_wall_limit(sandbox):
     outcome = sandbox.run("while True:\n    pass")
-    assert outcome.status == "timeout" and time.perf_counter() - started < 3.5
+    assert outcome.status == "timeout" and outcome.seconds < 2.5  # 1 CPU second; the wall limit is 3
 
 
 def test_sleeping_forever_is_stopped_by_the_wall_limit(sandbox):
@@ -53,8 +52,8 @@ def test_sleeping_forever_is_stopped_by_the_wall_limit(sandbox):
 def test_a_fork_bomb_starts_no_process(sandbox):
     outcome = sandbox.run("import os\nwhile True:\n    os.fork()")
     assert outcome.status == "error" and "os.fork is not allowed" in outcome.stderr
-    assert sandbox.run("import subprocess\nsubprocess.run(['true'])").status == "error"
-    assert sandbox.run("import os\nos.system('true')").status == "error"
+    assert "not allowed" in sandbox.run("import subprocess\nsubprocess.run(['true'])").stderr
+    assert "not allowed" in sandbox.run("import os\nos.system('true')").stderr
     assert sandbox_processes() == []
 
 
@@ -86,8 +85,6 @@ def test_secrets_in_the_environment_are_not_visible(sandbox, monkeypatch):
 def test_the_network_is_out_of_reach(sandbox):
     outcome = sandbox.run("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)")
     assert outcome.status == "error" and "not allowed" in outcome.stderr
-    via_urllib = sandbox.run("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9', timeout=1)")
-    assert via_urllib.status == "error"
 
 
 def test_huge_output_is_capped_and_ends_the_run(sandbox):
@@ -107,6 +104,36 @@ def test_as_root_the_code_runs_as_its_own_user_with_one_process_and_no_network_i
     uid, limit = outcome.stdout.splitlines()[0].split(" ", 1)
     assert UID_BASE <= int(uid) < UID_BASE + 100 and limit == "(1, 1)"
     assert outcome.stdout.splitlines()[1] == "['lo']"
+
+
+def test_the_standard_library_a_task_needs_is_there_and_hashing_is_the_same_every_run(sandbox):
+    outcome = sandbox.run("import json, math, re, collections, itertools, functools\nprint(json.dumps(sorted({'b', 'a'})), hash('a'))")
+    assert outcome.status == "ok" and outcome.stdout.startswith('["a", "b"]')
+    assert sandbox.run("print(hash('a'))").stdout == outcome.stdout.rsplit(" ", 1)[1]
+
+
+def test_odd_input_and_a_fake_error_line_are_outcomes_not_exceptions(sandbox):
+    assert sandbox.run('print("\\ud800")').status == "error"
+    assert sandbox.run("import sys\nsys.stderr.write('MemoryError\\n')").status == "ok"  # it exited 0: not a memory error
+
+
+@pytest.mark.skipif(not ROOT, reason="the OS boundary (own uid, namespaces, sweep) needs root; without it the sandbox is best effort")
+def test_as_root_subverting_the_hook_still_leaves_nothing_outside_and_reads_no_secrets(sandbox):
+    marker = f"factory-sandbox-escape-{os.getpid()}"
+    attack = ("import os\n"  # a relative name against a directory descriptor: the hook sees a path inside, the write lands in /tmp
+              f"fd = os.open('/tmp', os.O_RDONLY)\nos.close(os.open('{marker}-a', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n"
+              f"os.mkfifo('/tmp/{marker}-b')\nprint('wrote')")
+    outcome = sandbox.run(attack)
+    assert outcome.stdout == "wrote\n"  # the hook was beaten...
+    assert not [name for name in os.listdir("/tmp") if name.startswith(marker)]  # ...and what it wrote is gone
+    secrets = sandbox.run(f"print(open('/proc/{os.getpid()}/environ').read())")
+    assert secrets.status == "error" and "Permission denied" in secrets.stderr
+
+
+@pytest.mark.skipif(not ROOT, reason="own uids need root")
+def test_concurrent_executions_run_as_different_users(sandbox):
+    outcomes = Sandbox(Limits(wall_s=5), workers=4).run_many(["import os, time\ntime.sleep(0.3)\nprint(os.getuid())"] * 4)
+    assert len({o.stdout for o in outcomes}) == 4
 
 
 def test_many_hostile_runs_at_once_leave_the_host_as_it_was(sandbox):

@@ -7,7 +7,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.post import TABLE, code_exec_tasks
 from factory.data.catalog import CatalogConfig, open_catalog
-from factory.post.tasks import FAMILIES, generate, split_of
+from factory.post.tasks import FAMILIES, generate, programs, split_of
 from resources import FactoryStores
 
 
@@ -26,22 +26,34 @@ def test_expected_outputs_are_what_running_the_call_prints():
         assert repr(eval(row["call"], scope)) == row["expected"], row
 
 
-def test_every_call_of_a_function_is_in_the_functions_split():
+def test_every_call_of_a_function_is_in_one_split_and_the_splits_are_about_80_10_10():
     rows = generate(80, 3, seed=1).rows.to_pylist()
     by_function: dict[str, set[str]] = {}
     for row in rows:
         by_function.setdefault(row["function"], set()).add(row["split"])
-        assert row["split"] == split_of(row["function"])
     assert all(len(splits) == 1 for splits in by_function.values())
-    assert set(Counter(row["split"] for row in rows)) == {"train", "validation", "test"}
+    shares = Counter(split_of(program.source) for program in programs(800, seed=0))
+    total = sum(shares.values())
+    assert abs(shares["train"] / total - 0.8) < 0.07 and abs(shares["test"] / total - 0.1) < 0.05, shares
+
+
+def test_the_families_get_equal_shares_and_calls_are_distinct_in_the_order_drawn():
+    families = Counter(program.family for program in programs(80, seed=0))
+    assert set(families.values()) == {10}
+    rows = generate(16, 3, seed=0).rows.to_pylist()
+    calls: dict[str, list[str]] = {}
+    for row in rows:
+        calls.setdefault(row["function"], []).append(row["call"])
+    assert all(len(set(c)) == len(c) for c in calls.values())
+    assert any(c != sorted(c) for c in calls.values())  # not the calls that sort first
 
 
 def test_a_call_that_fails_in_the_sandbox_is_left_out_and_counted():
     from factory.post.sandbox import Limits, Sandbox
 
-    starved = Sandbox(Limits(cpu_s=1, wall_s=3, memory_mb=128, output_bytes=3), workers=2)  # every answer is longer than 3 bytes
+    starved = Sandbox(Limits(cpu_s=1, wall_s=3, memory_mb=128, output_bytes=1), workers=2)  # every answer is longer than 1 byte
     tasks = generate(8, 2, seed=0, sandbox=starved)
-    assert tasks.rows.num_rows < 16 and tasks.dropped == 16 - tasks.rows.num_rows
+    assert tasks.rows.num_rows == 0 and tasks.dropped == 16
 
 
 def test_the_asset_writes_a_versioned_iceberg_table(tmp_path):
