@@ -44,8 +44,7 @@ UID_COUNT = 512
 UID_LOCKS = Path(tempfile.gettempdir()) / "factory-sandbox-uids"
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 """World-writable places the sandbox user could still reach: swept of its files after each execution."""
-MODULES = ("math", "cmath", "json", "re", "string", "collections", "itertools", "functools", "operator", "random", "statistics",
-           "fractions", "decimal", "heapq", "bisect", "copy", "datetime", "textwrap", "typing", "dataclasses", "enum")
+MODULES = ("math", "json", "re", "string", "collections", "itertools", "functools", "operator", "random", "heapq", "bisect", "copy")
 """Standard-library modules imported before privileges are dropped (the interpreter's files may be unreadable afterwards)."""
 
 
