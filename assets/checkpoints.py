@@ -20,7 +20,7 @@ from factory.train.checkpoint import SavedCheckpoint, partition_key, published
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,
-    deps=["pretrain"],
+    deps=["pretrain", "sft", "rl"],
     partitions_def=checkpoints_partitions,
     description="Every checkpoint of every training run, as it is saved: step, tokens seen, loss, learning rate, sha256 and size.",
     kinds={"torch"},

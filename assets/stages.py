@@ -20,7 +20,8 @@ from dagster import (
 from assets.checkpoints import CheckpointRecorder
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
-from factory.config import UPSTREAM, StageSpec, config_hash, plan_stage, upstream_of
+from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
+from factory.config.stages import TRAINING_STAGES
 from factory.data.checks import CHECKS
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.datasets import check_filtered
@@ -35,13 +36,16 @@ DESCRIPTIONS = {
     "blend": "The training mixture: table versions with weights and modes (finite or oversample).",
     "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
     "pretrain": "Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are `checkpoints` partitions.",
-    "model": "The final weights exported with their config and tokenizer.",
+    "sft": "Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its checkpoints are `checkpoints` partitions.",
+    "rl": "GRPO from code-execution feedback, starting from the SFT model: actors sample and score, learners update; checkpoints are `checkpoints` partitions.",
+    "model": "The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
 }
 KINDS = {
-    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "model": {"torch"},
+    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "sft": {"torch"}, "rl": {"torch"},
+    "model": {"torch"},
 }
-DISTRIBUTED = {"pretrain"}  # stages that run as several ranks when resources.processes_per_node > 1
-TRAINING = {"pretrain"}  # stages whose artifacts hold checkpoints
+DISTRIBUTED = {"pretrain", "sft"}  # stages that run as several ranks when resources.processes_per_node > 1
+TRAINING = set(TRAINING_STAGES)  # stages whose artifacts hold checkpoints
 GROUPS = {"raw_datasets": "data", "deduped_datasets": "data", "filtered_datasets": "data", "blend": "data"}
 CHECK_DESCRIPTIONS = {
     "non_empty": "Every filtered dataset has documents.",
@@ -62,7 +66,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
     @asset(
         name=kind,
         partitions_def=experiments_partitions,
-        deps=list(UPSTREAM[kind]),
+        deps=[*UPSTREAM[kind], *(["code_exec_tasks"] if kind in ("sft", "rl") else [])],
         description=DESCRIPTIONS[kind],
         kinds=KINDS[kind],
         group_name=GROUPS.get(kind, "pipeline"),
@@ -88,10 +92,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         else:
             if holder := registry.holder(spec.fingerprint):
                 context.log.info(f"{kind}: awaiting cache: {holder.owner} is computing this stage")
-            placement = experiment.resources
-            processes, nodes = (placement.processes_per_node, placement.nodes) if kind in DISTRIBUTED else (1, 1)
             request = StageRequest(
-                spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, processes=processes, nodes=nodes
+                spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, **placement_of(experiment, kind)
             )
             checkpoints = registry.work_path(spec.fingerprint) / CHECKPOINT_DIR
             yield from launcher.launch(context, request, on_poll=(lambda: recorder.poll(checkpoints)) if recorder else None)
@@ -106,6 +108,16 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             context.log.info(f"{kind}: {len(keys)} kept checkpoints recorded as partitions of `checkpoints`")
 
     return stage
+
+
+def placement_of(experiment: Experiment, kind: str) -> dict:
+    """How many ranks the stage runs as: training stages per `resources`; RL as its learners plus its actors."""
+    if kind == "rl" and experiment.rl is not None:
+        rl = experiment.rl
+        return {"processes": rl.learners + rl.actors, "placement": {"learners": rl.learners, "actors": rl.actors}}
+    if kind in DISTRIBUTED:
+        return {"processes": experiment.resources.processes_per_node, "nodes": experiment.resources.nodes}
+    return {}
 
 
 def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Provenance) -> dict:

@@ -18,6 +18,15 @@ TABLE_PART = re.compile(r"^[a-z_][a-z0-9_]*$")
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def _table_ref(value: str) -> str:
+    """A pinned table version `namespace.table@tag`, or a ValueError saying what was expected."""
+    name, _, tag = value.partition("@")
+    parts = name.split(".")
+    if len(parts) != 2 or not all(TABLE_PART.fullmatch(p) for p in parts) or not TAG_PATTERN.fullmatch(tag):
+        raise ValueError(f"expected 'namespace.table@tag' (lower_snake_case names, a tag), found {value!r}")
+    return value
+
+
 class SourceConfig(Section):
     """Where the raw documents of one dataset come from."""
 
@@ -113,10 +122,7 @@ class BlendComponent(Section):
         if (self.dataset is None) == (self.table is None):
             raise ValueError("give exactly one of 'dataset' (defined in data.datasets) or 'table' ('namespace.table@tag')")
         if self.table is not None:
-            name, _, tag = self.table.partition("@")
-            parts = name.split(".")
-            if len(parts) != 2 or not all(TABLE_PART.fullmatch(p) for p in parts) or not TAG_PATTERN.fullmatch(tag):
-                raise ValueError(f"expected 'namespace.table@tag' (lower_snake_case names, a tag), found {self.table!r}")
+            _table_ref(self.table)
         return self
 
     @property
@@ -243,6 +249,104 @@ class PretrainConfig(Section):
         return self
 
 
+TASKS_REF = "post.code_exec_tasks@v1"
+
+
+class SFTConfig(PretrainConfig):
+    """Supervised fine-tuning of the pretrained model on prompt/completion pairs; the loss counts completion tokens only.
+
+    The pairs are the train split of a code-execution task table: the prompt is the function and
+    `assert <call> ==`, the completion is the executed output and a newline. Every pretrain knob
+    (schedule, clipping, accumulation, checkpoints, precision) means the same here.
+    """
+
+    lr: float = Field(3e-4, gt=0, le=1.0)
+    """Peak learning rate of AdamW (lower than pretraining's: the model already knows code)."""
+    keep_best_by: Literal["loss"] | None = None
+    """Also keep the checkpoint with the lowest mean training loss since the checkpoint before it (null: no best)."""
+    tasks: str = TASKS_REF
+    """The task table version whose train split gives the pairs (`namespace.table@tag`; materialize `code_exec_tasks`)."""
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_is_a_ref(cls, value: str) -> str:
+        return _table_ref(value)
+
+
+class RLConfig(Section):
+    """Reinforcement learning from code-execution feedback (GRPO), starting from the SFT model (or the pretrained one).
+
+    Each step samples `group_size` completions for each of `prompts_per_step` train-split tasks;
+    a completion earns 1 when executing `assert <call> == <its answer>` in the sandbox passes
+    (the answer must be a Python literal), plus `format_reward` when it is a literal on one line.
+    Advantages are normalised within each group; the objective is PPO's clipped ratio with a KL
+    penalty to the starting (reference) model.
+    """
+
+    steps: int = Field(ge=1)
+    """Policy updates."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Tasks sampled per step (each with its group of completions)."""
+    group_size: int = Field(8, ge=2)
+    """Completions per task (G): advantages are normalised within a group."""
+    lr: float = Field(2e-5, gt=0, le=1.0)
+    """Learning rate of AdamW (constant after warmup)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup from 0 to lr."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW decoupled weight decay on matrices."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this (0 turns clipping off)."""
+    clip: float = Field(0.2, gt=0, lt=1)
+    """PPO clip range: the probability ratio is clipped to [1 - clip, 1 + clip]."""
+    kl: float = Field(0.02, ge=0)
+    """Weight of the KL penalty to the reference model."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the actors (log-probabilities are taken at the same temperature)."""
+    max_new_tokens: int = Field(16, ge=1)
+    """Tokens a completion may have at most; it ends at its first newline or end of text."""
+    format_reward: float = Field(0.1, ge=0, le=1)
+    """Reward for an answer that is a Python literal on one line, right or wrong."""
+    updates_per_batch: int = Field(1, ge=1)
+    """Optimizer updates on each batch of rollouts (after the first, the ratio to the sampling policy moves off 1)."""
+    sync_every: int = Field(1, ge=1)
+    """The learners push their weights to the actors every N updates (the actors lag by up to N - 1 versions)."""
+    learners: int = Field(1, ge=1)
+    """Learner ranks (placement: not part of the fingerprint)."""
+    actors: int = Field(1, ge=0)
+    """Actor ranks that generate and score rollouts (0: the learners generate; placement, not in the fingerprint)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N steps (0: only the final one); a multiple of sync_every, so a resumed run is exact."""
+    keep_last: int = Field(2, ge=1)
+    """Checkpoints kept besides the final one."""
+    log_every: int = Field(5, ge=1)
+    """Report RL metrics every N steps."""
+    tasks: str = TASKS_REF
+    """The task table version whose train split gives the prompts."""
+    sandbox_seconds: float = Field(2.0, gt=0, le=60)
+    """Wall-time limit of one reward execution."""
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_is_a_ref(cls, value: str) -> str:
+        return _table_ref(value)
+
+    @model_validator(mode="after")
+    def _knobs_fit(self) -> RLConfig:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        if self.checkpoint_every % self.sync_every:
+            raise ValueError(f"checkpoint_every ({self.checkpoint_every}) must be a multiple of sync_every ({self.sync_every})")
+        groups = self.prompts_per_step
+        if groups % self.learners:
+            raise ValueError(f"prompts_per_step ({groups}) must be divisible by learners ({self.learners})")
+        if self.actors and groups % self.actors:
+            raise ValueError(f"prompts_per_step ({groups}) must be divisible by actors ({self.actors})")
+        return self
+
+
 class EvalConfig(Section):
     """How this experiment's checkpoints are evaluated (each checkpoint x benchmark is an `evaluations` partition)."""
 
@@ -288,6 +392,10 @@ class Experiment(Section):
     tokenizer: TokenizerConfig = TokenizerConfig()
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig | None = None
+    sft: SFTConfig | None = None
+    """Fine-tuning of the pretrained model on code-execution pairs (`factory.post.sft`)."""
+    rl: RLConfig | None = None
+    """GRPO from execution feedback, after sft (or pretrain) (`factory.post.grpo`)."""
     eval: EvalConfig | None = None
     control: ControlConfig | None = None
     """Rules evaluated inside the pretraining loop (`factory.train.control`)."""
@@ -298,8 +406,15 @@ class Experiment(Section):
         stages = ["raw_datasets", "deduped_datasets", "filtered_datasets"] if self.data.datasets else []
         stages += ["blend", "tokenizer"]
         if self.pretrain is not None:
-            stages += ["pretrain", "model"]
+            stages += ["pretrain", *(["sft"] if self.sft else []), *(["rl"] if self.rl else []), "model"]
         return tuple(stages)
+
+    @model_validator(mode="after")
+    def _post_training_has_a_base(self) -> Experiment:
+        for name in ("sft", "rl"):
+            if getattr(self, name) is not None and self.pretrain is None:
+                raise ValueError(f"'{name}' fine-tunes the pretrained model: add a 'pretrain' section")
+        return self
 
     @field_validator("name")
     @classmethod

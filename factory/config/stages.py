@@ -21,8 +21,15 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "blend": ("filtered_datasets",),
     "tokenizer": ("blend",),
     "pretrain": ("blend", "tokenizer"),
-    "model": ("pretrain", "tokenizer"),
+    # Post-training reads the model it starts from; blend and tokenizer name the held-out data its evaluations read.
+    "sft": ("blend", "tokenizer", "pretrain"),
+    "rl": ("blend", "tokenizer", "pretrain", "sft"),
+    "model": ("pretrain", "sft", "rl", "tokenizer"),
 }
+TRAINING_STAGES = ("pretrain", "sft", "rl")
+"""Stages whose artifacts hold checkpoints; the model exports the last of them the experiment runs."""
+RL_PLACEMENT = {"learners", "actors"}
+"""RL knobs that say where work runs, not what it computes: left out of the fingerprint."""
 DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 STAGES = tuple(UPSTREAM)
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
@@ -76,6 +83,11 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
             if experiment.control is not None:  # only when present, so recipes without rules keep their fingerprints
                 config["control"] = dump["control"]
             return config
+        case "sft":
+            return {"model": dump["model"], "sft": dump["sft"], "seed": seed, "stream": stream}
+        case "rl":
+            rl = {key: value for key, value in dump["rl"].items() if key not in RL_PLACEMENT}
+            return {"model": dump["model"], "rl": rl, "seed": seed, "stream": stream}
         case "model":
             return {}
     raise ConfigError(f"unknown stage {kind!r}; stages are: {', '.join(STAGES)}")

@@ -2,20 +2,20 @@
 
 The tasks are the test split of `post.code_exec_tasks@v1` (the `code_exec_tasks` asset), the first
 TASKS by id: a pinned table version, so scores stay comparable; a new task set means a new
-benchmark version. The prompt is the function, then `assert <call> == `; the answer is what the
-model writes greedily up to the end of the line, compared with the executed output exactly.
+benchmark version. The prompt and answer are written as `factory.post.format` says (the format fine-tuning
+uses); the answer is what the model writes greedily up to the end of the line, compared with the
+executed output as a Python value.
 """
 
 from __future__ import annotations
 
-import ast
-
 import torch
 
-from factory.data.tables import resolve
-from factory.errors import ArtifactError, ConfigError
+from factory.errors import ConfigError
 from factory.evals.benchmarks import EvalInputs, Score
 from factory.evals.generate import greedy, same_length_batches
+from factory.post.format import answer, prompt
+from factory.post.sft import read_tasks
 
 TABLE = "post.code_exec_tasks"
 TAG = "v1"
@@ -23,32 +23,11 @@ TASKS = 64
 NEW_TOKENS = 24
 
 
-def prompt(function: str, call: str) -> str:
-    """What the model continues (ending on `==`: the space before a value belongs to the value's token)."""
-    return f"{function}\nassert {call} =="
-
-
-def answer(completion: str) -> str:
-    """The model's answer: its first line, written as Python writes the value when it is one (quotes do not matter)."""
-    text = completion.split("\n", 1)[0].strip()
-    try:
-        return repr(ast.literal_eval(text))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
-
-
 def test_tasks(inputs: EvalInputs) -> list[dict]:
     """The pinned test tasks; a clear error when the task set was never generated."""
     if inputs.catalog is None:
         raise ConfigError("the code_exec benchmark needs the Iceberg catalog; it was not given one")
-    try:
-        snapshot = resolve(inputs.catalog, TABLE, TAG)
-    except ArtifactError as e:
-        raise ConfigError(f"{e}: materialize the code_exec_tasks asset first (Dagster UI, group post)") from e
-    rows = inputs.catalog.load_table(TABLE).scan(row_filter="split == 'test'", snapshot_id=snapshot).to_arrow().sort_by("id").to_pylist()
-    if not rows:
-        raise ConfigError(f"{TABLE}@{TAG} has no test tasks: generate more functions")
-    return rows[:TASKS]
+    return read_tasks(inputs.catalog, f"{TABLE}@{TAG}", "test")[:TASKS]
 
 
 def code_exec_accuracy(inputs: EvalInputs) -> Score:

@@ -64,20 +64,27 @@ class Board:
         return cls(rows=tuple(Row(**row) for row in data["rows"]), benchmarks=data["benchmarks"], sort=data["sort"])
 
 
+def stage_of(checkpoint: str) -> str:
+    """The training stage of a checkpoint key `<experiment>__<stage>-<step>`."""
+    return checkpoint.rpartition("__")[2].rpartition("-")[0]
+
+
 def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
-    """The results that describe each experiment now: from its newest training run only, each benchmark at its
-    newest version only (versions are never compared), and the newest result per checkpoint x benchmark."""
+    """The results that describe each experiment now: from the newest run of each of its training stages only
+    (pretrain, sft, rl), each benchmark at its newest version only (versions are never compared), and the newest
+    result per checkpoint x benchmark."""
     manifests = list(manifests)
-    newest_training: dict[str, tuple[str, str]] = {}
+    newest_training: dict[tuple[str, str], tuple[str, str]] = {}
     version: dict[str, int] = {}
     for m in manifests:
         s = m.summary
-        newest_training[s["experiment"]] = max(newest_training.get(s["experiment"], ("", "")), (m.created, s.get("training", "")))
+        run = (s["experiment"], stage_of(s["checkpoint"]))
+        newest_training[run] = max(newest_training.get(run, ("", "")), (m.created, s.get("training", "")))
         version[s["benchmark"]] = max(version.get(s["benchmark"], 0), s["version"])
     newest: dict[tuple[str, str, str], Manifest] = {}
     for m in manifests:
         s = m.summary
-        if s.get("training", "") != newest_training[s["experiment"]][1] or s["version"] != version[s["benchmark"]]:
+        if s.get("training", "") != newest_training[(s["experiment"], stage_of(s["checkpoint"]))][1] or s["version"] != version[s["benchmark"]]:
             continue
         key = (s["experiment"], s["checkpoint"], s["benchmark"])
         if key not in newest or m.created >= newest[key].created:

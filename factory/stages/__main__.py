@@ -13,9 +13,11 @@ from factory.errors import FactoryError
 from factory.registry.store import ArtifactStore
 from factory.stages.report import Reporter, open_reporter
 from factory.stages.request import StageRequest
-from factory.stages.runners import RUNNERS, StageContext
+from factory.stages.post import POST_RUNNERS
+from factory.stages.runners import TRAIN_RUNNERS, StageContext
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
 
+RUNNERS = {**TRAIN_RUNNERS, **POST_RUNNERS}
 USAGE = "usage: python -m factory.stages <request.json>"
 
 

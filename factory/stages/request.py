@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ class StageRequest:
     """Ranks to start per node (placement: never part of the fingerprint)."""
     nodes: int = 1
     """Machines to spread the ranks over (placement too); the local launcher has one."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """Stage-specific placement (RL: `learners` and `actors` ranks), never part of the fingerprint."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -40,6 +42,7 @@ class StageRequest:
             },
             "processes": self.processes,
             "nodes": self.nodes,
+            "placement": self.placement,
         }
 
     def write(self, path: Path) -> Path:
@@ -59,6 +62,7 @@ class StageRequest:
                 provenance=Provenance(**data["provenance"]),
                 processes=int(data.get("processes", 1)),
                 nodes=int(data.get("nodes", 1)),
+                placement=dict(data.get("placement", {})),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{path}: not a stage request ({e})") from e

@@ -5,6 +5,7 @@ A runner returns the summary recorded in the manifest and shown on the materiali
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from factory.config.control import ControlConfig
+from factory.config.stages import TRAINING_STAGES
 from factory.config.schema import ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.blend import Blend
 from factory.data.catalog import open_catalog
@@ -31,7 +33,7 @@ from factory.stages.progress import training_progress, wants_progress
 from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
-from factory.train.distributed import world_from_env
+from factory.train.distributed import World, world_from_env
 from factory.train.pretrain import (
     CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, load_weights, pretrain,
 )
@@ -93,11 +95,7 @@ def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
 
 
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
-    """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it.
-
-    Training writes into the stage's work directory (it outlives a killed process); rank 0 then
-    links the kept checkpoints and logs into the artifact.
-    """
+    """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it."""
     model_config = ModelConfig.model_validate(ctx.config["model"])
     config = PretrainConfig.model_validate(ctx.config["pretrain"])
     tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
@@ -105,7 +103,6 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     eos_id = tokenizer.token_to_id(EOS)
     loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"])
     world = world_from_env()
-    work = ctx.registry.work(ctx.request.spec.fingerprint)
 
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
@@ -115,50 +112,45 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     if control is not None:
         held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"], "validation")
         validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
-    tracker = open_tracker(ctx) if world.is_main else NullRun()
-    # A relaunched stage trains again the steps after its last checkpoint; their metrics are the same bytes (resume is
-    # bitwise), and the tracker already has them: Neptune refuses steps that do not increase.
-    tracked_until = last_logged_step(work / METRICS_FILE)
+    return train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation)
 
-    def report(step: int, row: dict[str, float]) -> None:
-        ctx.reporter.metrics(step, row)
-        if step > tracked_until:
-            tracker.log_metrics(step, {key: value for key, value in row.items() if key != "step"})
 
-    def acted(record: dict[str, Any]) -> None:
-        tags = {"control.last_action": describe_action(record)}
-        if "alert" in record:
-            tags[f"alert.{record['rule']}"] = f"step {record['step']}: {record['alert']}"
-        tracker.set_tags(tags)
+def train_stage(
+    ctx: StageContext,
+    label: str,
+    model_config: ModelConfig,
+    config: PretrainConfig,
+    vocab_size: int,
+    data: Callable[[LoaderState | None], Iterator[Batch]],
+    control: ControlConfig | None = None,
+    validation: list[Batch] | tuple[()] = (),
+    init: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Run the training loop of a stage (pretraining or fine-tuning), tracked, then stage its checkpoints and logs.
 
-    try:
-        with training_progress("pretrain", config.steps, world.is_main and wants_progress(world.size)) as on_step:
+    Training writes into the stage's work directory (it outlives a killed process); rank 0 then
+    links the kept checkpoints and logs into the artifact.
+    """
+    world = world_from_env()
+    work = ctx.registry.work(ctx.request.spec.fingerprint)
+    with tracked_run(ctx, world, work) as (tracker, report):
+
+        def acted(record: dict[str, Any]) -> None:
+            tags = {"control.last_action": describe_action(record)}
+            if "alert" in record:
+                tags[f"alert.{record['rule']}"] = f"step {record['step']}: {record['alert']}"
+            tracker.set_tags(tags)
+
+        with training_progress(label, config.steps, world.is_main and wants_progress(world.size)) as on_step:
             result = pretrain(
-                data, tokenizer.get_vocab_size(), model_config, config, ctx.config["seed"], work, ctx.log, report, world,
-                control=control, validation=validation, on_control=acted, on_step=on_step,
+                data, vocab_size, model_config, config, ctx.config["seed"], work, ctx.log, report, world,
+                control=control, validation=validation, on_control=acted, on_step=on_step, init=init,
             )
-    except BaseException:
-        tracker.finish("failed")
-        raise
-    tracker.finish("finished")
     if not world.is_main:
         return {}
-    for name in result.checkpoints:
-        for suffix in (".pt", ".json"):
-            os.link(work / CHECKPOINT_DIR / Path(name).with_suffix(suffix), ctx.out / Path(name).with_suffix(suffix))
-    for name in (METRICS_FILE, POSITIONS_FILE, CONTROL_FILE):
-        if (work / name).exists():
-            shutil.copyfile(work / name, ctx.out / name)
-    run = {
-        "model": model_config.model_dump(mode="json"),
-        "vocab_size": tokenizer.get_vocab_size(),
-        "steps": result.steps,
-        "tokens_seen": result.tokens_seen,
-        "parameters": result.parameters,
-        "checkpoints": list(result.checkpoints),
-        "final": result.checkpoints[-1],
-    }
-    (ctx.out / RUN_FILE).write_text(json.dumps(run, indent=2, sort_keys=True))
+    publish_checkpoints(ctx, work, result.checkpoints)
+    write_run(ctx, model_config, vocab_size, steps=result.steps, tokens_seen=result.tokens_seen, parameters=result.parameters,
+              checkpoints=result.checkpoints)
     return {
         "steps": result.steps,
         "final_loss": round(result.final_loss, 4),
@@ -173,6 +165,61 @@ def run_pretrain(ctx: StageContext) -> dict[str, Any]:
         "tokens_per_second": round((result.tokens_seen / result.steps) * (result.steps - result.resumed_from) / max(result.seconds, 1e-9)),
         **control_summary(work / CONTROL_FILE, result, config.steps),
     }
+
+
+@contextlib.contextmanager
+def tracked_run(ctx: StageContext, world: World, work: Path) -> Iterator[tuple[TrackerRun, Callable[[int, dict[str, float]], None]]]:
+    """The tracker run of a training stage (rank 0; a null run elsewhere) and the sink its metrics go to; the run is
+    finished as failed when the block raises."""
+    tracker = open_tracker(ctx) if world.is_main else NullRun()
+    # A relaunched stage trains again the steps after its last checkpoint; their metrics are the same bytes (resume is
+    # bitwise), and the tracker already has them: Neptune refuses steps that do not increase.
+    tracked_until = last_logged_step(work / METRICS_FILE)
+
+    def report(step: int, row: dict[str, float]) -> None:
+        ctx.reporter.metrics(step, row)
+        if step > tracked_until:
+            tracker.log_metrics(step, {key: value for key, value in row.items() if key != "step"})
+
+    try:
+        yield tracker, report
+    except BaseException:
+        tracker.finish("failed")
+        raise
+    tracker.finish("finished")
+
+
+def publish_checkpoints(ctx: StageContext, work: Path, checkpoints: tuple[str, ...]) -> None:
+    """Link the kept checkpoints and copy the logs of the work directory into the artifact."""
+    for name in checkpoints:
+        for suffix in (".pt", ".json"):
+            os.link(work / CHECKPOINT_DIR / Path(name).with_suffix(suffix), ctx.out / Path(name).with_suffix(suffix))
+    for name in (METRICS_FILE, POSITIONS_FILE, CONTROL_FILE):
+        if (work / name).exists():
+            shutil.copyfile(work / name, ctx.out / name)
+
+
+def write_run(
+    ctx: StageContext, model_config: ModelConfig, vocab_size: int, *, steps: int, tokens_seen: int, parameters: int, checkpoints: tuple[str, ...]
+) -> None:
+    """`run.json`: what a training artifact holds and which checkpoint is its final one (the model stage exports it)."""
+    run = {
+        "model": model_config.model_dump(mode="json"),
+        "vocab_size": vocab_size,
+        "steps": steps,
+        "tokens_seen": tokens_seen,
+        "parameters": parameters,
+        "checkpoints": list(checkpoints),
+        "final": checkpoints[-1],
+    }
+    (ctx.out / RUN_FILE).write_text(json.dumps(run, indent=2, sort_keys=True))
+
+
+def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
+    """The final weights of an upstream training stage."""
+    checkpoints = ctx.upstream(stage)
+    run = json.loads((checkpoints / RUN_FILE).read_text())
+    return load_weights(checkpoints / run["final"])
 
 
 def describe_action(record: dict[str, Any]) -> str:
@@ -211,7 +258,8 @@ def open_tracker(ctx: StageContext) -> TrackerRun:
 
 def run_model(ctx: StageContext) -> dict[str, Any]:
     """Export the final weights with their config and tokenizer: a self-contained model."""
-    checkpoints = ctx.upstream("pretrain")
+    trained = [name for name in TRAINING_STAGES if name in ctx.request.spec.upstream][-1]  # the last training stage run
+    checkpoints = ctx.upstream(trained)
     run = json.loads((checkpoints / RUN_FILE).read_text())
     weights = load_weights(checkpoints / run["final"])
     torch.save(weights, ctx.out / MODEL_WEIGHTS)
@@ -225,7 +273,7 @@ def run_model(ctx: StageContext) -> dict[str, Any]:
     return {"parameters": run["parameters"], "tokens_seen": run["tokens_seen"], "vocab_size": run["vocab_size"]}
 
 
-RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
+TRAIN_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     **DATA_RUNNERS,
     "tokenizer": run_tokenizer,
     "pretrain": run_pretrain,

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,7 @@ def pretrain(
     validation: Sequence[Batch] = (),
     on_control: ControlSink | None = None,
     on_step: StepSink | None = None,
+    init: Mapping[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train (or resume training) a model; checkpoints, metrics and data positions go to `work_dir`.
 
@@ -112,10 +113,13 @@ def pretrain(
     batch can be fetched again later (`factory data batch`). Only rank 0 writes files and reports.
     With a `control` section, its rules run at every event (`validation`: the whole batches an
     in-loop evaluation scores) and every action they take is appended to `control.jsonl`.
-    `on_step` hears of every step (steps done, loss, tokens/s): a progress bar.
+    `on_step` hears of every step (steps done, loss, tokens/s): a progress bar. `init`: the weights
+    a fresh run starts from (fine-tuning), instead of the seeded initialisation.
     """
     device = world.device
     model = build_model(model_config, vocab_size, seed).to(device)
+    if init is not None:
+        model.load_state_dict(init)
     optimizer = build_optimizer(model, config)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
@@ -140,8 +144,8 @@ def pretrain(
     stopped = controller is not None and controller.stopped_by is not None
     end = start if stopped else config.steps
     if world.is_main:
-        _truncate(work_dir / METRICS_FILE, start, inclusive=True)
-        _truncate(work_dir / POSITIONS_FILE, start, inclusive=False)
+        truncate_log(work_dir / METRICS_FILE, start, inclusive=True)
+        truncate_log(work_dir / POSITIONS_FILE, start, inclusive=False)
         _keep_lines(work_dir / CONTROL_FILE, controller.records if controller else 0)
     autocast = precision_of(config, device)
     network = torch.compile(model) if config.compile else model
@@ -363,7 +367,7 @@ def last_logged_step(path: Path) -> int:
     return int(_last_row(path).get("step", 0))
 
 
-def _truncate(path: Path, step: int, inclusive: bool) -> None:
+def truncate_log(path: Path, step: int, inclusive: bool) -> None:
     """Keep the rows of a JSONL log up to `step` (rows after it will be written again by the resumed run)."""
     if not path.exists():
         return

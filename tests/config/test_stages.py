@@ -28,7 +28,7 @@ def fake_digest(name: str, salt: str = "") -> str:
 def fingerprints(experiment: Experiment, salt: str = "") -> dict[str, str]:
     """Plan every stage in order, feeding each a made-up digest per upstream artifact."""
     digests = {name: fake_digest(name, salt) for name in STAGES}
-    return {kind: plan_stage(experiment, kind, digests).fingerprint for kind in STAGES}
+    return {kind: plan_stage(experiment, kind, digests).fingerprint for kind in experiment.stages()}
 
 
 def with_section(experiment: Experiment, section: str, **changes) -> Experiment:
@@ -38,15 +38,39 @@ def with_section(experiment: Experiment, section: str, **changes) -> Experiment:
 
 
 def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
-    return {kind for kind in STAGES if before[kind] != after[kind]}
+    return {kind for kind in before.keys() | after.keys() if before.get(kind) != after.get(kind)}
 
 
 def test_fingerprints_are_stable_for_the_same_experiment(tiny):
     again = load(EXPERIMENT)
     first = fingerprints(tiny)
     assert first == fingerprints(again)
-    assert len(set(first.values())) == len(STAGES)
+    assert len(set(first.values())) == len(tiny.stages())
     assert all(re.fullmatch(r"[0-9a-f]{64}", fp) for fp in first.values())
+
+
+def post_trained(tiny: Experiment) -> Experiment:
+    return Experiment.model_validate({**tiny.model_dump(), "sft": {"steps": 10}, "rl": {"steps": 4}})
+
+
+def test_post_training_stages_have_fingerprints_of_their_own(tiny):
+    post = post_trained(tiny)
+    assert post.stages()[-4:] == ("pretrain", "sft", "rl", "model")
+    assert changed(fingerprints(tiny), fingerprints(post)) == {"sft", "rl", "model"}  # pretraining is shared; the model exports rl
+    sft_lr = post.model_copy(update={"sft": post.sft.model_copy(update={"lr": 1e-4})})
+    assert changed(fingerprints(post), fingerprints(sft_lr)) == {"sft"}
+    kl = post.model_copy(update={"rl": post.rl.model_copy(update={"kl": 0.1})})
+    assert changed(fingerprints(post), fingerprints(kl)) == {"rl"}
+    placed = post.model_copy(update={"rl": post.rl.model_copy(update={"actors": 3, "learners": 2, "prompts_per_step": 12})})
+    assert changed(fingerprints(post), fingerprints(placed)) == {"rl"}  # prompts_per_step is recipe...
+    placed = post.model_copy(update={"rl": post.rl.model_copy(update={"actors": 2, "learners": 2})})
+    assert changed(fingerprints(post), fingerprints(placed)) == set()  # ...where the ranks run is not
+
+
+def test_post_training_needs_a_pretrained_model(tiny):
+    data = {**tiny.model_dump(), "pretrain": None, "eval": None, "rl": {"steps": 4}}
+    with pytest.raises(ValueError, match="'rl' fine-tunes the pretrained model: add a 'pretrain' section"):
+        Experiment.model_validate(data)
 
 
 def test_learning_rate_changes_only_the_pretrain_fingerprint(tiny):
@@ -117,12 +141,14 @@ def test_name_and_description_do_not_change_any_fingerprint(tiny):
 
 
 def test_pinned_image_changes_every_fingerprint(tiny):
-    variant = tiny.model_copy(update={"image": PINNED})
-    assert changed(fingerprints(tiny), fingerprints(variant)) == set(STAGES)
+    full = post_trained(tiny)
+    variant = full.model_copy(update={"image": PINNED})
+    assert changed(fingerprints(full), fingerprints(variant)) == set(STAGES)
 
 
 @pytest.mark.parametrize("kind", [k for k in STAGES if UPSTREAM[k]])
 def test_an_upstream_digest_changes_the_fingerprint(tiny, kind):
+    tiny = post_trained(tiny)
     digests = {name: fake_digest(name) for name in STAGES}
     before = plan_stage(tiny, kind, digests)
     parent = UPSTREAM[kind][0]
@@ -148,6 +174,7 @@ def test_a_blend_of_pinned_tables_needs_no_dataset_stages(tiny):
 
 @pytest.mark.parametrize("kind", [k for k in STAGES if UPSTREAM[k]])
 def test_planning_without_an_upstream_digest_is_a_config_error(tiny, kind):
+    tiny = post_trained(tiny)
     digests = {name: fake_digest(name) for name in STAGES}
     missing = UPSTREAM[kind][-1]
     del digests[missing]

@@ -1,0 +1,78 @@
+"""The post-training stages: `sft` (fine-tuning on code-execution pairs) and `rl` (GRPO from execution feedback).
+
+Both start from the final weights of the training stage before them and write checkpoints like
+pretraining does, so their checkpoints are `checkpoints` partitions and get evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from factory.config.schema import ModelConfig, RLConfig, SFTConfig
+from factory.data.catalog import open_catalog
+from factory.data.loader import Batch, LoaderState
+from factory.data.tables import parse_ref, resolve
+from factory.errors import ConfigError
+from factory.models.tokenizer import EOS, load_tokenizer
+from factory.post.rl import train_rl
+from factory.post.sft import encode_examples, read_tasks, sft_batches
+from factory.post.weightsync import roles_from
+from factory.stages.runners import TOKENIZER_FILE, StageContext, final_weights, publish_checkpoints, tracked_run, train_stage, write_run
+from factory.train.distributed import world_from_env
+
+
+def run_sft(ctx: StageContext) -> dict[str, Any]:
+    """Fine-tune the pretrained model on the train split of the task table, loss on completion tokens only."""
+    model_config = ModelConfig.model_validate(ctx.config["model"])
+    config = SFTConfig.model_validate(ctx.config["sft"])
+    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    eos_id = tokenizer.token_to_id(EOS)
+    catalog = open_catalog(ctx.request.catalog)
+    examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
+    world = world_from_env()
+    ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
+
+    def data(state: LoaderState | None) -> Iterator[Batch]:
+        return sft_batches(examples, config.batch_size, ctx.config["seed"], eos_id, state, world.rank, world.size)
+
+    summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, "pretrain"))
+    if not summary:
+        return summary
+    return {**summary, "pairs": len(examples), "tasks": config.tasks, "tasks_snapshot": resolve(catalog, *parse_ref(config.tasks))}
+
+
+def run_rl(ctx: StageContext) -> dict[str, Any]:
+    """GRPO from the SFT model (or the pretrained one when there is no sft stage) on the train split's tasks."""
+    model_config = ModelConfig.model_validate(ctx.config["model"])
+    config = RLConfig.model_validate(ctx.config["rl"])
+    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    eos_id = tokenizer.token_to_id(EOS)
+    catalog = open_catalog(ctx.request.catalog)
+    rows = read_tasks(catalog, config.tasks, "train")
+    world = world_from_env()
+    learners, actors = (ctx.request.placement.get("learners", 1), ctx.request.placement.get("actors", 0)) if world.size > 1 else (1, 0)
+    if learners + actors != world.size:
+        raise ConfigError(f"rl asks for {learners} learner(s) and {actors} actor(s), but the stage was started with {world.size} ranks")
+    roles = roles_from(world.rank, learners, actors)
+    start = "sft" if "sft" in ctx.request.spec.upstream else "pretrain"
+    work = ctx.registry.work(ctx.request.spec.fingerprint)
+    if world.is_main:
+        ctx.log.info("GRPO from the %s model on %d tasks: %d learner(s), %d actor(s)", start, len(rows), roles.learners, roles.actors)
+    with tracked_run(ctx, world, work) as (tracker, report):
+        result = train_rl(rows, tokenizer, eos_id, final_weights(ctx, start), model_config, config, ctx.config["seed"], roles, work,
+                          ctx.log, report)
+    if not world.is_main:
+        return {}
+    publish_checkpoints(ctx, work, result.checkpoints)
+    write_run(ctx, model_config, tokenizer.get_vocab_size(), steps=result.steps, tokens_seen=0, parameters=result.parameters,
+              checkpoints=result.checkpoints)
+    last = {f"last_{key}": value for key, value in result.last.items() if key != "step"}
+    return {
+        "steps": result.steps, "started_from": start, "resumed_from_step": result.resumed_from, "learners": roles.learners,
+        "actors": roles.actors, "checkpoints": len(result.checkpoints), "parameters": result.parameters, "tracker_run": tracker.id,
+        "tracker_url": tracker.url, "train_seconds": round(result.seconds, 2), "tasks": config.tasks, **last,
+    }
+
+
+POST_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {"sft": run_sft, "rl": run_rl}

@@ -1,0 +1,33 @@
+"""Real torch.distributed worlds for tests: spawned processes that meet over gloo through a store the test hosts."""
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def spawned(target: Callable, args: tuple, nprocs: int, timeout_s: float) -> Iterator[None]:
+    """Run `target(rank, store_port, *args)` in `nprocs` processes while the block runs; wait for them at its end.
+
+    The store is up before any rank starts (a rank that finds none backs off for seconds before
+    retrying). A rank that raises fails the test with its traceback; ranks still running after
+    `timeout_s` (a stuck collective) are killed and fail it too.
+    """
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(REPO))  # spawned children import the test module by its name
+        processes = mp.spawn(target, args=(store.port, *args), nprocs=nprocs, join=False)
+        yield
+        deadline = time.monotonic() + timeout_s
+        while not processes.join(timeout=1.0):  # raises with the child's traceback when a rank fails
+            if time.monotonic() > deadline:
+                for process in processes.processes:
+                    process.kill()
+                pytest.fail(f"ranks still running after {timeout_s} s: a collective is stuck")
