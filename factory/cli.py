@@ -30,7 +30,8 @@ from factory.errors import ConfigError, FactoryError
 from factory.launch.local import progress_env
 from factory.registry import ArtifactStore, git_commit
 from factory.evals.benchmarks import registered
-from factory.evals.leaderboard import Board, render_html
+from factory.evals.leaderboard import Board, render_html, stage_scores
+from factory.stages.evaluate import KIND as EVALUATION_KIND
 from factory.stages.leaderboard import current_board
 
 DEFAULT_ROOT = Path(".factory")
@@ -258,6 +259,40 @@ def evals_compare(
     verdict = "better" if gain >= min_improvement else "NOT better enough"
     out.print(f"{candidate} {benchmark} {new:.4f} vs {baseline} {old:.4f}: {gain:+.1%} ({verdict}; required {min_improvement:+.1%})")
     if gain < min_improvement:
+        raise typer.Exit(1)
+
+
+@evals_app.command("stages")
+def evals_stages(
+    experiment: Annotated[str, typer.Argument(help="The experiment whose training stages are compared.")],
+    benchmark: Annotated[str, typer.Option(help="The benchmark, at each stage's last evaluated checkpoint.")] = "code_exec",
+    must_improve: Annotated[list[str], typer.Option(help="A stage that must score better than the stage before it (repeatable).")] = [],  # noqa: B006
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
+    registry = ArtifactStore(root / "registry")
+    scores = stage_scores(registry.manifests(EVALUATION_KIND), experiment, benchmark)
+    if not scores:
+        err.print(f"error: no {benchmark} results for {experiment} in {root.resolve()}: run and evaluate it first")
+        raise typer.Exit(2)
+    lower = scores[0].lower_is_better
+    table = Table(title=f"{experiment}: {benchmark} ({'lower' if lower else 'higher'} is better) at each stage's last checkpoint",
+                  title_justify="left")
+    for column in ("stage", "checkpoint", "score", "items", "change"):
+        table.add_column(column)
+    failed = []
+    for before, now in zip([None, *scores], scores, strict=False):
+        change = "" if before is None else f"{now.value - before.value:+.4f}"
+        better = before is not None and (now.value < before.value if lower else now.value > before.value)
+        if now.stage in must_improve and not better:
+            failed.append(f"{now.stage} did not improve on {before.stage if before else 'nothing (it is the first stage)'}")
+        table.add_row(now.stage, now.checkpoint, f"{now.value:.4f}", str(now.count), change)
+    out.print(table)
+    if unknown := sorted(set(must_improve) - {s.stage for s in scores}):
+        err.print(f"error: no {benchmark} results for stage(s) {', '.join(unknown)} of {experiment}")
+        raise typer.Exit(2)
+    if failed:
+        err.print("; ".join(failed))
         raise typer.Exit(1)
 
 

@@ -17,13 +17,13 @@ def tiny_path() -> Path:
 
 
 def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, value: float, step: int = 100, training: str = "run-1",
-                   count: int = 64) -> None:
+                   count: int = 64, stage: str = "pretrain") -> None:
     """A score of `experiment`'s checkpoint at `step` (from its training run `training`), published as the evaluator does."""
     from factory.evals.benchmarks import benchmark as registered
     from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, publish_score
 
-    spec = {"kind": "pretrain", "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {}, "code": training}
-    checkpoint = CheckpointRef(key=f"{experiment}__pretrain-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
+    spec = {"kind": stage, "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {}, "code": training}
+    checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
                                path="unused", sha256=f"{experiment}{step}{training}".ljust(64, "0"), training=spec,
                                eval={"max_bytes": 1000, "batch_size": 8}, git_commit="0" * 40)
     item = EvalItem(partition=f"{benchmark}|{checkpoint.key}", benchmark=benchmark, checkpoint=checkpoint)

@@ -75,6 +75,22 @@ def test_evals_compare_passes_only_on_the_required_improvement(tmp_path):
     assert missing.returncode == 2 and "no val_bpb results for nope" in missing.stderr
 
 
+def test_evals_stages_shows_what_each_training_stage_bought(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    for stage, training, scores in (("pretrain", "p", (0.0, 0.0)), ("sft", "s", (0.1, 0.14)), ("rl", "r", (0.15, 0.13))):
+        for step, value in zip((10, 20), scores, strict=True):
+            publish_result(registry, "post", "code_exec", value, step=step, training=training, stage=stage)
+    shown = factory("evals", "stages", "post", "--benchmark", "code_exec", "--must-improve", "sft", "--root", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if "post__" in line]
+    assert ["pretrain-000020" in lines[0], "sft-000020" in lines[1], "rl-000020" in lines[2]] == [True] * 3  # last checkpoints
+    assert "+0.1400" in lines[1] and "-0.0100" in lines[2]
+    worse = factory("evals", "stages", "post", "--benchmark", "code_exec", "--must-improve", "rl", "--root", str(tmp_path))
+    assert worse.returncode == 1 and "rl did not improve on sft" in worse.stderr
+    none = factory("evals", "stages", "nope", "--root", str(tmp_path))
+    assert none.returncode == 2 and "no code_exec results for nope" in none.stderr
+
+
 def test_leaderboard_json_and_html_from_the_registry(tmp_path):
     registry = ArtifactStore(tmp_path / "registry")
     publish_result(registry, "a", "val_bpb", 2.0)

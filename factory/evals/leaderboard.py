@@ -92,6 +92,35 @@ def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
     return list(newest.values())
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageScore:
+    """A training stage's last evaluated checkpoint on one benchmark."""
+
+    stage: str
+    checkpoint: str
+    step: int
+    value: float
+    count: int
+    lower_is_better: bool
+
+
+def stage_scores(results: Iterable[Manifest], experiment: str, benchmark: str) -> list[StageScore]:
+    """What each training stage of an experiment bought: its last evaluated checkpoint's score, in stage order."""
+    last: dict[str, Manifest] = {}
+    for m in latest_results(results):
+        s = m.summary
+        if s["experiment"] == experiment and s["benchmark"] == benchmark:
+            stage = stage_of(s["checkpoint"])
+            if stage not in last or s["step"] > last[stage].summary["step"]:
+                last[stage] = m
+    order = {stage: i for i, stage in enumerate(("pretrain", "sft", "rl"))}
+    return [
+        StageScore(stage=stage, checkpoint=m.summary["checkpoint"], step=m.summary["step"], value=m.summary["value"], count=m.summary["count"],
+                   lower_is_better=bool(m.summary["lower_is_better"]))
+        for stage, m in sorted(last.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    ]
+
+
 def build_board(results: Iterable[Manifest], tracker_urls: Mapping[str, str] | None = None, sort: str | None = None) -> Board:
     """Rank experiments by `sort` (default: the primary benchmark), each at its best checkpoint."""
     results = latest_results(results)

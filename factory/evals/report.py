@@ -25,6 +25,7 @@ DPI = 100
 LOSS_COLOUR = "#1f77b4"
 EVAL_LOSS_COLOUR = "#d62728"
 BEST_COLOUR = "#ffbf00"
+RL_CURVES = {"reward_mean": "mean reward", "pass_rate": "pass rate", "format_rate": "well-formed answers"}
 SERIES_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 CSS = (
     "body{font:14px/1.45 system-ui,sans-serif;max-width:960px;margin:2em auto;padding:0 1em;color:#222}"
@@ -69,6 +70,10 @@ class ReportInputs:
     config_yaml: str = ""
     training: Sequence[Mapping[str, Any]] = ()
     """Training metrics rows: "step" and some of loss, lr, grad_norm, tokens_per_second, eval_loss."""
+    fine_tuning: Sequence[Mapping[str, Any]] = ()
+    """SFT metrics rows (as training's), when the experiment fine-tunes."""
+    rl: Sequence[Mapping[str, Any]] = ()
+    """RL metrics rows: "step" and reward_mean, pass_rate, format_rate, kl, ..."""
     evaluations: Sequence[EvalPoint] = ()
     stages: Sequence[StageCost] = ()
     control: Sequence[Mapping[str, Any]] = ()
@@ -95,6 +100,26 @@ def plot_training(rows: Sequence[Mapping[str, Any]], *, log_scale: bool = False)
     return _png(ax)
 
 
+def plot_rl(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """PNG of the RL rewards (mean reward, pass rate, well-formed rate) against step, and the KL to the reference."""
+    ax = _axes()
+    for colour, (key, label) in zip(SERIES_COLOURS, RL_CURVES.items(), strict=False):
+        if points := _series(rows, key):
+            ax.plot(*zip(*points), color=colour, linewidth=1.8, label=label)
+    ax.set(xlabel="step", ylabel="reward / rate", title="RL (GRPO)")
+    if kl := _series(rows, "kl"):
+        ax.plot([], [], color=EVAL_LOSS_COLOUR, linewidth=1.2, linestyle="--", label="KL to reference (right axis)")  # in the legend
+        right = ax.twinx()
+        right.plot(*zip(*kl), color=EVAL_LOSS_COLOUR, linewidth=1.2, linestyle="--")
+        right.set_ylabel("KL")
+    return _png(ax)
+
+
+def has_rewards(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the rows hold anything plot_rl can draw."""
+    return bool(_series(rows, "reward_mean"))
+
+
 def plot_benchmark(points: Sequence[EvalPoint], benchmark: str) -> bytes:
     """PNG of one benchmark's score against step, a line per checkpoint series, the best point starred."""
     return _png(_benchmark_axes(points, benchmark))
@@ -109,6 +134,8 @@ def render_report(inputs: ReportInputs) -> str:
         _section("Links", _links(inputs)),
         _section("Summary", _summary(inputs)),
         _section("Training", _img(plot_training(inputs.training), "training loss") if has_loss(inputs.training) else ""),
+        _section("Fine-tuning (SFT)", _img(plot_training(inputs.fine_tuning), "SFT loss") if has_loss(inputs.fine_tuning) else ""),
+        _section("Reinforcement learning", _img(plot_rl(inputs.rl), "RL rewards") if has_rewards(inputs.rl) else ""),
         _section("Benchmarks", _benchmarks(inputs.evaluations)),
         _section("Evaluations", _evaluations(inputs.evaluations)),
         _section("Control decisions", _control(inputs.control)),

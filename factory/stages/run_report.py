@@ -11,7 +11,7 @@ import yaml
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.schema import Experiment
 from factory.evals.leaderboard import latest_results
-from factory.evals.report import EvalPoint, ReportInputs, StageCost, has_loss, plot_benchmark, plot_training, render_report
+from factory.evals.report import EvalPoint, ReportInputs, StageCost, has_loss, has_rewards, plot_benchmark, plot_rl, plot_training, render_report
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.stages.evaluate import KIND as EVALUATIONS
 from factory.train.pretrain import CONTROL_FILE, METRICS_FILE
@@ -33,11 +33,18 @@ def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mappi
         body_markdown=experiment.description,
         config_yaml=yaml.safe_dump(experiment.model_dump(mode="json", exclude={"name", "description", "source"}), sort_keys=False),
         training=_jsonl(registry.path(training.digest) / METRICS_FILE) if training else [],
+        fine_tuning=_metrics(registry, manifests.get("sft")),
+        rl=_metrics(registry, manifests.get("rl")),
         evaluations=[_point(m) for m in latest_results(registry.manifests(EVALUATIONS)) if m.summary["experiment"] == experiment.name],
         stages=[_cost(kind, manifests[kind], cache) for kind, (_, cache) in stages.items()],
         control=_jsonl(registry.path(training.digest) / CONTROL_FILE) if training else [],
         links=links,
     )
+
+
+def _metrics(registry: ArtifactStore, manifest: Manifest | None) -> list[dict]:
+    """The metrics log of a training stage's artifact (none when the experiment has no such stage)."""
+    return _jsonl(registry.path(manifest.digest) / METRICS_FILE) if manifest else []
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -68,6 +75,10 @@ def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
         (out / REPORT_FILE).write_text(page)
         if has_loss(inputs.training):  # a run that diverged to NaN has no curve to draw
             (out / "training.png").write_bytes(plot_training(inputs.training))
+        if has_loss(inputs.fine_tuning):
+            (out / "sft.png").write_bytes(plot_training(inputs.fine_tuning))
+        if has_rewards(inputs.rl):
+            (out / "rl.png").write_bytes(plot_rl(inputs.rl))
         for name in sorted({point.benchmark for point in inputs.evaluations}):
             (out / f"{name}.png").write_bytes(plot_benchmark(inputs.evaluations, name))
         return registry.publish(

@@ -1,6 +1,7 @@
 """The run report: plots that show what they claim, an escaped self-contained page, the same bytes each time."""
 
 import base64
+import dataclasses
 import io
 import re
 
@@ -13,11 +14,13 @@ from factory.evals.report import (
     BEST_COLOUR,
     EVAL_LOSS_COLOUR,
     LOSS_COLOUR,
+    SERIES_COLOURS,
     EvalPoint,
     ReportInputs,
     StageCost,
     _benchmark_axes,
     plot_benchmark,
+    plot_rl,
     plot_training,
     render_report,
 )
@@ -216,7 +219,7 @@ def test_report_is_the_same_bytes_each_time():
 
 def test_empty_sections_say_none():
     page = render_report(ReportInputs(experiment="fresh", git_commit="abc"))
-    assert page.count("<em>none</em>") == 8  # training, benchmarks, evaluations, control, stages, lineage, config, reasoning
+    assert page.count("<em>none</em>") == 10  # training, sft, rl, benchmarks, evaluations, control, stages, lineage, config, reasoning
     assert "data:image/png" not in page
     assert "<h2>Control decisions</h2>\n<p><em>none</em></p>" in page
 
@@ -224,3 +227,21 @@ def test_empty_sections_say_none():
 def test_a_benchmark_with_no_points_is_refused():
     with pytest.raises(ValueError, match="'nope'"):
         plot_benchmark(BPB, "nope")
+
+
+RL_ROWS = [{"step": s, "reward_mean": 0.1 + 0.01 * s, "pass_rate": 0.005 * s, "format_rate": 0.9, "kl": 0.001 * s} for s in range(5, 65, 5)]
+
+
+def test_rl_plot_draws_rising_rewards_and_the_kl():
+    image = pixels(plot_rl(RL_ROWS))
+    rows = line_rows(plot_rl(RL_ROWS), SERIES_COLOURS[0])  # the mean reward
+    assert len(rows) > 300 and rows[0] - rows[-1] > 50  # rising: the right end is higher up the screen
+    assert matching(image, EVAL_LOSS_COLOUR).sum() > 100  # the KL curve
+
+
+def test_report_shows_post_training_only_when_there_was_some():
+    page = render_report(dataclasses.replace(FULL, fine_tuning=FALLING, rl=RL_ROWS))
+    assert "<h2>Fine-tuning (SFT)</h2>" in page and "<h2>Reinforcement learning</h2>" in page
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert base64.b64decode(images[1]) == plot_training(FALLING) and base64.b64decode(images[2]) == plot_rl(RL_ROWS)
+    assert "Reinforcement learning</h2>\n<p><em>none</em>" in render_report(FULL)
