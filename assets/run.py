@@ -17,11 +17,7 @@ from rich.table import Table
 from assets.backfill import evaluate_checkpoints, stored_checkpoints
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
-from assets.post import TABLE as TASKS_TABLE
 from factory.config import Experiment, load_file
-from factory.data.catalog import open_catalog
-from factory.data.tables import missing_refs, parse_ref
-from resources import FactoryStores
 from factory.errors import ConfigError
 
 def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:
@@ -57,18 +53,7 @@ def materialize_stages(experiment: Experiment, common: dict) -> ExecuteInProcess
     if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
         instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
     tags = {"experiment": experiment.name}
-    if missing_task_set(experiment, common["resources"]["stores"]):
-        made = materialize(EVERYTHING, selection=["code_exec_tasks"], **common)
-        if not made.success:
-            return made
     return materialize(EVERYTHING, selection=list(experiment.stages()), partition_key=experiment.name, tags=tags, **common)
-
-
-def missing_task_set(experiment: Experiment, stores: FactoryStores) -> bool:
-    """Whether post-training reads the default task set and it was never generated (then this run generates it first)."""
-    refs = {section.tasks for section in (experiment.sft, experiment.rl) if section is not None}
-    ours = {ref for ref in refs if parse_ref(ref)[0] == TASKS_TABLE}
-    return bool(missing_refs(open_catalog(stores.catalog()), ours))
 
 
 def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None:

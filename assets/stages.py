@@ -19,6 +19,7 @@ from dagster import (
 
 from assets.checkpoints import CheckpointRecorder
 from assets.partitions import COMMIT_TAG, experiments_partitions
+from assets.post import ensure_task_set
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
 from factory.config.stages import TRAINING_STAGES
@@ -84,6 +85,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         provenance = Provenance(
             experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(), run_id=context.run_id
         )
+        if kind in ("sft", "rl"):
+            ensure_task_set(context, stores, experiment)
         manifest = registry.lookup(spec.fingerprint)
         recorder = CheckpointRecorder(context, experiment, spec, provenance.git_commit) if kind in TRAINING else None
         if manifest is not None:
@@ -114,7 +117,8 @@ def placement_of(experiment: Experiment, kind: str) -> dict:
     """How many ranks the stage runs as: training stages per `resources`; RL as its learners plus its actors."""
     if kind == "rl" and experiment.rl is not None:
         rl = experiment.rl
-        return {"processes": rl.learners + rl.actors, "placement": {"learners": rl.learners, "actors": rl.actors}}
+        # RL's ranks run on the CPU over gloo, GPUs or not: sampling and the sandbox dominate at the sizes it serves today.
+        return {"processes": rl.learners + rl.actors, "placement": {"learners": rl.learners, "actors": rl.actors, "backend": "gloo"}}
     if kind in DISTRIBUTED:
         return {"processes": experiment.resources.processes_per_node, "nodes": experiment.resources.nodes}
     return {}

@@ -337,8 +337,9 @@ class RLConfig(Section):
     def _knobs_fit(self) -> RLConfig:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
-        if self.checkpoint_every % self.sync_every:
-            raise ValueError(f"checkpoint_every ({self.checkpoint_every}) must be a multiple of sync_every ({self.sync_every})")
+        for every in ("sync_every", "log_every"):  # a resumed run pushes and logs as an uninterrupted one
+            if self.checkpoint_every % getattr(self, every):
+                raise ValueError(f"checkpoint_every ({self.checkpoint_every}) must be a multiple of {every} ({getattr(self, every)})")
         groups = self.prompts_per_step
         if groups % self.learners:
             raise ValueError(f"prompts_per_step ({groups}) must be divisible by learners ({self.learners})")
@@ -414,6 +415,9 @@ class Experiment(Section):
         for name in ("sft", "rl"):
             if getattr(self, name) is not None and self.pretrain is None:
                 raise ValueError(f"'{name}' fine-tunes the pretrained model: add a 'pretrain' section")
+        if self.rl is not None and self.rl.max_new_tokens > self.model.context // 2:
+            raise ValueError(f"rl.max_new_tokens ({self.rl.max_new_tokens}) must leave room for the prompt: at most half of "
+                             f"model.context ({self.model.context})")
         return self
 
     @field_validator("name")

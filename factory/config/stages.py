@@ -34,6 +34,8 @@ DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 STAGES = tuple(UPSTREAM)
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
 NOT_RECIPE = {"name", "description", "source", "variant"}
+OPTIONAL_SECTIONS = ("sft", "rl")
+"""Sections added after recipes existed: left out of the config hash when absent."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,4 +138,5 @@ def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -
 
 def config_hash(experiment: Experiment) -> str:
     """Hash of the recipe: every section, placement included; the name and the prose are not."""
-    return sha256_of(experiment.model_dump(mode="json", exclude=NOT_RECIPE))[:16]
+    absent = {name for name in OPTIONAL_SECTIONS if getattr(experiment, name) is None}  # recipes without them keep their hash
+    return sha256_of(experiment.model_dump(mode="json", exclude=NOT_RECIPE | absent))[:16]

@@ -1,13 +1,15 @@
-"""The reward of a completion: does executing `assert <call> == <its answer>` pass, and is the answer well formed?
+"""The reward of a completion: does executing `assert repr(<call>) == repr(<its answer>)` pass, and is the answer well formed?
 
 An answer must be a Python literal on one line (a call such as `f(3)` would pass its own
 assertion, so it earns nothing). A literal answer is checked by executing the task's function
-and the assertion in the sandbox: 1 when it passes, plus `format_reward` for the well-formed
+and an assertion that the call's value is written as the answer's value is (the benchmark's rule:
+`1.0` is not `True`) in the sandbox: 1 when it passes, plus `format_reward` for the well-formed
 literal. Anything else earns 0. Answers repeated within a batch are executed once.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,8 +26,12 @@ class Reward:
 
 
 def check_source(function: str, call: str, line: str) -> str:
-    """The program whose clean exit means the answer is right."""
-    return f"{function}\nassert ({call}) == ({line})\n"
+    """The program whose clean exit means the answer is right: the call's value is written as the answer's literal is
+    (`1.0` is not `True`, `{3}` is not `frozenset({3})`: the `code_exec` benchmark's rule), both written in the
+    sandbox, so sets of strings print in the same order."""
+    literal(line)  # only a literal gets here: nothing else of the answer is executed
+    written = ast.unparse(ast.parse(line, mode="eval").body)  # comments and layout dropped
+    return f"{function}\nassert repr({call}) == repr({written})\n"
 
 
 def rewards(

@@ -6,10 +6,12 @@ weights it holds and scores them in the sandbox; every learner receives all roll
 on its share (DistributedDataParallel among the learners); every `sync_every` updates the
 learners push their weights to the actors, which then lag by at most `sync_every - 1` versions.
 Collectives block, so an actor samples step s + 1 while the learners update on step s whenever
-no push falls between them. With no actors, the learners sample their own share.
+no push falls between them. With no actors, the learners sample their own share with a copy of
+the weights that, like an actor's, changes only at a push.
 
 Every completion is drawn from a generator seeded by (seed, step, task, member), so the rollouts
-do not depend on how many actors share the work. Checkpoints fall on push steps: a resumed run
+do not depend on how many actors share the work, or on whether there are any. The policy runs
+without dropout: the ratio to the sampling policy is exactly 1 where the weights are the same. Checkpoints fall on push steps: a resumed run
 starts with actors holding exactly the learner's weights, as an uninterrupted one would.
 """
 
@@ -39,7 +41,7 @@ from factory.post.format import prompt
 from factory.post.grpo import entropy, group_advantages, grpo_loss, token_logprobs
 from factory.post.rewards import rewards
 from factory.post.sandbox import Limits, Sandbox
-from factory.post.weightsync import Roles, WeightSync
+from factory.post.weightsync import Roles, SyncStats, WeightSync
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, truncate_log
 
@@ -195,7 +197,10 @@ def train_rl(
     stops = stop_tokens(tokenizer, eos_id)
     limits = Limits(cpu_s=max(1, int(config.sandbox_seconds)), wall_s=config.sandbox_seconds, memory_mb=128)
     sandbox = Sandbox(limits, workers=2) if roles.is_actor or not roles.actors else None
-    held = sync.push(model, start)  # actors start from the learners' weights (fresh or resumed)
+    # Whoever samples holds a copy of the weights that changes only at a push: an actor's own model, or, when the
+    # learners sample, a copy beside the policy. The rollouts (and the result) then do not depend on placement.
+    sampler_model = copy.deepcopy(model) if not roles.actors else model
+    held = push(sync, model, sampler_model, start)  # actors start from the learners' weights (fresh or resumed)
     version, sync_seconds = held.version, held.seconds
     started = time.perf_counter()
     last: dict[str, float] = {}
@@ -208,7 +213,7 @@ def train_rl(
         share = len(tasks) // samplers
         groups: list[Group] = []
         if roles.is_actor or not roles.actors:
-            groups = rollout(model, task_rows, tasks[sampler * share : (sampler + 1) * share], step, version, seed, config,
+            groups = rollout(sampler_model, task_rows, tasks[sampler * share : (sampler + 1) * share], step, version, seed, config,
                              tokenizer, stops, eos_id, sandbox)
         if roles.size > 1:
             everyone = [None] * roles.size
@@ -222,7 +227,7 @@ def train_rl(
             window.append(row)
         done = step + 1
         if done % config.sync_every == 0 or done == config.steps:
-            held = sync.push(model, done)
+            held = push(sync, model, sampler_model, done)
             version, sync_seconds = held.version, held.seconds
         if main and (done % config.log_every == 0 or done == config.steps):
             last = {"step": done, **{key: round(sum(r[key] for r in window) / len(window), 6) for key in window[0]}}
@@ -240,6 +245,16 @@ def train_rl(
         steps=config.steps, resumed_from=start, checkpoints=tuple(c.name for c in checkpoints.complete()) if main else (),
         parameters=model.num_parameters(), seconds=time.perf_counter() - started, last=last,
     )
+
+
+def push(sync: WeightSync, model: GPT, sampler_model: GPT, version: int) -> SyncStats:
+    """Hand the learners' weights to whoever samples: the actors over torch.distributed, or the learners' sampling copy."""
+    if sync.roles.actors:
+        return sync.push(model, version)
+    started = time.perf_counter()
+    if sampler_model is not model:
+        sampler_model.load_state_dict(model.state_dict())
+    return SyncStats(seconds=time.perf_counter() - started, bytes=0, version=version)
 
 
 def _shared(roles: Roles, start: int) -> int:
@@ -266,7 +281,7 @@ def _update(
                 continue
             refs.append(token_logprobs(completion_logits(reference, g), g.sequences[:, g.prompt_tokens :], config.temperature))
     first: dict[str, float] = {}
-    network.train()
+    network.eval()  # no dropout: the ratio to the sampling policy must be 1 where the weights are the same
     for update in range(config.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         sums = {"kl": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "loss": 0.0}

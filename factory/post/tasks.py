@@ -3,7 +3,9 @@
 Each family writes a small function `f` from seeded choices (constants, operators, branches)
 and draws inputs for it; the expected output is what executing `print(repr(f(...)))` printed
 in the sandbox, never what the generator believes. A call that fails or runs out of time is
-left out (and counted). Splits go by the hash of the function's source, so every call of a
+left out (and counted). Beside them, pure functions mined from the standard library
+(`factory.post.mined`, family `stdlib`) are tried with pool arguments; the calls that run and
+print a short value make tasks. Splits go by the hash of the function's source, so every call of a
 function lands in the same split: no function is seen in training and tested on.
 """
 
@@ -12,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 
+from factory.post.mined import MinedFunction, draw_calls, good_output, pure_functions, stdlib_sources
 from factory.post.sandbox import Limits, Sandbox
 
 MAX_REPEATS = 50
@@ -133,21 +137,40 @@ class TaskSet:
     dropped: int
 
 
-def generate(count: int, calls: int, seed: int, sandbox: Sandbox | None = None) -> TaskSet:
-    """Tasks for up to `count` functions with up to `calls` distinct calls each; expected outputs from executing them."""
+def generate(count: int, calls: int, seed: int, sandbox: Sandbox | None = None, stdlib_functions: int = 0) -> TaskSet:
+    """Tasks for up to `count` generated functions and `stdlib_functions` mined ones, up to `calls` distinct calls each;
+    expected outputs from executing them."""
     rng = random.Random(seed + 1)
-    pending: list[tuple[Program, str]] = []
+    pending: list[tuple[str, str, str, str]] = []  # family, difficulty, source, call
     for program in programs(count, seed):
         drawn = [f"f({', '.join(repr(a) for a in program.arguments(rng))})" for _ in range(calls * 3)]
-        pending += [(program, call) for call in list(dict.fromkeys(drawn))[:calls]]  # distinct, in the order drawn
+        pending += [(program.family, program.difficulty, program.source, call) for call in list(dict.fromkeys(drawn))[:calls]]
+    generated = len(pending)
+    for function in mined(stdlib_functions, seed):  # more calls tried than kept: many inputs do not suit a given function
+        pending += [("stdlib", _difficulty(function.source), function.source, call) for call in draw_calls(function, rng, calls * 3)]
     sandbox = sandbox or Sandbox(Limits(cpu_s=1, wall_s=3, memory_mb=128), workers=2)
-    outcomes = sandbox.run_many([f"{program.source}\nprint(repr({call}))\n" for program, call in pending])
-    rows = []
-    for (program, call), outcome in zip(pending, outcomes, strict=True):
-        if outcome.status != "ok":
+    outcomes = sandbox.run_many([f"{source}\nprint(repr({call}))\n" for _, _, source, call in pending])
+    rows, kept = [], Counter()
+    for i, ((family, difficulty, source, call), outcome) in enumerate(zip(pending, outcomes, strict=True)):
+        if outcome.status != "ok" or (i >= generated and (kept[source] >= calls or not good_output(outcome.stdout))):
             continue
-        row = {"function": program.source, "call": call, "expected": outcome.stdout.strip(), "family": program.family,
-               "difficulty": program.difficulty, "split": split_of(program.source)}
+        kept[source] += 1
+        row = {"function": source, "call": call, "expected": outcome.stdout.strip(), "family": family, "difficulty": difficulty,
+               "split": split_of(source)}
         digest = hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()
-        rows.append({"id": digest[:16], "sha256": digest, "bytes": len(program.source), **row})
-    return TaskSet(rows=pa.Table.from_pylist(rows, schema=TASK_SCHEMA), dropped=len(pending) - len(rows))
+        rows.append({"id": digest[:16], "sha256": digest, "bytes": len(source), **row})
+    dropped = generated - sum(1 for row in rows if row["family"] != "stdlib")
+    return TaskSet(rows=pa.Table.from_pylist(rows, schema=TASK_SCHEMA), dropped=dropped)
+
+
+def mined(count: int, seed: int) -> list[MinedFunction]:
+    """`count` pure functions of the standard library, drawn by seed (none when count is 0)."""
+    if count <= 0:
+        return []
+    found = pure_functions(stdlib_sources())
+    return random.Random(seed).sample(found, min(count, len(found)))
+
+
+def _difficulty(source: str) -> str:
+    lines = source.count("\n")
+    return "easy" if lines <= 3 else "medium" if lines <= 7 else "hard"

@@ -28,7 +28,7 @@ def run(request: StageRequest) -> None:
     run and tells the others; only rank 0 publishes and reports.
     """
     world = world_from_env()
-    join(world)
+    join(world, request.placement.get("backend"))
     try:
         with open_reporter(request.spec.kind) as reporter:
             if world.is_main:

@@ -50,6 +50,9 @@ def run_rl(ctx: StageContext) -> dict[str, Any]:
     eos_id = tokenizer.token_to_id(EOS)
     catalog = open_catalog(ctx.request.catalog)
     rows = read_tasks(catalog, config.tasks, "train")
+    if len(rows) < config.prompts_per_step:
+        raise ConfigError(f"{config.tasks} has {len(rows)} train tasks, fewer than rl.prompts_per_step ({config.prompts_per_step}): "
+                          "lower it or generate more tasks")
     world = world_from_env()
     learners, actors = (ctx.request.placement.get("learners", 1), ctx.request.placement.get("actors", 0)) if world.size > 1 else (1, 0)
     if learners + actors != world.size:

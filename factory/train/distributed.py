@@ -44,11 +44,12 @@ def world_from_env(environ: Mapping[str, str] = os.environ) -> World:
     return World(rank=int(environ.get("RANK", "0")), size=size, local_rank=int(environ.get("LOCAL_RANK", "0")))
 
 
-def join(world: World) -> None:
-    """Start the process group of a world of several ranks (no-op for one, or when already started)."""
+def join(world: World, backend: str | None = None) -> None:
+    """Start the process group of a world of several ranks (no-op for one, or when already started): nccl on GPUs,
+    gloo on CPUs, or the `backend` a stage asks for (RL's ranks work on the CPU)."""
     if world.size > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
         dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
 

@@ -73,6 +73,16 @@ def test_post_training_needs_a_pretrained_model(tiny):
         Experiment.model_validate(data)
 
 
+def test_rl_knobs_that_cannot_work_are_refused_with_what_to_change(tiny):
+    data = {**tiny.model_dump(), "rl": {"steps": 4, "max_new_tokens": 100}}
+    with pytest.raises(ValueError, match=r"rl.max_new_tokens \(100\) must leave room for the prompt: at most half of model.context \(128\)"):
+        Experiment.model_validate(data)
+    with pytest.raises(ValueError, match=r"checkpoint_every \(3\) must be a multiple of log_every \(5\)"):
+        Experiment.model_validate({**tiny.model_dump(), "rl": {"steps": 4, "checkpoint_every": 3, "log_every": 5}})
+    with pytest.raises(ValueError, match=r"prompts_per_step \(3\) must be divisible by actors \(2\)"):
+        Experiment.model_validate({**tiny.model_dump(), "rl": {"steps": 4, "prompts_per_step": 3, "actors": 2}})
+
+
 def test_learning_rate_changes_only_the_pretrain_fingerprint(tiny):
     variant = with_section(tiny, "pretrain", lr=0.01)
     assert variant.pretrain.lr == 0.01 and tiny.pretrain.lr == 0.003

@@ -42,6 +42,7 @@ rl:
   group_size: 2
   max_new_tokens: 4
   checkpoint_every: 1
+  log_every: 1
   actors: 1
 eval:
   benchmarks: [code_exec]
@@ -59,7 +60,7 @@ def test_a_post_training_sweep_shares_its_base_models_and_evaluates_every_stage(
     path.write_text(SWEEP.format(base=tiny_path))
     root = tmp_path / "state"
     instance = DagsterInstance.from_config(str(dagster_home(root)))
-    small = {"ops": {"code_exec_tasks": {"config": {"functions": 80, "calls_per_function": 2, "seed": 0}}}}
+    small = {"ops": {"code_exec_tasks": {"config": {"functions": 80, "calls_per_function": 2, "stdlib_functions": 10, "seed": 0}}}}
     assert materialize(EVERYTHING, selection=["code_exec_tasks"], instance=instance, resources=resources_at(root), run_config=small).success
     variants = load_file(path)
     registry = ArtifactStore(root / "registry")

@@ -20,6 +20,9 @@ def sandbox():
     (" [6, '3']", 1.0, True, False),  # right, but the line never ended
     (" f(3)\n", 0.0, False, False),  # a call passes its own assertion: not an answer
     (" [6, '3'] or __import__('os').system('true')\n", 0.0, False, False),
+    (" [6, '3']  # the list\n", 1.1, True, True),  # a comment is not part of the value
+    (" [6.0, '3']\n", 0.1, False, True),  # equal under ==, but not the value the call returns
+    (" [6, '3']) or (True\n", 0.0, False, False),  # no way out of the literal
     ("\n", 0.0, False, False),
     (" [6,\n", 0.0, False, False),
 ])

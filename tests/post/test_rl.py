@@ -141,7 +141,8 @@ def split_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok.save(str(out / "tokenizer.json"))
     torch.save(fine_tuned(tok), out / "init.pt")
     with spawned(_rank, (str(out),), nprocs=max(n + m for n, m, _ in CASES), timeout_s=SPAWN_TIMEOUT_S):
-        run(out / "alone", config())  # meanwhile
+        run(out / "alone", config())  # meanwhile, the same runs in one process
+        run(out / "alone-sync-2", config(sync_every=2))
     return out
 
 
@@ -163,3 +164,5 @@ def test_lagging_actors_record_how_far_behind_they_are(split_runs):
     lags = [json.loads(line)["lag_versions"] for line in (split_runs / "1-1-2" / "metrics.jsonl").read_text().splitlines()]
     assert lags == [0, 1, 0, 1]  # pushed every 2 updates: the second batch of each pair comes from weights one update old
     assert final_digest(split_runs / "1-1-2") != final_digest(split_runs / "alone")
+    # sampling in the learner lags the same way: placement does not change the result (it is not in the fingerprint)
+    assert final_digest(split_runs / "1-1-2") == final_digest(split_runs / "alone-sync-2")

@@ -7,6 +7,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.post import TABLE, code_exec_tasks
 from factory.data.catalog import CatalogConfig, open_catalog
+from factory.post.mined import pure_functions
 from factory.post.tasks import FAMILIES, generate, programs, split_of
 from resources import FactoryStores
 
@@ -69,3 +70,65 @@ def test_the_asset_writes_a_versioned_iceberg_table(tmp_path):
                         run_config=config)
     [event] = again.get_asset_materialization_events()
     assert event.materialization.metadata["table"].value == f"{TABLE}@v1"  # the same content is the same version
+
+
+MODULE = '''
+import os
+LIMIT = 3
+
+def clamp(x, y):
+    """Keep x within y."""
+    if x > y:
+        return y
+    return x
+
+def words(s: str) -> list:
+    return [w.upper() for w in s.split() if w]
+
+def uses_a_global(x):
+    return x + LIMIT
+
+def imports(x):
+    import os
+    return os.sep + x
+
+def private(x):
+    return x.__class__
+
+def generator(x):
+    yield x
+
+def no_return(x):
+    print(x)
+
+@staticmethod
+def decorated(x):
+    return x
+
+def defaults(x, y=1):
+    return x + y
+
+def recursive(n):
+    return 1 if n <= 1 else n * recursive(n - 1)
+'''
+
+
+def test_only_small_functions_that_touch_nothing_but_their_arguments_are_mined():
+    found = {f.name: f for f in pure_functions([("mod.py", MODULE)])}
+    assert sorted(found) == ["clamp", "recursive", "words"]
+    assert found["clamp"].source == "def clamp(x, y):\n    if x > y:\n        return y\n    return x\n"  # docstring dropped
+    assert found["words"].source.startswith("def words(s):")  # annotations dropped
+    assert found["clamp"].parameters == 2 and found["clamp"].origin == "mod.py"
+
+
+def test_mined_tasks_are_executed_calls_of_standard_library_functions():
+    rows = generate(8, 2, seed=0, stdlib_functions=12).rows.to_pylist()
+    mined = [row for row in rows if row["family"] == "stdlib"]
+    assert len({row["function"] for row in mined}) >= 6 and all(row["difficulty"] in ("easy", "medium", "hard") for row in mined)
+    for row in mined:
+        scope: dict = {}
+        exec(row["function"], scope)
+        assert repr(eval(row["call"], scope)) == row["expected"], row
+        assert row["split"] == split_of(row["function"])
+    per_function = Counter(row["function"] for row in mined)
+    assert max(per_function.values()) <= 2
