@@ -55,6 +55,8 @@ bench: setup
 	$(BIN)/python bench/trainer.py
 	$(BIN)/python bench/control_savings.py
 	$(BIN)/python bench/eval_backfill.py
+	$(BIN)/python bench/sandbox.py
+	$(BIN)/python bench/rl_split.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true
