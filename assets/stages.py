@@ -22,7 +22,7 @@ from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.post import ensure_task_set
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
-from factory.config.stages import TRAINING_STAGES
+from factory.config.stages import TRAINING_STAGES, placement
 from factory.data.checks import CHECKS
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.datasets import check_filtered
@@ -45,7 +45,6 @@ KINDS = {
     "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "sft": {"torch"}, "rl": {"torch"},
     "model": {"torch"},
 }
-DISTRIBUTED = {"pretrain", "sft"}  # stages that run as several ranks when resources.processes_per_node > 1
 TRAINING = set(TRAINING_STAGES)  # stages whose artifacts hold checkpoints
 GROUPS = {"raw_datasets": "data", "deduped_datasets": "data", "filtered_datasets": "data", "blend": "data"}
 CHECK_DESCRIPTIONS = {
@@ -114,14 +113,9 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
 
 
 def placement_of(experiment: Experiment, kind: str) -> dict:
-    """How many ranks the stage runs as: training stages per `resources`; RL as its learners plus its actors."""
-    if kind == "rl" and experiment.rl is not None:
-        rl = experiment.rl
-        # RL's ranks run on the CPU over gloo, GPUs or not: sampling and the sandbox dominate at the sizes it serves today.
-        return {"processes": rl.learners + rl.actors, "placement": {"learners": rl.learners, "actors": rl.actors, "backend": "gloo"}}
-    if kind in DISTRIBUTED:
-        return {"processes": experiment.resources.processes_per_node, "nodes": experiment.resources.nodes}
-    return {}
+    """How many ranks the stage process runs as, and the stage-specific placement it is told."""
+    where = placement(experiment, kind)
+    return {"processes": where.processes, "nodes": where.nodes, "placement": dict(where.roles)}
 
 
 def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Provenance) -> dict:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -27,6 +27,7 @@ from factory.stages.batch import to_json as batch_json
 from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
 from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
+from factory.launch import volcano
 from factory.launch.local import progress_env
 from factory.registry import ArtifactStore, git_commit
 from factory.evals.benchmarks import registered
@@ -121,13 +122,28 @@ def run(
     experiment: Annotated[Path, typer.Argument(help="The experiment file to materialize.")],
     root: RootOption = DEFAULT_ROOT,
     strict: Annotated[bool, typer.Option(help="Refuse to run from a working tree with uncommitted changes (CI, production).")] = False,
+    launcher: Annotated[
+        Literal["local", "volcano"], typer.Option(help="Where stages run: processes on this machine, or Volcano Jobs on Kubernetes.")
+    ] = "local",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --launcher volcano: print the Job manifests (YAML) and exit.")] = False,
 ) -> None:
     """Materialize every asset of one experiment through Dagster, then print the leaderboard."""
     try:
         variants = load_file(experiment)
+        if launcher == "volcano" and dry_run:
+            print(volcano.dry_run(variants), end="")
+            return
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
+    if launcher == "volcano":
+        err.print("error: submitting stages to a cluster is not built yet; `--launcher volcano --dry-run` prints the validated "
+                  "Volcano Job manifests it would submit")
+        raise typer.Exit(2)
+    if dry_run:
+        err.print(f"error: --dry-run prints Volcano Job manifests: add --launcher volcano (for local runs, `factory plan {experiment}` "
+                  "shows what would run)")
+        raise typer.Exit(2)
     commit = git_commit(experiment.parent)
     if commit.endswith("-dirty"):
         if strict:

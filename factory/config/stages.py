@@ -30,6 +30,33 @@ TRAINING_STAGES = ("pretrain", "sft", "rl")
 """Stages whose artifacts hold checkpoints; the model exports the last of them the experiment runs."""
 RL_PLACEMENT = {"learners", "actors"}
 """RL knobs that say where work runs, not what it computes: left out of the fingerprint."""
+SPREAD_STAGES = ("pretrain", "sft")
+"""Stages placed as `resources` says: nodes x processes_per_node ranks, gpus per node."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Where one stage runs: never part of its fingerprint."""
+
+    nodes: int = 1
+    processes: int = 1
+    """Ranks per node."""
+    gpus: int = 0
+    """GPUs per node."""
+    roles: Mapping[str, Any] = field(default_factory=dict)
+    """Stage-specific: RL's `learners` and `actors` ranks, and the `backend` they meet over."""
+
+
+def placement(experiment: Experiment, kind: str) -> Placement:
+    """Training stages spread as `resources` says; RL runs its learners and actors as ranks of one node, on the CPU over
+    gloo (sampling and the sandbox dominate at the sizes it serves today); every other stage is one rank."""
+    if kind in SPREAD_STAGES:
+        resources = experiment.resources
+        return Placement(nodes=resources.nodes, processes=resources.processes_per_node, gpus=resources.gpus)
+    if kind == "rl" and experiment.rl is not None:
+        rl = experiment.rl
+        return Placement(processes=rl.learners + rl.actors, roles={"learners": rl.learners, "actors": rl.actors, "backend": "gloo"})
+    return Placement()
 DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 STAGES = tuple(UPSTREAM)
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
