@@ -76,9 +76,10 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
     assert parents["best_model"] == {"leaderboard"}
     assert parents["leaderboard"] == {"evaluations"}
     assert parents["evaluations"] == {"checkpoints"}
-    assert parents["model"] == {"pretrain", "tokenizer"}
+    assert parents["model"] == {"pretrain", "sft", "rl", "tokenizer"}
+    assert parents["rl"] == {"blend", "tokenizer", "pretrain", "sft", "code_exec_tasks"}
     assert parents["pretrain"] == {"blend", "tokenizer"}
-    assert parents["checkpoints"] == {"pretrain"}
+    assert parents["checkpoints"] == {"pretrain", "sft", "rl"}
     assert parents["tokenizer"] == {"blend"}
     assert parents["blend"] == {"filtered_datasets"}
     assert parents["filtered_datasets"] == {"deduped_datasets"}
