@@ -43,7 +43,7 @@ from factory.post.rewards import rewards
 from factory.post.sandbox import Limits, Sandbox
 from factory.post.weightsync import Roles, SyncStats, WeightSync
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy
-from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, truncate_log
+from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, build_optimizer, truncate_log
 
 MetricSink = Callable[[int, dict[str, float]], None]
 
@@ -170,11 +170,7 @@ def train_rl(
     torch.manual_seed(seed + roles.rank)
     sync = WeightSync(roles, list(model.named_parameters()))
     main = roles.rank == 0
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}], lr=config.lr, betas=config.betas
-    )
+    optimizer = build_optimizer(model, config)
     checkpoints = CheckpointDir(work_dir / CHECKPOINT_DIR, RetentionPolicy(keep_last=config.keep_last, best_metric=None), log)
     if main:
         work_dir.mkdir(parents=True, exist_ok=True)

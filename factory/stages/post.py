@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pyiceberg.catalog import Catalog
+from tokenizers import Tokenizer
+
 from factory.config.schema import ModelConfig, RLConfig, SFTConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
@@ -22,13 +25,16 @@ from factory.stages.runners import TOKENIZER_FILE, StageContext, final_weights, 
 from factory.train.distributed import world_from_env
 
 
+def _inputs(ctx: StageContext) -> tuple[ModelConfig, Tokenizer, int, Catalog]:
+    """What both post-training stages read: the model's shape, the tokenizer and its end-of-text id, the catalog."""
+    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    return ModelConfig.model_validate(ctx.config["model"]), tokenizer, tokenizer.token_to_id(EOS), open_catalog(ctx.request.catalog)
+
+
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Fine-tune the pretrained model on the train split of the task table, loss on completion tokens only."""
-    model_config = ModelConfig.model_validate(ctx.config["model"])
+    model_config, tokenizer, eos_id, catalog = _inputs(ctx)
     config = SFTConfig.model_validate(ctx.config["sft"])
-    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
-    eos_id = tokenizer.token_to_id(EOS)
-    catalog = open_catalog(ctx.request.catalog)
     examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
     world = world_from_env()
     ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
@@ -44,11 +50,8 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
 
 def run_rl(ctx: StageContext) -> dict[str, Any]:
     """GRPO from the SFT model (or the pretrained one when there is no sft stage) on the train split's tasks."""
-    model_config = ModelConfig.model_validate(ctx.config["model"])
+    model_config, tokenizer, eos_id, catalog = _inputs(ctx)
     config = RLConfig.model_validate(ctx.config["rl"])
-    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
-    eos_id = tokenizer.token_to_id(EOS)
-    catalog = open_catalog(ctx.request.catalog)
     rows = read_tasks(catalog, config.tasks, "train")
     if len(rows) < config.prompts_per_step:
         raise ConfigError(f"{config.tasks} has {len(rows)} train tasks, fewer than rl.prompts_per_step ({config.prompts_per_step}): "

@@ -21,7 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.control import ControlConfig
-from factory.config.schema import ModelConfig, PretrainConfig
+from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, StageFailed
 from factory.models.gpt import GPT, build_model
@@ -74,8 +74,8 @@ def lr_at(step: int, config: PretrainConfig) -> float:
     return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def build_optimizer(model: GPT, config: PretrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms, biases)."""
+def build_optimizer(model: GPT, config: PretrainConfig | RLConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms, biases); any training section with lr, betas, weight_decay."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
