@@ -3,7 +3,8 @@
 1. Tokens/s of the factory trainer (`factory.train.pretrain`: checkpoints every 25 steps with
    retention, the metrics log, a metrics sink standing where Dagster Pipes sits) vs. a bare torch
    loop on the same model, batches (in memory) and optimizer. Goal: >= 0.97.
-2. The stall a checkpoint save adds to the step that saves it, synchronous vs. asynchronous.
+2. The stall a checkpoint save adds to the step that saves it, synchronous vs. asynchronous, one file vs. sharded
+   (torch.distributed.checkpoint, one rank here).
 
 Runs alternate (bare, factory, bare, factory, ...) and the best of each is kept, so a noisy
 neighbour hurts both sides alike.
@@ -96,8 +97,11 @@ def stall() -> None:
     steps, every = 30, 10
     batches = make_batches(steps, 8, model_config.context)
     base = PretrainConfig(steps=steps, batch_size=8, lr=1e-3, checkpoint_every=0, log_every=10, keep_last=2)
+    sharded = {"checkpoint_every": every, "checkpoint_format": "sharded"}
     modes = {"none": base, "sync": base.model_copy(update={"checkpoint_every": every}),
-             "async": base.model_copy(update={"checkpoint_every": every, "async_checkpoints": True})}
+             "async": base.model_copy(update={"checkpoint_every": every, "async_checkpoints": True}),
+             "sharded sync": base.model_copy(update=sharded),
+             "sharded async": base.model_copy(update={**sharded, "async_checkpoints": True})}
     times: dict[str, list[float]] = {name: [] for name in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(ROUNDS):
@@ -106,10 +110,11 @@ def stall() -> None:
     saves = steps // every - 1
     state_mb = sum(p.numel() for p in build_model(model_config, VOCAB, 0).parameters()) * 4 * 3 / 1e6
     step_ms = 1000 * min(times["none"]) / steps
-    stalls = {name: 1000 * (min(times[name]) - min(times["none"])) / saves for name in ("sync", "async")}
+    stalls = {name: 1000 * (min(times[name]) - min(times["none"])) / saves for name in modes if name != "none"}
     for name, ms in stalls.items():
         print(f"checkpoint stall ({state_mb:.0f} MB of state, a step takes {step_ms:.0f} ms): {name} save costs the loop {ms:.0f} ms")
-    print(f"checkpoint stall: async / sync = {max(stalls['async'], 0.0) / max(stalls['sync'], 1e-9):.2f} (lower is better)")
+    for name in ("async", "sharded sync", "sharded async"):
+        print(f"checkpoint stall: {name} / sync = {max(stalls[name], 0.0) / max(stalls['sync'], 1e-9):.2f} (lower is better)")
 
 
 def main() -> None:

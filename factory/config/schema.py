@@ -231,6 +231,9 @@ class PretrainConfig(Section):
     """Also keep the checkpoint with the lowest mean training loss since the checkpoint before it (null: no best)."""
     async_checkpoints: bool = False
     """Write checkpoints on a background thread: the step loop only waits for a copy of the state."""
+    checkpoint_format: Literal["file", "sharded"] = "file"
+    """`file`: one `step_<n>.pt` written by rank 0. `sharded`: a directory written through torch.distributed.checkpoint,
+    every rank writing its share of the (replicated) state, so no rank writes it all."""
     grad_accum_steps: int = Field(1, ge=1)
     """Micro-batches per optimizer step: batch_size sequences are split into this many forward/backward passes."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"

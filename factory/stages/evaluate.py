@@ -9,8 +9,6 @@ never from whatever file now sits at its path.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import sys
 import time
@@ -19,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from factory.config.fingerprint import sha256_of
 from factory.config.schema import ModelConfig
@@ -35,6 +32,7 @@ from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.stages.datasets import BLEND_FILE
 from factory.stages.report import Reporter, open_reporter
 from factory.stages.runners import TOKENIZER_FILE
+from factory.train.checkpoint import load_checkpoint
 
 KIND = "evaluations"
 RESULT_FILE = "result.json"
@@ -154,10 +152,11 @@ def evaluate(request: EvalRequest, reporter: Reporter) -> dict[str, Manifest]:
 
 def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: CheckpointRef) -> EvalInputs:
     """The checkpoint's model, loaded from bytes that match its recorded sha256, with its tokenizer and held-out data."""
-    data = read_checkpoint(registry, checkpoint)
-    if hashlib.sha256(data).hexdigest() != checkpoint.sha256:
-        raise ArtifactError(f"checkpoint {checkpoint.key} at {checkpoint.path} does not match the sha256 its partition recorded; not evaluated")
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    path = locate_checkpoint(registry, checkpoint)
+    try:
+        state = load_checkpoint(path, checkpoint.sha256)
+    except ArtifactError as e:
+        raise ArtifactError(f"checkpoint {checkpoint.key} at {path} does not match the sha256 its partition recorded; not evaluated") from e
     config, upstream = checkpoint.training["config"], checkpoint.training["upstream"]
     tokenizer = load_tokenizer(registry.open(upstream["tokenizer"]) / TOKENIZER_FILE)
     model = GPT(ModelConfig.model_validate(config["model"]), tokenizer.get_vocab_size())
@@ -177,19 +176,19 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     )
 
 
-def read_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> bytes:
-    """The checkpoint's bytes: where its partition recorded them, or in its training artifact if the stage has published since."""
-    try:
-        return Path(checkpoint.path).read_bytes()
-    except OSError as e:
-        published = registry.lookup(StageSpec.from_json(checkpoint.training).fingerprint)
-        moved = registry.path(published.digest) / Path(checkpoint.path).name if published else None
-        if moved is not None and moved.is_file():
-            return moved.read_bytes()
-        raise ArtifactError(
-            f"checkpoint {checkpoint.key} is no longer at {checkpoint.path} ({e.strerror}) nor in its published training artifact: "
-            "the retention policy deleted it before it was evaluated; raise pretrain.keep_last to keep more checkpoints"
-        ) from e
+def locate_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> Path:
+    """Where the checkpoint is: where its partition recorded it, or in its training artifact if the stage has published since."""
+    recorded = Path(checkpoint.path)
+    if recorded.exists():
+        return recorded
+    published = registry.lookup(StageSpec.from_json(checkpoint.training).fingerprint)
+    moved = registry.path(published.digest) / recorded.name if published else None
+    if moved is not None and moved.exists():
+        return moved
+    raise ArtifactError(
+        f"checkpoint {checkpoint.key} is no longer at {checkpoint.path} nor in its published training artifact: "
+        "the retention policy deleted it before it was evaluated; raise pretrain.keep_last to keep more checkpoints"
+    )
 
 
 def publish_score(

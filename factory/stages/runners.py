@@ -192,8 +192,12 @@ def tracked_run(ctx: StageContext, world: World, work: Path) -> Iterator[tuple[T
 def publish_checkpoints(ctx: StageContext, work: Path, checkpoints: tuple[str, ...]) -> None:
     """Link the kept checkpoints and copy the logs of the work directory into the artifact."""
     for name in checkpoints:
-        for suffix in (".pt", ".json"):
-            os.link(work / CHECKPOINT_DIR / Path(name).with_suffix(suffix), ctx.out / Path(name).with_suffix(suffix))
+        source = work / CHECKPOINT_DIR / name
+        if source.is_dir():  # sharded
+            shutil.copytree(source, ctx.out / name, copy_function=os.link)
+        else:
+            os.link(source, ctx.out / name)
+        os.link(source.with_suffix(".json"), (ctx.out / name).with_suffix(".json"))
     for name in (METRICS_FILE, POSITIONS_FILE, CONTROL_FILE):
         if (work / name).exists():
             shutil.copyfile(work / name, ctx.out / name)

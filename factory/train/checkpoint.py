@@ -1,9 +1,12 @@
-"""Checkpoints on disk: atomic saves, a checksum per file, retention by policy, resume from the latest good one.
+"""Checkpoints on disk: atomic saves, a checksum per checkpoint, retention by policy, resume from the latest good one.
 
-A checkpoint is `step_<n>.pt` plus `step_<n>.json` (step, sha256, size, metrics). The JSON is
-written last, so a checkpoint without one was cut short and does not exist; one whose bytes no
-longer match the checksum is skipped with a warning in favour of an older one. Saves can run on
-a background thread: the state is copied first, so training goes on while the disk works.
+A checkpoint is `step_<n>.pt` (one file, written by rank 0) or, sharded, the directory `step_<n>/`
+that `torch.distributed.checkpoint` writes with every rank writing its share; either way
+`step_<n>.json` (step, format, sha256, size, metrics) is written last, so a checkpoint without one
+was cut short and does not exist; one whose bytes no longer match the checksum is skipped with a
+warning in favour of an older one. The sha256 of a directory is that of its listing of file names
+and file digests. Saves can run on a background thread: the state is copied first, so training
+goes on while the disk works.
 """
 
 from __future__ import annotations
@@ -14,18 +17,27 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import save as dcp_save
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from factory.errors import ArtifactError
+from factory.train.distributed import SINGLE, World
 
 NAME = re.compile(r"^step_(\d{6,})\.json$")
+FILE, SHARDED = "file", "sharded"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +66,33 @@ class RetentionPolicy:
 def partition_key(experiment: str, stage: str, step: int) -> str:
     """The `checkpoints` partition of one checkpoint: `<experiment>__<stage>-<step:06d>`."""
     return f"{experiment}__{stage}-{step:06d}"
+
+
+def checkpoint_digest(path: Path) -> tuple[str, int]:
+    """The sha256 and size in bytes of a checkpoint: of its bytes, or of a sharded checkpoint's listing of file digests."""
+    if not path.is_dir():
+        data = path.read_bytes()
+        return hashlib.sha256(data).hexdigest(), len(data)
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    listing = "".join(f"{p.relative_to(path).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in files)
+    return hashlib.sha256(listing.encode()).hexdigest(), sum(p.stat().st_size for p in files)
+
+
+def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """The state a checkpoint holds, loaded on the CPU; with `sha256`, only from bytes that match it (else ArtifactError)."""
+    if not path.is_dir():
+        data = path.read_bytes()
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise ArtifactError(f"checkpoint {path} does not match its recorded sha256")
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if sha256 is not None and checkpoint_digest(path)[0] != sha256:
+        raise ArtifactError(f"checkpoint {path} does not match its recorded sha256")
+    state: dict[str, Any] = {}
+    # Every rank reads the whole state (data parallel ranks all hold it), so no collective is involved.
+    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    if isinstance(state.get("optimizer"), dict) and "state" in state["optimizer"]:  # the sharded format keys it by str
+        state["optimizer"]["state"] = {int(key): value for key, value in state["optimizer"]["state"].items()}
+    return state
 
 
 def published(directory: Path) -> list[SavedCheckpoint]:
@@ -91,11 +130,19 @@ def clone_state(value: Any) -> Any:
 class CheckpointDir:
     """The checkpoints of one training run in one directory."""
 
-    def __init__(self, directory: Path, policy: RetentionPolicy, log: logging.Logger, asynchronous: bool = False) -> None:
+    def __init__(
+        self, directory: Path, policy: RetentionPolicy, log: logging.Logger, asynchronous: bool = False, sharded: bool = False,
+        world: World = SINGLE,
+    ) -> None:
+        """Sharded: every rank of `world` calls `save` (rank 0 alone otherwise); they write their shares of one directory."""
         self.directory = directory
         self.policy = policy
         self.log = log
         self.asynchronous = asynchronous
+        self.sharded = sharded
+        self.world = world
+        # A background save talks to the other ranks while the step loop does: it needs a group of its own.
+        self._group = dist.new_group(backend="gloo") if sharded and asynchronous and world.size > 1 else None
         self._writer: threading.Thread | None = None
         self._error: BaseException | None = None
         self.bytes_written = 0
@@ -127,16 +174,40 @@ class CheckpointDir:
             self._error = e
 
     def _write(self, step: int, state: Mapping[str, Any], metrics: dict[str, float]) -> None:
-        buffer = io.BytesIO()
-        torch.save(canonical(dict(state)), buffer)
-        data = buffer.getvalue()
-        path = self.directory / f"step_{step:06d}.pt"
         self.directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, data)
-        self.bytes_written += len(data)
-        record = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "metrics": metrics}
+        if self.sharded:
+            path = self._write_shards(step, state)
+            if path is None:
+                return
+            sha256, size = checkpoint_digest(path)
+        else:
+            buffer = io.BytesIO()
+            torch.save(canonical(dict(state)), buffer)
+            data = buffer.getvalue()
+            path = self.directory / f"step_{step:06d}.pt"
+            _atomic_write(path, data)
+            sha256, size = hashlib.sha256(data).hexdigest(), len(data)
+        self.bytes_written += size
+        record = {"step": step, "format": SHARDED if self.sharded else FILE, "sha256": sha256, "size": size, "metrics": metrics}
         _atomic_write(path.with_suffix(".json"), json.dumps(record, sort_keys=True).encode())
         self._retain(step)
+
+    def _write_shards(self, step: int, state: Mapping[str, Any]) -> Path | None:
+        """Every rank writes its share into a temp directory; rank 0 renames it into place once all are on disk and returns it."""
+        path = self.directory / f"step_{step:06d}"
+        tmp = path.with_name(path.name + ".tmp")
+        with warnings.catch_warnings():  # one process without a process group is a world of one, as meant
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
+            # Returns on rank 0 after every rank reported its files written and fsynced, and the metadata is written.
+            dcp_save(dict(state), storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=self._group,
+                     no_dist=self.world.size == 1)
+        if not self.world.is_main:
+            return None
+        if path.exists():  # a save of this step that lost its record: not a checkpoint
+            shutil.rmtree(path)
+        tmp.rename(path)
+        _fsync_directory(path.parent)
+        return path
 
     def complete(self) -> list[SavedCheckpoint]:
         """Every checkpoint whose JSON record exists, by step (checksums not verified here)."""
@@ -148,8 +219,9 @@ class CheckpointDir:
                 record = json.loads(record_path.read_text())
             except (OSError, ValueError):
                 continue
+            path = record_path.with_suffix("") if record.get("format") == SHARDED else record_path.with_suffix(".pt")
             found.append(SavedCheckpoint(
-                step=record["step"], path=record_path.with_suffix(".pt"), sha256=record["sha256"], size=record["size"],
+                step=record["step"], path=path, sha256=record["sha256"], size=record["size"],
                 metrics=record.get("metrics", {}),
             ))
         return sorted(found, key=lambda c: c.step)
@@ -158,14 +230,11 @@ class CheckpointDir:
         """The newest checkpoint whose bytes match its checksum, loaded; damaged ones are skipped with a warning."""
         for checkpoint in reversed(self.complete()):
             try:
-                data = checkpoint.path.read_bytes()
-            except OSError as e:
-                self.log.warning("checkpoint %s is unreadable (%s); trying an older one", checkpoint.name, e)
-                continue
-            if hashlib.sha256(data).hexdigest() != checkpoint.sha256:
+                return checkpoint, load_checkpoint(checkpoint.path, checkpoint.sha256)
+            except ArtifactError:
                 self.log.warning("checkpoint %s does not match its checksum; skipping it for an older one", checkpoint.name)
-                continue
-            return checkpoint, torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except (OSError, RuntimeError, ValueError) as e:
+                self.log.warning("checkpoint %s is unreadable (%s); trying an older one", checkpoint.name, e)
         return None
 
     def _retain(self, newest: int) -> None:
@@ -179,16 +248,16 @@ class CheckpointDir:
         for checkpoint in checkpoints:
             if checkpoint.step not in keep:
                 checkpoint.path.with_suffix(".json").unlink(missing_ok=True)  # the record first: never a record without bytes
-                checkpoint.path.unlink(missing_ok=True)
+                _remove(checkpoint.path)
                 self.log.info("deleted checkpoint %s by policy (keep last %d, best by %s)", checkpoint.name, self.policy.keep_last, metric)
 
     def drop_incomplete(self) -> None:
         """Remove files a killed save left behind (temp files, bytes without a record)."""
         recorded = {c.path.name for c in self.complete()}
         for path in self.directory.iterdir() if self.directory.is_dir() else []:
-            if path.suffix == ".tmp" or (path.suffix == ".pt" and path.name not in recorded):
+            if path.suffix == ".tmp" or (path.suffix != ".json" and path.name not in recorded):
                 self.log.info("removing %s, left by an interrupted save", path.name)
-                path.unlink(missing_ok=True)
+                _remove(path)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -199,8 +268,20 @@ def _atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path)
-    fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """A checkpoint file or a sharded checkpoint's directory, gone."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, StageFailed
 from factory.models.gpt import GPT, build_model
-from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.step import gradients, memory_mb, validation_loss
@@ -123,7 +123,9 @@ def pretrain(
     optimizer = build_optimizer(model, config)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
-    checkpoints = CheckpointDir(work_dir / CHECKPOINT_DIR, policy, log, asynchronous=config.async_checkpoints)
+    checkpoints = CheckpointDir(
+        work_dir / CHECKPOINT_DIR, policy, log, asynchronous=config.async_checkpoints, sharded=config.checkpoint_format == "sharded", world=world
+    )
     controller = Controller(control, config.steps) if control is not None else None
     if control is not None and not validation and (control.eval_every or controller.uses_evaluations):
         raise ConfigError("control evaluates the validation loss, but the blend gave no validation batches: raise data.validation_percent")
@@ -166,7 +168,7 @@ def pretrain(
 
         def save(done: int, final: bool) -> None:
             state = _state(model, optimizer, done, position, tokens_seen, world, controller)
-            if world.is_main:
+            if world.is_main or checkpoints.sharded:  # sharded: every rank writes its share
                 mean = sum(interval_losses) / len(interval_losses) if interval_losses else loss_value
                 checkpoints.save(done, state, {"loss": mean, "lr": lr, "tokens_seen": tokens_seen}, final=final)
 
@@ -383,6 +385,6 @@ def _keep_lines(path: Path, count: int) -> None:
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model weights of a checkpoint or exported model file."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    """The model weights of a checkpoint (a file or a sharded directory) or exported model file."""
+    state = load_checkpoint(path)
     return state["model"] if "model" in state else state

@@ -1,5 +1,6 @@
 """Post-training through Dagster: a 2x2 sweep over the SFT and RL learning rates computes pretraining once, SFT twice
-and RL four times, as `factory plan` predicts; every checkpoint of every stage is evaluated on code_exec."""
+and RL four times, as `factory plan` predicts; every checkpoint of every stage is evaluated on code_exec. SFT saves
+sharded checkpoints (directories), so they travel the same path to partitions, evaluations and RL as single files."""
 
 import pytest
 from dagster import DagsterInstance, materialize
@@ -36,6 +37,7 @@ sft:
   steps: 6
   batch_size: 4
   checkpoint_every: 3
+  checkpoint_format: sharded
 rl:
   steps: 2
   prompts_per_step: 2
@@ -68,6 +70,8 @@ def test_a_post_training_sweep_shares_its_base_models_and_evaluates_every_stage(
     assert {kind: predicted[kind] for kind in ("pretrain", "sft", "rl", "model")} == {"pretrain": 1, "sft": 2, "rl": 4, "model": 4}
     assert run_all(path, root, instance) == predicted
 
+    sft = list(registry.manifests("sft"))
+    assert all((registry.path(m.digest) / "step_000006" / ".metadata").is_file() for m in sft), "SFT published sharded checkpoints"
     rl = list(registry.manifests("rl"))
     assert len(rl) == 4 and all(m.summary["actors"] == 1 and m.summary["started_from"] == "sft" for m in rl)
     assert len({m.inputs["sft"] for m in rl}) == 2  # each SFT model is the start of two RL runs

@@ -16,7 +16,7 @@ from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
 from factory.models.gpt import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
-from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, evaluate, read_checkpoint
+from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, evaluate, locate_checkpoint
 from factory.stages.report import ConsoleReporter
 
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
@@ -104,7 +104,7 @@ def test_a_checkpoint_moved_into_its_published_training_artifact_is_found_there(
         (out / "step_000001.pt").write_bytes(data)
         registry.publish(out, kind="pretrain", fingerprint=StageSpec.from_json(training).fingerprint, config={}, inputs={}, code="test",
                          provenance=Provenance(experiment="a", config_hash="t", git_commit="t"), summary={})
-    assert read_checkpoint(registry, recorded.checkpoint) == data
+    assert locate_checkpoint(registry, recorded.checkpoint).read_bytes() == data
 
 
 def test_ranges_are_stretches_of_wanted_checkpoints_in_partition_order_at_most_limit_long():

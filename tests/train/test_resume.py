@@ -11,13 +11,14 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import StageFailed
-from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,8 @@ TRAINER = textwrap.dedent(
     work, steps, every, accum, dropout = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     model = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=dropout)
     config = PretrainConfig(steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, checkpoint_every=every, log_every=1,
-                            keep_last=2, grad_accum_steps=accum)
+                            keep_last=2, grad_accum_steps=accum, checkpoint_format=os.environ.get("FORMAT", "file"),
+                            async_checkpoints=os.environ.get("ASYNC") == "1")
     world = world_from_env()
     join(world)
 
@@ -67,15 +69,18 @@ TRAINER = textwrap.dedent(
 
 
 def launch(
-    work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = ""
+    work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = "",
+    sharded: bool = False, asynchronous: bool = False,
 ) -> subprocess.Popen:
     """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
     control section as JSON."""
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     script = work.parent / "trainer.py"
     script.write_text(TRAINER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CONTROL": control}
-    return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CONTROL": control,
+           "FORMAT": "sharded" if sharded else "file", "ASYNC": "1" if asynchronous else "0"}
+    return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def finish(process: subprocess.Popen) -> str:
@@ -140,6 +145,50 @@ def test_a_kill_during_a_checkpoint_write_loses_nothing(tmp_path, reference):
     assert "left by an interrupted save" in err
     assert final_sha(work) == reference
     assert not list(checkpoints.glob("*.tmp"))
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its ranks (which it starts in sessions of their own), as a node failing would."""
+    family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    for member in family:
+        member.kill()
+    psutil.wait_procs(family, timeout=30)
+    process.wait()
+
+
+def weights_sha(state: dict) -> str:
+    """The sha256 of a state's model tensors, in name order: the same for the same weights in either checkpoint format."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state["model"].items()):
+        digest.update(name.encode() + tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path):
+    whole, killed = tmp_path / "whole" / "work", tmp_path / "killed" / "work"
+    whole.parent.mkdir()
+    killed.parent.mkdir()
+    finish(launch(whole, steps=30, ranks=2, sharded=True))
+    final = whole / CHECKPOINT_DIR / "step_000030"
+    shards = {p.name: p.stat().st_size for p in final.iterdir()}
+    assert set(shards) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert min(shards["__0_0.distcp"], shards["__1_0.distcp"]) > 0.2 * sum(shards.values()), f"each rank writes a share: {shards}"
+
+    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True)
+    deadline = time.monotonic() + 180
+    record = killed / CHECKPOINT_DIR / "step_000010.json"  # the async save of step 10 is complete
+    while (logged_steps(killed) < 15 or not record.exists()) and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    kill_tree(process)
+    assert logged_steps(killed) < 30, "the kill must land before the end"
+    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True))
+    assert "resuming from step_000010" in err or "resuming from step_000020" in err
+    ours, theirs = (load_checkpoint(w / CHECKPOINT_DIR / "step_000030") for w in (killed, whole))
+    assert weights_sha(ours) == weights_sha(theirs)
+    assert len(ours["rng"]) == 2 and ours["step"] == 30 and ours["data_position"] == theirs["data_position"]
+    for index, state in theirs["optimizer"]["state"].items():
+        assert torch.equal(ours["optimizer"]["state"][index]["exp_avg_sq"], state["exp_avg_sq"])
 
 
 def test_two_ranks_compute_what_one_rank_computes(tmp_path):
