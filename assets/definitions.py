@@ -1,4 +1,4 @@
-"""Assembles the code location: assets and the embedded-default resources."""
+"""Assembles the code location: assets and the resources (embedded defaults; the volcano launcher when $FACTORY_CLUSTER says so)."""
 
 import os
 
@@ -11,7 +11,7 @@ from assets.post import code_exec_tasks
 from assets.report import run_report
 from assets.sensors import experiments_at_head
 from assets.stages import stage_assets
-from resources import ExperimentFiles, FactoryStores, StageLauncher
+from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 defs = Definitions(
     assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks],
@@ -19,6 +19,6 @@ defs = Definitions(
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
         "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),
-        "launcher": StageLauncher(),
+        "launcher": launcher_from_env(),
     },
 )

@@ -10,7 +10,7 @@ from assets.leaderboard import NO_REGRESSION, best_model, leaderboard
 from assets.post import code_exec_tasks
 from assets.report import run_report
 from assets.stages import stage_assets
-from resources import ExperimentFiles, FactoryStores, StageLauncher
+from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -18,8 +18,8 @@ EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, 
 
 
 def resources_at(root: Path, experiments: Path = Path("experiments")) -> dict:
-    """The embedded-default resources over the stores under `root`."""
-    return {"experiments": ExperimentFiles(directory=str(experiments)), "stores": FactoryStores(root=str(root)), "launcher": StageLauncher()}
+    """The resources over the stores under `root`: the local launcher, or the volcano one when $FACTORY_CLUSTER says so."""
+    return {"experiments": ExperimentFiles(directory=str(experiments)), "stores": FactoryStores(root=str(root)), "launcher": launcher_from_env()}
 
 
 def failure_messages(result: ExecuteInProcessResult) -> list[str]:

@@ -98,7 +98,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
                 spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, **placement_of(experiment, kind)
             )
             checkpoints = registry.work_path(spec.fingerprint) / CHECKPOINT_DIR
-            yield from launcher.launch(context, request, on_poll=(lambda: recorder.poll(checkpoints)) if recorder else None)
+            yield from launcher.launch(context, request, on_poll=(lambda: recorder.poll(checkpoints)) if recorder else None,
+                                       experiment=experiment)
             manifest = registry.lookup(spec.fingerprint)  # once, for the checks and checkpoints below
             if manifest is None:
                 raise Failure(description=f"{kind}: the stage reported success but published no artifact")

@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from factory.config import load, load_file
-from factory.config.cluster import load_profile
+from factory.config import Experiment, load, load_file
+from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.preflight import check_files, experiment_files
@@ -93,17 +93,33 @@ def check(
         raise typer.Exit(2)
 
 
+ClusterOption = Annotated[
+    Path | None, typer.Option("--cluster", envvar="FACTORY_CLUSTER", help="A cluster profile (YAML): its queues, and for the volcano launcher its `kubernetes` section.")
+]
+
+
 @app.command()
 def plan(
     paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")],
     root: RootOption = DEFAULT_ROOT,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
+    launcher: Annotated[
+        Literal["local", "volcano"], typer.Option(help="volcano: print the Job manifest (YAML) of every stage that would run, after the table.")
+    ] = "local",
+    cluster: ClusterOption = None,
 ) -> None:
     """Show, without running anything, which stages are cached, will run (and why), or are waiting."""
     experiments = []
     for path in experiment_files(paths):
         experiments += load_file(path)
-    plans = build_plan(experiments, ArtifactStore(root / "registry"))
+    registry = ArtifactStore(root / "registry")
+    plans = build_plan(experiments, registry)
+    if launcher == "volcano":
+        try:
+            manifests = volcano.dry_run(experiments, _kubernetes(cluster), registry)
+        except ConfigError as e:
+            err.print(str(e), markup=False, highlight=False)
+            raise typer.Exit(2) from None
     if as_json:
         print(json.dumps({"stages": [p.to_json() for p in plans], "runs": counts(plans)}, indent=2))
         return
@@ -115,6 +131,13 @@ def plan(
         table.add_row(p.experiment, p.kind, f"[{styles[p.status]}]{p.status}[/]", p.detail)
     out.print(table)
     out.print("will compute: " + (", ".join(f"{kind} x{n}" for kind, n in counts(plans).items()) or "nothing (everything is cached)"))
+    if launcher == "volcano":
+        print(manifests, end="")
+
+
+def _kubernetes(cluster: Path | None) -> KubernetesSettings | None:
+    """The `kubernetes` section of a cluster profile (None without a profile: the manifests leave namespace and storage out)."""
+    return load_profile(cluster).kubernetes if cluster is not None else None
 
 
 @app.command()
@@ -126,20 +149,19 @@ def run(
         Literal["local", "volcano"], typer.Option(help="Where stages run: processes on this machine, or Volcano Jobs on Kubernetes.")
     ] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --launcher volcano: print the Job manifests (YAML) and exit.")] = False,
+    cluster: ClusterOption = None,
 ) -> None:
     """Materialize every asset of one experiment through Dagster, then print the leaderboard."""
     try:
         variants = load_file(experiment)
         if launcher == "volcano" and dry_run:
-            print(volcano.dry_run(variants), end="")
+            print(volcano.dry_run(variants, _kubernetes(cluster)), end="")
             return
+        if launcher == "volcano":
+            _submittable(variants, cluster)
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
-    if launcher == "volcano":
-        err.print("error: submitting stages to a cluster is not built yet; `--launcher volcano --dry-run` prints the validated "
-                  "Volcano Job manifests it would submit")
-        raise typer.Exit(2)
     if dry_run:
         err.print(f"error: --dry-run prints Volcano Job manifests: add --launcher volcano (for local runs, `factory plan {experiment}` "
                   "shows what would run)")
@@ -152,6 +174,8 @@ def run(
         err.print(f"warning: uncommitted changes; artifacts will record commit {commit}")
     # Decided here, before Dagster captures the step's output (stderr is then a pipe): stages draw a progress bar on a terminal.
     env = {**progress_env(), **os.environ, "DAGSTER_HOME": str(dagster_home(root))}
+    if launcher == "volcano":
+        env["FACTORY_CLUSTER"] = str(cluster)  # the code location's launcher resource reads it: stages become Volcano Jobs
     out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
     code = subprocess.call([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env=env)
     if code != 0:
@@ -160,6 +184,18 @@ def run(
     out.print(f"artifacts: {(root / 'registry' / 'objects').resolve()}")
     out.print(f"datasets:  Iceberg catalog {(root / 'iceberg' / 'catalog.db').resolve()}")
     out.print("Dagster UI: [bold]make ui[/] (or `factory ui`), then open http://127.0.0.1:3000")
+
+
+def _submittable(variants: list[Experiment], cluster: Path | None) -> None:
+    """ConfigError unless the cluster profile can run these experiments on Volcano (checked before anything is submitted)."""
+    if cluster is None:
+        raise ConfigError("--launcher volcano needs a cluster profile: --cluster deploy/cluster-profile.yaml (or FACTORY_CLUSTER); "
+                          "see deploy/README.md")
+    profile = load_profile(cluster)
+    if profile.launcher != "volcano" or profile.kubernetes is None:
+        raise ConfigError(f"{cluster}: to submit to Volcano the profile needs `launcher: volcano` and a `kubernetes:` section "
+                          "(namespace, kubeconfig or in_cluster, storage)")
+    volcano.plan_jobs(variants, profile.kubernetes)  # every manifest validates, and every image is pinned
 
 
 @app.command()

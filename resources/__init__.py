@@ -3,5 +3,7 @@
 from resources.experiments import ExperimentFiles
 from resources.launcher import StageLauncher
 from resources.stores import FactoryStores
+from resources.volcano import VolcanoStageLauncher, launcher_from_env
 
-__all__ = ["ExperimentFiles", "FactoryStores", "StageLauncher"]
+__all__ = ["ExperimentFiles", "FactoryStores", "StageLauncher", "VolcanoStageLauncher", "launcher_from_env"]
+

@@ -14,11 +14,13 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     PipesExecutionResult,
+    PipesSession,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
     open_pipes_session,
 )
 
+from factory.config import Experiment
 from factory.errors import FactoryError
 from factory.launch import LocalLauncher, stage_argv
 from factory.stages.evaluate import EvalRequest
@@ -31,11 +33,13 @@ class StageLauncher(ConfigurableResource):
     """Runs `python -m factory.stages` as a local child process (the embedded default)."""
 
     def launch(
-        self, context: AssetExecutionContext, request: StageRequest, on_poll: Callable[[], None] | None = None
+        self, context: AssetExecutionContext, request: StageRequest, on_poll: Callable[[], None] | None = None,
+        experiment: Experiment | None = None,
     ) -> Iterator[PipesExecutionResult]:
         """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure.
 
         `on_poll` runs in this thread about every second while the stage runs (to record its checkpoints as they appear).
+        `experiment`: what the stage belongs to (a cluster launcher places it by its resources; this one needs only the request).
         """
         kind = request.spec.kind
         with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
@@ -64,6 +68,11 @@ def _run_with_pipes(
             LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name, on_poll=on_poll)
         except FactoryError as e:
             raise Failure(description=str(e)) from e
+    yield from pipes_results(session)
+
+
+def pipes_results(session: PipesSession) -> Iterator[PipesExecutionResult]:
+    """What a finished stage reported; its metrics messages ride on its materialization."""
     metrics = session.get_custom_messages()
     for result in session.get_results():
         if metrics and isinstance(result, MaterializeResult):

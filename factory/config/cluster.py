@@ -6,6 +6,11 @@ A profile is YAML, kept with the deployment rather than with any experiment:
     queues:
       default: {nodes: 4, gpus_per_node: 8, priorities: [normal, high]}
       cpu: {nodes: 16, gpus_per_node: 0}
+    kubernetes:
+      namespace: model-factory
+      kubeconfig: ~/.kube/config
+      image_registry: registry.example.com/ml
+      storage: {claim: factory-store, mount_path: /store}
 
 With one, `factory check` refuses placements that cannot be scheduled (an unknown queue, more
 nodes or GPUs than the queue has, an unknown priority class) and `image: local`, which only the
@@ -35,6 +40,50 @@ class QueueSpec(Section):
     """Priority classes stages may ask for (empty: no priority may be asked for)."""
 
 
+class SecretRef(Section):
+    """One key of a Kubernetes Secret: how a credential reaches a pod (never its value)."""
+
+    secret: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+class StorageSpec(Section):
+    """The shared volume every pod mounts: the registry and the Iceberg warehouse live on it, at the same path as in
+    the Dagster code location, so the paths in a stage's request mean the same thing in the pod."""
+
+    claim: str = Field(min_length=1)
+    """A PersistentVolumeClaim (ReadWriteMany) in the namespace: deploy/store-pvc.yaml."""
+    mount_path: str = Field(pattern=r"^/")
+    """Where it is mounted in every pod."""
+
+
+class KubernetesSettings(Section):
+    """How the Volcano launcher reaches the cluster and what its pods get."""
+
+    namespace: str = "model-factory"
+    """Where stage Jobs run: deploy/namespace-rbac.yaml creates it and lets the launcher work there."""
+    kubeconfig: str | None = None
+    """A kubeconfig file (None: $KUBECONFIG or ~/.kube/config); ignored with in_cluster."""
+    context: str | None = None
+    """The kubeconfig context (None: its current one)."""
+    in_cluster: bool = False
+    """Use the service account of the pod the launcher runs in (a Dagster run pod)."""
+    image_registry: str | None = None
+    """Prefixed to an experiment's image that names no registry (`trainer@sha256:...` -> `<registry>/trainer@sha256:...`)."""
+    service_account: str = "factory-launcher"
+    """The pods' service account (its API token is never mounted)."""
+    storage: StorageSpec | None = None
+    """The shared volume (None: the pods share storage some other way, e.g. the node's disk on a one-node cluster)."""
+    env_secrets: dict[str, SecretRef] = {}
+    """Credentials the stages need (e.g. a tracker token), as Secret references."""
+    max_retry: int = Field(3, ge=0)
+    """How many times a gang that lost a pod (evicted, failed) is restarted before the stage fails."""
+    schedule_timeout_s: float | None = Field(3600.0, gt=0)
+    """A stage not scheduled for this long fails with the scheduler's reason (None: wait for ever)."""
+    poll_s: float = Field(2.0, gt=0)
+    """How often the launcher reads the Job's state."""
+
+
 class ClusterProfile(Section):
     """Where stages run and what they may ask for."""
 
@@ -42,6 +91,8 @@ class ClusterProfile(Section):
     """`local`: processes on this machine; `volcano`: Volcano Jobs on Kubernetes (the image must be pinned)."""
     queues: dict[str, QueueSpec] = Field(min_length=1)
     """Queues by name."""
+    kubernetes: KubernetesSettings | None = None
+    """The cluster the volcano launcher submits to (needed to run; `factory check --cluster` reads only the queues)."""
 
 
 def load_profile(path: Path) -> ClusterProfile:

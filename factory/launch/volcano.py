@@ -1,7 +1,8 @@
 """The Volcano launcher's pure half: every stage an experiment runs as a validated Volcano Job manifest.
 
-`factory run X.md --launcher volcano --dry-run` prints them. Submitting, watching and deleting the Jobs
-(a Dagster Pipes client) builds on `job_manifest`; the launcher also creates the ConfigMap
+`factory run X.md --launcher volcano --dry-run` and `factory plan X.md --launcher volcano` print them.
+Submitting, watching and deleting a Job is `volcano_client.VolcanoJobs` (the Dagster resource
+`resources.VolcanoStageLauncher` drives it through Pipes); it also creates the ConfigMap
 `request_config_map(name)` holding the stage's request, which every pod mounts at REQUEST_PATH.
 
 Placement is `factory.config.stages.placement` (the local launcher's too); each pod asks for
@@ -12,23 +13,26 @@ to the experiment's queue, at its priority.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import yaml
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
+from factory.config.cluster import KubernetesSettings
 from factory.config.stages import placement
 from factory.errors import ConfigError
 from factory.launch.volcano_manifest import REQUEST_PATH, JobSpec, build_job, image_problem, job_name, label_value, request_config_map
 from factory.launch.volcano_rules import KUBERNETES_VERSION, RULES, validate
+from factory.registry.store import ArtifactStore
 from factory.stages.plan import PENDING
 
 CPU_PER_PROCESS = 2
 MEMORY_GI_PER_PROCESS = 8
 
 __all__ = [
-    "KUBERNETES_VERSION", "REQUEST_PATH", "RULES", "JobSpec", "build_job", "dry_run", "job_manifest", "job_name", "job_spec",
-    "label_value", "plan_jobs", "render", "request_config_map", "validate",
+    "KUBERNETES_VERSION", "REQUEST_PATH", "RULES", "JobSpec", "build_job", "cluster_job_spec", "dry_run", "job_manifest", "job_name",
+    "job_spec", "label_value", "plan_jobs", "render", "request_config_map", "validate", "with_registry",
 ]
 
 
@@ -50,10 +54,33 @@ def job_spec(experiment: Experiment, stage: StageSpec) -> JobSpec:
     )
 
 
-def plan_jobs(experiments: Iterable[Experiment]) -> list[JobSpec]:
+def cluster_job_spec(experiment: Experiment, stage: StageSpec, settings: KubernetesSettings | None, env: Mapping[str, str] = {}) -> JobSpec:
+    """`job_spec` placed on one cluster: its namespace, service account, registry, shared storage and Secrets, plus `env`."""
+    spec = replace(job_spec(experiment, stage), env=dict(env))
+    if settings is None:
+        return spec
+    return replace(
+        spec, image=with_registry(spec.image, settings.image_registry), namespace=settings.namespace, service_account=settings.service_account,
+        env_secrets={name: (ref.secret, ref.key) for name, ref in settings.env_secrets.items()},
+        storage=(settings.storage.claim, settings.storage.mount_path) if settings.storage else None, max_retry=settings.max_retry,
+    )
+
+
+def with_registry(image: str, registry: str | None) -> str:
+    """`image` pulled from `registry` when it names no registry of its own (its first path part has no '.' or ':')."""
+    first = image.split("/", 1)[0]
+    if not registry or ("/" in image and ("." in first or ":" in first or first == "localhost")):
+        return image
+    return f"{registry.rstrip('/')}/{image}"
+
+
+def plan_jobs(
+    experiments: Iterable[Experiment], settings: KubernetesSettings | None = None, registry: ArtifactStore | None = None
+) -> list[JobSpec]:
     """One JobSpec per stage to compute, in run order; a stage that several variants share (same fingerprint) once.
 
-    Upstream artifacts that do not exist yet stand in as `pending:<fingerprint>`, as in `factory plan`.
+    With a `registry`, stages it already holds are cached (no Job) and their artifacts are the upstream of the others;
+    upstream artifacts that do not exist yet stand in as `pending:<fingerprint>`, as in `factory plan`.
     """
     jobs: list[JobSpec] = []
     seen: set[str] = set()
@@ -63,10 +90,13 @@ def plan_jobs(experiments: Iterable[Experiment]) -> list[JobSpec]:
         digests: dict[str, str] = {}
         for kind in experiment.stages():
             stage = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
-            digests[kind] = PENDING + stage.fingerprint
+            cached = registry.lookup(stage.fingerprint) if registry is not None else None
+            digests[kind] = cached.digest if cached is not None else PENDING + stage.fingerprint
+            if cached is not None:
+                continue
             if stage.fingerprint not in seen:
                 seen.add(stage.fingerprint)
-                jobs.append(job_spec(experiment, stage))
+                jobs.append(cluster_job_spec(experiment, stage, settings))
     return jobs
 
 
@@ -75,9 +105,10 @@ def render(manifests: Iterable[Mapping[str, Any]]) -> str:
     return yaml.dump_all([dict(m) for m in manifests], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
 
 
-def dry_run(experiments: Iterable[Experiment]) -> str:
-    """Every Job that running these experiments would submit, validated, as YAML."""
-    return render(job_manifest(spec) for spec in plan_jobs(experiments))
+def dry_run(experiments: Iterable[Experiment], settings: KubernetesSettings | None = None, registry: ArtifactStore | None = None) -> str:
+    """Every Job that running these experiments would submit (on the cluster `settings` describes; stages `registry`
+    holds are cached), validated, as YAML."""
+    return render(job_manifest(spec) for spec in plan_jobs(experiments, settings, registry))
 
 
 class _PlainDumper(yaml.SafeDumper):

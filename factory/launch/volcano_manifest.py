@@ -93,6 +93,8 @@ class JobSpec:
     """Plain environment variables; names that look like credentials are refused (use `env_secrets`)."""
     env_secrets: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Environment variable -> (Secret name, key): credentials, only ever as references."""
+    storage: tuple[str, str] | None = None
+    """(PersistentVolumeClaim, mount path): the shared volume the registry and the warehouse live on."""
 
     def __post_init__(self) -> None:
         if problem := image_problem(self.image):
@@ -211,6 +213,10 @@ def _task(spec: JobSpec, name: str, task: str, replicas: int, policies: Sequence
             {"name": "request", "configMap": {"name": request_config_map(name), "items": [{"key": REQUEST_FILE, "path": REQUEST_FILE}]}},
         ],
     }
+    if spec.storage is not None:
+        claim, path = spec.storage
+        container["volumeMounts"].append({"name": "store", "mountPath": path})
+        pod["volumes"].append({"name": "store", "persistentVolumeClaim": {"claimName": claim}})
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
     result: dict[str, Any] = {"name": task, "replicas": replicas}

@@ -230,9 +230,51 @@ def test_dry_run_prints_a_validated_job_for_every_stage(tiny_path, tmp_path):
     assert not (tmp_path / "state").exists()
 
 
-def test_volcano_refuses_a_local_image_and_says_submission_is_not_built(tiny_path, tmp_path):
+def test_volcano_refuses_a_local_image_and_a_run_without_a_cluster_profile(tiny_path, tmp_path):
     local = factory("run", str(tiny_path), "--launcher", "volcano", "--dry-run")
     assert local.returncode == 2 and "only with the local launcher" in local.stderr and "Traceback" not in local.stderr
     submit = factory("run", str(tiny_path), "--launcher", "volcano", "--root", str(tmp_path / "state"))
-    assert submit.returncode == 2 and "not built yet" in submit.stderr and "--dry-run" in submit.stderr
+    assert submit.returncode == 2 and "needs a cluster profile" in submit.stderr and "Traceback" not in submit.stderr
+    profile = tmp_path / "cluster.yaml"
+    profile.write_text("launcher: volcano\nqueues:\n  default: {nodes: 2}\n")
+    bare = factory("run", str(tiny_path), "--launcher", "volcano", "--cluster", str(profile), "--root", str(tmp_path / "state"))
+    assert bare.returncode == 2 and "a `kubernetes:` section" in bare.stderr
+    profile.write_text(profile.read_text() + "kubernetes: {namespace: ml}\n")
+    pinned = factory("run", str(tiny_path), "--launcher", "volcano", "--cluster", str(profile), "--root", str(tmp_path / "state"))
+    assert pinned.returncode == 2 and "only with the local launcher" in pinned.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_plan_prints_the_jobs_of_the_stages_that_would_run_placed_on_the_profiles_cluster(tiny_path, tmp_path):
+    pinned = tmp_path / "pinned.md"
+    pinned.write_text(f"---\nextends: {tiny_path.resolve()}\nimage: trainer@sha256:{'c' * 64}\n---\n")
+    profile = tmp_path / "cluster.yaml"
+    profile.write_text("launcher: volcano\nqueues:\n  default: {nodes: 2}\nkubernetes:\n  namespace: ml\n  image_registry: registry.example.com/team\n"
+                       "  storage: {claim: factory-store, mount_path: /store}\n  env_secrets: {NEPTUNE_API_TOKEN: {secret: neptune, key: token}}\n")
+    result = factory("plan", str(pinned), "--launcher", "volcano", "--cluster", str(profile), "--root", str(tmp_path / "state"))
+    assert result.returncode == 0, result.stderr
+    jobs = list(yaml.safe_load_all(result.stdout[result.stdout.index("apiVersion:"):]))
+    assert [job["metadata"]["labels"]["model-factory/stage"] for job in jobs] == list(load(pinned).stages())
+    for job in jobs:
+        validate(job)
+        pod = job["spec"]["tasks"][0]["template"]["spec"]
+        container = pod["containers"][0]
+        assert job["metadata"]["namespace"] == "ml"
+        assert container["image"] == f"registry.example.com/team/trainer@sha256:{'c' * 64}"
+        assert {"name": "store", "persistentVolumeClaim": {"claimName": "factory-store"}} in pod["volumes"]
+        assert {"name": "store", "mountPath": "/store"} in container["volumeMounts"]
+        assert {"name": "NEPTUNE_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "neptune", "key": "token"}}} in container["env"]
+
+
+def test_the_code_location_picks_the_volcano_launcher_from_the_profile_in_the_environment(tmp_path, monkeypatch):
+    from resources import StageLauncher, VolcanoStageLauncher, launcher_from_env
+
+    profile = tmp_path / "cluster.yaml"
+    profile.write_text("launcher: volcano\nqueues:\n  default: {nodes: 2}\nkubernetes: {namespace: ml, max_retry: 1}\n")
+    monkeypatch.delenv("FACTORY_CLUSTER", raising=False)
+    assert type(launcher_from_env()) is StageLauncher
+    monkeypatch.setenv("FACTORY_CLUSTER", str(profile))
+    chosen = launcher_from_env()
+    assert isinstance(chosen, VolcanoStageLauncher) and chosen.settings().namespace == "ml" and chosen.settings().max_retry == 1
+    profile.write_text("launcher: local\nqueues:\n  default: {nodes: 1}\n")
+    assert type(launcher_from_env()) is StageLauncher

@@ -1,0 +1,209 @@
+"""The Volcano launcher end to end, against tests/launch/fake_kube.py (a test double: no Kubernetes API server can run
+here): Dagster -> Volcano Job (a ConfigMap, a gang of pods) -> torchrun ranks in each pod -> Pipes messages in the
+master's log -> a materialization; evictions restart the gang, which resumes from its checkpoint; OOMKilled, an image
+that cannot be pulled and a full queue end as Dagster failures that say why; a cancelled run leaves nothing behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, materialize
+
+from assets.execution import EVERYTHING, failure_messages, resources_at
+from assets.partitions import CHECKPOINTS, EXPERIMENTS
+from factory.cli import dagster_home
+from resources import VolcanoStageLauncher
+from tests.launch.fake_kube import FakeCluster
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ["raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer", "pretrain"]
+BASE = """---
+extends: {tiny}
+image: trainer@sha256:{digest}
+data:
+  datasets:
+    stdlib:
+      source: {{include: ["json/**/*.py"]}}
+    site_packages:
+      source: {{include: ["yaml/**/*.py"]}}
+tokenizer:
+  vocab_size: 300
+  sample_bytes: 100000
+model:
+  n_layer: 1
+  n_embd: 32
+  context: 32
+pretrain:
+  steps: 6
+  batch_size: 4
+  warmup_steps: 1
+  checkpoint_every: 2
+  log_every: 1
+resources:
+  queue: research
+  nodes: 2
+---
+Two pods of one rank each train the tiny model on the fake cluster.
+"""
+VARIANT = """---
+extends: vc-ok.md
+pretrain:
+  lr: {lr}
+---
+"""
+PROFILE = """launcher: volcano
+queues:
+  research: {{nodes: 4, gpus_per_node: 0}}
+kubernetes:
+  namespace: model-factory
+  kubeconfig: {kubeconfig}
+  image_registry: registry.example.com/ml
+  schedule_timeout_s: 3
+  poll_s: 0.2
+  max_retry: 1
+"""
+LRS = {"vc-oom": 0.0022, "vc-pull": 0.0023, "vc-queue": 0.0024, "vc-cancel": 0.0025}
+LONGER = """---
+extends: vc-ok.md
+pretrain:
+  steps: 400
+  checkpoint_every: 50
+  log_every: 10
+---
+"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, tiny_path):
+    """The fake cluster, a profile pointing at it, experiment files and a Dagster instance; vc-ok materialized first."""
+    root = tmp_path_factory.mktemp("volcano")
+    experiments = root / "experiments"
+    experiments.mkdir()
+    (experiments / "vc-ok.md").write_text(BASE.format(tiny=tiny_path, digest="ab" * 32))
+    for name, lr in LRS.items():
+        (experiments / f"{name}.md").write_text(VARIANT.format(lr=lr))
+    (experiments / "vc-evict.md").write_text(LONGER)  # long enough to be evicted half way
+    with FakeCluster(root / "nodes") as cluster:
+        profile = root / "cluster.yaml"
+        profile.write_text(PROFILE.format(kubeconfig=cluster.kubeconfig(root / "kubeconfig")))
+        instance = DagsterInstance.from_config(str(dagster_home(root / "state")))
+        site = {"root": root, "experiments": experiments, "profile": profile, "cluster": cluster, "instance": instance}
+        site["ok"] = run(site, "vc-ok")
+        yield site
+
+
+def run(site: dict, name: str):
+    instance = site["instance"]
+    if not instance.has_dynamic_partition(EXPERIMENTS, name):
+        instance.add_dynamic_partitions(EXPERIMENTS, [name])
+    resources = {**resources_at(site["root"] / "state", site["experiments"]), "launcher": VolcanoStageLauncher(profile=str(site["profile"]))}
+    return materialize(EVERYTHING, selection=STAGES, partition_key=name, instance=instance, resources=resources, raise_on_error=False)
+
+
+def jobs_posted(cluster: FakeCluster, stage: str) -> list[str]:
+    return [name for method, name in cluster.requests if method == "POST" and name.startswith("jobs/") and f"-{stage}-" in name]
+
+
+def stage_metadata(result, stage: str = "pretrain") -> dict:
+    [found] = [m for m in result.asset_materializations_for_node(stage) if m.asset_key.to_user_string() == stage]
+    return found.metadata
+
+
+def logs(site: dict, result) -> str:
+    return "\n".join(event.user_message for event in site["instance"].all_logs(result.run_id))
+
+
+def leaves_nothing(cluster: FakeCluster) -> None:
+    assert cluster.names("jobs") == [] and cluster.names("configmaps") == [] and cluster.names("pods") == []
+    assert cluster.running_processes() == 0
+
+
+def test_every_stage_runs_as_a_volcano_job_and_reports_through_pipes(site):
+    result, cluster = site["ok"], site["cluster"]
+    assert result.success, failure_messages(result)
+    assert {stage: len(jobs_posted(cluster, stage.replace("_", "-"))) for stage in STAGES} == dict.fromkeys(STAGES, 1)
+    [job] = jobs_posted(cluster, "pretrain")
+    pods = [name for method, name in cluster.requests if name.startswith(f"log/{job.removeprefix('jobs/')}")]
+    assert pods, "the launcher followed the master pod's log"
+    leaves_nothing(cluster)
+    pretrain = stage_metadata(result)
+    assert pretrain["summary/steps"].value == 6 and "metrics" in pretrain, "the stage's report and metrics came back through Pipes"
+    assert pretrain["summary/ranks"].value == 2, "two pods, one rank each: one torchrun world"
+    keys = site["instance"].get_dynamic_partitions(CHECKPOINTS)
+    assert "vc-ok__pretrain-000006" in keys
+    text = logs(site, result)
+    assert "submitted Volcano Job" in text and "Running" in text
+
+
+def test_an_evicted_gang_restarts_and_resumes_from_its_checkpoint(site):
+    cluster = site["cluster"]
+    cluster.inject("evict", job="vc-evict-pretrain", after=r"step 60/400")
+    result = run(site, "vc-evict")
+    assert result.success, failure_messages(result)
+    [job] = jobs_posted(cluster, "pretrain")[-1:]
+    assert cluster.attempts[job.removeprefix("jobs/")] == 2
+    metadata = stage_metadata(result)
+    assert 50 <= metadata["summary/resumed_from_step"].value < 400 and metadata["summary/steps"].value == 400
+    assert "(restart 1)" in logs(site, result)
+    leaves_nothing(cluster)
+
+
+def failed_with(site: dict, fault: str, name: str, times: int = 1):
+    """Run experiment `name` with `fault` injected into its pretrain Job: the pretrain step's failure message, and the run."""
+    site["cluster"].inject(fault, job=f"{name}-pretrain", times=times)
+    result = run(site, name)
+    [message] = [m for m in failure_messages(result) if m.startswith("pretrain")]
+    leaves_nothing(site["cluster"])
+    return message, result
+
+
+def test_an_oom_killed_stage_fails_saying_so_with_the_masters_last_lines(site):
+    message, _ = failed_with(site, "oom", "vc-oom", times=10)  # every attempt: the first and max_retry (1) restarts
+    assert "OOMKilled" in message and "after 1 restart (maxRetry 1)" in message and "last lines of the master pod's log" in message
+
+
+def test_an_image_that_cannot_be_pulled_fails_at_once_naming_it(site):
+    message, _ = failed_with(site, "image_pull", "vc-pull")
+    assert "ImagePullBackOff" in message and f"registry.example.com/ml/trainer@sha256:{'ab' * 32}" in message
+
+
+def test_a_stage_the_queue_cannot_hold_reports_why_then_gives_up(site):
+    message, result = failed_with(site, "unschedulable", "vc-queue")
+    assert "not scheduled within 3 s in queue research" in message and "queue research is full" in message
+    assert "Pending: vc-queue-pretrain" in logs(site, result) and "not scheduled: queue research is full" in logs(site, result)
+
+
+CANCEL = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from dagster import DagsterInstance
+    sys.path.insert(0, sys.argv[1])
+    from tests.launch.test_volcano_cluster import run
+    root, experiments, profile = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+    from factory.cli import dagster_home
+    instance = DagsterInstance.from_config(str(dagster_home(root / "state")))
+    run({"root": root, "experiments": experiments, "profile": profile, "instance": instance}, "vc-cancel")
+""")
+
+
+def test_a_cancelled_run_deletes_its_job(site, tmp_path):
+    cluster = site["cluster"]
+    script = tmp_path / "cancel.py"
+    script.write_text(CANCEL)
+    process = subprocess.Popen([sys.executable, str(script), str(REPO), str(site["root"]), str(site["experiments"]), str(site["profile"])],
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not any(name.startswith("vc-cancel-pretrain") for name in cluster.names("pods")) or cluster.running_processes() < 2:
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.poll() is not None else "timed out"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)  # what Dagster sends a step's process when its run is cancelled
+    _, err = process.communicate(timeout=120)
+    assert cluster.names("jobs") == [], err[-3000:]
+    leaves_nothing(cluster)
+    assert [m for m, name in cluster.requests if m == "DELETE" and name.startswith("jobs/vc-cancel-pretrain")]
