@@ -28,6 +28,7 @@ from factory.models.gpt import GPT, build_model
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
+from factory.train.heap import keep_freed_memory
 from factory.train.step import gradients, memory_mb, validation_loss
 
 CHECKPOINT_DIR = "checkpoints"
@@ -117,6 +118,7 @@ def pretrain(
     a fresh run starts from (fine-tuning), instead of the seeded initialisation.
     """
     device = world.device
+    keep_freed_memory()  # before the model: its buffers and every step's come from a heap that is no longer trimmed
     model = build_model(model_config, vocab_size, seed).to(device)
     if init is not None:
         model.load_state_dict(init)

@@ -1,0 +1,48 @@
+"""The allocator setting the trainer makes for its process: what a step frees stays for the next step."""
+
+import subprocess
+import sys
+
+from factory.train import heap
+
+# Twenty steps of the bench's model (bench/trainer.py) in a fresh process; prints the minor page faults they took.
+STEPS = """
+import logging, resource, sys, tempfile
+from pathlib import Path
+import torch
+from factory.config.schema import ModelConfig, PretrainConfig
+from factory.data.loader import Batch, LoaderState
+from factory.train.pretrain import pretrain
+
+torch.set_num_threads(1)
+model = ModelConfig(n_layer=2, n_head=4, n_embd=128, context=128)
+config = PretrainConfig(steps=20, batch_size=16, lr=1e-3, checkpoint_every=0, log_every=10)
+generator = torch.Generator().manual_seed(0)
+seqs = [torch.randint(0, 2048, (16, 129), generator=generator) for _ in range(20)]
+
+def data(state):
+    for step, s in enumerate(seqs[state.slot if state else 0:]):
+        yield Batch(x=s[:, :-1].clone(), y=s[:, 1:].clone(), documents=(), state=LoaderState(slot=step + 1), real_tokens=2048, global_tokens=2048)
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+with tempfile.TemporaryDirectory() as work:
+    pretrain(data, 2048, model, config, 0, Path(work), logging.getLogger("steps"))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def faults(env: dict[str, str]) -> int:
+    run = subprocess.run([sys.executable, "-c", STEPS], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
+    assert run.returncode == 0, run.stderr[-2000:]
+    return int(run.stdout)
+
+
+def test_the_trainers_steps_no_longer_fault_their_buffers_in_every_time():
+    default, kept = faults({heap.LEAVE_ENV: "1"}), faults({})
+    assert kept < default / 2, (kept, default)
+
+
+def test_an_environment_that_tunes_malloc_is_left_alone(monkeypatch):
+    monkeypatch.setattr(heap, "_kept", False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert heap.keep_freed_memory() is False
