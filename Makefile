@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup run nightly ui mlflow test check bench clean
+.PHONY: setup browser run nightly ui podium mlflow test check bench clean
 
 setup: $(STAMP)
 
@@ -41,10 +41,21 @@ mlflow: setup
 	@test -x $(MLFLOW_VENV)/bin/mlflow || { $(PYTHON) -m venv $(MLFLOW_VENV) && $(MLFLOW_VENV)/bin/pip install -q mlflow==3.17.2; }
 	$(MLFLOW_VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(abspath .factory)/mlflow/mlflow.db --host 127.0.0.1 --port 5000
 
+# Podium, the dataset and checkpoint viewer, on http://127.0.0.1:8765/
+podium: setup
+	$(BIN)/factory podium
+
 check: setup
 	$(BIN)/factory check experiments
 
-test: setup
+# The browser tests drive Debian's chromium through Playwright (no browser download).
+browser:
+	@command -v chromium >/dev/null || { \
+		sudo=$$(test "$$(id -u)" = 0 || echo sudo); echo "installing Debian's chromium for the browser tests"; \
+		$$sudo apt-get install -y -q chromium >/dev/null 2>&1 || { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q chromium >/dev/null; }; }
+	@command -v chromium >/dev/null || { echo "could not install chromium (apt-get install chromium); the browser tests need it"; exit 1; }
+
+test: setup browser
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 

@@ -16,6 +16,7 @@ from factory.config import Experiment, StageSpec
 from factory.config.schema import EvalConfig
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
+from factory.podium.links import checkpoint_url
 from factory.train.checkpoint import SavedCheckpoint, partition_key, published
 
 checkpoints = AssetSpec(
@@ -84,6 +85,7 @@ class CheckpointRecorder:
             "loss": float(metrics.get("loss", float("nan"))),
             "lr": float(metrics.get("lr", float("nan"))),
             "sha256": checkpoint.sha256,
+            "podium": MetadataValue.url(checkpoint_url(checkpoint.sha256)),
             "size_bytes": checkpoint.size,
             "path": MetadataValue.path(str(checkpoint.path)),
             "stored": "artifact" if stage_digest else "training (may be deleted by retention)",

@@ -7,6 +7,7 @@ from dagster import AssetExecutionContext, AssetMaterialization, Config, DataVer
 from factory.config import Experiment
 from factory.data.catalog import open_catalog
 from factory.data.tables import missing_refs, parse_ref, write_version
+from factory.podium.links import table_url
 from factory.post.tasks import TASK_SCHEMA, generate
 from resources import FactoryStores
 
@@ -28,7 +29,7 @@ def _write_task_set(context: AssetExecutionContext, stores: FactoryStores, confi
     version = write_version(open_catalog(stores.catalog()), TABLE, tasks.rows, context.log, schema=TASK_SCHEMA)
     rows = tasks.rows.to_pylist()
     metadata = {
-        "table": version.ref, "snapshot_id": version.snapshot_id, "rows": version.rows, "dropped_calls": tasks.dropped,
+        "table": version.ref, "snapshot_id": version.snapshot_id, "podium": MetadataValue.url(table_url(TABLE, version.snapshot_id)), "rows": version.rows, "dropped_calls": tasks.dropped,
         "generator": MetadataValue.json(config.model_dump()),
         "splits": MetadataValue.json(dict(Counter(r["split"] for r in rows))),
         "difficulty": MetadataValue.json(dict(Counter(r["difficulty"] for r in rows))),

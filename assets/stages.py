@@ -24,6 +24,7 @@ from assets.records import latest_metadata
 from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
 from factory.config.stages import TRAINING_STAGES, placement
 from factory.data.checks import CHECKS
+from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.datasets import check_filtered
 from factory.stages.request import StageRequest
@@ -130,6 +131,7 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
         "cache": "hit",
         "cached_from": f"{manifest.experiment} (run {manifest.run_id or 'outside Dagster'})",
         "artifact": MetadataValue.path(str(registry.path(manifest.digest))),
+        **{name: MetadataValue.url(url) for name, url in table_links(manifest.summary).items()},
     }
 
 

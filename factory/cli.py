@@ -244,6 +244,21 @@ def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
     raise typer.Exit(subprocess.call([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env=env))
 
 
+@app.command()
+def podium(
+    root: RootOption = DEFAULT_ROOT,
+    host: Annotated[str, typer.Option(help="Address to listen on; 127.0.0.1 keeps Podium on this machine, 0.0.0.0 exposes it.")] = "127.0.0.1",
+    port: int = 8765,
+) -> None:
+    """Open Podium: browse dataset tables and their snapshots, run SQL, and generate from checkpoints in the browser."""
+    from factory.podium.app import serve
+
+    if not (root / "iceberg").exists() and not (root / "registry").exists():
+        err.print(f"warning: {root.resolve()} holds no catalog or registry yet; run an experiment first (`make run`)")
+    out.print(f"Podium on http://{'[' + host + ']' if ':' in host else host}:{port}/ (Ctrl-C stops it)")
+    serve(root, host=host, port=port)
+
+
 def _print_leaderboard(root: Path, board: Board | None = None) -> bool:
     board = board or current_board(ArtifactStore(root / "registry"))
     if not board.rows:

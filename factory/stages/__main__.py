@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from factory.errors import FactoryError
+from factory.podium.links import table_links
 from factory.registry.store import ArtifactStore
 from factory.stages.report import Reporter, open_reporter
 from factory.stages.request import StageRequest
@@ -72,7 +73,8 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
             registry.drop_work(spec.fingerprint)
             reporter.log.info("published %s artifact %s", spec.kind, manifest.digest[:12])
         artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
-        reporter.materialized({**manifest.metadata(), "cache": cache, "artifact": artifact}, manifest.digest)
+        links = {name: {"raw_value": url, "type": "url"} for name, url in table_links(manifest.summary).items()}
+        reporter.materialized({**manifest.metadata(), "cache": cache, "artifact": artifact, **links}, manifest.digest)
 
 
 def main(argv: list[str] | None = None) -> int:

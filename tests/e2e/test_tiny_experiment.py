@@ -11,6 +11,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 from assets.run import failure_messages, run_experiment
 from factory.config import config_hash, load
 from factory.data.catalog import CatalogConfig
+from factory.podium.links import DEFAULT_URL, checkpoint_url, table_url
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_board
 from tests.e2e.conftest import objects_but_reports
@@ -176,7 +177,28 @@ def test_dataset_assets_record_versions_rows_and_removals(pipeline):
         removed = sum(v for k, v in filtered.items() if k.startswith(f"summary/{name}/removed_"))
         assert filtered[f"summary/{name}/rows_out"] == filtered[f"summary/{name}/rows_in"] - removed
         assert isinstance(filtered[f"summary/{name}/snapshot_id"], int)
+        assert raw[f"podium/{name}"] == table_url(f"raw.{name}", "v1")
     assert deduped["summary/stdlib/exact_removed"] > 0, "the standard library holds byte-identical files"
+
+
+def test_podium_links_in_the_metadata_open_the_table_and_the_checkpoint(pipeline):
+    from starlette.testclient import TestClient
+
+    from factory.podium.app import create_app
+
+    client = TestClient(create_app(pipeline["root"]), base_url=DEFAULT_URL)
+    [filtered, *_] = materializations(pipeline["instance"], "filtered_datasets", pipeline["name"])
+    link = metadata_of(filtered)["podium/stdlib"]
+    page = client.get(link.removeprefix(DEFAULT_URL))
+    assert page.status_code == 200 and "filtered.stdlib" in page.text and "rows 1–50 of" in page.text
+    key = sorted(k for k in pipeline["instance"].get_dynamic_partitions("checkpoints") if k.startswith(pipeline["name"]))[-1]
+    [checkpoint, *_] = materializations(pipeline["instance"], "checkpoints", key)
+    sha = metadata_of(checkpoint)["sha256"]
+    assert metadata_of(checkpoint)["podium"] == checkpoint_url(sha)
+    chosen = client.get(checkpoint_url(sha).removeprefix(DEFAULT_URL))
+    assert chosen.status_code == 200 and f'value="{sha}" checked' in chosen.text
+    completion = client.post("/generate", data={"ckpt": sha, "prompt": "def main():\n", "new_tokens": "16"})
+    assert completion.status_code == 200 and completion.text.count('class="completion"') == 1
 
 
 def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
@@ -232,6 +254,7 @@ def test_every_kept_checkpoint_is_a_checkpoints_partition(pipeline):
         assert metadata["step"] == checkpoint.step and metadata["sha256"] == checkpoint.sha256
         assert metadata["size_bytes"] == (artifact / checkpoint.name).stat().st_size
         assert metadata["tokens_seen"] > 0 and metadata["loss"] > 0
+        assert metadata["podium"] == checkpoint_url(checkpoint.sha256)
 
 
 def test_the_model_is_also_exported_as_safetensors(pipeline):

@@ -1,0 +1,269 @@
+"""The Podium web app: server-rendered pages over the catalog and the registry, no JavaScript.
+
+Pages: `/` (namespaces and tables), `/t/<namespace.table>` (a snapshot's rows: columns, filters,
+sorting, paging, time travel), `/t/<table>/row/<n>` (one sample rendered by kind), `/t/<table>/diff`,
+`/t/<table>/sql` (one read-only SELECT), `/generate` (completions side by side), `/prompts` (save a
+custom prompt) and `/checkpoint/<sha256>` (the link Dagster's metadata gives). Every value is
+escaped by the templates; the Content-Security-Policy forbids scripts anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.podium.browse import (
+    OPERATORS, PAGE_SIZES, POSITION, PREVIEW_CHARS, Browser, Filter, NotFound, PageQuery, PodiumError, parse_params,
+)
+from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates
+from factory.podium.prompts import TABLE as PROMPTS_TABLE
+from factory.podium.prompts import save_prompt
+from factory.podium.render import pygments_css, render_row
+from factory.registry.store import ArtifactStore
+
+log = logging.getLogger("factory.podium")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+PROMPT_COLUMNS = ("prompt", "question", "input", "text", "content", "code")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Podium:
+    """What the pages read: the catalog, the registry and the models loaded so far."""
+
+    browser: Browser
+    registry: ArtifactStore
+    generator: Generator
+    catalog_config: CatalogConfig
+
+
+def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
+    """The app over the factory store at `root` (`.factory`: catalog under iceberg/, registry under registry/)."""
+    config = CatalogConfig.local(root / "iceberg")
+    registry = ArtifactStore(root / "registry")
+    podium = Podium(browser=Browser(open_catalog(config)), registry=registry, generator=Generator(registry), catalog_config=config)
+    templates = jinja2.Environment(loader=jinja2.PackageLoader("factory.podium", "templates"), autoescape=True,
+                                   undefined=jinja2.StrictUndefined)
+    templates.globals.update(url=_url, preview_chars=PREVIEW_CHARS, pygments_css=pygments_css(), position=POSITION)
+
+    def page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        html = templates.get_template(template).render(request=request, **context)
+        return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+    def index(request: Request) -> Response:
+        namespaces = []
+        for namespace in podium.browser.namespaces():
+            tables = []
+            for name in podium.browser.tables(namespace):
+                try:
+                    tables.append((name, podium.browser.info(name), None))
+                except PodiumError as e:
+                    tables.append((name, None, str(e)))
+            namespaces.append((namespace, tables))
+        return page(request, "index.html", namespaces=namespaces)
+
+    def table(request: Request) -> Response:
+        name = request.path_params["name"]
+        info = podium.browser.info(name)
+        snapshot = info.snapshot(request.query_params.get("snapshot"))
+        query = _page_query(request.query_params)
+        result = podium.browser.page(name, snapshot.id, query)
+        return page(request, "table.html", info=info, snapshot=snapshot, page=result, operators=list(OPERATORS),
+                    sizes=PAGE_SIZES, params=request.query_params, sql=request.query_params.get("q", ""))
+
+    def row(request: Request) -> Response:
+        name = request.path_params["name"]
+        info = podium.browser.info(name)
+        snapshot = info.snapshot(request.query_params.get("snapshot"))
+        position = request.path_params["position"]
+        values = podium.browser.row(name, snapshot.id, position)
+        fields = render_row(values, full=frozenset(request.query_params.getlist("full")))
+        prompt_column = next((c for c in PROMPT_COLUMNS if isinstance(values.get(c), str)), "")
+        return page(request, "row.html", info=info, snapshot=snapshot, position=position, fields=fields,
+                    rows=snapshot.rows, prompt_column=prompt_column, params=request.query_params)
+
+    def diff(request: Request) -> Response:
+        name = request.path_params["name"]
+        info = podium.browser.info(name)
+        after = info.snapshot(request.query_params.get("to"))
+        earlier = [s for s in info.snapshots if s.timestamp < after.timestamp]  # newest first
+        default_before = next((s for s in earlier if s.refs), earlier[0] if earlier else after)  # the previous version, by default
+        before = info.snapshot(request.query_params.get("from") or str(default_before.id))
+        result = podium.browser.diff(name, before.id, after.id)
+        return page(request, "diff.html", info=info, before=before, after=after, diff=result)
+
+    def sql(request: Request) -> Response:
+        name = request.path_params["name"]
+        info = podium.browser.info(name)
+        snapshot = info.snapshot(request.query_params.get("snapshot"))
+        text = request.query_params.get("q", "").strip() or f"SELECT * FROM t LIMIT 20"
+        params_text = request.query_params.get("params", "")
+        error, result = "", None
+        try:
+            result = podium.browser.sql(name, snapshot.id, text, parse_params(params_text))
+        except NotFound:
+            raise
+        except PodiumError as e:
+            error = str(e)
+        return page(request, "sql.html", info=info, snapshot=snapshot, text=text, params_text=params_text, result=result,
+                    error=error, status=400 if error else 200)
+
+    async def generate(request: Request) -> Response:
+        form = await request.form() if request.method == "POST" else request.query_params
+        chosen = list(dict.fromkeys(form.getlist("ckpt")))
+        prompt, source = str(form.get("prompt", "")), str(form.get("source", ""))
+        sample = form.get("table"), form.get("snapshot"), form.get("row"), form.get("column")
+        if not prompt and all(sample):
+            table_name, snapshot_ref, position, column = (str(v) for v in sample)
+            info = podium.browser.info(table_name)
+            snapshot = info.snapshot(snapshot_ref)
+            values = podium.browser.row(table_name, snapshot.id, _int(position, "row"))
+            if not isinstance(values.get(column), str):
+                raise PodiumError(f"{table_name} row {position} has no text column {column!r} to use as a prompt")
+            prompt, source = values[column], f"{table_name}@{snapshot.id}#{position}/{column}"
+        new_tokens = _int(str(form.get("new_tokens", "48")), "new tokens")
+        temperature = _float(str(form.get("temperature", "0")), "temperature")
+        completions, error = [], ""
+        if request.method == "POST":
+            if not chosen:
+                error = "choose at least one checkpoint or model"
+            else:
+                try:
+                    completions = await run_in_threadpool(
+                        lambda: [podium.generator.complete(podium.generator.find(sha), prompt, new_tokens, temperature) for sha in chosen]
+                    )
+                except PodiumError as e:
+                    error = str(e)
+        return page(request, "generate.html", candidates=candidates(podium.registry), chosen=chosen, prompt=prompt, source=source,
+                    new_tokens=new_tokens, temperature=temperature, max_new_tokens=MAX_NEW_TOKENS, completions=completions,
+                    error=error, saved=request.query_params.get("saved", ""), status=400 if error else 200)
+
+    async def prompts(request: Request) -> Response:
+        form = await request.form()
+        tag = await run_in_threadpool(save_prompt, open_catalog(podium.catalog_config), str(form.get("prompt", "")),
+                                      str(form.get("note", "")), str(form.get("source", "")) or "custom")
+        return RedirectResponse(_url(f"/t/{PROMPTS_TABLE}", snapshot=tag, saved=tag), status_code=303)
+
+    def checkpoint(request: Request) -> Response:
+        sha = request.path_params["sha256"]
+        podium.generator.find(sha)
+        return RedirectResponse(_url("/generate", ckpt=sha), status_code=303)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return page(request, "error.html", status=404, message=str(exc))
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        return page(request, "error.html", status=400, message=str(exc))
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        message = f"there is no page at {request.url.path}; start from the table list" if exc.status_code == 404 else exc.detail
+        return page(request, "error.html", status=exc.status_code, message=message)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("podium: %s %s failed", request.method, request.url.path)
+        return page(request, "error.html", status=500, message=f"Podium could not show this page ({type(exc).__name__}: {exc}); "
+                    "the server's log has the details")
+
+    routes = [
+        Route("/", index),
+        Route("/t/{name}", table),
+        Route("/t/{name}/row/{position:int}", row),
+        Route("/t/{name}/diff", diff),
+        Route("/t/{name}/sql", sql),
+        Route("/generate", generate, methods=["GET", "POST"]),
+        Route("/prompts", prompts, methods=["POST"]),
+        Route("/checkpoint/{sha256}", checkpoint),
+    ]
+    hosts = ["*"] if host not in LOOPBACK else list(LOOPBACK) + ["[::1]"]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SameOrigin)],
+        exception_handlers={NotFound: not_found, PodiumError: bad_request, HTTPException: http_error, Exception: server_error},
+    )
+
+
+class SameOrigin:
+    """Refuses a POST whose Origin is another site: a page elsewhere cannot save prompts through a user's browser."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin", b"").decode()
+            host = headers.get(b"host", b"").decode()
+            if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc != host:
+                await HTMLResponse("cross-origin form posts are refused", status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _url(path: str, params: QueryParams | Mapping[str, Any] | None = None, **changes: Any) -> str:
+    """`path` with the query `params`, some replaced by `changes` (a None value drops the key; a list repeats it)."""
+    items: list[tuple[str, Any]] = list(params.multi_items()) if isinstance(params, QueryParams) else list((params or {}).items())
+    items = [(k, v) for k, v in items if k not in changes]
+    for key, value in changes.items():
+        if isinstance(value, list | tuple):
+            items.extend((key, v) for v in value)
+        elif value is not None:
+            items.append((key, value))
+    quoted = urllib.parse.quote(path, safe="/.@-_~")
+    return f"{quoted}?{urllib.parse.urlencode(items)}" if items else quoted
+
+
+def _page_query(params: QueryParams) -> PageQuery:
+    filters = tuple(
+        Filter(column=c, operator=o, value=v)
+        for c, o, v in zip(params.getlist("fc"), params.getlist("fo"), params.getlist("fv"), strict=False) if c
+    )
+    size = _int(params.get("size", "50"), "page size")
+    if size not in PAGE_SIZES:
+        raise PodiumError(f"page size must be one of {', '.join(map(str, PAGE_SIZES))}, not {size}")
+    offset = _int(params.get("offset", "0"), "offset")
+    if offset < 0:
+        raise PodiumError(f"the offset cannot be negative ({offset})")
+    return PageQuery(columns=tuple(params.getlist("col")), filters=filters, sort=params.get("sort", ""),
+                     descending=params.get("desc") == "1", offset=offset, size=size)
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError as e:
+        raise PodiumError(f"{what} must be a whole number, not {text!r}") from e
+
+
+def _float(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError as e:
+        raise PodiumError(f"{what} must be a number, not {text!r}") from e
+
+
+def serve(root: Path, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Serve Podium until interrupted."""
+    import uvicorn
+
+    uvicorn.run(create_app(root, host=host), host=host, port=port, log_level="info")

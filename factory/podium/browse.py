@@ -1,0 +1,467 @@
+"""What Podium reads from the catalog: tables, snapshots, pages of rows, one row, diffs and SQL.
+
+Snapshots are immutable, so a column of a snapshot, once read, is kept in memory (up to a byte
+budget) and every later page is a DuckDB query over those Arrow columns: a million-row table pages
+in milliseconds after its first load. A page reads only the columns it shows, filters or sorts
+on. Filters and sorting are built from validated column names and bound parameters; the SQL box
+runs one SELECT on a DuckDB connection that cannot touch files, under row and time limits.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+
+from factory.data.tables import record_batches
+from factory.errors import FactoryError
+
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
+POSITION = "__row"
+"""The column Podium adds: a row's position in its snapshot, which names the row in links."""
+PAGE_SIZES = (25, 50, 100, 200)
+PREVIEW_CHARS = 160
+"""Characters of a string cell the table view shows."""
+SQL_ROW_LIMIT = 500
+SQL_SECONDS = 10.0
+DIFF_ROWS = 100
+CACHE_BYTES = 2 << 30
+OPERATORS = {
+    "contains": "contains({col}, ?)",
+    "not contains": "NOT contains({col}, ?)",
+    "=": "{col} = ?",
+    "!=": "{col} != ?",
+    "<": "{col} < ?",
+    "<=": "{col} <= ?",
+    ">": "{col} > ?",
+    ">=": "{col} >= ?",
+    "starts with": "starts_with({col}, ?)",
+    "matches": "regexp_matches({col}, ?)",
+    "is null": "{col} IS NULL",
+    "is not null": "{col} IS NOT NULL",
+}
+UNARY = ("is null", "is not null")
+
+
+class PodiumError(FactoryError):
+    """Something a Podium user asked for cannot be shown; the message says what to change."""
+
+
+class NotFound(PodiumError):
+    """A namespace, table, snapshot or row that is not there."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Snapshot:
+    """One snapshot of a table, with the tags and branches that name it."""
+
+    id: int
+    timestamp: datetime.datetime
+    operation: str
+    rows: int | None
+    added: int | None
+    deleted: int | None
+    refs: tuple[str, ...]
+    current: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TableInfo:
+    """A table's schema and its history."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    """(name, type) of each column."""
+    snapshots: tuple[Snapshot, ...]
+    """Newest first."""
+
+    @property
+    def rows(self) -> int | None:
+        """Rows in the current snapshot (None when the table has none)."""
+        current = next((s for s in self.snapshots if s.current), None)
+        return current.rows if current else None
+
+    def snapshot(self, ref: str | None) -> Snapshot:
+        """The snapshot an id or a tag names; the current one when `ref` is empty."""
+        if not self.snapshots:
+            raise NotFound(f"{self.name} has no snapshots yet: nothing has been written to it")
+        if not ref:
+            return next(s for s in self.snapshots if s.current)
+        for snapshot in self.snapshots:
+            if ref == str(snapshot.id) or ref in snapshot.refs:
+                return snapshot
+        names = sorted({r for s in self.snapshots for r in s.refs if not r.startswith("content-")})
+        raise NotFound(f"{self.name} has no snapshot, tag or branch {ref!r}; it has: {', '.join(names) or 'none'}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Filter:
+    """One condition of the table view: `column operator value`."""
+
+    column: str
+    operator: str
+    value: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PageQuery:
+    """Which rows and columns a table page shows."""
+
+    columns: tuple[str, ...] = ()
+    """Shown columns; empty means all."""
+    filters: tuple[Filter, ...] = ()
+    sort: str = ""
+    descending: bool = False
+    offset: int = 0
+    size: int = 50
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Page:
+    """A page of rows: string cells cut to a preview, with their full lengths."""
+
+    columns: tuple[str, ...]
+    rows: list[dict[str, Any]]
+    """Each row: POSITION, then the columns; a cut string cell is (preview, full length)."""
+    matched: int
+    """Rows that pass the filters."""
+    total: int
+    query: PageQuery
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Diff:
+    """Rows in one snapshot and not the other (as multisets of whole rows)."""
+
+    columns: tuple[str, ...]
+    added: list[dict[str, Any]]
+    removed: list[dict[str, Any]]
+    added_count: int
+    removed_count: int
+    dropped_columns: tuple[str, ...] = ()
+    """Columns only one side has, left out of the comparison."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SqlResult:
+    """What a SELECT returned, up to the row limit."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    truncated: bool
+    seconds: float
+
+
+@dataclass(kw_only=True)
+class ColumnCache:
+    """Columns of snapshots already read, least recently used dropped first beyond `max_bytes`."""
+
+    max_bytes: int = CACHE_BYTES
+    _columns: OrderedDict[tuple[str, int, str], pa.ChunkedArray] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, table: str, snapshot: int, column: str) -> pa.ChunkedArray | None:
+        with self._lock:
+            key = (table, snapshot, column)
+            if key in self._columns:
+                self._columns.move_to_end(key)
+            return self._columns.get(key)
+
+    def put(self, table: str, snapshot: int, column: str, values: pa.ChunkedArray) -> None:
+        with self._lock:
+            self._columns[(table, snapshot, column)] = values
+            while len(self._columns) > 1 and sum(c.nbytes for c in self._columns.values()) > self.max_bytes:
+                self._columns.popitem(last=False)
+
+
+def check_name(name: str, what: str) -> str:
+    """A namespace or table name from a URL: letters, digits, `_` and `-` only."""
+    if not NAME.match(name):
+        raise NotFound(f"{what} {name!r} is not a valid name: use letters, digits, '_' and '-'")
+    return name
+
+
+class Browser:
+    """Read-only views of an Iceberg catalog's tables."""
+
+    def __init__(self, catalog: Catalog, cache: ColumnCache | None = None) -> None:
+        self.catalog = catalog
+        self.cache = cache or ColumnCache()
+
+    # --- the catalog -------------------------------------------------------------------------
+    def namespaces(self) -> list[str]:
+        """Every namespace, sorted."""
+        return sorted(".".join(ns) for ns in self.catalog.list_namespaces())
+
+    def tables(self, namespace: str) -> list[str]:
+        """`namespace.table` names in a namespace."""
+        check_name(namespace, "namespace")
+        try:
+            return sorted(".".join(ident) for ident in self.catalog.list_tables(namespace))
+        except NoSuchNamespaceError as e:
+            raise NotFound(f"there is no namespace {namespace!r}") from e
+
+    def load(self, name: str) -> Table:
+        """The table `namespace.table`, from a validated name."""
+        namespace, sep, table = name.partition(".")
+        if not sep:
+            raise NotFound(f"{name!r} is not a table name: expected 'namespace.table'")
+        check_name(namespace, "namespace")
+        check_name(table, "table")
+        try:
+            return self.catalog.load_table(name)
+        except NoSuchTableError as e:
+            raise NotFound(f"there is no table {name}") from e
+        except (OSError, ValueError) as e:
+            raise PodiumError(f"{name} cannot be read: {e}") from e
+
+    def info(self, name: str) -> TableInfo:
+        """A table's columns and snapshots."""
+        table = self.load(name)
+        refs: dict[int, list[str]] = {}
+        for ref_name, ref in table.refs().items():
+            refs.setdefault(ref.snapshot_id, []).append(ref_name)
+        current = table.current_snapshot()
+        snapshots = []
+        for snapshot in table.snapshots():
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            snapshots.append(Snapshot(
+                id=snapshot.snapshot_id,
+                timestamp=datetime.datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=datetime.UTC),
+                operation=str(snapshot.summary.operation.value) if snapshot.summary else "",
+                rows=_int(summary.get("total-records")), added=_int(summary.get("added-records")),
+                deleted=_int(summary.get("deleted-records")),
+                refs=tuple(sorted(refs.get(snapshot.snapshot_id, []), key=lambda r: (r.startswith("content-"), r))),
+                current=current is not None and snapshot.snapshot_id == current.snapshot_id,
+            ))
+        snapshots.sort(key=lambda s: (s.timestamp, s.id), reverse=True)
+        columns = tuple((f.name, str(f.field_type)) for f in table.schema().fields)
+        return TableInfo(name=name, columns=columns, snapshots=tuple(snapshots))
+
+    # --- reading -----------------------------------------------------------------------------
+    def columns(self, name: str, snapshot: int, columns: Sequence[str]) -> pa.Table:
+        """Some columns of a snapshot, plus POSITION, read once and then served from memory."""
+        found: dict[str, pa.ChunkedArray] = {}
+        missing = []
+        for column in columns:
+            cached = self.cache.get(name, snapshot, column)
+            if cached is None:
+                missing.append(column)
+            else:
+                found[column] = cached
+        if missing:
+            try:
+                batches = list(record_batches(self.load(name), snapshot, tuple(missing)))
+                read = pa.Table.from_batches(batches) if batches else None
+            except (OSError, ValueError) as e:
+                raise PodiumError(f"{name} (snapshot {snapshot}) cannot be read: {e}") from e
+            for column in missing:
+                values = read.column(column) if read is not None else pa.chunked_array([], pa.null())
+                self.cache.put(name, snapshot, column, values)
+                found[column] = values
+        rows = len(found[columns[0]]) if columns else 0
+        arrays = [found[c] for c in columns] + [pa.chunked_array([pa.array(range(rows), pa.int64())])]
+        return pa.Table.from_arrays(arrays, names=[*columns, POSITION])
+
+    def page(self, name: str, snapshot: int, query: PageQuery) -> Page:
+        """One page of a snapshot's rows, filtered and sorted."""
+        info = self.info(name)
+        known = [c for c, _ in info.columns]
+        shown = tuple(query.columns) or tuple(known)
+        for column in (*shown, *(f.column for f in query.filters), *([query.sort] if query.sort else [])):
+            if column not in known:
+                raise PodiumError(f"{name} has no column {column!r}; its columns: {', '.join(known)}")
+        needed = list(dict.fromkeys([*shown, *(f.column for f in query.filters), *([query.sort] if query.sort else [])]))
+        data = self.columns(name, snapshot, needed)
+        where, params = _where(query.filters, data.schema)
+        order = f'ORDER BY {_quote(query.sort)} {"DESC" if query.descending else "ASC"} NULLS LAST, {POSITION}' if query.sort \
+            else f"ORDER BY {POSITION}"
+        select = ", ".join(_preview(c, data.schema.field(c).type) for c in shown)
+        with _connection() as con:
+            con.register("t", data)
+            matched = con.execute(f"SELECT count(*) FROM t {where}", params).fetchone()[0]
+            cursor = con.execute(f"SELECT {POSITION}, {select} FROM t {where} {order} LIMIT ? OFFSET ?",
+                                 [*params, query.size, query.offset])
+            names = [d[0] for d in cursor.description]
+            rows = [_cut(dict(zip(names, values, strict=True)), shown, data.schema) for values in cursor.fetchall()]
+        return Page(columns=shown, rows=rows, matched=matched, total=data.num_rows, query=query)
+
+    def row(self, name: str, snapshot: int, position: int) -> dict[str, Any]:
+        """Every column of one row, whole."""
+        info = self.info(name)
+        data = self.columns(name, snapshot, [c for c, _ in info.columns])
+        if not 0 <= position < data.num_rows:
+            raise NotFound(f"{name} (snapshot {snapshot}) has {data.num_rows} rows; there is no row {position}")
+        return {c: data.column(c)[position].as_py() for c, _ in info.columns}
+
+    def diff(self, name: str, before: int, after: int, limit: int = DIFF_ROWS) -> Diff:
+        """Rows added and removed between two snapshots, compared as whole rows."""
+        old = _schema_at(self.load(name), before)
+        new = _schema_at(self.load(name), after)
+        common = [c for c in new if c in old]
+        a, b = self.columns(name, before, common), self.columns(name, after, common)
+        listed = ", ".join(_quote(c) for c in common)
+        with _connection() as con:
+            con.register("a", a.select(common))
+            con.register("b", b.select(common))
+            added_q = f"SELECT {listed} FROM b EXCEPT ALL SELECT {listed} FROM a"
+            removed_q = f"SELECT {listed} FROM a EXCEPT ALL SELECT {listed} FROM b"
+            added_count = con.execute(f"SELECT count(*) FROM ({added_q})").fetchone()[0]
+            removed_count = con.execute(f"SELECT count(*) FROM ({removed_q})").fetchone()[0]
+            preview = ", ".join(_preview(c, a.schema.field(c).type) for c in common)
+            added = _dicts(con.execute(f"SELECT {preview} FROM ({added_q}) LIMIT ?", [limit]))
+            removed = _dicts(con.execute(f"SELECT {preview} FROM ({removed_q}) LIMIT ?", [limit]))
+        cut = [_cut(r, common, a.schema) for r in added], [_cut(r, common, a.schema) for r in removed]
+        return Diff(columns=tuple(common), added=cut[0], removed=cut[1], added_count=added_count, removed_count=removed_count,
+                    dropped_columns=tuple(c for c in {*old, *new} if c not in common))
+
+    def sql(
+        self, name: str, snapshot: int, text: str, params: Sequence[Any] | Mapping[str, Any] = (),
+        row_limit: int = SQL_ROW_LIMIT, seconds: float = SQL_SECONDS,
+    ) -> SqlResult:
+        """Run one SELECT over the snapshot, visible as table `t` (and by its short name)."""
+        statement = single_select(text)
+        info = self.info(name)
+        data = self.columns(name, snapshot, [c for c, _ in info.columns])
+        with _connection() as con:
+            con.register("t", data)
+            con.register(name.split(".", 1)[1], data)
+            con.execute("SET lock_configuration = true")
+            timer = threading.Timer(seconds, con.interrupt)
+            started = datetime.datetime.now()
+            timer.start()
+            try:
+                cursor = con.execute(statement, params or None)
+                rows = cursor.fetchmany(row_limit + 1)
+            except duckdb.InterruptException as e:
+                raise PodiumError(f"the query ran past the {seconds:g} s limit and was stopped; add a WHERE or a LIMIT") from e
+            except duckdb.Error as e:
+                raise PodiumError(f"the query failed: {_first_line(e)}") from e
+            finally:
+                timer.cancel()
+            columns = tuple(d[0] for d in cursor.description)
+        elapsed = (datetime.datetime.now() - started).total_seconds()
+        return SqlResult(columns=columns, rows=rows[:row_limit], truncated=len(rows) > row_limit, seconds=elapsed)
+
+
+def single_select(text: str) -> str:
+    """The text's one statement, when it is a SELECT; anything else is refused with the reason."""
+    try:
+        statements = duckdb.extract_statements(text)
+    except duckdb.Error as e:
+        raise PodiumError(f"the query does not parse: {_first_line(e)}") from e
+    if len(statements) != 1:
+        raise PodiumError(f"write exactly one statement; found {len(statements)}")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise PodiumError(f"only SELECT queries run here; this is a {statements[0].type.name} statement")
+    return statements[0].query
+
+
+def _connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB that cannot read or write files, load extensions or attach databases."""
+    return duckdb.connect(config={"enable_external_access": False, "autoload_known_extensions": False,
+                                  "autoinstall_known_extensions": False, "memory_limit": "2GB", "threads": 2})
+
+
+def _quote(column: str) -> str:
+    return '"' + column.replace('"', '""') + '"'
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _preview(column: str, kind: pa.DataType) -> str:
+    """The select item for a cell in a table view: strings cut to PREVIEW_CHARS, with their length beside."""
+    quoted = _quote(column)
+    if _is_text(kind):
+        return f'left({quoted}, {PREVIEW_CHARS}) AS {quoted}, length({quoted}) AS {_quote(column + "/length")}'
+    return quoted
+
+
+def _cut(row: dict[str, Any], columns: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
+    """Pair each cut string cell with its full length."""
+    out = {POSITION: row[POSITION]} if POSITION in row else {}
+    for column in columns:
+        if _is_text(schema.field(column).type):
+            out[column] = (row[column], row[column + "/length"])
+        else:
+            out[column] = row[column]
+    return out
+
+
+def _where(filters: Sequence[Filter], schema: pa.Schema) -> tuple[str, list[Any]]:
+    clauses, params = [], []
+    for item in filters:
+        template = OPERATORS.get(item.operator)
+        if template is None:
+            raise PodiumError(f"unknown filter operator {item.operator!r}; use one of: {', '.join(OPERATORS)}")
+        kind = schema.field(item.column).type
+        if item.operator in ("contains", "not contains", "starts with", "matches") and not _is_text(kind):
+            clauses.append(template.format(col=f"CAST({_quote(item.column)} AS VARCHAR)"))
+        else:
+            clauses.append(template.format(col=_quote(item.column)))
+        if item.operator not in UNARY:
+            params.append(_typed(item, kind))
+    return ("WHERE " + " AND ".join(clauses), params) if clauses else ("", params)
+
+
+def _typed(item: Filter, kind: pa.DataType) -> Any:
+    """A filter's value as the column's type, so comparisons are numeric where the column is."""
+    if item.operator in ("contains", "not contains", "starts with", "matches"):
+        return item.value
+    try:
+        if pa.types.is_integer(kind):
+            return int(item.value)
+        if pa.types.is_floating(kind):
+            return float(item.value)
+        if pa.types.is_boolean(kind):
+            return {"true": True, "false": False}[item.value.strip().lower()]
+    except (ValueError, KeyError) as e:
+        raise PodiumError(f"filter on {item.column}: {item.value!r} is not a {kind} value") from e
+    return item.value
+
+
+def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+
+
+def _schema_at(table: Table, snapshot: int) -> list[str]:
+    found = table.snapshot_by_id(snapshot)
+    if found is None:
+        raise NotFound(f"{table.name()} has no snapshot {snapshot}")
+    schema = table.schemas().get(found.schema_id) if found.schema_id is not None else table.schema()
+    return [f.name for f in (schema or table.schema()).fields]
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def parse_params(text: str) -> list[Any] | dict[str, Any]:
+    """SQL parameters from the form: a JSON list (for `?`) or object (for `$name`); empty means none."""
+    if not text.strip():
+        return []
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PodiumError(f"parameters must be a JSON list or object: {e}") from e
+    if not isinstance(value, list | dict):
+        raise PodiumError("parameters must be a JSON list (for ?) or a JSON object (for $name)")
+    return value

@@ -1,0 +1,188 @@
+"""Completions from the registry's checkpoints and models, for Podium's side-by-side view.
+
+A checkpoint is named by the sha256 its record gives, so a link to it never changes meaning. It
+is loaded only from bytes that hash to that sha256, with the tokenizer and model config of the
+stage that saved it. A few loaded models are kept in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from factory.config.schema import ModelConfig
+from factory.errors import ArtifactError
+from factory.evals.generate import greedy, sample
+from factory.models.gpt import GPT
+from factory.models.tokenizer import EOS, load_tokenizer
+from factory.podium.browse import NotFound, PodiumError
+from factory.registry.store import ArtifactStore, Manifest
+from factory.train.checkpoint import load_checkpoint
+
+TRAINING_KINDS = ("pretrain", "sft", "rl")
+RECORD = re.compile(r"^step_(\d+)\.json$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MAX_NEW_TOKENS = 256
+MAX_PROMPT_CHARS = 20_000
+LOADED_MODELS = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """A checkpoint or an exported model that can complete a prompt."""
+
+    sha256: str
+    experiment: str
+    stage: str
+    """pretrain, sft, rl, or model for an exported model."""
+    step: int
+    path: Path
+    model: dict[str, Any]
+    tokenizer: Path
+    created: str
+
+    @property
+    def label(self) -> str:
+        """How the page names it."""
+        where = "model" if self.stage == "model" else f"{self.stage} step {self.step}"
+        return f"{self.experiment} · {where}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Completion:
+    """What one candidate wrote after a prompt."""
+
+    candidate: Candidate
+    text: str
+    tokens: int
+    seconds: float
+    stopped_at_eos: bool
+
+
+def candidates(registry: ArtifactStore) -> list[Candidate]:
+    """Every published checkpoint and model, newest first (one entry per sha256)."""
+    manifests = list(registry.manifests())
+    by_digest = {m.digest: m for m in manifests}
+    found: dict[str, Candidate] = {}
+    for manifest in manifests:
+        if manifest.kind in TRAINING_KINDS:
+            found.update((c.sha256, c) for c in _checkpoints(registry, manifest) if c.sha256 not in found)
+        elif manifest.kind == "model":
+            candidate = _model(registry, manifest, by_digest)
+            if candidate is not None and candidate.sha256 not in found:
+                found[candidate.sha256] = candidate
+    return sorted(found.values(), key=lambda c: (c.created, c.experiment, c.stage, c.step), reverse=True)
+
+
+def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]:
+    base = registry.path(manifest.digest)
+    tokenizer = manifest.inputs.get("tokenizer")
+    if tokenizer is None or "model" not in manifest.config:
+        return []
+    out = []
+    for name in manifest.files:
+        match = RECORD.match(name)
+        if not match:
+            continue
+        try:
+            record = json.loads((base / name).read_text())
+        except (OSError, ValueError):
+            continue
+        weights = base / name.removesuffix(".json")
+        path = weights if weights.is_dir() else weights.with_suffix(".pt")
+        if not SHA256.match(str(record.get("sha256", ""))) or not path.exists():
+            continue
+        out.append(Candidate(
+            sha256=record["sha256"], experiment=manifest.experiment, stage=manifest.kind, step=int(match.group(1)), path=path,
+            model=dict(manifest.config["model"]), tokenizer=registry.path(tokenizer) / "tokenizer.json", created=manifest.created,
+        ))
+    return out
+
+
+def _model(registry: ArtifactStore, manifest: Manifest, by_digest: dict[str, Manifest]) -> Candidate | None:
+    base = registry.path(manifest.digest)
+    weights = manifest.files.get("model.pt")
+    try:
+        config = json.loads((base / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if weights is None or "model" not in config:
+        return None
+    return Candidate(
+        sha256=str(weights["sha256"]), experiment=manifest.experiment, stage="model", step=int(config.get("steps", 0)),
+        path=base / "model.pt", model=dict(config["model"]), tokenizer=base / "tokenizer.json", created=manifest.created,
+    )
+
+
+class Generator:
+    """Loads candidates on demand (a few at a time) and completes prompts with them."""
+
+    def __init__(self, registry: ArtifactStore) -> None:
+        self.registry = registry
+        self._loaded: OrderedDict[str, tuple[GPT, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def find(self, sha256: str) -> Candidate:
+        """The candidate with this sha256."""
+        if not SHA256.match(sha256):
+            raise NotFound(f"{sha256!r} is not a checkpoint sha256 (64 hex digits)")
+        for candidate in candidates(self.registry):
+            if candidate.sha256 == sha256:
+                return candidate
+        raise NotFound(f"no published checkpoint or model has sha256 {sha256[:12]}…; it may not be published yet")
+
+    def complete(self, candidate: Candidate, prompt: str, new_tokens: int = 64, temperature: float = 0.0, seed: int = 0) -> Completion:
+        """The candidate's continuation of `prompt`: greedy, or sampled at `temperature` from `seed`."""
+        if not prompt:
+            raise PodiumError("the prompt is empty: pick a sample or write a prompt")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise PodiumError(f"the prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are generated from")
+        if not 1 <= new_tokens <= MAX_NEW_TOKENS:
+            raise PodiumError(f"new tokens must be between 1 and {MAX_NEW_TOKENS}, not {new_tokens}")
+        with self._lock:  # one generation at a time: the models share the CPU
+            model, tokenizer = self._model(candidate)
+            ids = tokenizer.encode(prompt).ids
+            if not ids:
+                raise PodiumError("the prompt encodes to no tokens")
+            prompt_ids = torch.tensor([ids], dtype=torch.long)
+            started = time.perf_counter()
+            if temperature > 0:
+                out = sample(model, prompt_ids, new_tokens, model.config.context, temperature, [seed])
+            else:
+                out = greedy(model, prompt_ids, new_tokens, model.config.context)
+            seconds = time.perf_counter() - started
+        tokens = out[0].tolist()
+        eos = tokenizer.token_to_id(EOS)
+        stopped = eos in tokens
+        if stopped:
+            tokens = tokens[: tokens.index(eos)]
+        return Completion(candidate=candidate, text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens),
+                          seconds=seconds, stopped_at_eos=stopped)
+
+    def _model(self, candidate: Candidate) -> tuple[GPT, Any]:
+        if candidate.sha256 in self._loaded:
+            self._loaded.move_to_end(candidate.sha256)
+            return self._loaded[candidate.sha256]
+        try:
+            if candidate.stage == "model":
+                state = {"model": torch.load(candidate.path, map_location="cpu", weights_only=True)}
+            else:
+                state = load_checkpoint(candidate.path, candidate.sha256)
+            tokenizer = load_tokenizer(candidate.tokenizer)
+        except (ArtifactError, OSError, RuntimeError, ValueError) as e:
+            raise PodiumError(f"{candidate.label} cannot be loaded: {e}") from e
+        model = GPT(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
+        model.load_state_dict(state["model"])
+        model.eval()
+        self._loaded[candidate.sha256] = (model, tokenizer)
+        while len(self._loaded) > LOADED_MODELS:
+            self._loaded.popitem(last=False)
+        return model, tokenizer

@@ -1,0 +1,106 @@
+"""Podium's HTTP side: escaping, error pages instead of tracebacks, and what a hostile request cannot do."""
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from starlette.testclient import TestClient
+
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.tables import write_version
+from factory.podium.app import create_app
+from factory.podium.generate import candidates
+from factory.registry import ArtifactStore
+from tests.podium.conftest import ATTRIBUTE, SAMPLE_SCHEMA, SCRIPT, TABLE, sample
+
+LOCAL = "http://127.0.0.1:8765"
+
+
+@pytest.fixture(scope="module")
+def client(store):
+    return TestClient(create_app(store), base_url=LOCAL, raise_server_exceptions=False)
+
+
+@pytest.mark.parametrize("path", ["/t/sft.samples?col=prompt&col=completion&col=metadata", "/t/sft.samples/row/2",
+                                  "/t/sft.samples/sql?q=SELECT+*+FROM+t+WHERE+label+%3D+%27hostile%27"])
+def test_every_cell_is_escaped(client, path):
+    response = client.get(path)
+    assert response.status_code == 200, response.text
+    assert SCRIPT not in response.text and ATTRIBUTE not in response.text
+    assert "&lt;script&gt;alert(" in response.text
+    assert "script-src" not in response.headers["content-security-policy"]  # default-src 'none': no script runs at all
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+
+
+def test_a_hostile_filter_value_and_column_stay_text(client):
+    response = client.get("/t/sft.samples", params={"fc": "label", "fo": "=", "fv": SCRIPT})
+    assert response.status_code == 200 and SCRIPT not in response.text
+    response = client.get("/t/sft.samples", params={"col": SCRIPT})
+    assert response.status_code == 400 and SCRIPT not in response.text
+    assert "has no column" in response.text
+
+
+@pytest.mark.parametrize("path, status, message", [
+    ("/t/..%2F..%2Fetc%2Fpasswd", 404, "there is no page at /t/../../etc/passwd"),
+    ("/t/sft.%2E%2E", 404, "not a valid name"),
+    ("/t/nope.nothing", 404, "there is no table nope.nothing"),
+    ("/t/sft.samples?snapshot=v7", 404, "no snapshot, tag or branch"),
+    ("/t/sft.samples?size=7", 400, "page size must be one of"),
+    ("/t/sft.samples?offset=-1", 400, "cannot be negative"),
+    ("/t/sft.samples/row/999", 404, "there is no row 999"),
+    ("/t/sft.samples?fc=score&fo=%3E&fv=lots", 400, "is not a int64 value"),
+    ("/t/sft.samples?fc=score&fo=eval&fv=1", 400, "unknown filter operator"),
+    ("/checkpoint/" + "0" * 64, 404, "no published checkpoint"),
+    ("/checkpoint/..%2F..%2Fetc", 404, "there is no page at"),
+    ("/checkpoint/abc", 404, "not a checkpoint sha256"),
+])
+def test_bad_requests_get_an_error_page_that_says_what_to_change(client, path, status, message):
+    response = client.get(path)
+    assert response.status_code == status
+    assert message in response.text
+    assert "Traceback (most recent call last)" not in response.text
+
+
+def test_an_unreadable_table_shows_an_error_page(tmp_path):
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "iceberg"))
+    rows = [sample(i, f"p{i}", "c", "{}") for i in range(3)]
+    write_version(catalog, "sft.lost", pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA), logging.getLogger("test"), schema=SAMPLE_SCHEMA)
+    write_version(catalog, "sft.kept", pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA), logging.getLogger("test"), schema=SAMPLE_SCHEMA)
+    for task in catalog.load_table("sft.lost").scan().plan_files():
+        Path(task.file.file_path.removeprefix("file://")).unlink()
+    client = TestClient(create_app(tmp_path), base_url=LOCAL, raise_server_exceptions=False)
+    response = client.get("/t/sft.lost")
+    assert response.status_code == 400
+    assert "cannot be read" in response.text and "Traceback (most recent call last)" not in response.text
+    assert client.get("/").status_code == 200, "the index still lists the other tables"
+
+
+def test_huge_cells_are_cut_until_show_all(client):
+    cut = client.get("/t/sft.samples/row/3")
+    assert "show all" in cut.text and "x" * 20_001 not in cut.text
+    whole = client.get("/t/sft.samples/row/3?full=prompt")
+    assert whole.text.count("x") > 60_000
+
+
+def test_only_loopback_hosts_and_same_origin_posts(store, client):
+    outsider = TestClient(create_app(store), base_url="http://podium.attacker.example", raise_server_exceptions=False)
+    assert outsider.get("/").status_code == 400, "a DNS-rebound Host header is refused"
+    response = client.post("/prompts", data={"prompt": "x", "note": "y"}, headers={"origin": "http://attacker.example"})
+    assert response.status_code == 403
+    exposed = TestClient(create_app(store, host="0.0.0.0"), base_url="http://podium.team.example", raise_server_exceptions=False)
+    assert exposed.get("/").status_code == 200, "--host exposes it under any name"
+
+
+def test_generate_and_save_a_prompt_from_a_sample(store, client):
+    shas = [c.sha256 for c in candidates(ArtifactStore(store / "registry"))]
+    form = client.get("/generate", params={"table": TABLE, "snapshot": "v1", "row": "0", "column": "prompt"})
+    assert "def add(a, b):" in form.text and "sft.samples@" in form.text
+    response = client.post("/generate", data={"ckpt": shas, "prompt": "def add(a, b):", "new_tokens": "4"})
+    assert response.status_code == 200 and response.text.count('class="completion"') == 2
+    missing = client.post("/generate", data={"prompt": "def add(a, b):"})
+    assert missing.status_code == 400 and "choose at least one checkpoint" in missing.text
+    assert client.get(f"/checkpoint/{shas[0]}", follow_redirects=False).headers["location"] == f"/generate?ckpt={shas[0]}"
+    saved = client.post("/prompts", data={"prompt": "def add(a, b):", "note": SCRIPT, "source": "custom"}, headers={"origin": LOCAL})
+    assert saved.status_code == 200 and "podium.custom_prompts@v" in saved.text
+    assert SCRIPT not in saved.text
