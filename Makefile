@@ -68,6 +68,7 @@ bench: setup
 	$(BIN)/python bench/eval_backfill.py
 	$(BIN)/python bench/sandbox.py
 	$(BIN)/python bench/rl_split.py
+	$(BIN)/python bench/podium.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

@@ -30,7 +30,7 @@ from factory.errors import ConfigError, FactoryError
 from factory.launch import volcano
 from factory.launch.local import progress_env
 from factory.registry import ArtifactStore, git_commit
-from factory.evals.benchmarks import registered
+from factory.evals.benchmarks import known, registered
 from factory.evals.leaderboard import Board, render_html, stage_scores
 from factory.stages.evaluate import KIND as EVALUATION_KIND
 from factory.stages.leaderboard import current_board
@@ -296,7 +296,7 @@ def evals_backfill(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Evaluate every checkpoint recorded so far on one benchmark (batched: many partitions per run), then the leaderboard."""
-    if benchmark not in registered():
+    if not known(benchmark):
         err.print(f"error: unknown benchmark {benchmark!r}; registered: {', '.join(sorted(registered()))}")
         raise typer.Exit(2)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}

@@ -15,7 +15,7 @@ from factory.config.loader import DEFAULT_MAX_VARIANTS, key_locations, location_
 from factory.config.schema import TASKS_REF
 from factory.data.tables import missing_refs
 from factory.errors import ConfigError
-from factory.evals.benchmarks import registered
+from factory.evals.benchmarks import known, registered
 from factory.train.control import problems as control_problems
 
 
@@ -106,7 +106,7 @@ def _semantic_errors(path: Path, experiment: Experiment) -> list[str]:
             errors.append(f"{path}: data.datasets.{name}.source.path: {source.path!r} is not a directory here")
     if experiment.eval is not None:
         for name in experiment.eval.benchmarks:
-            if name not in registered():
+            if not known(name):
                 errors.append(f"{path}: eval.benchmarks: unknown benchmark {name!r}; registered: {', '.join(sorted(registered()))}")
     if experiment.eval is not None and experiment.pretrain is None:
         errors.append(f"{path}: eval: there is no pretrain section, so there is no model to evaluate")

@@ -93,10 +93,24 @@ def _load() -> None:
 def benchmark(name: str) -> Benchmark:
     """The registered benchmark called `name`, or a ConfigError listing the known ones."""
     _load()
+    if name not in BENCHMARKS:
+        from factory.evals.custom import custom_benchmark  # prompts saved from Podium: `custom_prompts.v<n>`
+
+        if (custom := custom_benchmark(name)) is not None:
+            register(custom)
     try:
         return BENCHMARKS[name]
     except KeyError:
         raise ConfigError(f"unknown benchmark {name!r}; registered: {', '.join(sorted(BENCHMARKS))}") from None
+
+
+def known(name: str) -> bool:
+    """Whether `name` is a registered benchmark, or one its name stands for (`custom_prompts.v<n>`)."""
+    try:
+        benchmark(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def registered() -> dict[str, Benchmark]:

@@ -88,7 +88,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
         info = podium.browser.info(name)
         snapshot = info.snapshot(request.query_params.get("snapshot"))
         query = _page_query(request.query_params)
-        result = podium.browser.page(name, snapshot.id, query)
+        result = podium.browser.page(name, snapshot.id, query, info)
         return page(request, "table.html", info=info, snapshot=snapshot, page=result, operators=list(OPERATORS),
                     sizes=PAGE_SIZES, params=request.query_params, sql=request.query_params.get("q", ""))
 

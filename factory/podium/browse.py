@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -198,6 +199,8 @@ class Browser:
     def __init__(self, catalog: Catalog, cache: ColumnCache | None = None) -> None:
         self.catalog = catalog
         self.cache = cache or ColumnCache()
+        self._readers: dict[tuple[str, int], threading.Lock] = {}
+        self._guard = threading.Lock()
 
     # --- the catalog -------------------------------------------------------------------------
     def namespaces(self) -> list[str]:
@@ -252,49 +255,56 @@ class Browser:
     # --- reading -----------------------------------------------------------------------------
     def columns(self, name: str, snapshot: int, columns: Sequence[str]) -> pa.Table:
         """Some columns of a snapshot, plus POSITION, read once and then served from memory."""
-        found: dict[str, pa.ChunkedArray] = {}
-        missing = []
-        for column in columns:
-            cached = self.cache.get(name, snapshot, column)
-            if cached is None:
-                missing.append(column)
-            else:
-                found[column] = cached
-        if missing:
-            try:
-                batches = list(record_batches(self.load(name), snapshot, tuple(missing)))
-                read = pa.Table.from_batches(batches) if batches else None
-            except (OSError, ValueError) as e:
-                raise PodiumError(f"{name} (snapshot {snapshot}) cannot be read: {e}") from e
-            for column in missing:
-                values = read.column(column) if read is not None else pa.chunked_array([], pa.null())
-                self.cache.put(name, snapshot, column, values)
-                found[column] = values
+        with self._reader(name, snapshot):  # a second request for the same snapshot waits for the first's read
+            found = {c: v for c in columns if (v := self.cache.get(name, snapshot, c)) is not None}
+            missing = [c for c in columns if c not in found]
+            if missing:
+                try:
+                    batches = list(record_batches(self.load(name), snapshot, tuple(missing)))
+                    read = pa.Table.from_batches(batches) if batches else None
+                except (OSError, ValueError) as e:
+                    raise PodiumError(f"{name} (snapshot {snapshot}) cannot be read: {e}") from e
+                for column in missing:
+                    values = _one_chunk(read.column(column)) if read is not None else pa.chunked_array([], pa.null())
+                    self.cache.put(name, snapshot, column, values)
+                    found[column] = values
         rows = len(found[columns[0]]) if columns else 0
-        arrays = [found[c] for c in columns] + [pa.chunked_array([pa.array(range(rows), pa.int64())])]
+        arrays = [found[c] for c in columns] + [pa.array(np.arange(rows, dtype=np.int64))]
         return pa.Table.from_arrays(arrays, names=[*columns, POSITION])
 
-    def page(self, name: str, snapshot: int, query: PageQuery) -> Page:
-        """One page of a snapshot's rows, filtered and sorted."""
-        info = self.info(name)
+    def _reader(self, name: str, snapshot: int) -> threading.Lock:
+        with self._guard:
+            return self._readers.setdefault((name, snapshot), threading.Lock())
+
+    def page(self, name: str, snapshot: int, query: PageQuery, info: TableInfo | None = None) -> Page:
+        """One page of a snapshot's rows, filtered and sorted.
+
+        Only the filter and sort columns go through DuckDB, to find the page's row positions; the
+        shown columns are then taken for those rows alone, so a deep page costs what the first does.
+        """
+        info = info or self.info(name)
         known = [c for c, _ in info.columns]
         shown = tuple(query.columns) or tuple(known)
-        for column in (*shown, *(f.column for f in query.filters), *([query.sort] if query.sort else [])):
+        keys = list(dict.fromkeys([*(f.column for f in query.filters), *([query.sort] if query.sort else [])]))
+        for column in (*shown, *keys):
             if column not in known:
                 raise PodiumError(f"{name} has no column {column!r}; its columns: {', '.join(known)}")
-        needed = list(dict.fromkeys([*shown, *(f.column for f in query.filters), *([query.sort] if query.sort else [])]))
-        data = self.columns(name, snapshot, needed)
-        where, params = _where(query.filters, data.schema)
-        order = f'ORDER BY {_quote(query.sort)} {"DESC" if query.descending else "ASC"} NULLS LAST, {POSITION}' if query.sort \
-            else f"ORDER BY {POSITION}"
-        select = ", ".join(_preview(c, data.schema.field(c).type) for c in shown)
-        with _connection() as con:
-            con.register("t", data)
-            matched = con.execute(f"SELECT count(*) FROM t {where}", params).fetchone()[0]
-            cursor = con.execute(f"SELECT {POSITION}, {select} FROM t {where} {order} LIMIT ? OFFSET ?",
-                                 [*params, query.size, query.offset])
-            names = [d[0] for d in cursor.description]
-            rows = [_cut(dict(zip(names, values, strict=True)), shown, data.schema) for values in cursor.fetchall()]
+        data = self.columns(name, snapshot, list(dict.fromkeys([*shown, *keys])))
+        if keys:
+            where, params = _where(query.filters, data.schema)
+            order = f'{_quote(query.sort)} {"DESC" if query.descending else "ASC"} NULLS LAST, ' if query.sort else ""
+            with _connection() as con:
+                con.register("t", data.select([*keys, POSITION]))
+                matched = con.execute(f"SELECT count(*) FROM t {where}", params).fetchone()[0]
+                found = con.execute(f"SELECT {POSITION} FROM t {where} ORDER BY {order}{POSITION} LIMIT ? OFFSET ?",
+                                    [*params, query.size, query.offset]).fetchall()
+            positions = [p for (p,) in found]
+        else:
+            matched = data.num_rows
+            positions = list(range(min(query.offset, matched), min(query.offset + query.size, matched)))
+        picked = data.select(list(shown)).take(pa.array(positions, pa.int64())).to_pylist()
+        text = {c for c in shown if _is_text(data.schema.field(c).type)}
+        rows = [{POSITION: p, **{c: _cell(v) if c in text else v for c, v in row.items()}} for p, row in zip(positions, picked, strict=True)]
         return Page(columns=shown, rows=rows, matched=matched, total=data.num_rows, query=query)
 
     def row(self, name: str, snapshot: int, position: int) -> dict[str, Any]:
@@ -388,6 +398,19 @@ def _preview(column: str, kind: pa.DataType) -> str:
     if _is_text(kind):
         return f'left({quoted}, {PREVIEW_CHARS}) AS {quoted}, length({quoted}) AS {_quote(column + "/length")}'
     return quoted
+
+
+def _cell(value: str | None) -> tuple[str | None, int | None]:
+    """A string cell as the table view shows it: its first PREVIEW_CHARS characters, and its length."""
+    return (None, None) if value is None else (value[:PREVIEW_CHARS], len(value))
+
+
+def _one_chunk(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The column as one chunk, so taking a page's rows does not copy it; kept as read when it does not fit one."""
+    try:
+        return pa.chunked_array([values.combine_chunks()])
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):
+        return values
 
 
 def _cut(row: dict[str, Any], columns: Sequence[str], schema: pa.Schema) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def save_prompt(catalog: Catalog, prompt: str, note: str, source: str = "") -> s
         raise PodiumError("the prompt is empty: write one before saving")
     if len(prompt) > MAX_PROMPT_CHARS or len(note) > MAX_NOTE_CHARS:
         raise PodiumError(f"a prompt may have {MAX_PROMPT_CHARS} characters and a note {MAX_NOTE_CHARS}")
-    created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    created = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
     sha = hashlib.sha256(prompt.encode()).hexdigest()
     row = {"id": hashlib.sha256(f"{created}\0{sha}\0{note}".encode()).hexdigest()[:32], "prompt": prompt, "note": note,
            "source": source, "created": created, "bytes": len(prompt.encode()), "sha256": sha}
