@@ -249,6 +249,9 @@ def podium(
     root: RootOption = DEFAULT_ROOT,
     host: Annotated[str, typer.Option(help="Address to listen on; 127.0.0.1 keeps Podium on this machine, 0.0.0.0 exposes it.")] = "127.0.0.1",
     port: int = 8765,
+    allowed_host: Annotated[
+        list[str] | None, typer.Option("--allowed-host", help="Another name people reach Podium by (a proxy's), when --host exposes it.")
+    ] = None,
 ) -> None:
     """Open Podium: browse dataset tables and their snapshots, run SQL, and generate from checkpoints in the browser."""
     from factory.podium.app import serve
@@ -256,7 +259,7 @@ def podium(
     if not (root / "iceberg").exists() and not (root / "registry").exists():
         err.print(f"warning: {root.resolve()} holds no catalog or registry yet; run an experiment first (`make run`)")
     out.print(f"Podium on http://{'[' + host + ']' if ':' in host else host}:{port}/ (Ctrl-C stops it)")
-    serve(root, host=host, port=port)
+    serve(root, host=host, port=port, allowed_hosts=allowed_host or ())
 
 
 def _print_leaderboard(root: Path, board: Board | None = None) -> bool:

@@ -15,7 +15,9 @@ from factory.config.loader import DEFAULT_MAX_VARIANTS, key_locations, location_
 from factory.config.schema import TASKS_REF
 from factory.data.tables import missing_refs
 from factory.errors import ConfigError
+from factory.data.prompts import TABLE as PROMPTS
 from factory.evals.benchmarks import known, registered
+from factory.evals.custom import NAME as CUSTOM
 from factory.train.control import problems as control_problems
 
 
@@ -95,6 +97,9 @@ def _missing_tables(path: Path, variants: list[Experiment], tables: TableLookup)
     for name in ("sft", "rl"):
         tasks = dict.fromkeys(getattr(e, name).tasks for e in variants if getattr(e, name) is not None and getattr(e, name).tasks != TASKS_REF)
         errors += [f"{path}: {name}.tasks: {problem}" for ref in tasks for problem in tables.problems(ref)]
+    # Prompts saved from Podium, evaluated as `custom_prompts.v<n>`: that version must exist.
+    saved = dict.fromkeys(f"{PROMPTS}@{m.group(1)}" for e in variants if e.eval for b in e.eval.benchmarks if (m := CUSTOM.fullmatch(b)))
+    errors += [f"{path}: eval.benchmarks: {problem}" for ref in saved for problem in tables.problems(ref)]
     return errors
 
 

@@ -77,3 +77,17 @@ def test_a_directory_source_that_is_not_there_is_reported(tmp_path):
     path = experiment(tmp_path, f"datasets: {{a: {{source: {{kind: directory, path: {tmp_path / 'absent'}}}}}}}")
     [report] = check_files([path])
     assert report.errors == [f"{path}: data.datasets.a.source.path: {str(tmp_path / 'absent')!r} is not a directory here"]
+
+
+def test_a_custom_prompts_benchmark_needs_its_saved_version(tmp_path, tiny_path, catalog_config):
+    from factory.data.prompts import save_prompt
+
+    save_prompt(open_catalog(catalog_config), "def f():", "a note")
+    files = []
+    for tag in ("v1", "v2"):
+        path = tmp_path / f"prompts-{tag}.md"
+        path.write_text(f"---\nextends: {tiny_path}\nname: prompts-{tag}\neval: {{benchmarks: [val_bpb, custom_prompts.{tag}]}}\n---\nwhy\n")
+        files.append(path)
+    [saved, missing] = check_files(files, catalog=lambda: open_catalog(catalog_config))
+    assert saved.ok, saved.errors
+    assert missing.errors == [f"{files[1]}: eval.benchmarks: Iceberg table podium.custom_prompts has no version tagged 'v2'; its tags: v1"]

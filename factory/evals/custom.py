@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from factory.errors import ConfigError
 from factory.evals.benchmarks import Benchmark, EvalInputs, Score
-from factory.evals.generate import greedy, same_length_batches
-from factory.evals.sanity import valid_sample
 
 NAME = re.compile(r"custom_prompts\.(v\d+)")
 NEW_TOKENS = 48
@@ -38,7 +34,11 @@ def custom_benchmark(name: str) -> Benchmark | None:
 
 def custom_prompts(inputs: EvalInputs, tag: str) -> Score:
     """Complete every prompt of the pinned version; the share of completions that are (the start of) Python."""
-    from factory.podium.prompts import TABLE, read_prompts
+    import torch  # here, so that `factory check` resolves the name without torch
+
+    from factory.data.prompts import TABLE, read_prompts
+    from factory.evals.generate import greedy, same_length_batches
+    from factory.evals.sanity import valid_sample
 
     if inputs.catalog is None:
         raise ConfigError("the custom_prompts benchmark needs the Iceberg catalog; it was not given one")

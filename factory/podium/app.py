@@ -10,8 +10,9 @@ escaped by the templates; the Content-Security-Policy forbids scripts anyway.
 from __future__ import annotations
 
 import logging
+import socket
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,15 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from factory.data.catalog import CatalogConfig, open_catalog
-from factory.podium.browse import (
-    OPERATORS, PAGE_SIZES, POSITION, PREVIEW_CHARS, Browser, Filter, NotFound, PageQuery, PodiumError, parse_params,
-)
+from factory.data.prompts import TABLE as PROMPTS_TABLE
+from factory.data.prompts import save_prompt
+from factory.errors import FactoryError
+from factory.podium.browse import OPERATORS, PAGE_SIZES, POSITION, Browser, Filter, PageQuery
+from factory.podium.cells import Preview
+from factory.podium.errors import NotFound, PodiumError
 from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates
-from factory.podium.prompts import TABLE as PROMPTS_TABLE
-from factory.podium.prompts import save_prompt
 from factory.podium.render import pygments_css, render_row
+from factory.podium.sql import parse_params
 from factory.registry.store import ArtifactStore
 
 log = logging.getLogger("factory.podium")
@@ -46,6 +49,9 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
 }
 PROMPT_COLUMNS = ("prompt", "question", "input", "text", "content", "code")
+MAX_CHOSEN = 6
+"""Checkpoints one generate request may compare."""
+MAX_OFFSET = 10**12
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,17 +61,21 @@ class Podium:
     browser: Browser
     registry: ArtifactStore
     generator: Generator
-    catalog_config: CatalogConfig
 
 
-def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
-    """The app over the factory store at `root` (`.factory`: catalog under iceberg/, registry under registry/)."""
+def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = ()) -> Starlette:
+    """The app over the factory store at `root` (`.factory`: catalog under iceberg/, registry under registry/).
+
+    Requests must name this machine in their Host header (loopback; when `host` exposes the app,
+    also its host name, addresses and `allowed_hosts`), which keeps DNS rebinding out.
+    """
     config = CatalogConfig.local(root / "iceberg")
     registry = ArtifactStore(root / "registry")
-    podium = Podium(browser=Browser(open_catalog(config)), registry=registry, generator=Generator(registry), catalog_config=config)
+    podium = Podium(browser=Browser(open_catalog(config)), registry=registry, generator=Generator(registry))
     templates = jinja2.Environment(loader=jinja2.PackageLoader("factory.podium", "templates"), autoescape=True,
                                    undefined=jinja2.StrictUndefined)
-    templates.globals.update(url=_url, preview_chars=PREVIEW_CHARS, pygments_css=pygments_css(), position=POSITION)
+    templates.globals.update(url=_url, pygments_css=pygments_css(), position=POSITION)
+    templates.tests["preview"] = lambda value: isinstance(value, Preview)
 
     def page(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         html = templates.get_template(template).render(request=request, **context)
@@ -74,8 +84,13 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
     def index(request: Request) -> Response:
         namespaces = []
         for namespace in podium.browser.namespaces():
+            try:
+                names = podium.browser.tables(namespace)
+            except PodiumError as e:
+                namespaces.append((namespace, [(namespace, None, str(e))]))
+                continue
             tables = []
-            for name in podium.browser.tables(namespace):
+            for name in names:
                 try:
                     tables.append((name, podium.browser.info(name), None))
                 except PodiumError as e:
@@ -85,11 +100,17 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
 
     def table(request: Request) -> Response:
         name = request.path_params["name"]
-        info = podium.browser.info(name)
+        try:
+            info = podium.browser.info(name)
+        except NotFound as e:
+            if name != PROMPTS_TABLE:
+                raise
+            raise NotFound("no custom prompts are saved yet: write or pick a prompt on the Generate page and save it") from e
         snapshot = info.snapshot(request.query_params.get("snapshot"))
         query = _page_query(request.query_params)
-        result = podium.browser.page(name, snapshot.id, query, info)
+        result = podium.browser.page(name, snapshot.id, query)
         return page(request, "table.html", info=info, snapshot=snapshot, page=result, operators=list(OPERATORS),
+                    columns=podium.browser.columns_at(name, snapshot.id),
                     sizes=PAGE_SIZES, params=request.query_params, sql=request.query_params.get("q", ""))
 
     def row(request: Request) -> Response:
@@ -117,7 +138,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
         name = request.path_params["name"]
         info = podium.browser.info(name)
         snapshot = info.snapshot(request.query_params.get("snapshot"))
-        text = request.query_params.get("q", "").strip() or f"SELECT * FROM t LIMIT 20"
+        text = request.query_params.get("q", "").strip() or "SELECT * FROM t LIMIT 20"
         params_text = request.query_params.get("params", "")
         error, result = "", None
         try:
@@ -148,6 +169,8 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
         if request.method == "POST":
             if not chosen:
                 error = "choose at least one checkpoint or model"
+            elif len(chosen) > MAX_CHOSEN:
+                error = f"choose at most {MAX_CHOSEN} checkpoints or models at once; {len(chosen)} were chosen"
             else:
                 try:
                     completions = await run_in_threadpool(
@@ -161,8 +184,8 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
 
     async def prompts(request: Request) -> Response:
         form = await request.form()
-        tag = await run_in_threadpool(save_prompt, open_catalog(podium.catalog_config), str(form.get("prompt", "")),
-                                      str(form.get("note", "")), str(form.get("source", "")) or "custom")
+        tag = await run_in_threadpool(save_prompt, podium.browser.catalog, str(form.get("prompt", "")), str(form.get("note", "")),
+                                      str(form.get("source", "")) or "custom")
         return RedirectResponse(_url(f"/t/{PROMPTS_TABLE}", snapshot=tag, saved=tag), status_code=303)
 
     def checkpoint(request: Request) -> Response:
@@ -175,6 +198,9 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
 
     async def bad_request(request: Request, exc: Exception) -> Response:
         return page(request, "error.html", status=400, message=str(exc))
+
+    async def not_done(request: Request, exc: Exception) -> Response:
+        return page(request, "error.html", status=409, message=str(exc))
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         message = f"there is no page at {request.url.path}; start from the table list" if exc.status_code == 404 else exc.detail
@@ -195,16 +221,33 @@ def create_app(root: Path, *, host: str = "127.0.0.1") -> Starlette:
         Route("/prompts", prompts, methods=["POST"]),
         Route("/checkpoint/{sha256}", checkpoint),
     ]
-    hosts = ["*"] if host not in LOOPBACK else list(LOOPBACK) + ["[::1]"]
+    hosts = [*LOOPBACK, "[::1]", *allowed_hosts]
+    if host not in LOOPBACK:
+        hosts += [host, *_names_of_this_machine()]
     return Starlette(
         routes=routes,
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SameOrigin)],
-        exception_handlers={NotFound: not_found, PodiumError: bad_request, HTTPException: http_error, Exception: server_error},
+        exception_handlers={NotFound: not_found, PodiumError: bad_request, FactoryError: not_done, HTTPException: http_error,
+                            Exception: server_error},
     )
 
 
+def _names_of_this_machine() -> list[str]:
+    """The host name, fully qualified name and addresses people may reach this machine by."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    try:
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return sorted(names)
+
+
 class SameOrigin:
-    """Refuses a POST whose Origin is another site: a page elsewhere cannot save prompts through a user's browser."""
+    """Refuses a POST that a page of another site (or an opaque origin, `null`) sent: it cannot save prompts through a user's browser.
+
+    A browser names the origin of every form post; a post without one is accepted only when the
+    browser says it came from this site (`Sec-Fetch-Site: same-origin`).
+    """
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -214,7 +257,8 @@ class SameOrigin:
             headers = dict(scope["headers"])
             origin = headers.get(b"origin", b"").decode()
             host = headers.get(b"host", b"").decode()
-            if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc != host:
+            same_site = headers.get(b"sec-fetch-site", b"").decode() == "same-origin"
+            if not (origin and urllib.parse.urlsplit(origin).netloc == host) and not (not origin and same_site):
                 await HTMLResponse("cross-origin form posts are refused", status_code=403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -242,8 +286,8 @@ def _page_query(params: QueryParams) -> PageQuery:
     if size not in PAGE_SIZES:
         raise PodiumError(f"page size must be one of {', '.join(map(str, PAGE_SIZES))}, not {size}")
     offset = _int(params.get("offset", "0"), "offset")
-    if offset < 0:
-        raise PodiumError(f"the offset cannot be negative ({offset})")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise PodiumError(f"the offset must be between 0 and {MAX_OFFSET}, not {offset}")
     return PageQuery(columns=tuple(params.getlist("col")), filters=filters, sort=params.get("sort", ""),
                      descending=params.get("desc") == "1", offset=offset, size=size)
 
@@ -262,8 +306,8 @@ def _float(text: str, what: str) -> float:
         raise PodiumError(f"{what} must be a number, not {text!r}") from e
 
 
-def serve(root: Path, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve(root: Path, host: str = "127.0.0.1", port: int = 8765, allowed_hosts: Sequence[str] = ()) -> None:
     """Serve Podium until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(root, host=host), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(root, host=host, allowed_hosts=allowed_hosts), host=host, port=port, log_level="info")

@@ -1,21 +1,19 @@
 """What Podium reads from the catalog: tables, snapshots, pages of rows, one row, diffs and SQL.
 
 Snapshots are immutable, so a column of a snapshot, once read, is kept in memory (up to a byte
-budget) and every later page is a DuckDB query over those Arrow columns: a million-row table pages
-in milliseconds after its first load. A page reads only the columns it shows, filters or sorts
-on. Filters and sorting are built from validated column names and bound parameters; the SQL box
-runs one SELECT on a DuckDB connection that cannot touch files, under row and time limits.
+budget): a million-row table pages in milliseconds after its first load. A page reads only the
+columns it shows, filters or sorts on. Filters and sorting are built from validated column names
+and bound parameters; the SQL box (`factory.podium.sql`) runs one SELECT over a snapshot.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -26,7 +24,9 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from factory.data.tables import record_batches
-from factory.errors import FactoryError
+from factory.podium.cells import preview
+from factory.podium.errors import NotFound, PodiumError
+from factory.podium.sql import SqlResult, connection, first_line, run_select
 
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
 POSITION = "__row"
@@ -34,8 +34,6 @@ POSITION = "__row"
 PAGE_SIZES = (25, 50, 100, 200)
 PREVIEW_CHARS = 160
 """Characters of a string cell the table view shows."""
-SQL_ROW_LIMIT = 500
-SQL_SECONDS = 10.0
 DIFF_ROWS = 100
 CACHE_BYTES = 2 << 30
 OPERATORS = {
@@ -53,14 +51,6 @@ OPERATORS = {
     "is not null": "{col} IS NOT NULL",
 }
 UNARY = ("is null", "is not null")
-
-
-class PodiumError(FactoryError):
-    """Something a Podium user asked for cannot be shown; the message says what to change."""
-
-
-class NotFound(PodiumError):
-    """A namespace, table, snapshot or row that is not there."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,7 +124,7 @@ class Page:
 
     columns: tuple[str, ...]
     rows: list[dict[str, Any]]
-    """Each row: POSITION, then the columns; a cut string cell is (preview, full length)."""
+    """Each row: POSITION, then the shown columns as `cells.preview` gives them (text cut to PREVIEW_CHARS)."""
     matched: int
     """Rows that pass the filters."""
     total: int
@@ -154,25 +144,17 @@ class Diff:
     """Columns only one side has, left out of the comparison."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SqlResult:
-    """What a SELECT returned, up to the row limit."""
-
-    columns: tuple[str, ...]
-    rows: list[tuple[Any, ...]]
-    truncated: bool
-    seconds: float
-
-
-@dataclass(kw_only=True)
 class ColumnCache:
     """Columns of snapshots already read, least recently used dropped first beyond `max_bytes`."""
 
-    max_bytes: int = CACHE_BYTES
-    _columns: OrderedDict[tuple[str, int, str], pa.ChunkedArray] = field(default_factory=OrderedDict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._columns: OrderedDict[tuple[str, int, str], pa.ChunkedArray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
 
     def get(self, table: str, snapshot: int, column: str) -> pa.ChunkedArray | None:
+        """A cached column, or None."""
         with self._lock:
             key = (table, snapshot, column)
             if key in self._columns:
@@ -180,10 +162,19 @@ class ColumnCache:
             return self._columns.get(key)
 
     def put(self, table: str, snapshot: int, column: str, values: pa.ChunkedArray) -> None:
+        """Keep a column; the oldest go while the cache holds more than `max_bytes` (the newest always stays)."""
         with self._lock:
+            if (old := self._columns.pop((table, snapshot, column), None)) is not None:
+                self._bytes -= old.nbytes
             self._columns[(table, snapshot, column)] = values
-            while len(self._columns) > 1 and sum(c.nbytes for c in self._columns.values()) > self.max_bytes:
-                self._columns.popitem(last=False)
+            self._bytes += values.nbytes
+            while len(self._columns) > 1 and self._bytes > self.max_bytes:
+                self._bytes -= self._columns.popitem(last=False)[1].nbytes
+
+    def keys(self) -> list[tuple[str, int, str]]:
+        """(table, snapshot, column) of every cached column, oldest first."""
+        with self._lock:
+            return list(self._columns)
 
 
 def check_name(name: str, what: str) -> str:
@@ -199,7 +190,7 @@ class Browser:
     def __init__(self, catalog: Catalog, cache: ColumnCache | None = None) -> None:
         self.catalog = catalog
         self.cache = cache or ColumnCache()
-        self._readers: dict[tuple[str, int], threading.Lock] = {}
+        self._readers: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     # --- the catalog -------------------------------------------------------------------------
@@ -255,7 +246,7 @@ class Browser:
     # --- reading -----------------------------------------------------------------------------
     def columns(self, name: str, snapshot: int, columns: Sequence[str]) -> pa.Table:
         """Some columns of a snapshot, plus POSITION, read once and then served from memory."""
-        with self._reader(name, snapshot):  # a second request for the same snapshot waits for the first's read
+        with self._reader(name):  # a second request for the same table waits for the first's read
             found = {c: v for c in columns if (v := self.cache.get(name, snapshot, c)) is not None}
             missing = [c for c in columns if c not in found]
             if missing:
@@ -272,18 +263,26 @@ class Browser:
         arrays = [found[c] for c in columns] + [pa.array(np.arange(rows, dtype=np.int64))]
         return pa.Table.from_arrays(arrays, names=[*columns, POSITION])
 
-    def _reader(self, name: str, snapshot: int) -> threading.Lock:
+    def _reader(self, name: str) -> threading.Lock:
         with self._guard:
-            return self._readers.setdefault((name, snapshot), threading.Lock())
+            return self._readers.setdefault(name, threading.Lock())
 
-    def page(self, name: str, snapshot: int, query: PageQuery, info: TableInfo | None = None) -> Page:
+    def columns_at(self, name: str, snapshot: int) -> tuple[tuple[str, str], ...]:
+        """(name, type) of each column as the snapshot was written (an older snapshot may predate a column)."""
+        table = self.load(name)
+        found = table.snapshot_by_id(snapshot)
+        if found is None:
+            raise NotFound(f"{name} has no snapshot {snapshot}")
+        schema = table.schemas().get(found.schema_id) if found.schema_id is not None else None
+        return tuple((f.name, str(f.field_type)) for f in (schema or table.schema()).fields)
+
+    def page(self, name: str, snapshot: int, query: PageQuery) -> Page:
         """One page of a snapshot's rows, filtered and sorted.
 
         Only the filter and sort columns go through DuckDB, to find the page's row positions; the
         shown columns are then taken for those rows alone, so a deep page costs what the first does.
         """
-        info = info or self.info(name)
-        known = [c for c, _ in info.columns]
+        known = [c for c, _ in self.columns_at(name, snapshot)]
         shown = tuple(query.columns) or tuple(known)
         keys = list(dict.fromkeys([*(f.column for f in query.filters), *([query.sort] if query.sort else [])]))
         for column in (*shown, *keys):
@@ -293,95 +292,55 @@ class Browser:
         if keys:
             where, params = _where(query.filters, data.schema)
             order = f'{_quote(query.sort)} {"DESC" if query.descending else "ASC"} NULLS LAST, ' if query.sort else ""
-            with _connection() as con:
+            with connection() as con:
                 con.register("t", data.select([*keys, POSITION]))
-                matched = con.execute(f"SELECT count(*) FROM t {where}", params).fetchone()[0]
-                found = con.execute(f"SELECT {POSITION} FROM t {where} ORDER BY {order}{POSITION} LIMIT ? OFFSET ?",
-                                    [*params, query.size, query.offset]).fetchall()
+                try:
+                    matched = con.execute(f"SELECT count(*) FROM t {where}", params).fetchone()[0]
+                    found = con.execute(f"SELECT {POSITION} FROM t {where} ORDER BY {order}{POSITION} LIMIT ? OFFSET ?",
+                                        [*params, query.size, query.offset]).fetchall()
+                except duckdb.Error as e:
+                    raise PodiumError(f"the filters cannot be applied ({first_line(e)}); check each value against its column's type") from e
             positions = [p for (p,) in found]
         else:
             matched = data.num_rows
             positions = list(range(min(query.offset, matched), min(query.offset + query.size, matched)))
         picked = data.select(list(shown)).take(pa.array(positions, pa.int64())).to_pylist()
-        text = {c for c in shown if _is_text(data.schema.field(c).type)}
-        rows = [{POSITION: p, **{c: _cell(v) if c in text else v for c, v in row.items()}} for p, row in zip(positions, picked, strict=True)]
+        rows = [{POSITION: p, **{c: preview(v, PREVIEW_CHARS) for c, v in row.items()}} for p, row in zip(positions, picked, strict=True)]
         return Page(columns=shown, rows=rows, matched=matched, total=data.num_rows, query=query)
 
     def row(self, name: str, snapshot: int, position: int) -> dict[str, Any]:
         """Every column of one row, whole."""
-        info = self.info(name)
-        data = self.columns(name, snapshot, [c for c, _ in info.columns])
+        columns = [c for c, _ in self.columns_at(name, snapshot)]
+        data = self.columns(name, snapshot, columns)
         if not 0 <= position < data.num_rows:
             raise NotFound(f"{name} (snapshot {snapshot}) has {data.num_rows} rows; there is no row {position}")
-        return {c: data.column(c)[position].as_py() for c, _ in info.columns}
+        return {c: data.column(c)[position].as_py() for c in columns}
 
     def diff(self, name: str, before: int, after: int, limit: int = DIFF_ROWS) -> Diff:
         """Rows added and removed between two snapshots, compared as whole rows."""
-        old = _schema_at(self.load(name), before)
-        new = _schema_at(self.load(name), after)
+        old = [c for c, _ in self.columns_at(name, before)]
+        new = [c for c, _ in self.columns_at(name, after)]
         common = [c for c in new if c in old]
         a, b = self.columns(name, before, common), self.columns(name, after, common)
         listed = ", ".join(_quote(c) for c in common)
-        with _connection() as con:
+        with connection() as con:
             con.register("a", a.select(common))
             con.register("b", b.select(common))
             added_q = f"SELECT {listed} FROM b EXCEPT ALL SELECT {listed} FROM a"
             removed_q = f"SELECT {listed} FROM a EXCEPT ALL SELECT {listed} FROM b"
             added_count = con.execute(f"SELECT count(*) FROM ({added_q})").fetchone()[0]
             removed_count = con.execute(f"SELECT count(*) FROM ({removed_q})").fetchone()[0]
-            preview = ", ".join(_preview(c, a.schema.field(c).type) for c in common)
-            added = _dicts(con.execute(f"SELECT {preview} FROM ({added_q}) LIMIT ?", [limit]))
-            removed = _dicts(con.execute(f"SELECT {preview} FROM ({removed_q}) LIMIT ?", [limit]))
-        cut = [_cut(r, common, a.schema) for r in added], [_cut(r, common, a.schema) for r in removed]
-        return Diff(columns=tuple(common), added=cut[0], removed=cut[1], added_count=added_count, removed_count=removed_count,
-                    dropped_columns=tuple(c for c in {*old, *new} if c not in common))
+            added = _previews(con.execute(f"{added_q} LIMIT ?", [limit]))
+            removed = _previews(con.execute(f"{removed_q} LIMIT ?", [limit]))
+        return Diff(columns=tuple(common), added=added, removed=removed, added_count=added_count, removed_count=removed_count,
+                    dropped_columns=tuple(sorted({*old, *new} - set(common))))
 
     def sql(
-        self, name: str, snapshot: int, text: str, params: Sequence[Any] | Mapping[str, Any] = (),
-        row_limit: int = SQL_ROW_LIMIT, seconds: float = SQL_SECONDS,
+        self, name: str, snapshot: int, text: str, params: Sequence[Any] | Mapping[str, Any] = (), **limits: Any
     ) -> SqlResult:
-        """Run one SELECT over the snapshot, visible as table `t` (and by its short name)."""
-        statement = single_select(text)
-        info = self.info(name)
-        data = self.columns(name, snapshot, [c for c, _ in info.columns])
-        with _connection() as con:
-            con.register("t", data)
-            con.register(name.split(".", 1)[1], data)
-            con.execute("SET lock_configuration = true")
-            timer = threading.Timer(seconds, con.interrupt)
-            started = datetime.datetime.now()
-            timer.start()
-            try:
-                cursor = con.execute(statement, params or None)
-                rows = cursor.fetchmany(row_limit + 1)
-            except duckdb.InterruptException as e:
-                raise PodiumError(f"the query ran past the {seconds:g} s limit and was stopped; add a WHERE or a LIMIT") from e
-            except duckdb.Error as e:
-                raise PodiumError(f"the query failed: {_first_line(e)}") from e
-            finally:
-                timer.cancel()
-            columns = tuple(d[0] for d in cursor.description)
-        elapsed = (datetime.datetime.now() - started).total_seconds()
-        return SqlResult(columns=columns, rows=rows[:row_limit], truncated=len(rows) > row_limit, seconds=elapsed)
-
-
-def single_select(text: str) -> str:
-    """The text's one statement, when it is a SELECT; anything else is refused with the reason."""
-    try:
-        statements = duckdb.extract_statements(text)
-    except duckdb.Error as e:
-        raise PodiumError(f"the query does not parse: {_first_line(e)}") from e
-    if len(statements) != 1:
-        raise PodiumError(f"write exactly one statement; found {len(statements)}")
-    if statements[0].type != duckdb.StatementType.SELECT:
-        raise PodiumError(f"only SELECT queries run here; this is a {statements[0].type.name} statement")
-    return statements[0].query
-
-
-def _connection() -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB that cannot read or write files, load extensions or attach databases."""
-    return duckdb.connect(config={"enable_external_access": False, "autoload_known_extensions": False,
-                                  "autoinstall_known_extensions": False, "memory_limit": "2GB", "threads": 2})
+        """Run one SELECT over the snapshot, visible as table `t` (and by its short name); `limits`: row_limit, seconds."""
+        data = self.columns(name, snapshot, [c for c, _ in self.columns_at(name, snapshot)]).drop_columns([POSITION])
+        return run_select({"t": data, name.split(".", 1)[1]: data}, text, params, **limits)
 
 
 def _quote(column: str) -> str:
@@ -392,36 +351,12 @@ def _is_text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _preview(column: str, kind: pa.DataType) -> str:
-    """The select item for a cell in a table view: strings cut to PREVIEW_CHARS, with their length beside."""
-    quoted = _quote(column)
-    if _is_text(kind):
-        return f'left({quoted}, {PREVIEW_CHARS}) AS {quoted}, length({quoted}) AS {_quote(column + "/length")}'
-    return quoted
-
-
-def _cell(value: str | None) -> tuple[str | None, int | None]:
-    """A string cell as the table view shows it: its first PREVIEW_CHARS characters, and its length."""
-    return (None, None) if value is None else (value[:PREVIEW_CHARS], len(value))
-
-
 def _one_chunk(values: pa.ChunkedArray) -> pa.ChunkedArray:
     """The column as one chunk, so taking a page's rows does not copy it; kept as read when it does not fit one."""
     try:
         return pa.chunked_array([values.combine_chunks()])
     except (pa.ArrowInvalid, pa.ArrowCapacityError):
         return values
-
-
-def _cut(row: dict[str, Any], columns: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
-    """Pair each cut string cell with its full length."""
-    out = {POSITION: row[POSITION]} if POSITION in row else {}
-    for column in columns:
-        if _is_text(schema.field(column).type):
-            out[column] = (row[column], row[column + "/length"])
-        else:
-            out[column] = row[column]
-    return out
 
 
 def _where(filters: Sequence[Filter], schema: pa.Schema) -> tuple[str, list[Any]]:
@@ -456,35 +391,10 @@ def _typed(item: Filter, kind: pa.DataType) -> Any:
     return item.value
 
 
-def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
-
-
-def _schema_at(table: Table, snapshot: int) -> list[str]:
-    found = table.snapshot_by_id(snapshot)
-    if found is None:
-        raise NotFound(f"{table.name()} has no snapshot {snapshot}")
-    schema = table.schemas().get(found.schema_id) if found.schema_id is not None else table.schema()
-    return [f.name for f in (schema or table.schema()).fields]
-
-
 def _int(value: str | None) -> int | None:
     return int(value) if value is not None and value.lstrip("-").isdigit() else None
 
 
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-
-def parse_params(text: str) -> list[Any] | dict[str, Any]:
-    """SQL parameters from the form: a JSON list (for `?`) or object (for `$name`); empty means none."""
-    if not text.strip():
-        return []
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PodiumError(f"parameters must be a JSON list or object: {e}") from e
-    if not isinstance(value, list | dict):
-        raise PodiumError("parameters must be a JSON list (for ?) or a JSON object (for $name)")
-    return value
+def _previews(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [{n: preview(v, PREVIEW_CHARS) for n, v in zip(names, values, strict=True)} for values in cursor.fetchall()]

@@ -23,7 +23,7 @@ from factory.errors import ArtifactError
 from factory.evals.generate import greedy, sample
 from factory.models.gpt import GPT
 from factory.models.tokenizer import EOS, load_tokenizer
-from factory.podium.browse import NotFound, PodiumError
+from factory.podium.errors import NotFound, PodiumError
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
 
@@ -172,15 +172,12 @@ class Generator:
             self._loaded.move_to_end(candidate.sha256)
             return self._loaded[candidate.sha256]
         try:
-            if candidate.stage == "model":
-                state = {"model": torch.load(candidate.path, map_location="cpu", weights_only=True)}
-            else:
-                state = load_checkpoint(candidate.path, candidate.sha256)
+            state = load_checkpoint(candidate.path, candidate.sha256)  # an exported model.pt holds the weights alone
             tokenizer = load_tokenizer(candidate.tokenizer)
-        except (ArtifactError, OSError, RuntimeError, ValueError) as e:
+            model = GPT(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
+            model.load_state_dict(state["model"] if candidate.stage != "model" else state)
+        except (ArtifactError, OSError, RuntimeError, ValueError, KeyError) as e:
             raise PodiumError(f"{candidate.label} cannot be loaded: {e}") from e
-        model = GPT(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
-        model.load_state_dict(state["model"])
         model.eval()
         self._loaded[candidate.sha256] = (model, tokenizer)
         while len(self._loaded) > LOADED_MODELS:

@@ -1,5 +1,7 @@
 """Podium's HTTP side: escaping, error pages instead of tracebacks, and what a hostile request cannot do."""
 
+import datetime
+import decimal
 import logging
 from pathlib import Path
 
@@ -19,7 +21,8 @@ LOCAL = "http://127.0.0.1:8765"
 
 @pytest.fixture(scope="module")
 def client(store):
-    return TestClient(create_app(store), base_url=LOCAL, raise_server_exceptions=False)
+    """A browser on this machine: its form posts name Podium's origin."""
+    return TestClient(create_app(store), base_url=LOCAL, raise_server_exceptions=False, headers={"origin": LOCAL})
 
 
 @pytest.mark.parametrize("path", ["/t/sft.samples?col=prompt&col=completion&col=metadata", "/t/sft.samples/row/2",
@@ -47,7 +50,11 @@ def test_a_hostile_filter_value_and_column_stay_text(client):
     ("/t/nope.nothing", 404, "there is no table nope.nothing"),
     ("/t/sft.samples?snapshot=v7", 404, "no snapshot, tag or branch"),
     ("/t/sft.samples?size=7", 400, "page size must be one of"),
-    ("/t/sft.samples?offset=-1", 400, "cannot be negative"),
+    ("/t/sft.samples?offset=-1", 400, "the offset must be between 0 and"),
+    ("/t/sft.samples?offset=99999999999999999999", 400, "the offset must be between 0 and"),
+    ("/t/sft.samples?fc=label&fo=matches&fv=(", 400, "the filters cannot be applied"),
+    ("/t/sft.%2E%2E/row/1", 404, "not a valid name"),
+    ("/t/podium.custom_prompts", 404, "no custom prompts are saved yet"),
     ("/t/sft.samples/row/999", 404, "there is no row 999"),
     ("/t/sft.samples?fc=score&fo=%3E&fv=lots", 400, "is not a int64 value"),
     ("/t/sft.samples?fc=score&fo=eval&fv=1", 400, "unknown filter operator"),
@@ -83,13 +90,40 @@ def test_huge_cells_are_cut_until_show_all(client):
     assert whole.text.count("x") > 60_000
 
 
-def test_only_loopback_hosts_and_same_origin_posts(store, client):
+def test_only_this_machines_names_and_same_origin_posts(store, client):
     outsider = TestClient(create_app(store), base_url="http://podium.attacker.example", raise_server_exceptions=False)
     assert outsider.get("/").status_code == 400, "a DNS-rebound Host header is refused"
-    response = client.post("/prompts", data={"prompt": "x", "note": "y"}, headers={"origin": "http://attacker.example"})
-    assert response.status_code == 403
-    exposed = TestClient(create_app(store, host="0.0.0.0"), base_url="http://podium.team.example", raise_server_exceptions=False)
-    assert exposed.get("/").status_code == 200, "--host exposes it under any name"
+    for origin in ("http://attacker.example", "null"):
+        response = client.post("/prompts", data={"prompt": "x", "note": "y"}, headers={"origin": origin})
+        assert response.status_code == 403, origin
+    bare = TestClient(create_app(store), base_url=LOCAL, raise_server_exceptions=False)
+    assert bare.post("/prompts", data={"prompt": "x", "note": "y"}).status_code == 403, "a post that names no origin"
+    exposed = TestClient(create_app(store, host="0.0.0.0", allowed_hosts=["podium.team.example"]), base_url="http://podium.team.example",
+                         raise_server_exceptions=False)
+    assert exposed.get("/").status_code == 200, "--host with --allowed-host serves that name"
+    rebound = TestClient(create_app(store, host="0.0.0.0"), base_url="http://podium.attacker.example", raise_server_exceptions=False)
+    assert rebound.get("/").status_code == 400, "exposed, it still refuses names that are not this machine's"
+
+
+def test_lists_structs_binary_and_timestamps_show_as_text(tmp_path):
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "iceberg"))
+    chats = [[{"role": "user", "content": "hi <b>"}, {"role": "assistant", "content": "hello"}], []]
+    table = pa.table({
+        "id": ["a", "b"], "messages": chats, "blob": [b"\x00\xffbytes", None],
+        "at": pa.array([datetime.datetime(2026, 1, 2, 3, 4), None], pa.timestamp("us")),
+        "price": pa.array([decimal.Decimal("1.50"), None], pa.decimal128(6, 2)), "sha256": ["x", "y"], "bytes": [1, 2],
+    })
+    write_version(catalog, "sft.chats", table, logging.getLogger("test"), schema=table.schema)
+    client = TestClient(create_app(tmp_path), base_url=LOCAL, raise_server_exceptions=False)
+    page = client.get("/t/sft.chats")
+    assert page.status_code == 200, page.text
+    assert "&#34;role&#34;: &#34;user&#34;, &#34;content&#34;: &#34;hi &lt;b&gt;&#34;" in page.text
+    assert "\ufffdbytes" in page.text and "2026-01-02T03:04:00" in page.text and "1.50" in page.text
+    sample = client.get("/t/sft.chats/row/0")
+    assert sample.status_code == 200 and 'class="turn role-user"' in sample.text
+    wrong = client.get("/t/sft.chats", params={"fc": "at", "fo": ">", "fv": "yesterday"})
+    assert wrong.status_code == 400 and "the filters cannot be applied" in wrong.text
+    assert client.get("/t/sft.chats", params={"fc": "at", "fo": ">", "fv": "2026-01-01"}).text.count("open-row") == 1
 
 
 def test_generate_and_save_a_prompt_from_a_sample(store, client):
@@ -100,7 +134,9 @@ def test_generate_and_save_a_prompt_from_a_sample(store, client):
     assert response.status_code == 200 and response.text.count('class="completion"') == 2
     missing = client.post("/generate", data={"prompt": "def add(a, b):"})
     assert missing.status_code == 400 and "choose at least one checkpoint" in missing.text
+    many = client.post("/generate", data={"prompt": "x", "ckpt": [f"{i:064x}" for i in range(7)]})
+    assert many.status_code == 400 and "at most 6" in many.text
     assert client.get(f"/checkpoint/{shas[0]}", follow_redirects=False).headers["location"] == f"/generate?ckpt={shas[0]}"
-    saved = client.post("/prompts", data={"prompt": "def add(a, b):", "note": SCRIPT, "source": "custom"}, headers={"origin": LOCAL})
+    saved = client.post("/prompts", data={"prompt": "def add(a, b):", "note": SCRIPT, "source": "custom"})
     assert saved.status_code == 200 and "podium.custom_prompts@v" in saved.text
     assert SCRIPT not in saved.text

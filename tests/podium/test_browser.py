@@ -145,7 +145,8 @@ def test_generate_from_a_sample_side_by_side_and_save_the_prompt(page):
     expect(completions).to_have_count(2)
     expect(completions.nth(0)).to_contain_text("pretrain step 10")
     expect(completions.nth(1)).to_contain_text("pretrain step 10")
-    assert completions.nth(0).locator("strong").first.inner_text() != completions.nth(1).locator("strong").first.inner_text()
+    written = [completions.nth(i).locator("pre.content strong").inner_text() for i in range(2)]
+    assert written[0] != written[1], "two checkpoints of different weights write different text"
     shot(page, "generate")
     page.fill("#note", "a sample the model gets wrong")
     page.click("#save-prompt")

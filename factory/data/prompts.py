@@ -1,7 +1,9 @@
 """Custom prompts saved from Podium: the Iceberg table `podium.custom_prompts`, one version per save.
 
-Saves append, so two people saving at once both keep their prompt; each save is tagged `v<n>`,
-which an evaluation pins like any dataset (`podium.custom_prompts@v3`).
+Saves append, so two people saving at once both keep their prompt. After its append, a save tags
+the table's current snapshot `v<n>` (or reuses its tag when another save tagged it first): the
+current snapshot holds every prompt appended so far, so each version holds all the ones before
+it. An evaluation pins a version like any dataset (`podium.custom_prompts@v3`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from factory.data.tables import CONFLICTS, next_version, resolve
-from factory.errors import ArtifactError
-from factory.podium.browse import PodiumError
+from factory.data.tables import CONFLICTS, VERSION_TAG, next_version, resolve
+from factory.errors import ArtifactError, ConfigError
 
 TABLE = "podium.custom_prompts"
 MAX_PROMPT_CHARS = 20_000
@@ -37,25 +38,28 @@ ARROW_SCHEMA = pa.schema([pa.field(f.name, pa.int64() if f.name == "bytes" else 
 def save_prompt(catalog: Catalog, prompt: str, note: str, source: str = "") -> str:
     """Append one prompt (with why it matters and where it came from); the `v<n>` tag of the new version."""
     if not prompt.strip():
-        raise PodiumError("the prompt is empty: write one before saving")
+        raise ConfigError("the prompt is empty: write one before saving")
     if len(prompt) > MAX_PROMPT_CHARS or len(note) > MAX_NOTE_CHARS:
-        raise PodiumError(f"a prompt may have {MAX_PROMPT_CHARS} characters and a note {MAX_NOTE_CHARS}")
+        raise ConfigError(f"a prompt may have {MAX_PROMPT_CHARS} characters and a note {MAX_NOTE_CHARS}")
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
     sha = hashlib.sha256(prompt.encode()).hexdigest()
     row = {"id": hashlib.sha256(f"{created}\0{sha}\0{note}".encode()).hexdigest()[:32], "prompt": prompt, "note": note,
            "source": source, "created": created, "bytes": len(prompt.encode()), "sha256": sha}
     catalog.create_namespace_if_not_exists(TABLE.split(".")[0])
     table = catalog.create_table_if_not_exists(TABLE, schema=SCHEMA)
-    appended: int | None = None
-    for attempt in range(COMMIT_ATTEMPTS):
+    appended = False
+    for _ in range(COMMIT_ATTEMPTS):
         try:
-            if appended is None:
+            if not appended:
                 table.append(pa.Table.from_pylist([row], schema=ARROW_SCHEMA))
-                snapshot = table.current_snapshot()
-                assert snapshot is not None, "an append always makes a snapshot"
-                appended = snapshot.snapshot_id
+                appended = True
+            table.refresh()
+            current = table.current_snapshot()
+            assert current is not None, "an append always makes a snapshot"
+            if taken := [n for n, r in table.refs().items() if r.snapshot_id == current.snapshot_id and VERSION_TAG.match(n)]:
+                return taken[0]
             tag = f"v{next_version(table)}"  # another save may take this number first: then the next one
-            table.manage_snapshots().create_tag(appended, tag).commit()
+            table.manage_snapshots().create_tag(current.snapshot_id, tag).commit()
             return tag
         except CONFLICTS:
             table = catalog.load_table(TABLE)

@@ -10,8 +10,9 @@ from factory.evals.benchmarks import EvalInputs, benchmark, known
 from factory.models.gpt import GPT
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.generate import Generator, candidates
-from factory.podium.prompts import save_prompt
+from factory.data.prompts import save_prompt
 from factory.registry import ArtifactStore
+from tests.podium.conftest import store  # noqa: F401  (the fixture)
 
 
 def inputs_for(store, catalog) -> tuple[EvalInputs, Generator]:

@@ -1,0 +1,33 @@
+"""Completions from registry checkpoints, and the links Dagster's metadata carries into Podium."""
+
+import pytest
+
+from factory.podium.errors import NotFound, PodiumError
+from factory.podium.generate import Generator, candidates
+from factory.podium.links import checkpoint_url, table_links, table_url
+from factory.registry import ArtifactStore
+
+
+def test_completions_come_from_the_chosen_checkpoint_and_are_repeatable(store):
+    registry = ArtifactStore(store / "registry")
+    found = candidates(registry)
+    assert sorted(c.experiment for c in found) == ["podium-seed1", "podium-seed2"]
+    generator = Generator(registry)
+    one, two = (generator.find(c.sha256) for c in sorted(found, key=lambda c: c.experiment))
+    first = generator.complete(one, "def f(x):\n    return", new_tokens=6)
+    assert first.tokens <= 6 and first.candidate == one
+    assert generator.complete(one, "def f(x):\n    return", new_tokens=6).text == first.text
+    assert generator.complete(two, "def f(x):\n    return", new_tokens=6).text != first.text
+    with pytest.raises(NotFound, match="no published checkpoint"):
+        generator.find("0" * 64)
+    with pytest.raises(PodiumError, match="between 1 and 256"):
+        generator.complete(one, "x", new_tokens=1000)
+
+
+def test_links_point_at_pages(monkeypatch):
+    monkeypatch.setenv("FACTORY_PODIUM_URL", "http://podium.internal:9000/")
+    assert table_url("raw.stdlib", 42) == "http://podium.internal:9000/t/raw.stdlib?snapshot=42"
+    assert checkpoint_url("ab" * 32) == f"http://podium.internal:9000/checkpoint/{'ab' * 32}"
+    assert table_links({"stdlib/table": "filtered.stdlib@v2", "stdlib/rows": 10}) == {
+        "podium/stdlib": "http://podium.internal:9000/t/filtered.stdlib?snapshot=v2"
+    }
