@@ -8,13 +8,14 @@ from assets.checkpoints import checkpoints
 from assets.evaluations import evaluations
 from assets.leaderboard import automation, best_model, leaderboard
 from assets.post import code_exec_tasks
+from assets.promote import production_model
 from assets.report import run_report
 from assets.sensors import experiments_at_head
 from assets.stages import stage_assets
 from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 defs = Definitions(
-    assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks],
+    assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, production_model],
     sensors=[experiments_at_head, automation],
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),

@@ -390,6 +390,9 @@ class Experiment(Section):
     """For a sweep variant, the dotted paths and values that make it one (set by the loader)."""
     image: str = "local"
     """Code identity: `name@sha256:<digest>`, or `local` for the source tree on this machine."""
+    nondeterministic: str | None = None
+    """Why this recipe's models cannot be reproduced bit for bit (e.g. nondeterministic GPU kernels); set, it lets
+    `factory promote` go ahead without a matching reproduction. Not part of the recipe's hash."""
     seed: int = 0
     """Seeds every random choice of every stage."""
     data: DataConfig = DataConfig()

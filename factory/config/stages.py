@@ -60,7 +60,7 @@ def placement(experiment: Experiment, kind: str) -> Placement:
 DATASET_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 STAGES = tuple(UPSTREAM)
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
-NOT_RECIPE = {"name", "description", "source", "variant"}
+NOT_RECIPE = {"name", "description", "source", "variant", "nondeterministic"}
 OPTIONAL_SECTIONS = ("sft", "rl")
 """Sections added after recipes existed: left out of the config hash when absent."""
 

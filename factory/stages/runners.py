@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as save_safetensors
 
+from factory.models.export import sorted_header
 from factory.config.control import ControlConfig
 from factory.config.stages import TRAINING_STAGES
 from factory.config.schema import ModelConfig, PretrainConfig, TokenizerConfig
@@ -269,8 +270,9 @@ def run_model(ctx: StageContext) -> dict[str, Any]:
     torch.save(weights, ctx.out / MODEL_WEIGHTS)
     # The same weights for other tools; a tied output projection is the embedding, so it is stored once.
     tied = "lm_head.weight" in weights and weights["lm_head.weight"].data_ptr() == weights["wte.weight"].data_ptr()
-    save_file({k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}, ctx.out / MODEL_SAFETENSORS,
-              metadata={"tied_embeddings": str(tied).lower(), "format": "pt"})
+    stored = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
+    data = save_safetensors(stored, metadata={"tied_embeddings": str(tied).lower(), "format": "pt"})
+    (ctx.out / MODEL_SAFETENSORS).write_bytes(sorted_header(data))
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
     shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
     (ctx.out / MODEL_CONFIG).write_text(json.dumps(run, indent=2, sort_keys=True))

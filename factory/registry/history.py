@@ -1,0 +1,55 @@
+"""Append-only records in the registry: reproductions of a model, promotions of a model to an alias.
+
+A topic (`reproductions/<model digest>`, `promotions/production`) is a directory of numbered JSON
+records. A record is written to a temp file and linked into place under the next free number, so
+it appears whole or not at all, is never overwritten, and two writers never take the same number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from factory.errors import ConfigError
+
+TOPIC = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+RECORD = re.compile(r"^(\d{6})\.json$")
+
+
+class History:
+    """The records of one topic, oldest first."""
+
+    def __init__(self, root: str | Path, topic: str) -> None:
+        if not TOPIC.match(topic) or ".." in topic.split("/"):
+            raise ConfigError(f"{topic!r} is not a history topic: use letters, digits, '_', '.', '-' and '/'")
+        self.path = Path(root) / "history" / topic
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record, oldest first, each with its `seq`."""
+        if not self.path.is_dir():
+            return []
+        found = sorted((int(m.group(1)), p) for p in self.path.iterdir() if (m := RECORD.match(p.name)))
+        return [{**json.loads(path.read_text()), "seq": seq} for seq, path in found]
+
+    def append(self, record: Mapping[str, Any]) -> int:
+        """Add a record under the next number; that number."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f".tmp-{os.getpid()}-{id(record)}"
+        with open(tmp, "w") as handle:
+            handle.write(json.dumps(dict(record), indent=2, sort_keys=True))
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            while True:
+                seq = max((int(m.group(1)) for p in self.path.iterdir() if (m := RECORD.match(p.name))), default=0) + 1
+                try:
+                    os.link(tmp, self.path / f"{seq:06d}.json")  # fails if another writer took the number
+                    return seq
+                except FileExistsError:
+                    continue
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -1,0 +1,155 @@
+"""Lineage from the registry's manifests: what an artifact or a table version came from, and what came of it.
+
+Every manifest names its inputs by digest, so artifacts form a graph. Table versions join it
+through the data stages: `raw_datasets`, `deduped_datasets` and `filtered_datasets` record the
+versions they wrote (`datasets.json`), a blend the versions it draws from, and post-training
+stages the task table they pin. The answers are the ones the Dagster UI gives, read from the
+registry alone: which models were trained on a dataset version, and which data and code made a
+model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from factory.errors import ConfigError
+from factory.registry.store import ArtifactStore, Manifest
+
+DATA_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
+REPORTS = ("run_report",)
+"""Kinds that describe a run rather than take part in lineage: left out of the trees."""
+HEX = re.compile(r"^[0-9a-f]{6,64}$")
+TABLE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TableVersion:
+    """A version of an Iceberg table as a manifest names it."""
+
+    table: str
+    tag: str
+    """The human tag (`v1`, or the name a config gave)."""
+    content_tag: str
+
+    @property
+    def ref(self) -> str:
+        """`namespace.table@tag`."""
+        return f"{self.table}@{self.tag}"
+
+    def matches(self, table: str, tag: str | None) -> bool:
+        """Whether `table[@tag]` names this version (by its tag or its content tag)."""
+        return self.table == table and tag in (None, self.tag, self.content_tag)
+
+
+class Lineage:
+    """The registry's artifacts as a graph, with the table versions between them."""
+
+    def __init__(self, registry: ArtifactStore) -> None:
+        self.registry = registry
+        self.manifests = {m.digest: m for m in registry.manifests() if m.kind not in REPORTS}
+        self.children: dict[str, list[str]] = {}
+        for manifest in self.manifests.values():
+            for digest in manifest.inputs.values():
+                if digest in self.manifests:
+                    self.children.setdefault(digest, []).append(manifest.digest)
+        self.written = {digest: self._written(m) for digest, m in self.manifests.items() if m.kind in DATA_STAGES}
+
+    def find(self, query: str) -> list[Manifest] | list[TableVersion]:
+        """The artifacts a digest (prefix) or experiment names, or the table versions `namespace.table[@tag]` names."""
+        table, _, tag = query.partition("@")
+        if TABLE.match(table) and not HEX.match(query):
+            versions = {v for written in self.written.values() for v in written if v.matches(table, tag or None)}
+            if not versions:
+                known = sorted({v.ref for written in self.written.values() for v in written if v.table == table})
+                raise ConfigError(f"no artifact in the registry wrote {query}" + (f"; versions written: {', '.join(known)}" if known else ""))
+            return sorted(versions, key=lambda v: v.ref)
+        if HEX.match(query):
+            found = [m for digest, m in self.manifests.items() if digest.startswith(query)]
+        else:  # an experiment: its models
+            found = [m for m in self.manifests.values() if m.experiment == query and m.kind == "model"]
+        if not found:
+            raise ConfigError(f"nothing in the registry is {query!r}: give an artifact digest (or its first 12 digits), "
+                              "an experiment name with a model, or namespace.table[@tag]")
+        return sorted(found, key=lambda m: m.created)
+
+    def writers(self, version: TableVersion) -> list[Manifest]:
+        """The data-stage artifacts that wrote a table version."""
+        return [self.manifests[d] for d, written in self.written.items() if version in written]
+
+    def upstream(self, digest: str) -> dict[str, Any]:
+        """The artifact and everything it was made from, as a tree of plain dicts."""
+        return self._tree(digest, lambda m: [d for d in m.inputs.values() if d in self.manifests], set(), with_tables=True)
+
+    def downstream(self, digest: str) -> dict[str, Any]:
+        """The artifact and everything made from it, as a tree of plain dicts."""
+        return self._tree(digest, lambda m: self.children.get(m.digest, []), set(), with_tables=False)
+
+    def descendants(self, digest: str, kind: str | None = None) -> list[Manifest]:
+        """Every artifact made (directly or not) from this one, of one kind if given."""
+        seen: dict[str, Manifest] = {}
+        todo = list(self.children.get(digest, []))
+        while todo:
+            child = todo.pop()
+            if child not in seen:
+                seen[child] = self.manifests[child]
+                todo.extend(self.children.get(child, []))
+        return sorted((m for m in seen.values() if kind is None or m.kind == kind), key=lambda m: m.created)
+
+    def ancestors(self, digest: str) -> Iterator[Manifest]:
+        """Every artifact this one was made from, each once, upstream first (a topological order)."""
+        done: set[str] = set()
+
+        def visit(current: str) -> Iterator[Manifest]:
+            if current in done or current not in self.manifests:
+                return
+            done.add(current)
+            for parent in sorted(self.manifests[current].inputs.values()):
+                yield from visit(parent)
+            yield self.manifests[current]
+
+        yield from visit(digest)
+
+    def _tree(self, digest: str, next_of: Any, seen: set[str], *, with_tables: bool) -> dict[str, Any]:
+        manifest = self.manifests[digest]
+        node = describe(manifest)
+        if digest in seen:
+            return {**node, "repeated": True}
+        seen.add(digest)
+        if with_tables:
+            node["tables"] = [v.ref for v in self.read(manifest)]
+            node["written"] = [v.ref for v in self.written.get(digest, [])]
+        node["from" if with_tables else "to"] = [self._tree(d, next_of, seen, with_tables=with_tables) for d in sorted(
+            next_of(manifest), key=lambda d: (self.manifests[d].kind, self.manifests[d].created))]
+        return node
+
+    def _written(self, manifest: Manifest) -> list[TableVersion]:
+        records = _json(self.registry.path(manifest.digest) / "datasets.json") or {}
+        return [TableVersion(table=r["table"], tag=r["tag"], content_tag=r["content_tag"]) for r in records.values()]
+
+    def read(self, manifest: Manifest) -> list[TableVersion]:
+        """Table versions a stage read straight from the catalog: a blend's parts, a post-training stage's tasks."""
+        if manifest.kind == "blend":
+            parts = (_json(self.registry.path(manifest.digest) / "blend.json") or {}).get("parts", [])
+            return [TableVersion(table=p["table"], tag=p.get("version") or p["tag"], content_tag=p["tag"]) for p in parts]
+        tasks = manifest.config.get(manifest.kind, {}).get("tasks") if isinstance(manifest.config.get(manifest.kind), dict) else None
+        if tasks and "@" in tasks:
+            table, _, tag = tasks.partition("@")
+            return [TableVersion(table=table, tag=tag, content_tag=tag)]
+        return []
+
+
+def describe(manifest: Manifest) -> dict[str, Any]:
+    """What a person asks of an artifact: kind, digest, experiment, commit, code, when."""
+    return {"kind": manifest.kind, "digest": manifest.digest, "experiment": manifest.experiment, "git_commit": manifest.git_commit,
+            "code": manifest.code, "created": manifest.created}
+
+
+def _json(path: Any) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,272 @@
+"""`factory reproduce MODEL`: run a model's lineage again, cache bypassed, and compare every stage's bytes.
+
+Each stage that led to the model (data stages, blend, tokenizer, training, export) runs again from
+its recorded config, in a scratch registry and catalog of its own, upstream first, reading the
+artifacts the reproduction itself made. The code is the code the manifests recorded: this
+checkout when its identity matches, else the recorded commit checked out into a git worktree.
+Tables the lineage reads but does not write (a pinned task set) are copied into the scratch
+catalog as they were.
+
+A stage matches when its files hash the same; numbers that measure the run (timings, memory)
+are left out of the comparison. The first stage that differs is explained: its code differs,
+an input differs, it read data from outside the registry that changed since, or, with the same
+code and inputs, the run is not deterministic. Each reproduction is recorded in the registry's
+history (`reproductions/<model digest>`), which promotion reads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from factory.config.fingerprint import code_identity, source_tree_hash
+from factory.config.stages import STAGES, StageSpec
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.tables import resolve, write_version
+from factory.errors import ArtifactError, ConfigError
+from factory.launch.local import stage_argv
+from factory.registry.history import History
+from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.stages.lineage import Lineage
+from factory.stages.request import StageRequest
+
+MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
+"""Keys of JSON records that measure the run, not its result: left out when comparing files."""
+SOURCES = ("raw_datasets",)
+"""Stages that read data from outside the registry (files on disk), which may have changed since."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageOutcome:
+    """One stage of a reproduction."""
+
+    kind: str
+    recorded: str
+    reproduced: str
+    matched: bool
+    reason: str = ""
+    """Why it differs: `code: …`, `data: …` or `nondeterminism: …`; empty when it matched."""
+    files: tuple[str, ...] = ()
+    """Files whose bytes differ (measurements aside)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reproduction:
+    """A model's lineage run again: did every stage give the same bytes?"""
+
+    model: str
+    experiment: str
+    code: str
+    """How the code was obtained: `this checkout`, `worktree of <commit>`, or what could not be had."""
+    stages: tuple[StageOutcome, ...]
+    created: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+
+    @property
+    def matched(self) -> bool:
+        """Whether every stage reproduced (and none was left out)."""
+        return bool(self.stages) and all(s.matched for s in self.stages)
+
+    @property
+    def first_difference(self) -> StageOutcome | None:
+        """The first stage that did not reproduce."""
+        return next((s for s in self.stages if not s.matched), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form, as recorded in the registry's history."""
+        return {**asdict(self), "matched": self.matched}
+
+
+def reproductions(registry: ArtifactStore, model: str) -> list[dict[str, Any]]:
+    """The recorded reproductions of a model, oldest first."""
+    return History(registry.root, f"reproductions/{model}").records()
+
+
+def reproduce(
+    registry: ArtifactStore, catalog: CatalogConfig, model: Manifest, log: logging.Logger, *, keep_going: bool = False,
+    repo: Path | None = None,
+) -> Reproduction:
+    """Run the model's lineage again in scratch stores and compare it stage by stage; the outcome is recorded."""
+    if model.kind != "model":
+        raise ConfigError(f"{model.digest[:12]} is a {model.kind} artifact; reproduce takes a model (factory lineage shows which)")
+    graph = Lineage(registry)
+    lineage = [m for m in graph.ancestors(model.digest) if m.kind in STAGES]
+    with tempfile.TemporaryDirectory(prefix="reproduce-", dir=registry.root.parent) as scratch, Sources(repo or Path.cwd(), Path(scratch)) as sources:
+        scratch_catalog = CatalogConfig.local(Path(scratch) / "iceberg")
+        scratch_registry = ArtifactStore(Path(scratch) / "registry")
+        _copy_pinned_tables(open_catalog(catalog), open_catalog(scratch_catalog), graph, lineage, log)
+        made: dict[str, str] = {}  # recorded digest -> reproduced digest
+        unmatched: set[str] = set()  # recorded digests whose reproduction differed
+        outcomes: list[StageOutcome] = []
+        for manifest in lineage:
+            log.info("reproducing %s %s (%s)", manifest.kind, manifest.digest[:12], manifest.experiment)
+            upstream = {name: made.get(digest, digest) for name, digest in manifest.inputs.items()}
+            spec = StageSpec(kind=manifest.kind, config=manifest.config, upstream=upstream, code=manifest.code)
+            request = StageRequest(
+                spec=spec, registry=str(scratch_registry.root), catalog=scratch_catalog,
+                provenance=Provenance(experiment=manifest.experiment, config_hash=manifest.config_hash, git_commit=manifest.git_commit,
+                                      run_id="reproduce"),
+                processes=int(manifest.summary.get("ranks", 1) or 1),
+            )
+            source = sources.source_for(manifest)
+            again = _run_stage(request, source, Path(scratch))
+            made[manifest.digest] = again.digest
+            differed = sorted(name for name, digest in manifest.inputs.items() if digest in unmatched)
+            outcome = _compare(manifest, again, registry, scratch_registry, differed, source)
+            if not outcome.matched:
+                unmatched.add(manifest.digest)
+            outcomes.append(outcome)
+            log.info("%s: %s", manifest.kind, "same bytes" if outcome.matched else outcome.reason)
+            if not outcome.matched and not keep_going:
+                break
+    result = Reproduction(model=model.digest, experiment=model.experiment, code="; ".join(sources.used), stages=tuple(outcomes))
+    History(registry.root, f"reproductions/{model.digest}").append(result.to_json())
+    return result
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Source:
+    """Where a stage's recorded code runs from."""
+
+    cwd: Path
+    pythonpath: str | None
+    how: str
+    differs: str
+    """Why this is not the recorded code (empty when it is)."""
+
+
+class Sources:
+    """The recorded code of each stage: this checkout when it hashes the same, else a worktree of the recorded commit."""
+
+    def __init__(self, repo: Path, scratch: Path) -> None:
+        self.repo = repo
+        self.scratch = scratch
+        self.here = code_identity("local")
+        self.worktrees: dict[str, Source] = {}
+        self.used: list[str] = []
+
+    def __enter__(self) -> Sources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for source in self.worktrees.values():
+            if source.pythonpath:
+                subprocess.run(["git", "-C", str(self.repo), "worktree", "remove", "--force", str(source.cwd)], capture_output=True)
+
+    def source_for(self, manifest: Manifest) -> Source:
+        """The code to reproduce `manifest` with."""
+        source = self._find(manifest)
+        if source.how not in self.used:
+            self.used.append(source.how)
+        return source
+
+    def _find(self, manifest: Manifest) -> Source:
+        here = Source(cwd=self.repo, pythonpath=None, how="this checkout", differs="")
+        if manifest.code == self.here:
+            return here
+        if not manifest.code.startswith("local:"):
+            return Source(cwd=self.repo, pythonpath=None, how="this checkout",
+                          differs=f"the stage ran in image {manifest.code}, which is not run here; this checkout ran it ({self.here})")
+        commit = manifest.git_commit
+        if commit.endswith("-dirty") or commit == "unknown":
+            return Source(cwd=self.repo, pythonpath=None, how="this checkout",
+                          differs=f"the stage ran uncommitted code ({manifest.code} at {commit}); this checkout is {self.here}")
+        if commit not in self.worktrees:
+            self.worktrees[commit] = self._worktree(commit)
+        found = self.worktrees[commit]
+        if found.differs:
+            return found
+        identity = "local:" + source_tree_hash(found.cwd / "factory")
+        if identity != manifest.code:
+            return Source(cwd=found.cwd, pythonpath=found.pythonpath, how=found.how,
+                          differs=f"commit {commit[:12]} hashes to {identity}, the stage recorded {manifest.code}")
+        return found
+
+    def _worktree(self, commit: str) -> Source:
+        path = self.scratch / f"src-{commit[:12]}"
+        done = subprocess.run(["git", "-C", str(self.repo), "worktree", "add", "--detach", str(path), commit], capture_output=True, text=True)
+        if done.returncode != 0:
+            return Source(cwd=self.repo, pythonpath=None, how="this checkout",
+                          differs=f"commit {commit[:12]} cannot be checked out here ({done.stderr.strip().splitlines()[-1:]}); this "
+                                  f"checkout ran it ({self.here})")
+        return Source(cwd=path, pythonpath=str(path), how=f"worktree of {commit[:12]}", differs="")
+
+
+def _run_stage(request: StageRequest, source: Source, scratch: Path) -> Manifest:
+    """Run one stage with the source's code; its manifest in the scratch registry."""
+    path = request.write(scratch / f"{request.spec.kind}-{request.spec.fingerprint[:12]}.json")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source.pythonpath, os.environ.get("PYTHONPATH")]))}
+    env.pop("DAGSTER_PIPES_CONTEXT", None)
+    done = subprocess.run(stage_argv(path, sys.executable, request.processes), cwd=source.cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise ArtifactError(f"reproducing {request.spec.kind} failed (exit {done.returncode}):\n{tail}")
+    manifest = ArtifactStore(request.registry).lookup(request.spec.fingerprint)
+    if manifest is None:
+        raise ArtifactError(f"reproducing {request.spec.kind}: the stage exited 0 but published nothing")
+    return manifest
+
+
+def _compare(
+    recorded: Manifest, again: Manifest, registry: ArtifactStore, scratch: ArtifactStore, changed: list[str], source: Source
+) -> StageOutcome:
+    base = StageOutcome(kind=recorded.kind, recorded=recorded.digest, reproduced=again.digest, matched=True)
+    if again.digest == recorded.digest:
+        return base
+    names = sorted(set(recorded.files) | set(again.files))
+    differ = tuple(name for name in names if not _same_file(name, recorded, again, registry, scratch))
+    if not differ:
+        return base  # only measurements of the run differ
+    shown = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+    if source.differs:
+        reason = f"code: {source.differs}; files that differ: {shown}"
+    elif changed:
+        reason = f"data: its input{'s' if len(changed) > 1 else ''} {', '.join(changed)} reproduced with other bytes; files that differ: {shown}"
+    elif recorded.kind in SOURCES:
+        reason = f"data: it reads the datasets' sources from outside the registry, and they changed since; files that differ: {shown}"
+    else:
+        reason = f"nondeterminism: the same code, config and inputs gave other bytes in {shown}"
+    return StageOutcome(kind=recorded.kind, recorded=recorded.digest, reproduced=again.digest, matched=False, reason=reason, files=differ)
+
+
+def _same_file(name: str, recorded: Manifest, again: Manifest, registry: ArtifactStore, scratch: ArtifactStore) -> bool:
+    one, two = recorded.files.get(name), again.files.get(name)
+    if one is None or two is None:
+        return False
+    if one["sha256"] == two["sha256"]:
+        return True
+    if not name.endswith((".json", ".jsonl")):
+        return False
+    return _results(registry.path(recorded.digest) / name) == _results(scratch.path(again.digest) / name)
+
+
+def _results(path: Path) -> list[Any]:
+    """The JSON records of a file with the measurements of the run left out."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in MEASUREMENTS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    text = path.read_text()
+    lines = text.splitlines() if path.suffix == ".jsonl" else [text]
+    return [strip(json.loads(line)) for line in lines if line.strip()]
+
+
+def _copy_pinned_tables(source: Any, target: Any, graph: Lineage, lineage: list[Manifest], log: logging.Logger) -> None:
+    """Copy into the scratch catalog the table versions the lineage reads but none of its stages writes."""
+    written = {v for m in lineage for v in graph.written.get(m.digest, [])}
+    for version in {v for m in lineage for v in graph.read(m)} - written:
+        if any(w.table == version.table and w.content_tag == version.content_tag for w in written):
+            continue
+        snapshot = resolve(source, version.table, version.tag)
+        rows = source.load_table(version.table).scan(snapshot_id=snapshot).to_arrow()
+        write_version(target, version.table, rows, log, tag=version.tag, schema=rows.schema)
