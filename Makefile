@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup browser run nightly ui podium mlflow test check bench clean
+.PHONY: setup browser services run nightly ui podium mlflow test check bench clean
 
 setup: $(STAMP)
 
@@ -55,7 +55,14 @@ browser:
 		$$sudo apt-get install -y -q chromium >/dev/null 2>&1 || { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q chromium >/dev/null; }; }
 	@command -v chromium >/dev/null || { echo "could not install chromium (apt-get install chromium); the browser tests need it"; exit 1; }
 
-test: setup browser
+# The PostgreSQL tests start their own server from Debian's postgresql package (the deploy profile).
+services:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		sudo=$$(test "$$(id -u)" = 0 || echo sudo); echo "installing Debian's postgresql for the deploy-profile tests"; \
+		$$sudo apt-get install -y -q postgresql >/dev/null 2>&1 || { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q postgresql >/dev/null; }; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "could not install postgresql (apt-get install postgresql); the deploy-profile tests need it"; exit 1; }
+
+test: setup browser services
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 

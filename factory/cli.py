@@ -22,7 +22,7 @@ from rich.tree import Tree as RichTree
 from factory.config import Experiment, load, load_file
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
-from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.catalog import DATABASE_ENV, CatalogConfig, open_catalog, sqlalchemy_url
 from factory.preflight import check_files, experiment_files
 from factory.stages.batch import fetch_batch
 from factory.stages.batch import to_json as batch_json
@@ -47,6 +47,15 @@ DAGSTER_YAML = """\
 telemetry:
   enabled: false
 """
+DAGSTER_POSTGRES_YAML = f"""\
+# The deploy profile: runs, events and schedules in PostgreSQL (written by `factory`; the URL is read from ${DATABASE_ENV}).
+storage:
+  postgres:
+    postgres_url:
+      env: {DATABASE_ENV}
+telemetry:
+  enabled: false
+"""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model Factory: experiments as code, on Dagster.")
 out = Console(soft_wrap=True)
@@ -55,13 +64,20 @@ RootOption = Annotated[Path, typer.Option("--root", help="Where the embedded ins
 
 
 def dagster_home(root: Path) -> Path:
-    """The persistent Dagster instance directory under `root`, with its dagster.yaml."""
-    home = (root / "dagster").resolve()
+    """The persistent Dagster instance directory under `root`, with its dagster.yaml.
+
+    With `$FACTORY_DATABASE_URL` set (the deploy profile), the instance keeps its runs, events and
+    schedules in that PostgreSQL database (dagster-postgres), from a home of its own.
+    """
+    postgres = bool(os.environ.get(DATABASE_ENV))
+    if postgres:  # dagster-postgres speaks psycopg2; SQLAlchemy would pick another driver for a bare postgresql:// URL
+        os.environ[DATABASE_ENV] = sqlalchemy_url(os.environ[DATABASE_ENV])
+    home = (root / ("dagster-postgres" if postgres else "dagster")).resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
         tmp = config.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(DAGSTER_YAML)
+        tmp.write_text(DAGSTER_POSTGRES_YAML if postgres else DAGSTER_YAML)
         tmp.replace(config)
     return home
 
@@ -86,7 +102,7 @@ def check(
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from e
-    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.local(root / "iceberg")), cluster=profile)
+    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile)
     if as_json:
         print(json.dumps({"ok": all(r.ok for r in reports), "files": [r.to_json() for r in reports]}, indent=2))
     else:
@@ -312,7 +328,7 @@ def reproduce(
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     try:
-        result = reproduce_model(registry, CatalogConfig.local(root / "iceberg"), target, log, keep_going=keep_going, repo=Path.cwd())
+        result = reproduce_model(registry, CatalogConfig.at(root), target, log, keep_going=keep_going, repo=Path.cwd())
     except FactoryError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -564,7 +580,7 @@ def data_batch(
     as_json: Annotated[bool, typer.Option("--json", help="Token ids and documents as JSON, for machines.")] = False,
 ) -> None:
     """Fetch again the exact batch a training step consumed: its sequences and the documents in them."""
-    catalog = open_catalog(CatalogConfig.local(root / "iceberg"))
+    catalog = open_catalog(CatalogConfig.at(root))
     sequences = fetch_batch(load(experiment), step, ArtifactStore(root / "registry"), catalog)
     if as_json:
         print(json.dumps({"step": step, "sequences": batch_json(sequences)}, indent=2))

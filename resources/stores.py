@@ -21,4 +21,4 @@ class FactoryStores(ConfigurableResource):
 
     def catalog(self) -> CatalogConfig:
         """The Iceberg catalog's location."""
-        return CatalogConfig.local(Path(self.root) / "iceberg")
+        return CatalogConfig.at(Path(self.root))

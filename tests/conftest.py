@@ -29,3 +29,12 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
     item = EvalItem(partition=f"{benchmark}|{checkpoint.key}", benchmark=benchmark, checkpoint=checkpoint)
     request = EvalRequest(items=(item,), registry=str(registry.root), catalog=None, code="local:test")
     publish_score(registry, request, item, registered(benchmark), value, count, {}, 0.1)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's package) for the session; its URL."""
+    from tests.postgres import running_postgres
+
+    with running_postgres() as url:
+        yield url

@@ -1,13 +1,23 @@
-"""The Iceberg catalog: pyiceberg's SqlCatalog (sqlite by default) with a local warehouse."""
+"""The Iceberg catalog: pyiceberg's SqlCatalog (sqlite by default, PostgreSQL for teams) with a local warehouse.
+
+`$FACTORY_DATABASE_URL` (`postgresql://user:password@host:5432/db`) is the deploy profile: the
+catalog's tables live in that database (Dagster's storage too, see `factory.cli.dagster_home`),
+so several machines and concurrent runs commit to one catalog.
+"""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyiceberg.catalog.sql import SqlCatalog
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 CATALOG_NAME = "factory"
+DATABASE_ENV = "FACTORY_DATABASE_URL"
+INIT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,9 +35,25 @@ class CatalogConfig:
         root = Path(root).resolve()
         return cls(uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri())
 
+    @classmethod
+    def at(cls, root: str | Path) -> CatalogConfig:
+        """The catalog of the stores under `root`: in `$FACTORY_DATABASE_URL` when set, else the embedded sqlite one."""
+        url = os.environ.get(DATABASE_ENV)
+        if not url:
+            return cls.local(root / "iceberg" if isinstance(root, Path) else Path(root) / "iceberg")
+        return cls(uri=sqlalchemy_url(url), warehouse=(Path(root).resolve() / "iceberg" / "warehouse").as_uri())
+
     def to_json(self) -> dict[str, str]:
         """Plain JSON form."""
         return {"uri": self.uri, "warehouse": self.warehouse}
+
+
+def sqlalchemy_url(url: str) -> str:
+    """A PostgreSQL URL with the psycopg2 driver, which dagster-postgres needs too; anything else as given."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg2://" + url.removeprefix(prefix)
+    return url
 
 
 def open_catalog(config: CatalogConfig) -> SqlCatalog:
@@ -36,4 +62,13 @@ def open_catalog(config: CatalogConfig) -> SqlCatalog:
         Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     if config.uri.startswith("sqlite:///"):
         Path(config.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return SqlCatalog(CATALOG_NAME, uri=config.uri, warehouse=config.warehouse)
+    for attempt in range(INIT_ATTEMPTS):
+        try:
+            return SqlCatalog(CATALOG_NAME, uri=config.uri, warehouse=config.warehouse)
+        except (IntegrityError, ProgrammingError):
+            # Another process created the catalog's own tables at the same moment (PostgreSQL reports the
+            # duplicate instead of skipping it): they exist now, so opening again finds them.
+            if attempt == INIT_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")

@@ -69,7 +69,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
     Requests must name this machine in their Host header (loopback; when `host` exposes the app,
     also its host name, addresses and `allowed_hosts`), which keeps DNS rebinding out.
     """
-    config = CatalogConfig.local(root / "iceberg")
+    config = CatalogConfig.at(root)
     registry = ArtifactStore(root / "registry")
     podium = Podium(browser=Browser(open_catalog(config)), registry=registry, generator=Generator(registry))
     templates = jinja2.Environment(loader=jinja2.PackageLoader("factory.podium", "templates"), autoescape=True,

@@ -1,7 +1,9 @@
-"""Operations on a small experiment: lineage questions, reproduce (matching and not), promote gating, demote.
+"""Operations on a small experiment, in the deploy profile: lineage, reproduce (matching and not), promote gating, demote.
 
-The experiment reads a directory of Python files (copied from the standard library), so a test
-can change its data after the fact, as a person editing a source would.
+The stores are the deploy profile's: Dagster's storage and the Iceberg catalog in a real
+PostgreSQL server. The experiment has every stage tiny-code-lm has, at a size a test can
+afford to reproduce, and reads a directory of Python files (copied from the standard library),
+so a test can change its data after the fact, as a person editing a source would.
 """
 
 import json
@@ -17,6 +19,7 @@ from typer.testing import CliRunner
 
 from assets.run import failure_messages, run_experiment
 from factory.cli import app, dagster_home
+from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
 from factory.stages.promote import demote, grounds
@@ -47,7 +50,15 @@ def factory(*args: str, root: Path) -> Result:
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
+def deploy_profile(postgres):
+    """$FACTORY_DATABASE_URL set for this module (and the processes it starts)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FACTORY_DATABASE_URL", postgres)
+        yield postgres
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, deploy_profile):
     """The experiment materialized once through Dagster; its root, source directory, experiments directory and model."""
     warnings.filterwarnings("ignore", category=PreviewWarning)
     base = tmp_path_factory.mktemp("ops")
@@ -64,6 +75,9 @@ def small(tmp_path_factory):
     result = run_experiment(path, root, instance, quiet=True)
     assert result.success, failure_messages(result)
     [model] = [m for m in ArtifactStore(root / "registry").manifests("model")]
+    assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+    assert "src" in {t[-1] for t in open_catalog(CatalogConfig.at(root)).list_tables("raw")}
+    assert not (root / "iceberg" / "catalog.db").exists(), "the catalog is PostgreSQL's, not the embedded sqlite"
     return {"root": root, "source": source, "experiments": experiments, "model": model, "instance": instance, "path": path}
 
 
