@@ -116,7 +116,13 @@ def reproduce(
                 processes=int(manifest.summary.get("ranks", 1) or 1),
             )
             source = sources.source_for(manifest)
-            again = _run_stage(request, source, Path(scratch))
+            try:
+                again = _run_stage(request, source, Path(scratch))
+            except ArtifactError as e:  # recorded too: a lineage that cannot run again did not reproduce
+                outcomes.append(StageOutcome(kind=manifest.kind, recorded=manifest.digest, reproduced="", matched=False,
+                                             reason=f"the stage failed when run again ({source.how}): {e}"))
+                log.info("%s: failed: %s", manifest.kind, e)
+                break
             made[manifest.digest] = again.digest
             differed = sorted(name for name, digest in manifest.inputs.items() if digest in unmatched)
             outcome = _compare(manifest, again, registry, scratch_registry, differed, source)
