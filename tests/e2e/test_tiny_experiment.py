@@ -186,7 +186,7 @@ def test_podium_links_in_the_metadata_open_the_table_and_the_checkpoint(pipeline
 
     from factory.podium.app import create_app
 
-    client = TestClient(create_app(pipeline["root"]), base_url=DEFAULT_URL)
+    client = TestClient(create_app(pipeline["root"]), base_url=DEFAULT_URL, headers={"origin": DEFAULT_URL})
     [filtered, *_] = materializations(pipeline["instance"], "filtered_datasets", pipeline["name"])
     link = metadata_of(filtered)["podium/stdlib"]
     page = client.get(link.removeprefix(DEFAULT_URL))
