@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,11 +45,18 @@ def graphql(port: int, query: str) -> dict:
 def ui(pipeline, tmp_path_factory):
     """`factory ui` (what `make ui` runs) on the pipeline's root; yields its port."""
     port = free_port()
-    log = tmp_path_factory.mktemp("ui") / "dagster-dev.log"
+    home = tmp_path_factory.mktemp("ui")
+    log = home / "dagster-dev.log"
+    # The experiment's file, outside git: the stage assets find its recipe, and the git sensor (running, as under
+    # `make ui`) has no commits to start other experiments from while the test drives the UI.
+    experiments = home / "experiments"
+    experiments.mkdir()
+    shutil.copy(pipeline["source"], experiments)
     with open(log, "w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "factory", "ui", "--root", str(pipeline["root"]), "--port", str(port)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "FACTORY_EXPERIMENTS": str(experiments)},
         )
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -90,3 +98,78 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
     assert latest["partition"] == pipeline["name"]
     labels = {entry["label"] for entry in latest["metadataEntries"]}
     assert {"digest", "git_commit", "config_hash", "summary/parameters"} <= labels
+
+
+SHOTS = REPO / ".test-artifacts" / "dagster-ui"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+RUN_TIMEOUT_MS = 240_000
+
+
+@pytest.fixture(scope="module")
+def browser_page(ui):
+    """A page in Debian's chromium (Playwright, no downloaded browser) on `dagster dev`."""
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is not installed: `make test` installs it (make browser)"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        page = browser.new_context(base_url=f"http://127.0.0.1:{ui}", viewport={"width": 1600, "height": 1000}).new_page()
+        page.set_default_timeout(60_000)
+        yield page
+        browser.close()
+
+
+def click_if_shown(page, button: str) -> None:
+    """Click a button that only some states of the UI show: Dagster's first-visit dialog (Skip), or its warning that
+    upstream assets of other experiments (this one has no sft or rl) were never materialized (Confirm)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_role("button", name=button, exact=True).click(timeout=4_000)
+    except PlaywrightTimeout:
+        pass
+
+
+def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evaluations(browser_page, pipeline):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    # The lineage from the corpus to the leaderboard, upstream of the leaderboard and downstream of training.
+    page.goto("/assets/leaderboard?view=lineage&lineageScope=upstream&lineageDepth=12")
+    click_if_shown(page, "Skip")
+    for name in ("raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer", "pretrain", "checkpoints", "evaluations"):
+        expect(page.get_by_text(name, exact=True).first).to_be_visible()
+    page.screenshot(path=str(SHOTS / "lineage.png"))
+    page.goto("/assets/pretrain?view=lineage&lineageScope=downstream&lineageDepth=12")
+    for name in ("model", "checkpoints", "evaluations", "leaderboard", "best_model"):
+        expect(page.get_by_text(name, exact=True).first).to_be_visible()
+
+    # Materialize the experiment's partition of `model` and wait for the run to succeed.
+    page.goto("/assets/model")
+    click_if_shown(page, "Skip")
+    page.get_by_role("button", name="Materialize…").click()
+    click_if_shown(page, "Confirm")
+    dialog = page.locator(".bp5-dialog")
+    dialog.get_by_text("Select a partition or create one").click()
+    page.locator(".dagster-popover").get_by_text(pipeline["name"], exact=True).first.click()
+    page.keyboard.press("Escape")
+    dialog.get_by_role("button", name="Launch 1 run").click()
+    page.get_by_role("link", name="View", exact=True).first.click()
+    expect(page.get_by_text(f"partition: {pipeline['name']}").first).to_be_visible()
+    expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    page.screenshot(path=str(SHOTS / "run.png"))
+
+    # Backfill evaluations: every checkpoint on every benchmark.
+    page.goto("/assets/evaluations")
+    page.get_by_role("button", name="Materialize…").click()
+    click_if_shown(page, "Confirm")
+    dialog = page.locator(".bp5-dialog")
+    for all_keys in dialog.get_by_role("button", name="All", exact=True).all():
+        all_keys.click()
+    dialog.get_by_role("button", name="Launch backfill").click()
+    page.get_by_role("link", name="View", exact=True).first.click()
+    expect(page.get_by_text("Succeeded", exact=True).first).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    page.screenshot(path=str(SHOTS / "backfill.png"))
