@@ -162,6 +162,12 @@ def test_a_failed_dataset_check_blocks_training(tmp_path, tiny_path):
     kinds = {m.kind for m in ArtifactStore(root / "registry").manifests()}
     assert kinds == {"raw_datasets", "deduped_datasets", "filtered_datasets"}, "nothing downstream of a failed check may run"
     assert any("non_empty" in message for message in failure_messages(result)), failure_messages(result)
+    # Nor may a model of this experiment be promoted: its blocking checks did not all pass.
+    from assets.promote import blocking_checks
+
+    summary, failed = blocking_checks(DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides=NO_TELEMETRY), "variant")
+    assert summary == "2 of 3 blocking checks passed"
+    assert failed == ["filtered_datasets check non_empty is failed for variant at its latest evaluation"]
 
 
 def test_dataset_assets_record_versions_rows_and_removals(pipeline):
