@@ -1,4 +1,4 @@
-"""`factory`: check experiment files, run one through Dagster, open the UI, print the leaderboard.
+"""`factory`: check experiment files, run one through Dagster, open the UI, print the leaderboard (operations in `cli_operations`).
 
 Dagster is started as a subprocess (`python -m assets.run`, `dagster dev`) so that this library
 never imports it. Exit codes: 0 ok, 1 failure, 2 bad input.
@@ -7,7 +7,6 @@ never imports it. Exit codes: 0 ok, 1 failure, 2 bad input.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from typing import Annotated, Literal
 import typer
 from rich.console import Console
 from rich.table import Table
-from rich.tree import Tree as RichTree
 
 from factory.config import Experiment, load, load_file
 from factory.config.cluster import KubernetesSettings, load_profile
@@ -27,15 +25,11 @@ from factory.preflight import check_files, experiment_files
 from factory.stages.batch import fetch_batch
 from factory.stages.batch import to_json as batch_json
 from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
-from factory.stages.lineage import Lineage, TableVersion, describe
-from factory.stages.reproduce import reproduce as reproduce_model
-from factory.stages.promote import standing
 from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
 from factory.launch import volcano
 from factory.launch.local import progress_env
 from factory.registry import ArtifactStore, git_commit
-from factory.registry.store import Manifest
 from factory.evals.benchmarks import known, registered
 from factory.evals.leaderboard import Board, render_html, stage_scores
 from factory.stages.evaluate import KIND as EVALUATION_KIND
@@ -237,186 +231,6 @@ def diff(
 
 
 @app.command()
-def lineage(
-    target: Annotated[str, typer.Argument(help="An artifact digest (prefix), an experiment name (its models), or namespace.table[@tag].")],
-    root: RootOption = DEFAULT_ROOT,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
-) -> None:
-    """Upstream and downstream of an artifact or a table version: which data and code made it, and what was made from it."""
-    graph = Lineage(ArtifactStore(root / "registry"))
-    try:
-        found = graph.find(target)
-    except ConfigError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    if found and isinstance(found[0], TableVersion):
-        answer = [{"table": v.ref, "content_tag": v.content_tag, "written_by": [graph.upstream(m.digest) for m in graph.writers(v)],
-                   "downstream": [graph.downstream(m.digest) for m in graph.writers(v)],
-                   "models": [describe(m) for w in graph.writers(v) for m in graph.descendants(w.digest, "model")]} for v in found]
-    else:
-        answer = [{"artifact": describe(m), "upstream": graph.upstream(m.digest), "downstream": graph.downstream(m.digest),
-                   "models": [describe(d) for d in graph.descendants(m.digest, "model")]} for m in found]
-    if as_json:
-        out.print_json(json.dumps(answer))
-        return
-    wide = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=True)
-    for item in answer:
-        heading = item.get("table") or f"{item['artifact']['kind']} {item['artifact']['digest'][:12]}"
-        out.print(f"[bold]{heading}[/bold]", highlight=False)
-        if "table" in item:
-            ups, downs, title = item["written_by"], item["downstream"], "written by"
-        else:
-            ups, downs, title = [item["upstream"]], [item["downstream"]], "made from"
-        for tree in ups:
-            wide.print(_lineage_tree(tree, "from", title))
-        for tree in downs:
-            wide.print(_lineage_tree(tree, "to", "made from it"))
-        models = ", ".join(f"{m['experiment']} ({m['digest'][:12]})" for m in item["models"]) or "none yet"
-        out.print(f"models trained on it: {models}", highlight=False)
-
-
-def _lineage_tree(node: dict, key: str, title: str) -> RichTree:
-    tree = RichTree(f"[dim]{title}[/dim]")
-
-    def add(parent: RichTree, node: dict) -> None:
-        label = f"{node['kind']} {node['digest'][:12]}  {node['experiment']}  commit {node['git_commit'][:12]}  {node['code']}"
-        branch = parent.add(label + ("  (shown above)" if node.get("repeated") else ""), highlight=False)
-        for ref in node.get("tables", []) + node.get("written", []):
-            branch.add(f"[cyan]table[/cyan] {ref}", highlight=False)
-        children = node.get(key, [])
-        evaluations = [c for c in children if c["kind"] == "evaluations"]
-        for child in children:
-            if child["kind"] != "evaluations":
-                add(branch, child)
-        if evaluations:
-            branch.add(f"{len(evaluations)} evaluations", highlight=False)
-
-    add(tree, node)
-    return tree
-
-
-def _model(registry: ArtifactStore, target: str) -> Manifest:
-    """The model a digest prefix or an experiment name (its newest model) names; exit 2 when there is none."""
-    try:
-        found = [m for m in Lineage(registry).find(target) if isinstance(m, Manifest) and m.kind == "model"]
-    except ConfigError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    if not found:
-        err.print(f"error: {target!r} is not a model; give a model's digest (prefix) or an experiment name", markup=False, highlight=False)
-        raise typer.Exit(2)
-    return found[-1]
-
-
-@app.command()
-def reproduce(
-    model: Annotated[str, typer.Argument(help="A model artifact's digest (prefix), or an experiment name (its newest model).")],
-    root: RootOption = DEFAULT_ROOT,
-    keep_going: Annotated[bool, typer.Option("--keep-going", help="Run every stage, not only up to the first that differs.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
-) -> None:
-    """Run a model's lineage again (recorded code, config and inputs; cache bypassed) and compare its bytes stage by stage.
-
-    Exit 0 when every stage gives the same bytes, 1 when one differs (the first is explained), 2 on bad input.
-    """
-    registry = ArtifactStore(root / "registry")
-    target = _model(registry, model)
-    log = logging.getLogger("factory.reproduce")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-    try:
-        result = reproduce_model(registry, CatalogConfig.at(root), target, log, keep_going=keep_going, repo=Path.cwd())
-    except FactoryError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(1) from None
-    if as_json:
-        out.print_json(json.dumps(result.to_json()))
-    else:
-        out.print(f"model {target.digest[:12]} ({target.experiment}), code from {result.code}", highlight=False)
-        for stage in result.stages:
-            mark = "[green]same[/green]" if stage.matched else "[red]differs[/red]"
-            out.print(f"  {stage.kind:<18} {stage.recorded[:12]}  {mark}", highlight=False)
-        first = result.first_difference
-        if first is None:
-            out.print(f"reproduced: all {len(result.stages)} stages gave the same bytes (recorded for promotion)", highlight=False)
-        else:
-            out.print(f"first difference: {first.kind}: {first.reason}", markup=False, highlight=False)
-    raise typer.Exit(0 if result.matched else 1)
-
-
-ExperimentsOption = Annotated[Path, typer.Option("--experiments", help="Where the experiment files are (a model's `nondeterministic` reason).")]
-AliasOption = Annotated[str, typer.Option("--as", help="The alias: production, or another name.")]
-
-
-@app.command()
-def promote(
-    model: Annotated[str, typer.Argument(help="A model artifact's digest (prefix), or an experiment name (its newest model).")],
-    alias: AliasOption = "production",
-    reason: Annotated[str, typer.Option(help="Why: recorded in the alias's history.")] = "",
-    root: RootOption = DEFAULT_ROOT,
-    experiments: ExperimentsOption = Path("experiments"),
-) -> None:
-    """Point an alias at a model: only after a matching reproduction (or a stated reason it cannot match) and passing blocking checks.
-
-    The promotion is an append-only record in the registry, and `production_model` is materialized in Dagster.
-    Exit 0 when promoted, 1 when refused (the reasons are printed), 2 on bad input.
-    """
-    target = _model(ArtifactStore(root / "registry"), model)
-    _promotion(["promote", target.digest, "--as", alias, "--reason", reason], root, experiments)
-
-
-@app.command()
-def demote(
-    alias: AliasOption = "production",
-    reason: Annotated[str, typer.Option(help="Why: recorded in the alias's history.")] = "",
-    root: RootOption = DEFAULT_ROOT,
-    experiments: ExperimentsOption = Path("experiments"),
-) -> None:
-    """Roll an alias back to the model it named before; the history keeps both."""
-    _promotion(["demote", "--as", alias, "--reason", reason], root, experiments)
-
-
-@app.command()
-def promotions(alias: AliasOption = "production", root: RootOption = DEFAULT_ROOT,
-               as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False) -> None:
-    """What an alias names now, and every promotion and demotion before."""
-    try:
-        now = standing(ArtifactStore(root / "registry"), alias)
-    except ConfigError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    if as_json:
-        out.print_json(json.dumps({"alias": alias, "model": now.model, "history": now.records}))
-        return
-    out.print(f"{alias}: {now.model[:12] if now.model else 'no model'}", highlight=False)
-    for record in now.records:
-        what = f"{record['model'][:12]} ({record.get('experiment', '')})" if record["action"] == "promote" else record["model"][:12]
-        out.print(f"  {record['seq']:>3}  {record['at']}  {record['action']:<8} {what}  by {record['by']}: {record['reason'] or '-'}",
-                  highlight=False)
-
-
-def _promotion(args: list[str], root: Path, experiments: Path) -> None:
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root)), "FACTORY_ROOT": str(root.resolve()), "PYTHONWARNINGS": "ignore"}
-    argv = [sys.executable, "-m", "assets.promote", *args, "--root", str(root), "--experiments", str(experiments)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode == 0:
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-        if answer["action"] == "promote":
-            out.print(f"{answer['alias']} -> {answer['model'][:12]} (record {answer['seq']}; {answer['allowed_by']}; {answer['checks']})",
-                      highlight=False)
-        else:
-            now = answer["model"][:12] if answer["model"] else "no model"
-            out.print(f"{answer['alias']} rolled back -> {now} (record {answer['seq']})", highlight=False)
-        out.print("production_model materialized" if answer["materialized"] else "production_model was not materialized", highlight=False)
-        return
-    err.print(done.stderr.strip(), markup=False, highlight=False)
-    raise typer.Exit(done.returncode)
-
-
-@app.command()
 def leaderboard(
     root: RootOption = DEFAULT_ROOT,
     sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: val_bpb).")] = None,
@@ -592,6 +406,9 @@ def data_batch(
         documents = ", ".join(f"{d.get('table', '?')}:{d.get('path', d['id'])}" for d in sequence.documents)
         table.add_row(str(index), str(sequence.real_tokens), documents)
     out.print(table)
+
+
+from factory import cli_operations  # noqa: E402,F401  (registers lineage, reproduce, promote, demote, promotions)
 
 
 def main() -> None:

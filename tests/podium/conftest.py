@@ -11,6 +11,7 @@ import torch
 
 from factory.config.schema import ModelConfig, TokenizerConfig
 from factory.data.catalog import CatalogConfig, open_catalog
+from factory.podium.browse import Browser
 from factory.data.tables import write_version
 from factory.models.gpt import GPT
 from factory.models.tokenizer import train_tokenizer
@@ -88,3 +89,15 @@ def publish_checkpoints(registry: ArtifactStore, texts: list[str]) -> None:
             registry.publish(out, kind="pretrain", fingerprint=f"podium-pretrain-{seed}", config={"model": MODEL, "seed": seed},
                              inputs={"tokenizer": tok.digest}, code="test",
                              provenance=Provenance(experiment=f"podium-seed{seed}", config_hash="0" * 12, git_commit="0" * 40), summary={})
+
+
+@pytest.fixture(scope="module")
+def browser(store):
+    """Podium's reads over the store's catalog."""
+    return Browser(open_catalog(CatalogConfig.local(store / "iceberg")))
+
+
+def versions(browser) -> tuple[int, int]:
+    """The snapshot ids of the samples table's v1 and v2."""
+    info = browser.info(TABLE)
+    return info.snapshot("v1").id, info.snapshot("v2").id

@@ -6,17 +6,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.podium.browse import POSITION, Browser, Filter, PageQuery
 from factory.podium.cells import Preview
 from factory.podium.errors import NotFound, PodiumError
-from tests.podium.conftest import TABLE
-
-
-@pytest.fixture(scope="module")
-def browser(store):
-    return Browser(open_catalog(CatalogConfig.local(store / "iceberg")))
-
-
-def versions(browser):
-    info = browser.info(TABLE)
-    return info.snapshot("v1").id, info.snapshot("v2").id
+from tests.podium.conftest import TABLE, versions
 
 
 def test_tables_snapshots_and_tags(browser):

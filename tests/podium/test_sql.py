@@ -2,21 +2,9 @@
 
 import pytest
 
-from factory.data.catalog import CatalogConfig, open_catalog
-from factory.podium.browse import Browser
 from factory.podium.errors import PodiumError
 from factory.podium.sql import parse_params
-from tests.podium.conftest import TABLE
-
-
-@pytest.fixture(scope="module")
-def browser(store):
-    return Browser(open_catalog(CatalogConfig.local(store / "iceberg")))
-
-
-def versions(browser):
-    info = browser.info(TABLE)
-    return info.snapshot("v1").id, info.snapshot("v2").id
+from tests.podium.conftest import TABLE, versions
 
 
 @pytest.mark.parametrize("query, message", [
