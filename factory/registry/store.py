@@ -3,10 +3,17 @@
 Layout under the root:
     objects/<digest>/...          the artifact's files, read-only once published
     manifests/<fingerprint>.json  what produced it: stage, config, inputs, commit, sha256 per file
+    verified/<digest>.json        each file's size, mtime and inode when its sha256 was last checked
     staging/                      work in progress; never read by anyone but its writer
 
 A stage writes into a staging directory; `publish` hashes, fsyncs and renames it into place
 (a rename within one filesystem is atomic), then links the manifest in without overwriting.
+
+A lookup proves an artifact intact without reading its bytes again when every file still has the
+size, mtime and inode recorded when its sha256 was last checked (as git's index does): writing a
+file changes its mtime. An entry whose mtime is not older than the record itself is "racily
+clean" (a write in the same clock tick would not show) and is hashed again. `lookup(...,
+rehash=True)` reads every byte; loading a checkpoint checks its own sha256 as well.
 """
 
 from __future__ import annotations
@@ -92,13 +99,15 @@ class ArtifactStore:
         """Directory of a published artifact."""
         return self.root / "objects" / digest
 
-    def lookup(self, fingerprint: str) -> Manifest | None:
-        """The manifest for a fingerprint if its artifact is published and intact, else None."""
+    def lookup(self, fingerprint: str, rehash: bool = False) -> Manifest | None:
+        """The manifest for a fingerprint if its artifact is published and intact, else None.
+
+        Files unchanged since their sha256 was last checked are not read again, unless `rehash`."""
         manifest_path = self._manifest_path(fingerprint)
         if not manifest_path.exists():
             return None
         manifest = self.read_manifest(manifest_path)
-        return manifest if self._intact(manifest) else None
+        return manifest if self._intact(manifest, rehash) else None
 
     def open(self, digest: str) -> Path:
         """Directory of a published artifact; raise if it is not there."""
@@ -198,6 +207,7 @@ class ArtifactStore:
             else:
                 _fsync_dir(target.parent)
                 _make_read_only(target)
+                self._record_checked(digest, files)  # hashed a moment ago, in a directory only this process writes
         manifest = Manifest(
             kind=kind,
             fingerprint=fingerprint,
@@ -229,8 +239,49 @@ class ArtifactStore:
     def _manifest_path(self, fingerprint: str) -> Path:
         return self.root / "manifests" / f"{fingerprint}.json"
 
-    def _intact(self, manifest: Manifest) -> bool:
-        return self._matches(self.path(manifest.digest), manifest.files)
+    def _stamps_path(self, digest: str) -> Path:
+        return self.root / "verified" / f"{digest}.json"
+
+    def _intact(self, manifest: Manifest, rehash: bool) -> bool:
+        """Every file is there with its size, and its bytes hash as recorded (unchanged since last checked, or hashed now)."""
+        base = self.path(manifest.digest)
+        current: dict[str, list[int]] = {}
+        for name, entry in manifest.files.items():
+            try:
+                info = (base / name).stat()
+            except OSError:
+                return False
+            if not stat.S_ISREG(info.st_mode) or info.st_size != entry["bytes"]:
+                return False
+            current[name] = _stamp(info)
+        trusted = {} if rehash else self._trusted_stamps(manifest.digest)
+        unchecked = [name for name in manifest.files if trusted.get(name) != current[name]]
+        if any(_sha256_file(base / name) != manifest.files[name]["sha256"] for name in unchecked):
+            return False
+        if unchecked:
+            self._write_stamps(manifest.digest, current)
+        return True
+
+    def _record_checked(self, digest: str, files: Mapping[str, Mapping[str, Any]]) -> None:
+        """Record the stamps of files whose sha256 was just checked."""
+        base = self.path(digest)
+        self._write_stamps(digest, {name: _stamp((base / name).stat()) for name in files})
+
+    def _write_stamps(self, digest: str, stamps: dict[str, list[int]]) -> None:
+        with contextlib.suppress(OSError):  # a cache: a registry this process cannot write to is still read, by hashing
+            _write_atomic(self._stamps_path(digest), json.dumps(stamps, sort_keys=True))
+
+    def _trusted_stamps(self, digest: str) -> dict[str, list[int]]:
+        """The recorded stamps that prove their file unchanged: those of files last written before the record was."""
+        path = self._stamps_path(digest)
+        try:
+            recorded_ns = path.stat().st_mtime_ns
+            stamps = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(stamps, dict):
+            return {}
+        return {name: value for name, value in stamps.items() if isinstance(value, list) and len(value) == 3 and value[1] < recorded_ns}
 
     @staticmethod
     def _matches(base: Path, files: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -282,6 +333,11 @@ def _hash_files(root: Path) -> dict[str, dict[str, Any]]:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         files[path.relative_to(root).as_posix()] = {"sha256": _sha256_file(path, fsync=True), "bytes": path.stat().st_size}
     return files
+
+
+def _stamp(info: os.stat_result) -> list[int]:
+    """What changes when a file's bytes are written: its size and mtime (and its inode, when it is replaced)."""
+    return [info.st_size, info.st_mtime_ns, info.st_ino]
 
 
 def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:

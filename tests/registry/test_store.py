@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 import json
 import stat
 from pathlib import Path
@@ -218,3 +220,42 @@ def test_metadata_puts_provenance_first_then_the_summary(store):
     assert metadata["inputs"] == "corpus=" + "c" * 12
     assert metadata["summary/vocab_size"] == 2048 and metadata["summary/merges"] == 1790
     assert list(metadata)[:4] == ["digest", "fingerprint", "git_commit", "config_hash"]
+
+
+def opened_files(action) -> list[str]:
+    """The files `action()` opens in this process (seen by an audit hook: the interpreter's own record, not a stand-in)."""
+    opened: list[str] = []
+    watching = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if watching[0] and event == "open" and isinstance(args[0], (str, Path)):
+            opened.append(str(args[0]))
+
+    sys.addaudithook(hook)  # hooks cannot be removed: this one goes quiet after the action
+    try:
+        action()
+    finally:
+        watching[0] = False
+    return opened
+
+
+def test_an_unchanged_artifact_is_found_without_reading_its_files_again(store):
+    manifest = publish(store, "fp-a")
+    artifact = str(store.path(manifest.digest))
+    store.lookup("fp-a")  # files written in the clock tick of the record are checked once more, then trusted
+    reads = opened_files(lambda: store.lookup("fp-a"))
+    assert [path for path in reads if path.startswith(artifact)] == []
+    assert any(path.startswith(artifact) for path in opened_files(lambda: store.lookup("fp-a", rehash=True)))
+
+
+def test_a_file_changed_in_the_same_clock_tick_as_its_record_is_hashed_again(store):
+    manifest = publish(store, "fp-a")
+    store.lookup("fp-a")
+    victim = store.path(manifest.digest) / "tokenizer.json"
+    before = victim.stat()
+    record = store.root / "verified" / f"{manifest.digest}.json"
+    os.utime(record, ns=(before.st_atime_ns, before.st_mtime_ns))  # the record looks written in the victim's tick
+    make_writable(victim)
+    victim.write_bytes(FILES["tokenizer.json"][:-2] + b"X\n")
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the change left no newer mtime
+    assert store.lookup("fp-a") is None
