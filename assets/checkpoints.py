@@ -17,7 +17,7 @@ from factory.config.schema import EvalConfig
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.podium.links import checkpoint_url
-from factory.train.checkpoint import SavedCheckpoint, partition_key, published
+from factory.train.records import SavedCheckpoint, partition_key, published
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,

@@ -1,14 +1,15 @@
-"""Post-training data: the code-execution task set, generated and executed in the sandbox, as an Iceberg table."""
+"""Post-training data: the code-execution task set, generated and executed in the sandbox, as an Iceberg table.
+
+The generator and the catalog are imported when the task set is written or looked for: loading the code location
+(the daemon does, and every run process) stays light.
+"""
 
 from collections import Counter
 
 from dagster import AssetExecutionContext, AssetMaterialization, Config, DataVersion, MaterializeResult, MetadataValue, asset
 
 from factory.config import Experiment
-from factory.data.catalog import open_catalog
-from factory.data.tables import missing_refs, parse_ref, write_version
 from factory.podium.links import table_url
-from factory.post.tasks import TASK_SCHEMA, generate
 from resources import FactoryStores
 
 TABLE = "post.code_exec_tasks"
@@ -25,6 +26,10 @@ class TaskSetConfig(Config):
 
 def _write_task_set(context: AssetExecutionContext, stores: FactoryStores, config: TaskSetConfig) -> tuple[dict, str]:
     """Generate and write the task set; its materialization metadata (the generator's settings included) and content tag."""
+    from factory.data.catalog import open_catalog
+    from factory.data.tables import write_version
+    from factory.post.tasks import TASK_SCHEMA, generate
+
     tasks = generate(config.functions, config.calls_per_function, config.seed, stdlib_functions=config.stdlib_functions)
     version = write_version(open_catalog(stores.catalog()), TABLE, tasks.rows, context.log, schema=TASK_SCHEMA)
     rows = tasks.rows.to_pylist()
@@ -51,6 +56,9 @@ def code_exec_tasks(context: AssetExecutionContext, config: TaskSetConfig, store
 def ensure_task_set(context: AssetExecutionContext, stores: FactoryStores, experiment: Experiment) -> None:
     """Generate the default task set when a post-training stage reads it and it was never generated, and report it as a
     materialization of `code_exec_tasks`: a run from git or `factory run` needs no step a person must remember."""
+    from factory.data.catalog import open_catalog
+    from factory.data.tables import missing_refs, parse_ref
+
     refs = {section.tasks for section in (experiment.sft, experiment.rl) if section is not None}
     ours = sorted(ref for ref in refs if parse_ref(ref)[0] == TABLE)
     if not ours or not missing_refs(open_catalog(stores.catalog()), ours):

@@ -1,11 +1,13 @@
-"""The `run_report` asset: per experiment, one HTML page with its curves, evaluations, decisions, cost and lineage."""
+"""The `run_report` asset: per experiment, one HTML page with its curves, evaluations, decisions, cost and lineage.
+
+The plotting code (matplotlib) is imported when a report is made, not when the code location loads.
+"""
 
 from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
 from factory.registry import git_commit
-from factory.stages.run_report import REPORT_FILE, publish_report, report_inputs
 from resources import ExperimentFiles, FactoryStores
 
 
@@ -17,6 +19,8 @@ from resources import ExperimentFiles, FactoryStores
     group_name="pipeline",
 )
 def run_report(context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores) -> MaterializeResult:
+    from factory.stages.run_report import REPORT_FILE, publish_report, report_inputs
+
     experiment = experiments.load(context.partition_key, commit=context.run.tags.get(COMMIT_TAG))
     stages = {}
     for kind in experiment.stages():

@@ -26,9 +26,8 @@ from factory.config.stages import TRAINING_STAGES, placement
 from factory.data.checks import CHECKS
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
-from factory.stages.datasets import check_filtered
 from factory.stages.request import StageRequest
-from factory.train.pretrain import CHECKPOINT_DIR
+from factory.train.records import CHECKPOINT_DIR
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 DESCRIPTIONS = {
@@ -137,6 +136,8 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
 
 def check_results(spec: StageSpec, artifact: Path, stores: FactoryStores) -> Iterator[AssetCheckResult]:
     """The blocking dataset checks, run on the artifact just materialized."""
+    from factory.stages.dataset_checks import check_filtered  # pyiceberg and pyarrow, only where checks run
+
     for outcome in check_filtered(stores.catalog(), artifact, dict(spec.config)):
         yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)
 

@@ -1,7 +1,8 @@
 """`factory`: check experiment files, run one through Dagster, open the UI, print the leaderboard (operations in `cli_operations`).
 
 Dagster is started as a subprocess (`python -m assets.run`, `dagster dev`) so that this library
-never imports it. Exit codes: 0 ok, 1 failure, 2 bad input.
+never imports it. Each command imports what it needs when it runs: `factory check` and `factory
+plan` load no torch, no Kubernetes client and no plotting. Exit codes: 0 ok, 1 failure, 2 bad input.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -21,19 +22,14 @@ from factory.config import Experiment, load, load_file
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.data.catalog import DATABASE_ENV, CatalogConfig, open_catalog, sqlalchemy_url
-from factory.preflight import check_files, experiment_files
-from factory.stages.batch import fetch_batch
-from factory.stages.batch import to_json as batch_json
-from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
-from factory.stages.plan import build_plan, counts
 from factory.errors import ConfigError, FactoryError
-from factory.launch import volcano
 from factory.launch.local import progress_env
+from factory.preflight import check_files, experiment_files
 from factory.registry import ArtifactStore, git_commit
-from factory.evals.benchmarks import known, registered
-from factory.evals.leaderboard import Board, render_html, stage_scores
-from factory.stages.evaluate import KIND as EVALUATION_KIND
-from factory.stages.leaderboard import current_board
+from factory.stages.plan import build_plan, counts
+
+if TYPE_CHECKING:
+    from factory.evals.leaderboard import Board
 
 DEFAULT_ROOT = Path(".factory")
 DAGSTER_YAML = """\
@@ -125,6 +121,8 @@ def plan(
     cluster: ClusterOption = None,
 ) -> None:
     """Show, without running anything, which stages are cached, will run (and why), or are waiting."""
+    from factory.launch import volcano
+
     experiments = []
     for path in experiment_files(paths):
         experiments += load_file(path)
@@ -168,6 +166,8 @@ def run(
     cluster: ClusterOption = None,
 ) -> None:
     """Materialize every asset of one experiment through Dagster, then print the leaderboard."""
+    from factory.launch import volcano
+
     try:
         variants = load_file(experiment)
         if launcher == "volcano" and dry_run:
@@ -204,6 +204,8 @@ def run(
 
 def _submittable(variants: list[Experiment], cluster: Path | None) -> None:
     """ConfigError unless the cluster profile can run these experiments on Volcano (checked before anything is submitted)."""
+    from factory.launch import volcano
+
     if cluster is None:
         raise ConfigError("--launcher volcano needs a cluster profile: --cluster deploy/cluster-profile.yaml (or FACTORY_CLUSTER); "
                           "see deploy/README.md")
@@ -221,6 +223,8 @@ def diff(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Two experiments or two artifacts side by side: config, input artifacts, code identity."""
+    from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
+
     registry = ArtifactStore(root / "registry")
     if Path(a).is_file() and Path(b).is_file():
         lines = diff_experiments(load(Path(a)), load(Path(b)), registry)
@@ -238,6 +242,9 @@ def leaderboard(
     html: Annotated[Path | None, typer.Option(help="Also write the board as a static HTML page here.")] = None,
 ) -> None:
     """Every experiment at its best checkpoint, scored on every benchmark (from the registry's evaluation results)."""
+    from factory.evals.leaderboard import render_html
+    from factory.stages.leaderboard import current_board
+
     try:
         board = current_board(ArtifactStore(root / "registry"), sort)
     except ConfigError as e:
@@ -279,6 +286,8 @@ def podium(
 
 
 def _print_leaderboard(root: Path, board: Board | None = None) -> bool:
+    from factory.stages.leaderboard import current_board
+
     board = board or current_board(ArtifactStore(root / "registry"))
     if not board.rows:
         err.print(f"no evaluations in {root.resolve()} yet: run `factory run experiments/<name>.md` first")
@@ -301,6 +310,8 @@ app.add_typer(evals_app, name="evals")
 @evals_app.command("list")
 def evals_list() -> None:
     """The registered benchmarks."""
+    from factory.evals.benchmarks import registered
+
     table = Table(title="benchmarks", title_justify="left")
     for column in ("name", "version", "better", "description"):
         table.add_column(column)
@@ -315,6 +326,8 @@ def evals_backfill(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Evaluate every checkpoint recorded so far on one benchmark (batched: many partitions per run), then the leaderboard."""
+    from factory.evals.benchmarks import known, registered
+
     if not known(benchmark):
         err.print(f"error: unknown benchmark {benchmark!r}; registered: {', '.join(sorted(registered()))}")
         raise typer.Exit(2)
@@ -334,6 +347,8 @@ def evals_compare(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`)."""
+    from factory.stages.leaderboard import current_board
+
     board = current_board(ArtifactStore(root / "registry"))
     rows = {row.experiment: row for row in board.rows}
     missing = [name for name in (candidate, baseline) if name not in rows or benchmark not in rows[name].scores]
@@ -356,6 +371,9 @@ def evals_stages(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
+    from factory.evals.leaderboard import stage_scores
+    from factory.stages.eval_request import KIND as EVALUATION_KIND
+
     registry = ArtifactStore(root / "registry")
     scores = stage_scores(registry.manifests(EVALUATION_KIND), experiment, benchmark)
     if not scores:
@@ -394,6 +412,9 @@ def data_batch(
     as_json: Annotated[bool, typer.Option("--json", help="Token ids and documents as JSON, for machines.")] = False,
 ) -> None:
     """Fetch again the exact batch a training step consumed: its sequences and the documents in them."""
+    from factory.stages.batch import fetch_batch
+    from factory.stages.batch import to_json as batch_json
+
     catalog = open_catalog(CatalogConfig.at(root))
     sequences = fetch_batch(load(experiment), step, ArtifactStore(root / "registry"), catalog)
     if as_json:

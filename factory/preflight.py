@@ -1,24 +1,27 @@
-"""`factory check`: everything that can be known wrong about experiment files before any training."""
+"""`factory check`: everything that can be known wrong about experiment files before any training.
+
+Light to import (a check of one file takes well under a second): the catalog's code is imported
+only when a file pins a table version.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pyiceberg.catalog import Catalog
+from typing import TYPE_CHECKING, Any
 
 from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile
 from factory.config.loader import DEFAULT_MAX_VARIANTS, key_locations, location_of
 from factory.config.schema import TASKS_REF
-from factory.data.tables import missing_refs
 from factory.errors import ConfigError
-from factory.data.prompts import TABLE as PROMPTS
 from factory.evals.benchmarks import known, registered
 from factory.evals.custom import NAME as CUSTOM
 from factory.train.control import problems as control_problems
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +86,8 @@ class TableLookup:
     def problems(self, ref: str) -> list[str]:
         """Why `ref` cannot be read (empty when it can)."""
         if ref not in self._answers:
+            from factory.data.tables import missing_refs
+
             if self._catalog is None:
                 self._catalog = self._open()
             self._answers[ref] = missing_refs(self._catalog, [ref])
@@ -98,7 +103,12 @@ def _missing_tables(path: Path, variants: list[Experiment], tables: TableLookup)
         tasks = dict.fromkeys(getattr(e, name).tasks for e in variants if getattr(e, name) is not None and getattr(e, name).tasks != TASKS_REF)
         errors += [f"{path}: {name}.tasks: {problem}" for ref in tasks for problem in tables.problems(ref)]
     # Prompts saved from Podium, evaluated as `custom_prompts.v<n>`: that version must exist.
-    saved = dict.fromkeys(f"{PROMPTS}@{m.group(1)}" for e in variants if e.eval for b in e.eval.benchmarks if (m := CUSTOM.fullmatch(b)))
+    tags = dict.fromkeys(m.group(1) for e in variants if e.eval for b in e.eval.benchmarks if (m := CUSTOM.fullmatch(b)))
+    saved: list[str] = []
+    if tags:
+        from factory.data.prompts import TABLE as PROMPTS
+
+        saved = [f"{PROMPTS}@{tag}" for tag in tags]
     errors += [f"{path}: eval.benchmarks: {problem}" for ref in saved for problem in tables.problems(ref)]
     return errors
 

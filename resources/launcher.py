@@ -23,10 +23,10 @@ from dagster import (
 from factory.config import Experiment
 from factory.errors import FactoryError
 from factory.launch import LocalLauncher, stage_argv
-from factory.stages.evaluate import EvalRequest
+from factory.stages import EVALUATE_MODULE
+from factory.stages.eval_request import EvalRequest
 from factory.stages.request import StageRequest
 
-EVALUATE_MODULE = "factory.stages.evaluate"
 
 
 class StageLauncher(ConfigurableResource):

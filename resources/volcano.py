@@ -24,8 +24,6 @@ from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD, PipesParams
 from factory.config import Experiment
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.errors import FactoryError
-from factory.launch.volcano import cluster_job_spec, job_manifest
-from factory.launch.volcano_client import VolcanoJobs, connect
 from factory.stages.request import StageRequest
 from resources.launcher import StageLauncher, pipes_results
 
@@ -54,6 +52,9 @@ class VolcanoStageLauncher(StageLauncher):
         """Submit the stage's Job, follow it through Pipes until it ends, delete it; a failed Job is a Dagster Failure."""
         if experiment is None:
             raise Failure(description=f"{request.spec.kind}: the volcano launcher places a stage by its experiment, and none was given")
+        from factory.launch.volcano import cluster_job_spec, job_manifest  # the Kubernetes client, only where Jobs are submitted
+        from factory.launch.volcano_client import VolcanoJobs, connect
+
         settings = self.settings()
         reader = PipesLogLineReader()
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader) as session:

@@ -20,7 +20,7 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
                    count: int = 64, stage: str = "pretrain") -> None:
     """A score of `experiment`'s checkpoint at `step` (from its training run `training`), published as the evaluator does."""
     from factory.evals.benchmarks import benchmark as registered
-    from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, publish_score
+    from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, publish_score
 
     spec = {"kind": stage, "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {}, "code": training}
     checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,

@@ -2,7 +2,8 @@
 
 `$FACTORY_DATABASE_URL` (`postgresql://user:password@host:5432/db`) is the deploy profile: the
 catalog's tables live in that database (Dagster's storage too, see `factory.cli.dagster_home`),
-so several machines and concurrent runs commit to one catalog.
+so several machines and concurrent runs commit to one catalog. pyiceberg is imported when a
+catalog is opened: naming one (a stage request, `factory plan`) stays light.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyiceberg.catalog.sql import SqlCatalog
-from sqlalchemy.exc import IntegrityError, ProgrammingError
+if TYPE_CHECKING:
+    from pyiceberg.catalog.sql import SqlCatalog
 
 CATALOG_NAME = "factory"
 DATABASE_ENV = "FACTORY_DATABASE_URL"
@@ -58,6 +60,9 @@ def sqlalchemy_url(url: str) -> str:
 
 def open_catalog(config: CatalogConfig) -> SqlCatalog:
     """Open (creating if needed) the catalog described by `config`."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
     if config.warehouse.startswith("file://"):
         Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     if config.uri.startswith("sqlite:///"):

@@ -1,15 +1,16 @@
-"""Quality checks on a dataset version; a failed check blocks training on it."""
+"""Quality checks on a dataset version; a failed check blocks training on it.
+
+The table code is imported when a check runs: the orchestrator declares the checks (their names)
+without loading pyiceberg.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow.compute as pc
-from pyiceberg.catalog import Catalog
-
-from factory.data.documents import SCHEMA
-from factory.data.tables import read_version, resolve
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 CHECKS = ("non_empty", "schema", "duplicate_share")
 
@@ -26,6 +27,11 @@ class CheckOutcome:
 
 def check_version(catalog: Catalog, table_name: str, tag: str, max_duplicate_share: float) -> list[CheckOutcome]:
     """Run every check of `CHECKS` on `table_name@tag`."""
+    import pyarrow.compute as pc
+
+    from factory.data.documents import SCHEMA
+    from factory.data.tables import read_version, resolve
+
     snapshot_id = resolve(catalog, table_name, tag)
     table = catalog.load_table(table_name)
     snapshot = table.snapshot_by_id(snapshot_id)

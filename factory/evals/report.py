@@ -2,6 +2,7 @@
 
 Pure: plain data in, bytes or text out. The same inputs give the same bytes (fixed figure size and
 dpi, no PNG `Software` stamp, no timestamps), so the report can be published as an artifact.
+matplotlib is imported when a plot is drawn: a report already published is found without it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 FIGSIZE_IN = (8.0, 4.0)
 DPI = 100
@@ -150,6 +149,9 @@ def render_report(inputs: ReportInputs) -> str:
 
 def _axes() -> Axes:
     """The axes of a fresh figure of the fixed size, on its own Agg canvas (no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=FIGSIZE_IN, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig.add_subplot()
@@ -157,6 +159,8 @@ def _axes() -> Axes:
 
 def _png(ax: Axes) -> bytes:
     """The axes' figure as PNG bytes, with a grid, integer steps and the legend below the axes."""
+    from matplotlib.ticker import MaxNLocator
+
     fig = ax.figure
     ax.grid(True, color="#dddddd", linewidth=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

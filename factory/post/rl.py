@@ -43,7 +43,8 @@ from factory.post.rewards import rewards
 from factory.post.sandbox import Limits, Sandbox
 from factory.post.weightsync import Roles, SyncStats, WeightSync
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy
-from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, build_optimizer, truncate_log
+from factory.train.pretrain import build_optimizer, truncate_log
+from factory.train.records import CHECKPOINT_DIR, METRICS_FILE
 
 MetricSink = Callable[[int, dict[str, float]], None]
 

@@ -12,13 +12,12 @@ from pathlib import Path
 from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.store import ArtifactStore
-from factory.stages.report import Reporter, open_reporter
+from factory.stages import RUNNERS, runner
+from factory.stages.context import StageContext
+from factory.stages.report import Reporter, exit_now, open_reporter
 from factory.stages.request import StageRequest
-from factory.stages.post import POST_RUNNERS
-from factory.stages.runners import TRAIN_RUNNERS, StageContext
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
 
-RUNNERS = {**TRAIN_RUNNERS, **POST_RUNNERS}
 USAGE = "usage: python -m factory.stages <request.json>"
 
 
@@ -37,7 +36,7 @@ def run(request: StageRequest) -> None:
             elif broadcast(world, None) == "miss":
                 with tempfile.TemporaryDirectory(prefix="rank-") as scratch:
                     registry = ArtifactStore(request.registry)
-                    RUNNERS[request.spec.kind](StageContext(request=request, registry=registry, out=Path(scratch), reporter=reporter))
+                    runner(request.spec.kind)(StageContext(request=request, registry=registry, out=Path(scratch), reporter=reporter))
     finally:
         leave(world)
 
@@ -57,7 +56,7 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
         if manifest is None:
             with registry.staging() as out:
                 wall, cpu = time.perf_counter(), time.process_time()
-                summary = RUNNERS[spec.kind](StageContext(request=request, registry=registry, out=out, reporter=reporter))
+                summary = runner(spec.kind)(StageContext(request=request, registry=registry, out=out, reporter=reporter))
                 # What computing it cost (this process; under torchrun, rank 0's share): shown in run reports.
                 summary = {**summary, "wall_seconds": round(time.perf_counter() - wall, 2), "cpu_seconds": round(time.process_time() - cpu, 2)}
                 manifest = registry.publish(
@@ -96,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -20,9 +20,8 @@ from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore
-from factory.stages.datasets import BLEND_FILE
-from factory.stages.runners import TOKENIZER_FILE
-from factory.train.pretrain import POSITIONS_FILE
+from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
+from factory.train.records import POSITIONS_FILE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

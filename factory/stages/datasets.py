@@ -9,25 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from factory.config.schema import DataConfig, DedupConfig, FiltersConfig, SourceConfig
 from factory.data.blend import build_blend
-from factory.data.catalog import CatalogConfig, open_catalog
-from factory.data.checks import CHECKS, CheckOutcome, check_version
+from factory.data.catalog import open_catalog
 from factory.data.dedup import deduplicate
 from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
 from factory.data.tables import TableVersion, read_version, resolve, write_version
-
-if TYPE_CHECKING:
-    from factory.stages.runners import StageContext
-
-DATASETS_FILE = "datasets.json"
-BLEND_FILE = "blend.json"
+from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
 
 
 def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:
@@ -125,30 +118,3 @@ def _blend_config(ctx: StageContext) -> dict[str, Any]:
     blend = ctx.config["blend"]
     names = {part["dataset"] for part in blend if part.get("dataset")}
     return {"blend": blend, "validation_percent": ctx.config["validation_percent"], "datasets": {name: {} for name in names}}
-
-
-DATA_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
-    "raw_datasets": run_raw_datasets,
-    "deduped_datasets": run_deduped_datasets,
-    "filtered_datasets": run_filtered_datasets,
-    "blend": run_blend,
-}
-
-
-def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
-    """The dataset checks over every filtered dataset of an artifact: one outcome per check, failing if any dataset fails."""
-    records = json.loads((artifact / DATASETS_FILE).read_text())
-    catalog = open_catalog(catalog_config)
-    per_dataset = {
-        name: check_version(catalog, record["table"], record["content_tag"], config["datasets"][name]["max_duplicate_share"])
-        for name, record in sorted(records.items())
-    }
-    outcomes = []
-    for index, check in enumerate(CHECKS):
-        results = {name: found[index] for name, found in per_dataset.items()}
-        failed = [r.description for r in results.values() if not r.passed]
-        outcomes.append(CheckOutcome(
-            name=check, passed=not failed, description="; ".join(failed) or "; ".join(r.description for r in results.values()),
-            metadata={f"{name}/{key}": value for name, r in results.items() for key, value in r.metadata.items()},
-        ))
-    return outcomes

@@ -1,10 +1,8 @@
 """`python -m factory.stages.evaluate <request.json>`: evaluate checkpoints on benchmarks, one process for many.
 
-Each (checkpoint, benchmark) pair is an `evaluations` partition. Its result is an immutable
-artifact whose fingerprint covers the benchmark and its version, the checkpoint's sha256, the
-tokenizer and held-out data it reads, the settings and the code: a pair already evaluated is
-never evaluated again. A checkpoint is loaded from the bytes whose sha256 its partition recorded,
-never from whatever file now sits at its path.
+What an evaluation is (its request, items and fingerprints) is in `factory.stages.eval_request`.
+A checkpoint is loaded from the bytes whose sha256 its partition recorded, never from whatever
+file now sits at its path.
 """
 
 from __future__ import annotations
@@ -12,104 +10,25 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-
-from factory.config.fingerprint import sha256_of
 from factory.config.schema import ModelConfig
 from factory.config.stages import StageSpec
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import BlendStream
-from factory.errors import ArtifactError, ConfigError, FactoryError
-from factory.evals.benchmarks import Benchmark, EvalInputs, benchmark
+from factory.errors import ArtifactError, FactoryError
+from factory.evals.benchmarks import EvalInputs, benchmark
 from factory.models.gpt import GPT
 from factory.models.tokenizer import EOS, load_tokenizer
-from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.stages.datasets import BLEND_FILE
-from factory.stages.report import Reporter, open_reporter
-from factory.stages.runners import TOKENIZER_FILE
+from factory.registry.store import ArtifactStore, Manifest
+from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
+from factory.stages.eval_request import KIND, CheckpointRef, EvalRequest, batch_summary, publish_score
+from factory.stages.report import Reporter, exit_now, open_reporter
 from factory.train.checkpoint import load_checkpoint
 
-KIND = "evaluations"
-RESULT_FILE = "result.json"
 USAGE = "usage: python -m factory.stages.evaluate <request.json>"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CheckpointRef:
-    """One `checkpoints` partition as recorded: where its bytes are and what they hash to."""
-
-    key: str
-    experiment: str
-    step: int
-    tokens_seen: int
-    path: str
-    sha256: str
-    training: Mapping[str, Any]
-    """The training stage's spec (`config`, `upstream`, `code`) that saved it."""
-    eval: Mapping[str, Any]
-    """The experiment's `eval` section: max_bytes and batch_size."""
-    git_commit: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EvalItem:
-    """One `evaluations` partition: a checkpoint on a benchmark."""
-
-    partition: str
-    benchmark: str
-    checkpoint: CheckpointRef
-
-    def fingerprint(self, code: str) -> str:
-        """What decides the score (and, with the partition key, whose score it is: a copied experiment gets its own)."""
-        bench, training = benchmark(self.benchmark), self.checkpoint.training
-        return sha256_of({
-            "kind": KIND, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
-            "checkpoint": self.checkpoint.sha256, "model": training["config"]["model"], "seed": training["config"]["seed"],
-            "stream": training["config"]["stream"], "upstream": training["upstream"], "max_bytes": self.checkpoint.eval["max_bytes"],
-            "code": code,
-        })
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EvalRequest:
-    """What the orchestrator hands the evaluation process."""
-
-    items: tuple[EvalItem, ...]
-    registry: str
-    catalog: CatalogConfig
-    code: str
-    run_id: str = ""
-
-    def write(self, path: Path) -> Path:
-        """Write the request as JSON to `path`."""
-        data = {
-            "items": [{"partition": i.partition, "benchmark": i.benchmark, "checkpoint": _plain(i.checkpoint)} for i in self.items],
-            "registry": self.registry, "catalog": self.catalog.to_json(), "code": self.code, "run_id": self.run_id,
-        }
-        path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> EvalRequest:
-        """Read a request written by `write`."""
-        try:
-            data = json.loads(Path(path).read_text())
-            items = tuple(
-                EvalItem(partition=i["partition"], benchmark=i["benchmark"], checkpoint=CheckpointRef(**i["checkpoint"])) for i in data["items"]
-            )
-            return cls(items=items, registry=data["registry"], catalog=CatalogConfig(**data["catalog"]), code=data["code"],
-                       run_id=data.get("run_id", ""))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"{path}: not an evaluation request ({e})") from e
-
-
-def _plain(checkpoint: CheckpointRef) -> dict[str, Any]:
-    return {name: getattr(checkpoint, name) for name in checkpoint.__slots__}
 
 
 def evaluate(request: EvalRequest, reporter: Reporter) -> dict[str, Manifest]:
@@ -191,27 +110,6 @@ def locate_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> Pat
     )
 
 
-def publish_score(
-    registry: ArtifactStore, request: EvalRequest, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float
-) -> Manifest:
-    """Publish one score as an immutable artifact."""
-    checkpoint = item.checkpoint
-    summary = {
-        "benchmark": bench.name, "version": bench.version, "lower_is_better": bench.lower_is_better, "value": value, "count": count,
-        "checkpoint": checkpoint.key, "experiment": checkpoint.experiment, "step": checkpoint.step, "tokens_seen": checkpoint.tokens_seen,
-        "checkpoint_sha256": checkpoint.sha256, "training": StageSpec.from_json(checkpoint.training).fingerprint,
-    }
-    with registry.staging() as out:
-        (out / RESULT_FILE).write_text(json.dumps({**summary, "details": details}, indent=2, sort_keys=True, default=str))
-        return registry.publish(
-            out, kind=KIND, fingerprint=item.fingerprint(request.code),
-            config={"benchmark": bench.name, "version": bench.version, "max_bytes": checkpoint.eval["max_bytes"]},
-            inputs=dict(checkpoint.training["upstream"]), code=request.code,
-            provenance=Provenance(experiment=checkpoint.experiment, config_hash=sha256_of(checkpoint.training["config"])[:16], git_commit=checkpoint.git_commit, run_id=request.run_id),
-            summary={**summary, "seconds": round(seconds, 3)},  # the time is the manifest's, not part of the result's bytes
-        )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit 0 on success, 1 when an evaluation fails, 2 on bad input."""
     args = sys.argv[1:] if argv is None else argv
@@ -221,10 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         request = EvalRequest.read(Path(args[0]))
         with open_reporter(KIND) as reporter:
-            results = evaluate(request, reporter)
-            scores = {partition: manifest.summary["value"] for partition, manifest in sorted(results.items())}
-            reporter.materialized({"scores": {"raw_value": scores, "type": "json"}, "evaluated": len(scores)}, sha256_of(
-                {partition: manifest.digest for partition, manifest in sorted(results.items())}))
+            scores, version = batch_summary(evaluate(request, reporter))
+            reporter.materialized({"scores": {"raw_value": scores, "type": "json"}, "evaluated": len(scores)}, version)
     except FactoryError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -232,4 +128,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

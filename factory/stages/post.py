@@ -6,7 +6,7 @@ pretraining does, so their checkpoints are `checkpoints` partitions and get eval
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -21,7 +21,8 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.post.rl import train_rl
 from factory.post.sft import encode_examples, read_tasks, sft_batches
 from factory.post.weightsync import roles_from
-from factory.stages.runners import TOKENIZER_FILE, StageContext, final_weights, publish_checkpoints, tracked_run, train_stage, write_run
+from factory.stages.context import TOKENIZER_FILE, StageContext
+from factory.stages.runners import final_weights, publish_checkpoints, tracked_run, train_stage, write_run
 from factory.train.distributed import world_from_env
 
 
@@ -80,5 +81,3 @@ def run_rl(ctx: StageContext) -> dict[str, Any]:
         "tracker_url": tracker.url, "train_seconds": round(result.seconds, 2), "tasks": config.tasks, **last,
     }
 
-
-POST_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {"sft": run_sft, "rl": run_rl}

@@ -30,7 +30,6 @@ from typing import Any
 from factory.config.fingerprint import code_identity, source_tree_hash
 from factory.config.stages import STAGES, StageSpec
 from factory.data.catalog import CatalogConfig, open_catalog
-from factory.data.tables import resolve, write_version
 from factory.errors import ArtifactError, ConfigError
 from factory.launch.local import stage_argv
 from factory.registry.history import History
@@ -269,6 +268,8 @@ def _results(path: Path) -> list[Any]:
 
 def _copy_pinned_tables(source: Any, target: Any, graph: Lineage, lineage: list[Manifest], log: logging.Logger) -> None:
     """Copy into the scratch catalog the table versions the lineage reads but none of its stages writes."""
+    from factory.data.tables import resolve, write_version  # pyiceberg and pyarrow, only when reproducing
+
     written = {v for m in lineage for v in graph.written.get(m.digest, [])}
     for version in {v for m in lineage for v in graph.read(m)} - written:
         if any(w.table == version.table and w.content_tag == version.content_tag for w in written):

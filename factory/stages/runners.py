@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -24,58 +22,21 @@ from factory.models.export import sorted_header
 from factory.config.control import ControlConfig
 from factory.config.stages import TRAINING_STAGES
 from factory.config.schema import ModelConfig, PretrainConfig, TokenizerConfig
-from factory.data.blend import Blend
 from factory.data.catalog import open_catalog
-from factory.data.loader import Batch, BlendStream, LoaderState, build_loader
+from factory.data.loader import Batch, LoaderState, build_loader
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer
-from factory.registry.store import ArtifactStore
-from factory.stages.datasets import BLEND_FILE, DATA_RUNNERS
 from factory.stages.progress import training_progress, wants_progress
-from factory.stages.report import Reporter
-from factory.stages.request import StageRequest
+from factory.stages.context import TOKENIZER_FILE, StageContext
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
 from factory.train.pretrain import (
     CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, load_weights, pretrain,
 )
 
-TOKENIZER_FILE = "tokenizer.json"
 MODEL_WEIGHTS = "model.pt"
 MODEL_SAFETENSORS = "model.safetensors"
 MODEL_CONFIG = "config.json"
 RUN_FILE = "run.json"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StageContext:
-    """What a runner works with."""
-
-    request: StageRequest
-    registry: ArtifactStore
-    out: Path
-    reporter: Reporter
-
-    @property
-    def log(self) -> logging.Logger:
-        return self.reporter.log
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return dict(self.request.spec.config)
-
-    def upstream(self, name: str) -> Path:
-        """Directory of the upstream artifact this stage was planned with."""
-        return self.registry.open(self.request.spec.upstream[name])
-
-    def blend(self) -> Blend:
-        """The upstream blend this stage reads."""
-        return Blend.from_json(json.loads((self.upstream("blend") / BLEND_FILE).read_text()))
-
-    def blend_stream(self, split: str, finite: bool = False) -> BlendStream:
-        """Documents of one split of the upstream blend, in the seeded order training sees them."""
-        catalog = open_catalog(self.request.catalog)
-        buffer = self.config.get("stream", self.config)["shuffle_buffer_docs"]
-        return BlendStream(catalog=catalog, blend=self.blend(), split=split, seed=self.config["seed"], buffer_docs=buffer, finite=finite)
 
 
 def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
@@ -279,9 +240,3 @@ def run_model(ctx: StageContext) -> dict[str, Any]:
     return {"parameters": run["parameters"], "tokens_seen": run["tokens_seen"], "vocab_size": run["vocab_size"]}
 
 
-TRAIN_RUNNERS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
-    **DATA_RUNNERS,
-    "tokenizer": run_tokenizer,
-    "pretrain": run_pretrain,
-    "model": run_model,
-}

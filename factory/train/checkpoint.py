@@ -16,7 +16,6 @@ import io
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import threading
@@ -35,25 +34,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from factory.errors import ArtifactError
 from factory.train.distributed import SINGLE, World
-
-NAME = re.compile(r"^step_(\d{6,})\.json$")
-FILE, SHARDED = "file", "sharded"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SavedCheckpoint:
-    """One complete checkpoint on disk."""
-
-    step: int
-    path: Path
-    sha256: str
-    size: int
-    metrics: dict[str, float]
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
+from factory.train.records import FILE, SHARDED, SavedCheckpoint, published
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetentionPolicy:
@@ -61,11 +42,6 @@ class RetentionPolicy:
 
     keep_last: int = 2
     best_metric: str | None = "loss"
-
-
-def partition_key(experiment: str, stage: str, step: int) -> str:
-    """The `checkpoints` partition of one checkpoint: `<experiment>__<stage>-<step:06d>`."""
-    return f"{experiment}__{stage}-{step:06d}"
 
 
 def checkpoint_digest(path: Path) -> tuple[str, int]:
@@ -93,11 +69,6 @@ def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:
     if isinstance(state.get("optimizer"), dict) and "state" in state["optimizer"]:  # the sharded format keys it by str
         state["optimizer"]["state"] = {int(key): value for key, value in state["optimizer"]["state"].items()}
     return state
-
-
-def published(directory: Path) -> list[SavedCheckpoint]:
-    """The complete checkpoints in a directory (a published training artifact, or a run's checkpoint directory), by step."""
-    return CheckpointDir(directory, RetentionPolicy(), logging.getLogger(__name__)).complete()
 
 
 def canonical(value: Any) -> Any:
@@ -211,20 +182,7 @@ class CheckpointDir:
 
     def complete(self) -> list[SavedCheckpoint]:
         """Every checkpoint whose JSON record exists, by step (checksums not verified here)."""
-        found = []
-        for record_path in sorted(self.directory.glob("step_*.json")):
-            if not NAME.match(record_path.name):
-                continue
-            try:
-                record = json.loads(record_path.read_text())
-            except (OSError, ValueError):
-                continue
-            path = record_path.with_suffix("") if record.get("format") == SHARDED else record_path.with_suffix(".pt")
-            found.append(SavedCheckpoint(
-                step=record["step"], path=path, sha256=record["sha256"], size=record["size"],
-                metrics=record.get("metrics", {}),
-            ))
-        return sorted(found, key=lambda c: c.step)
+        return published(self.directory)
 
     def latest(self) -> tuple[SavedCheckpoint, dict[str, Any]] | None:
         """The newest checkpoint whose bytes match its checksum, loaded; damaged ones are skipped with a warning."""

@@ -2,7 +2,8 @@
 
 One process is a world of one. Under torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK` set), the
 process group is started with gloo on CPU and nccl on GPU; only rank 0 talks to Dagster and
-writes checkpoints.
+writes checkpoints. torch is imported by the functions that use it: a stage of one rank that does
+not train (a data stage) never loads it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,6 +33,8 @@ class World:
     @property
     def device(self) -> torch.device:
         """This rank's device: its GPU when there are GPUs, else the CPU."""
+        import torch
+
         return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -47,7 +50,12 @@ def world_from_env(environ: Mapping[str, str] = os.environ) -> World:
 def join(world: World, backend: str | None = None) -> None:
     """Start the process group of a world of several ranks (no-op for one, or when already started): nccl on GPUs,
     gloo on CPUs, or the `backend` a stage asks for (RL's ranks work on the CPU)."""
-    if world.size > 1 and not dist.is_initialized():
+    if world.size == 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
@@ -56,7 +64,11 @@ def join(world: World, backend: str | None = None) -> None:
 
 def leave(world: World) -> None:
     """Tear the process group down."""
-    if world.size > 1 and dist.is_initialized():
+    if world.size == 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -64,6 +76,8 @@ def broadcast(world: World, value: Any) -> Any:
     """Rank 0's `value`, on every rank."""
     if world.size == 1:
         return value
+    import torch.distributed as dist
+
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
@@ -73,6 +87,8 @@ def gather(world: World, value: Any) -> list[Any]:
     """Every rank's `value`, in rank order, on every rank."""
     if world.size == 1:
         return [value]
+    import torch.distributed as dist
+
     values: list[Any] = [None] * world.size
     dist.all_gather_object(values, value)
     return values
@@ -82,6 +98,9 @@ def total(world: World, value: float) -> float:
     """The sum of `value` over the ranks."""
     if world.size == 1:
         return value
+    import torch
+    import torch.distributed as dist
+
     tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
     dist.all_reduce(tensor)
     return float(tensor.item())

@@ -29,12 +29,9 @@ from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkp
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
+from factory.train.records import CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE
 from factory.train.step import gradients, memory_mb, validation_loss
 
-CHECKPOINT_DIR = "checkpoints"
-METRICS_FILE = "metrics.jsonl"
-POSITIONS_FILE = "data_positions.jsonl"
-CONTROL_FILE = "control.jsonl"
 MetricSink = Callable[[int, dict[str, float]], None]
 StepSink = Callable[[int, float, float], None]
 ControlSink = Callable[[dict[str, Any]], None]

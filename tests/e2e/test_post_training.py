@@ -10,7 +10,7 @@ from assets.partitions import CHECKPOINTS
 from factory.cli import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore
-from factory.stages.evaluate import KIND as EVALUATIONS
+from factory.stages.eval_request import KIND as EVALUATIONS
 from factory.stages.plan import build_plan, counts
 from tests.e2e.test_sweep_plan import run_all
 

@@ -245,7 +245,7 @@ def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
 
 
 def test_every_kept_checkpoint_is_a_checkpoints_partition(pipeline):
-    from factory.train.checkpoint import published
+    from factory.train.records import published
 
     instance, name = pipeline["instance"], pipeline["name"]
     [training, *_] = materializations(instance, "pretrain", name)

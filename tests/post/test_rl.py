@@ -22,7 +22,7 @@ from factory.post.format import completion, prompt
 from factory.post.rl import sample_group, stop_tokens, train_rl
 from factory.post.sft import encode_examples, sft_batches
 from factory.post.weightsync import roles_from
-from factory.train.checkpoint import published
+from factory.train.records import published
 from tests.post.ranks import spawned
 
 ROWS = [

@@ -16,7 +16,8 @@ from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
 from factory.models.gpt import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
-from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest, evaluate, locate_checkpoint
+from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
+from factory.stages.evaluate import evaluate, locate_checkpoint
 from factory.stages.report import ConsoleReporter
 
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)

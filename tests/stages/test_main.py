@@ -10,7 +10,7 @@ from factory.config import Experiment, load, plan_stage
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.registry.store import ArtifactStore, Provenance
 from factory.stages.__main__ import USAGE, main
-from factory.stages.datasets import DATASETS_FILE
+from factory.stages.context import DATASETS_FILE
 from factory.stages.request import StageRequest
 
 SOURCES = {f"lib/mod_{i}.py": f"def f{i}(x):\n    return x * {i}\n" for i in range(8)}

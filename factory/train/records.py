@@ -1,0 +1,57 @@
+"""What a training run leaves on disk, read without torch: the checkpoint records and the logs beside them.
+
+A checkpoint `step_<n>.pt` (or the directory `step_<n>/`, sharded) exists once its record
+`step_<n>.json` (step, format, sha256, size, metrics) is written, last. The orchestrator turns
+records into `checkpoints` partitions and the run report plots the logs; neither loads weights.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+POSITIONS_FILE = "data_positions.jsonl"
+CONTROL_FILE = "control.jsonl"
+NAME = re.compile(r"^step_(\d{6,})\.json$")
+FILE, SHARDED = "file", "sharded"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SavedCheckpoint:
+    """One complete checkpoint on disk."""
+
+    step: int
+    path: Path
+    sha256: str
+    size: int
+    metrics: dict[str, float]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def partition_key(experiment: str, stage: str, step: int) -> str:
+    """The `checkpoints` partition of one checkpoint: `<experiment>__<stage>-<step:06d>`."""
+    return f"{experiment}__{stage}-{step:06d}"
+
+
+def published(directory: Path) -> list[SavedCheckpoint]:
+    """Every checkpoint in a directory (a published training artifact, or a run's checkpoint directory) whose record
+    exists, by step (checksums not verified here)."""
+    found = []
+    for record_path in sorted(directory.glob("step_*.json")):
+        if not NAME.match(record_path.name):
+            continue
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        path = record_path.with_suffix("") if record.get("format") == SHARDED else record_path.with_suffix(".pt")
+        found.append(SavedCheckpoint(step=record["step"], path=path, sha256=record["sha256"], size=record["size"],
+                                     metrics=record.get("metrics", {})))
+    return sorted(found, key=lambda c: c.step)
