@@ -1,19 +1,27 @@
-"""The local launcher: a stage as a child process of this machine, its output streamed through."""
+"""The local launcher: a stage as a child process of this machine, its output streamed through.
+
+Inside `warm_starts(modules)`, a one-process stage is forked from a warm interpreter that imported
+`modules` once (`factory.launch.warm`), instead of starting Python and its imports again: the
+same process, seconds sooner. Stages under torchrun, and any launch the warm interpreter cannot
+make exactly as a cold start would, start cold.
+"""
 
 from __future__ import annotations
 
 import codecs
 import collections
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from factory.errors import LaunchError, StageFailed
+from factory.launch.warm import WarmProcess, WarmServer
 
 STAGE_MODULE = "factory.stages"
 STDERR_TAIL_LINES = 20
@@ -39,6 +47,26 @@ def stage_argv(request_path: Path, python: str = sys.executable, processes: int 
     return [python, "-m", STAGE_MODULE, str(request_path)]
 
 
+_warm: WarmServer | None = None
+_told: set[str] = set()
+
+
+@contextlib.contextmanager
+def warm_starts(modules: Sequence[str]) -> Iterator[WarmServer | None]:
+    """Within the block, one-process stages fork from a warm interpreter that imports `modules` (in the background, from
+    now on). Linux only; elsewhere, or nested in another such block, stages start as they would without it."""
+    global _warm
+    if _warm is not None or sys.platform != "linux":
+        yield _warm
+        return
+    _warm = WarmServer(modules)
+    try:
+        yield _warm
+    finally:
+        server, _warm = _warm, None
+        server.close()
+
+
 def progress_env(stream: IO[str] | None = None) -> dict[str, str]:
     """`FACTORY_PROGRESS=1` when `stream` (stderr) is a terminal: stages may draw a live progress bar; plain logs elsewhere."""
     return {PROGRESS_ENV: "1" if (stream or sys.stderr).isatty() else "0"}
@@ -52,10 +80,13 @@ class LocalLauncher:
 
         `on_poll` is called about every POLL_S seconds while the process runs, and once after it ends.
         """
-        try:
-            process = subprocess.Popen(argv, env={**progress_env(), **os.environ, **env}, stderr=subprocess.PIPE)
-        except OSError as e:
-            raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
+        full_env = {**progress_env(), **os.environ, **env}
+        process = _start_warm(argv, full_env, [*env, PROGRESS_ENV])
+        if process is None:
+            try:
+                process = subprocess.Popen(argv, env=full_env, stderr=subprocess.PIPE)
+            except OSError as e:
+                raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
         tail = _Tail()
         pump = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
         pump.start()
@@ -68,6 +99,18 @@ class LocalLauncher:
             pump.join()
         if code != 0:
             raise StageFailed(f"stage {name!r} exited with code {code}{tail.explain()}")
+
+
+def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str]) -> WarmProcess | None:
+    """The stage forked from the warm interpreter, or None (no warm block, torchrun, or the interpreter refused; a
+    refusal is said once per reason)."""
+    if _warm is None:
+        return None
+    process = _warm.spawn(argv, env, launch_keys)
+    if process is None and _warm.refused and _warm.refused not in _told:
+        _told.add(_warm.refused)
+        print(f"note: stages start cold from here: {_warm.refused}", file=sys.stderr)
+    return process
 
 
 def _wait(process: subprocess.Popen, on_poll: Callable[[], None] | None) -> int:

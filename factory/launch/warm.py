@@ -1,0 +1,234 @@
+"""A warm interpreter: stage processes forked from a server that imported their code once.
+
+Starting a stage as `python -m factory.stages request.json` costs seconds of imports (torch,
+pyiceberg, pyarrow, mlflow) before any work, and a run starts a dozen stages. The warm server
+imports those modules once, then forks one child per stage. The child is still a process of its
+own, as the launcher and Volcano expect: its own pid, exit code, stdin/stdout/stderr, environment
+and working directory; killed alone; it ends when its stage does. A child starts in milliseconds.
+
+The server forks only where the child is the process a cold start would have made:
+- it runs no Python thread but its own, checked once its imports are done (a fork copies only
+  the calling thread: a lock another thread held would stay locked in the child). The native
+  pools some libraries start at import (numpy's OpenBLAS, pyarrow's jemalloc) sit idle, and
+  those libraries prepare for fork themselves, as they do for multiprocessing's fork start
+  method and PyTorch's data-loader workers; torch's own thread pool starts in the child, at its
+  first parallel operation, since the server never runs one;
+- the code on disk is the code it imported: every source file of the packages it preloaded keeps
+  the size and mtime it had;
+- the child's environment equals the server's but for the variables the launch itself sets
+  (Dagster Pipes' bootstrap, the progress flag): whatever libraries read at import is the same.
+Otherwise it refuses, and `spawn` returns None: the launcher starts a cold process, as before.
+Linux only (fork after importing torch is not safe on macOS).
+
+The server is `factory.launch.warm_server`. The protocol: a Unix socket; the launcher sends one JSON request with the child's stdin, stdout
+and stderr as file descriptors (SCM_RIGHTS); the server answers `{"pid": n}` (or `{"refused":
+why}`), then `{"exit": code}` when the child ends (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+SERVER_MODULE = "factory.launch.warm_server"
+SOCKET_NAME = "warm.sock"
+READY_TIMEOUT_S = 120.0
+"""How long a launch waits for the server's socket to appear (its imports run after it binds)."""
+EXIT_UNKNOWN = 255
+"""The exit code reported when the server ended before the child it forked."""
+_HEADER = struct.Struct("!I")
+
+
+class WarmServer:
+    """The launcher's side: starts the server, asks it for children, and stops it."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        """Start a server that imports `modules` (in the background: `spawn` waits for it)."""
+        self.modules = tuple(modules)
+        self.env = dict(os.environ)
+        self._dir = Path(tempfile.mkdtemp(prefix="factory-warm-"))
+        self.socket_path = self._dir / SOCKET_NAME
+        owner_read, self._owner = os.pipe()  # the server ends when this end closes: when we close it, or die
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, str(self.socket_path), str(owner_read), *self.modules],
+                pass_fds=(owner_read,), stdin=subprocess.DEVNULL, env=self.env,
+            )
+        finally:
+            os.close(owner_read)
+        self.refused: str | None = None
+        """Why the server last refused a launch (None: it never did)."""
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], launch_keys: Iterable[str]) -> WarmProcess | None:
+        """Fork `argv` (`python -m MODULE ARGS...`) with environment `env`, or None when the server cannot run it as a
+        cold start would. `launch_keys` name the variables this launch sets, the only ones that may differ."""
+        if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or self._process.poll() is not None:
+            return None
+        connection = self._connect()
+        if connection is None:
+            return None
+        stderr_read, stderr_write = os.pipe()
+        try:
+            request = {"module": argv[2], "args": list(argv[3:]), "env": dict(env), "launch": sorted(launch_keys), "cwd": os.getcwd()}
+            send_request(connection, request, [0, 1, stderr_write])
+        except OSError:
+            connection.close()
+            os.close(stderr_read)
+            return None
+        finally:
+            os.close(stderr_write)
+        lines = _Lines(connection)
+        answer = lines.next(timeout=None)
+        if answer is None or "pid" not in answer:
+            self.refused = answer.get("refused", "the server ended") if answer else "the server ended"
+            connection.close()
+            os.close(stderr_read)
+            return None
+        return WarmProcess(answer["pid"], lines, os.fdopen(stderr_read, "rb", buffering=0))
+
+    def status(self) -> dict[str, Any] | None:
+        """How far the server's imports are: `imported` of `modules`, and the `problem` that stops it forking (None: no
+        server to ask)."""
+        connection = self._connect()
+        if connection is None:
+            return None
+        try:
+            send_request(connection, {"status": True}, [])
+            return _Lines(connection).next(timeout=None)
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        """Stop the server (children it forked run on to their end) and remove its socket."""
+        if self._owner >= 0:
+            os.close(self._owner)
+            self._owner = -1
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _connect(self) -> socket.socket | None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline and self._process.poll() is None:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                connection.connect(str(self.socket_path))
+                return connection
+            except (FileNotFoundError, ConnectionRefusedError):
+                connection.close()
+                time.sleep(0.02)
+        return None
+
+
+class WarmProcess:
+    """A forked stage process: the part of `subprocess.Popen` the local launcher uses."""
+
+    def __init__(self, pid: int, lines: _Lines, stderr: IO[bytes]) -> None:
+        self.pid = pid
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._lines = lines
+
+    def poll(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        if self.returncode is None:
+            self._read(timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to end; subprocess.TimeoutExpired after `timeout` seconds."""
+        if self.returncode is None:
+            self._read(timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the process, unless it has ended already."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _read(self, timeout: float | None) -> None:
+        answer = self._lines.next(timeout)
+        if answer is _Lines.PENDING:
+            return
+        if answer is None:  # the server is gone: wait for the child itself, whose exit code nobody can tell us now
+            while _alive(self.pid):
+                time.sleep(0.05)
+            self.returncode = EXIT_UNKNOWN
+        else:
+            self.returncode = int(answer["exit"])
+        self._lines.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Lines:
+    """JSON lines from a socket, read without blocking longer than asked."""
+
+    PENDING: Any = object()
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.connection = connection
+        self.buffer = b""
+
+    def next(self, timeout: float | None) -> Any:
+        """The next message; PENDING when none came within `timeout`; None when the other side closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.connection], [], [], left)[0]:
+                return self.PENDING
+            chunk = self.connection.recv(4096)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def send_request(connection: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
+    """A request: its length, its JSON, and the child's stdin, stdout and stderr riding along (SCM_RIGHTS)."""
+    data = json.dumps(message).encode()
+    socket.send_fds(connection, [_HEADER.pack(len(data)) + data], fds)
+
+
+def receive_request(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The request `send_request` sent, and the file descriptors that came with it."""
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    (size,) = _HEADER.unpack_from(data)
+    body = data[_HEADER.size :]
+    while len(body) < size:
+        chunk = connection.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("the launcher closed the connection mid-request")
+        body += chunk
+    return json.loads(body), list(fds)

@@ -1,0 +1,244 @@
+"""The warm interpreter's server: imports the stages' modules once, then forks a child per launch (see `factory.launch.warm`).
+
+`python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...` binds SOCKET, imports the modules,
+and serves until the pipe OWNER_FD closes (its launcher closed it, or died). It stays single-threaded
+(a select loop; SIGCHLD wakes it) so that every fork copies a process in a known state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from factory.launch.warm import receive_request
+
+
+def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
+    """Bind, import `modules`, then fork a child for every launch until the owner's pipe closes."""
+    # Ctrl-C goes to the whole process group (the stages too); the server lives on to report how they ended.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below when a child ends
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    base_env = dict(os.environ)  # what a launch's environment is compared with
+    sources = _source_stamps(modules)  # the code on disk as the imports begin
+    pending, problem = list(modules), None
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        # Imports go one module at a time between launches: a launch is served with what is imported so far (the child
+        # imports the rest itself), so the first stage does not wait for code only later stages need.
+        importing = bool(pending) and problem is None
+        ready = select.select([listener, owner, wake_read], [], [], 0 if importing else None)[0]
+        if owner in ready:
+            return
+        if wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_read, 512):
+                    pass
+        _report_exits(waiting)
+        if listener in ready:
+            status = {"imported": len(modules) - len(pending), "modules": len(modules), "problem": problem}
+            _launch(listener, status, sources, base_env, waiting, [owner, wake_read, wake_write])
+        elif importing:
+            problem = _import(pending.pop(0))
+
+
+def _launch(listener: socket.socket, status: dict[str, Any], sources: Mapping[str, tuple[int, int]], base_env: Mapping[str, str],
+            waiting: dict[int, socket.socket], private: list[int]) -> None:
+    """Answer one request: how far the imports are, or a launch (fork its child, or say why not)."""
+    connection, _ = listener.accept()
+    try:
+        request, fds = receive_request(connection)
+    except (OSError, ValueError, struct.error):
+        connection.close()
+        return
+    try:
+        if "status" in request:
+            _answer(connection, status)
+            connection.close()
+            return
+        refused = status["problem"] or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])
+        if refused:
+            _answer(connection, {"refused": refused})
+            connection.close()
+            return
+        imported_env = _changes(base_env, os.environ)  # what the imports set (mlflow does): a cold start sets it too
+        pid = os.fork()
+        if pid == 0:
+            _child(request, imported_env, fds, [listener.fileno(), connection.fileno(), *private, *(c.fileno() for c in waiting.values())])
+        waiting[pid] = connection
+        _answer(connection, {"pid": pid})
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _import(name: str) -> str | None:
+    """Import one module; why the server cannot fork once it failed, else None."""
+    try:
+        importlib.import_module(name)
+    except BaseException as e:  # noqa: BLE001 - any failure means: start cold, where the stage reports it itself
+        return f"{name} did not import ({type(e).__name__}: {e})"
+    return None
+
+
+def _threads() -> str | None:
+    """Why a fork now would not copy the whole process: a Python thread besides this one (None: there is none)."""
+    if (threads := threading.active_count()) == 1:
+        return None
+    names = ", ".join(thread.name for thread in threading.enumerate() if thread is not threading.main_thread())
+    return f"the warm interpreter runs {threads - 1} other Python thread(s) ({names}); a fork would copy only one"
+
+
+def _source_stamps(modules: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every Python source file of the packages the modules belong to."""
+    stamps = {}
+    for package in dict.fromkeys(name.split(".")[0] for name in modules):
+        spec = importlib.util.find_spec(package)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            for path in Path(root).rglob("*.py"):
+                info = path.stat()
+                stamps[str(path)] = (info.st_size, info.st_mtime_ns)
+    return stamps
+
+
+def _stale(sources: Mapping[str, tuple[int, int]]) -> str | None:
+    """Which source file changed since the server imported its package (None: none did)."""
+    for path, stamp in sources.items():
+        try:
+            info = os.stat(path)
+        except OSError:
+            return f"{path} was removed since the warm interpreter started"
+        if (info.st_size, info.st_mtime_ns) != stamp:
+            return f"{path} changed since the warm interpreter started"
+    roots = {str(Path(path).parent) for path in sources}
+    for root in roots:
+        for name in os.listdir(root):
+            if name.endswith(".py") and os.path.join(root, name) not in sources:
+                return f"{os.path.join(root, name)} appeared since the warm interpreter started"
+    return None
+
+
+def _env_differs(base: Mapping[str, str], env: Mapping[str, str], launch: Iterable[str]) -> str | None:
+    """Which variables differ from the server's, other than those the launch sets (None: none)."""
+    own = set(launch)
+    names = sorted(name for name in base.keys() | env.keys() if name not in own and base.get(name) != env.get(name))
+    return f"the environment differs from the warm interpreter's in {', '.join(names)}" if names else None
+
+
+def _answer(connection: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the launcher went away: nobody to tell
+        connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _report_exits(waiting: dict[int, socket.socket]) -> None:
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        connection = waiting.pop(pid, None)
+        if connection is not None:
+            _answer(connection, {"exit": os.waitstatus_to_exitcode(status)})
+            connection.close()
+
+
+def _changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str | None]:
+    """The variables `after` sets to another value than `before` (None: removed)."""
+    changed: dict[str, str | None] = {name: value for name, value in after.items() if before.get(name) != value}
+    return {**changed, **dict.fromkeys(before.keys() - after.keys())}
+
+
+def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds: list[int], inherited: list[int]) -> None:
+    """Become the stage: its stdio, directory, environment and arguments; run its module as `__main__`; never return."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for number in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in inherited:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for name, value in imported_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        sys.path[0] = request["cwd"]  # as `python -m` puts the working directory first
+        sys.argv = [request["module"], *request["args"]]
+        import atexit
+        import random
+
+        atexit._clear()  # the server's exit handlers are not the stage's
+        random.seed()  # a cold start seeds `random` from the OS; a fork would share the server's state
+        try:
+            import runpy
+
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = _exit_code(e.code)
+        except KeyboardInterrupt:
+            code = -signal.SIGINT
+        except BaseException:  # noqa: BLE001 - printed as an uncaught exception would be
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        if code < 0:  # die of the signal, as a cold process would
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code)
+
+
+def _exit_code(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...`"""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2:
+        print("usage: python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...", file=sys.stderr)
+        return 2
+    serve(args[0], int(args[1]), args[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The warm interpreter: a stage forked from it is a process of its own, and it refuses what a cold start would do otherwise."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from factory.launch.warm import WarmServer
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = "tests.launch.warm_child"
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the warm interpreter forks: Linux only")
+
+
+def imported(warm: WarmServer) -> dict:
+    """The server's status once its imports are done (or stopped at a failure)."""
+    for _ in range(600):
+        status = warm.status()
+        if status is None or status["problem"] or status["imported"] == status["modules"]:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"the warm server never finished its imports: {status}")
+
+
+@pytest.fixture
+def server(monkeypatch):
+    monkeypatch.chdir(REPO)
+    warm = WarmServer(["email.mime.text"])
+    assert imported(warm)["problem"] is None
+    yield warm
+    warm.close()
+
+
+def test_a_forked_child_has_its_own_pid_arguments_directory_environment_output_and_exit_code(server, tmp_path, capfd):
+    out = tmp_path / "seen.json"
+    env = {**server.env, "WARM_MARKER": "launch-1", "WARM_EXIT": "3"}
+    child = server.spawn([sys.executable, "-m", CHILD, str(out)], env, ["WARM_MARKER", "WARM_EXIT"])
+    assert child is not None, server.refused
+    stderr = child.stderr.read()
+    assert child.wait(timeout=30) == 3
+    seen = json.loads(out.read_text())
+    assert seen["pid"] == child.pid and child.pid not in (os.getpid(), server._process.pid)
+    assert seen == {**seen, "argv": [str(out)], "cwd": str(REPO), "marker": "launch-1", "preloaded": True, "name": "__main__"}
+    assert stderr == b"said on stderr\n"
+    assert "said on stdout" in capfd.readouterr().out
+
+
+def test_a_killed_child_reports_its_signal_and_the_server_goes_on(server, tmp_path):
+    child = server.spawn([sys.executable, "-m", CHILD, str(tmp_path / "a.json"), "60"], server.env, [])
+    assert child is not None, server.refused
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.2)
+    child.kill()
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    again = server.spawn([sys.executable, "-m", CHILD, str(tmp_path / "b.json")], server.env, [])
+    assert again is not None and again.wait(timeout=30) == 0
+
+
+def test_an_environment_that_differs_beyond_the_launch_variables_is_refused(server, tmp_path):
+    env = {**server.env, "OMP_NUM_THREADS": "7"}
+    assert server.spawn([sys.executable, "-m", CHILD, str(tmp_path / "a.json")], env, ["WARM_MARKER"]) is None
+    assert "OMP_NUM_THREADS" in server.refused
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_source_changed_since_the_imports_is_refused(tmp_path, monkeypatch):
+    package = tmp_path / "warmpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{REPO}")
+    warm = WarmServer(["warmpkg"])
+    try:
+        argv = [sys.executable, "-m", CHILD, str(tmp_path / "a.json")]
+        first = warm.spawn(argv, warm.env, [])
+        assert first is not None and first.wait(timeout=30) == 0, warm.refused
+        (package / "__init__.py").write_text("VALUE = 2  # edited while the server holds the old code\n")
+        assert warm.spawn(argv, warm.env, []) is None
+        assert "warmpkg/__init__.py changed" in warm.refused
+    finally:
+        warm.close()
+
+
+def test_a_module_that_does_not_import_makes_every_launch_cold(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    warm = WarmServer(["no_such_module_here"])
+    try:
+        assert "no_such_module_here did not import" in imported(warm)["problem"]
+        assert warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "a.json")], warm.env, []) is None
+        assert "no_such_module_here did not import" in warm.refused
+    finally:
+        warm.close()
+
+
+def test_what_the_imports_set_in_the_environment_the_child_has_too(tmp_path, monkeypatch):
+    package = tmp_path / "setsenv"
+    package.mkdir()
+    (package / "__init__.py").write_text("import os\nos.environ['WARM_MARKER'] = 'set at import'\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{REPO}")
+    monkeypatch.chdir(REPO)
+    warm = WarmServer(["setsenv"])
+    try:
+        assert imported(warm)["problem"] is None
+        child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "seen.json")], warm.env, [])
+        assert child is not None and child.wait(timeout=30) == 0, warm.refused
+        assert json.loads((tmp_path / "seen.json").read_text())["marker"] == "set at import"  # as a cold start importing it would
+    finally:
+        warm.close()
