@@ -16,11 +16,13 @@ from pathlib import Path
 
 from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, PreviewWarning, materialize
 
-from assets.evaluations import EVALS_PER_RUN
+from assets.evaluations import EVALS_PER_RUN, evaluated
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
 from assets.partitions import BENCHMARKS, CHECKPOINTS
 from assets.records import latest_metadata
+from factory.config.fingerprint import code_identity
 from factory.errors import ConfigError
+from factory.registry import ArtifactStore
 from factory.evals.benchmarks import benchmark
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -50,6 +52,15 @@ def stored_checkpoints(instance: DagsterInstance, experiment: str | None = None)
             if metadata is not None and metadata.get("path") and Path(metadata["path"]).exists():
                 stored.add(key)
     return stored
+
+
+def unevaluated(instance: DagsterInstance, registry: ArtifactStore, benchmarks: Iterable[str], checkpoints: set[str]) -> set[str]:
+    """The checkpoints with an evaluation on some of `benchmarks` that is not in the registry: the others need no run."""
+    code = code_identity("local")
+    return {checkpoint for checkpoint in checkpoints if not all(
+        instance.has_dynamic_partition(BENCHMARKS, name)
+        and evaluated(instance, registry, str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint})), code) for name in benchmarks
+    )}
 
 
 def evaluate_checkpoints(

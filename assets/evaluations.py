@@ -14,7 +14,11 @@ from dagster import (
     AssetObservation,
     AutomationCondition,
     BackfillPolicy,
+    DagsterInstance,
+    DataVersion,
     Failure,
+    MaterializeResult,
+    MetadataValue,
     PipesExecutionResult,
     asset,
 )
@@ -23,8 +27,9 @@ from assets.partitions import CHECKPOINTS, evaluations_partitions
 from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity
 from factory.errors import ConfigError
+from factory.registry import ArtifactStore
 from factory.evals.benchmarks import benchmark
-from factory.stages.evaluate import CheckpointRef, EvalItem, EvalRequest
+from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, batch_summary
 from resources import FactoryStores, StageLauncher
 
 EVALS_PER_RUN = 50
@@ -41,15 +46,24 @@ CHECKPOINT_FIELDS = ("step", "tokens_seen", "path", "sha256", "training", "eval"
     backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=EVALS_PER_RUN),
     automation_condition=AutomationCondition.eager(),
 )
-def evaluations(context: AssetExecutionContext, stores: FactoryStores, launcher: StageLauncher) -> Iterator[PipesExecutionResult]:
-    items = tuple(eval_item(context, key) for key in context.partition_keys)
-    context.log.info(f"evaluating {len(items)} checkpoint x benchmark pairs in one process")
+def evaluations(
+    context: AssetExecutionContext, stores: FactoryStores, launcher: StageLauncher
+) -> Iterator[PipesExecutionResult | MaterializeResult]:
+    items = tuple(eval_item(context.instance, key) for key in context.partition_keys)
     registry = stores.registry()
     request = EvalRequest(items=items, registry=str(registry.root), catalog=stores.catalog(), code=code_identity("local"), run_id=context.run_id)
-    yield from launcher.evaluate(context, request)
+    found = {item.partition: manifest for item in items if (manifest := registry.lookup(item.fingerprint(request.code)))}
+    if len(found) == len(items):  # nothing to compute: no process, no model loaded
+        context.log.info(f"all {len(items)} checkpoint x benchmark pairs are evaluated already; reusing their results")
+        scores, version = batch_summary(found)
+        yield MaterializeResult(metadata={"scores": MetadataValue.json(scores), "evaluated": len(scores), "cache": "hit"},
+                                data_version=DataVersion(version))
+    else:
+        context.log.info(f"evaluating {len(items) - len(found)} of {len(items)} checkpoint x benchmark pairs in one process")
+        yield from launcher.evaluate(context, request)
     # One process reports one materialization for the whole batch; each partition's own score and artifact are observed here.
     for item in items:
-        if manifest := registry.lookup(item.fingerprint(request.code)):
+        if manifest := found.get(item.partition) or registry.lookup(item.fingerprint(request.code)):
             context.log_event(AssetObservation(
                 asset_key="evaluations", partition=item.partition,
                 metadata={"value": manifest.summary["value"], "count": manifest.summary["count"], "result": manifest.digest,
@@ -57,7 +71,7 @@ def evaluations(context: AssetExecutionContext, stores: FactoryStores, launcher:
             ))
 
 
-def eval_item(context: AssetExecutionContext, key: str) -> EvalItem:
+def eval_item(instance: DagsterInstance, key: str) -> EvalItem:
     """The evaluation of one partition: its benchmark, and the checkpoint exactly as its partition recorded it."""
     dimensions = evaluations_partitions.get_partition_key_from_str(key).keys_by_dimension
     name, checkpoint = dimensions["benchmark"], dimensions["checkpoint"]
@@ -65,8 +79,18 @@ def eval_item(context: AssetExecutionContext, key: str) -> EvalItem:
         benchmark(name)
     except ConfigError as e:
         raise Failure(description=f"{key}: {e}") from e
-    metadata = latest_metadata(context.instance, CHECKPOINTS, checkpoint)
+    metadata = latest_metadata(instance, CHECKPOINTS, checkpoint)
     if metadata is None or any(field not in metadata for field in CHECKPOINT_FIELDS):
         raise Failure(description=f"{key}: checkpoint {checkpoint} has no recorded materialization with its sha256; rerun its training stage")
     ref = CheckpointRef(key=checkpoint, **{field: metadata[field] for field in CHECKPOINT_FIELDS})
     return EvalItem(partition=key, benchmark=name, checkpoint=ref)
+
+
+def evaluated(instance: DagsterInstance, registry: ArtifactStore, key: str, code: str) -> bool:
+    """Whether the result of one `evaluations` partition is in the registry already (its run would compute nothing); a
+    partition that cannot be evaluated is not, so that its run says why."""
+    try:
+        item = eval_item(instance, key)
+    except Failure:
+        return False
+    return registry.lookup(item.fingerprint(code)) is not None

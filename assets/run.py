@@ -5,6 +5,7 @@ A sweep file runs every variant. `factory run` calls this through a subprocess, 
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -14,24 +15,40 @@ from dagster import AssetKey, DagsterInstance, ExecuteInProcessResult, PreviewWa
 from rich.console import Console
 from rich.table import Table
 
-from assets.backfill import evaluate_checkpoints, stored_checkpoints
+from assets.backfill import evaluate_checkpoints, stored_checkpoints, unevaluated
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
 from factory.config import Experiment, load_file
 from factory.errors import ConfigError
+from factory.launch import warm_starts
+from factory.registry import ArtifactStore
+from factory.stages import WARM_MODULES
+from factory.stages.plan import build_plan
+from factory.stages.report import exit_now
+
 
 def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:
-    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard."""
+    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard.
+
+    When some stage must be computed, stages fork from a warm interpreter started now: its imports overlap Dagster's."""
     experiments = load_file(path)
+    computes = any(plan.status == "run" for plan in build_plan(experiments, ArtifactStore(root / "registry")))
+    with warm_starts(WARM_MODULES) if computes else contextlib.nullcontext():
+        return _run_experiment(path, experiments, root, instance, quiet)
+
+
+def _run_experiment(path: Path, experiments: list[Experiment], root: Path, instance: DagsterInstance, quiet: bool) -> ExecuteInProcessResult:
     common = {"instance": instance, "resources": resources_at(root, path.parent), "raise_on_error": False, "run_config": RUN_CONFIG}
+    registry = ArtifactStore(root / "registry")
     for experiment in experiments:
         result = materialize_stages(experiment, common)
         if not result.success:
             return result
         if not quiet:
             print_stages(experiment, result)
-        if experiment.eval is not None:
-            for result in evaluate_checkpoints(instance, experiment.eval.benchmarks, stored_checkpoints(instance, experiment.name),
+        if experiment.eval is not None:  # only checkpoints with an evaluation not in the registry yet: a rerun starts no run here
+            due = unevaluated(instance, registry, experiment.eval.benchmarks, stored_checkpoints(instance, experiment.name))
+            for result in evaluate_checkpoints(instance, experiment.eval.benchmarks, due,
                                                lambda **options: materialize(EVERYTHING, **options, **common)):
                 if not result.success:
                     return result
@@ -79,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path(".factory"))
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=PreviewWarning)
-    try:
-        result = run_experiment(args.experiment, args.root, DagsterInstance.get())
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with DagsterInstance.get() as instance:  # disposed on the way out: its storage closed before the fast exit below
+        try:
+            result = run_experiment(args.experiment, args.root, instance)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if not result.success:
         for message in failure_messages(result):
             print(f"error: {message}", file=sys.stderr)
@@ -92,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # every run's events are committed; unloading Dagster module by module would take another second

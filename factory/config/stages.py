@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import os
 import platform
 import sysconfig
 from collections.abc import Mapping
@@ -137,7 +139,15 @@ def source_identity(experiment: Experiment) -> dict[str, Any]:
 def installed_distributions() -> str:
     """Hash of the name and version of every distribution installed in site-packages (not on sys.path at large,
     which differs between `python -m` in a checkout and an installed console script)."""
-    found = importlib.metadata.distributions(path=[sysconfig.get_paths()["purelib"]])
+    purelib = sysconfig.get_paths()["purelib"]
+    return _distributions(purelib, os.stat(purelib).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _distributions(purelib: str, listed_ns: int) -> str:
+    """Read once per state of the directory: installing, removing or upgrading a distribution adds or renames its
+    `.dist-info` entry there, which changes the directory's mtime (`listed_ns`)."""
+    found = importlib.metadata.distributions(path=[purelib])
     return sha256_of(sorted(f"{d.metadata['Name']}=={d.version}" for d in found))[:16]
 
 

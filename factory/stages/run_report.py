@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,8 +15,8 @@ from factory.config.schema import Experiment
 from factory.evals.leaderboard import latest_results
 from factory.evals.report import EvalPoint, ReportInputs, StageCost, has_loss, has_rewards, plot_benchmark, plot_rl, plot_training, render_report
 from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.stages.evaluate import KIND as EVALUATIONS
-from factory.train.pretrain import CONTROL_FILE, METRICS_FILE
+from factory.stages.eval_request import KIND as EVALUATIONS
+from factory.train.records import CONTROL_FILE, METRICS_FILE
 
 KIND = "run_report"
 REPORT_FILE = "report.html"
@@ -65,14 +67,16 @@ def _cost(kind: str, manifest: Manifest | None, cache: str) -> StageCost:
 
 
 def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
-    """Publish the report (the HTML page, plus its plots as PNG files for other viewers)."""
-    page = render_report(inputs)
-    fingerprint = sha256_of({"kind": KIND, "page": sha256_of(page)})
+    """Publish the report (the HTML page, plus its plots as PNG files for other viewers); a report of the same inputs,
+    drawn by the same code, is found without drawing it again."""
+    code = code_identity("local")
+    shown = json.dumps(dataclasses.asdict(inputs), sort_keys=True, default=str)  # metrics may hold NaN: not canonical JSON
+    fingerprint = sha256_of({"kind": KIND, "inputs": hashlib.sha256(shown.encode()).hexdigest(), "code": code})
     manifest = registry.lookup(fingerprint)
     if manifest is not None:
         return manifest
     with registry.staging() as out:
-        (out / REPORT_FILE).write_text(page)
+        (out / REPORT_FILE).write_text(render_report(inputs))
         if has_loss(inputs.training):  # a run that diverged to NaN has no curve to draw
             (out / "training.png").write_bytes(plot_training(inputs.training))
         if has_loss(inputs.fine_tuning):
@@ -83,6 +87,6 @@ def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
             (out / f"{name}.png").write_bytes(plot_benchmark(inputs.evaluations, name))
         return registry.publish(
             out, kind=KIND, fingerprint=fingerprint, config={}, inputs={stage.kind: stage.digest for stage in inputs.stages},
-            code=code_identity("local"), provenance=Provenance(experiment=inputs.experiment, config_hash=fingerprint[:16], git_commit=inputs.git_commit),
+            code=code, provenance=Provenance(experiment=inputs.experiment, config_hash=fingerprint[:16], git_commit=inputs.git_commit),
             summary={"evaluations": len(inputs.evaluations), "control_decisions": len(inputs.control)},
         )
