@@ -8,6 +8,7 @@ and serves until the pipe OWNER_FD closes (its launcher closed it, or died). It 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -80,6 +81,7 @@ def _launch(listener: socket.socket, status: dict[str, Any], sources: Mapping[st
             connection.close()
             return
         imported_env = _changes(base_env, os.environ)  # what the imports set (mlflow does): a cold start sets it too
+        gc.freeze()  # the imported modules' objects: the child's collector never walks (nor copies, by touching) them
         pid = os.fork()
         if pid == 0:
             _child(request, imported_env, fds, [listener.fileno(), connection.fileno(), *private, *(c.fileno() for c in waiting.values())])
