@@ -55,8 +55,9 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
         broadcast(world, cache)
         if manifest is None:
             with registry.staging() as out:
+                compute = runner(spec.kind)  # its imports are the process's start-up, not the stage's work
                 wall, cpu = time.perf_counter(), time.process_time()
-                summary = runner(spec.kind)(StageContext(request=request, registry=registry, out=out, reporter=reporter))
+                summary = compute(StageContext(request=request, registry=registry, out=out, reporter=reporter))
                 # What computing it cost (this process; under torchrun, rank 0's share): shown in run reports.
                 summary = {**summary, "wall_seconds": round(time.perf_counter() - wall, 2), "cpu_seconds": round(time.process_time() - cpu, 2)}
                 manifest = registry.publish(
