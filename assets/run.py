@@ -1,23 +1,21 @@
 """`python -m assets.run EXPERIMENT.md [--root DIR]`: materialize one experiment end to end, in process.
 
 A sweep file runs every variant. `factory run` calls this through a subprocess, so the
-`factory` library never imports Dagster.
+`factory` library never imports Dagster. When the plan computes something, stages fork from a
+warm interpreter (`factory.launch.warm`) started before Dagster is even imported, so that its
+imports and Dagster's overlap; the Dagster part is `assets.materialize`.
 """
+
+from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dagster import AssetKey, DagsterInstance, ExecuteInProcessResult, PreviewWarning, materialize
-from rich.console import Console
-from rich.table import Table
-
-from assets.backfill import evaluate_checkpoints, stored_checkpoints, unevaluated
-from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
-from assets.partitions import CHECKPOINTS, EXPERIMENTS
 from factory.config import Experiment, load_file
 from factory.errors import ConfigError
 from factory.launch import warm_starts
@@ -26,67 +24,27 @@ from factory.stages import WARM_MODULES
 from factory.stages.plan import build_plan
 from factory.stages.report import exit_now
 
+if TYPE_CHECKING:
+    from dagster import DagsterInstance, ExecuteInProcessResult
+
 
 def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:
-    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard.
-
-    When some stage must be computed, stages fork from a warm interpreter started now: its imports overlap Dagster's."""
+    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard."""
     experiments = load_file(path)
-    computes = any(plan.status == "run" for plan in build_plan(experiments, ArtifactStore(root / "registry")))
-    with warm_starts(WARM_MODULES) if computes else contextlib.nullcontext():
-        return _run_experiment(path, experiments, root, instance, quiet)
+    with warm_stages(experiments, root):
+        from assets.materialize import materialize_experiment
+
+        return materialize_experiment(path, experiments, root, instance, quiet)
 
 
-def _run_experiment(path: Path, experiments: list[Experiment], root: Path, instance: DagsterInstance, quiet: bool) -> ExecuteInProcessResult:
-    common = {"instance": instance, "resources": resources_at(root, path.parent), "raise_on_error": False, "run_config": RUN_CONFIG}
-    registry = ArtifactStore(root / "registry")
-    for experiment in experiments:
-        result = materialize_stages(experiment, common)
-        if not result.success:
-            return result
-        if not quiet:
-            print_stages(experiment, result)
-        if experiment.eval is not None:  # only checkpoints with an evaluation not in the registry yet: a rerun starts no run here
-            due = unevaluated(instance, registry, experiment.eval.benchmarks, stored_checkpoints(instance, experiment.name))
-            for result in evaluate_checkpoints(instance, experiment.eval.benchmarks, due,
-                                               lambda **options: materialize(EVERYTHING, **options, **common)):
-                if not result.success:
-                    return result
-    board = materialize(EVERYTHING, selection=["leaderboard", "best_model"], **common)
-    if not board.success and not gate_refused(board):
-        return board
-    for message in failure_messages(board):  # the best model stays where it is: news, not a failure of this run
-        print(f"note: {message}; the best model was not moved", file=sys.stderr)
-    for experiment in experiments:
-        result = materialize(EVERYTHING, selection=["run_report"], partition_key=experiment.name, **common)
-        if not result.success:
-            return result
-    return result
-
-
-def materialize_stages(experiment: Experiment, common: dict) -> ExecuteInProcessResult:
-    """One run over the stages of one experiment partition."""
-    instance: DagsterInstance = common["instance"]
-    if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
-        instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
-    tags = {"experiment": experiment.name}
-    return materialize(EVERYTHING, selection=list(experiment.stages()), partition_key=experiment.name, tags=tags, **common)
-
-
-def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None:
-    """A table of what each stage did: computed or reused, and where its artifact is."""
-    table = Table(title=f"stages of {experiment.name}", title_justify="left")
-    for column in ("asset", "cache", "artifact"):
-        table.add_column(column, no_wrap=True)
-    for event in result.get_asset_materialization_events():
-        materialization = event.materialization
-        if materialization.asset_key == AssetKey(CHECKPOINTS):
-            continue  # many per run; the training stage's log counts them
-        metadata = {key: value.value for key, value in materialization.metadata.items()}
-        computed = "reused" if metadata.get("cache") == "hit" else "computed"
-        artifact = os.path.relpath(metadata["artifact"]) if "artifact" in metadata else ""
-        table.add_row(materialization.asset_key.to_user_string(), computed, artifact)
-    Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)
+@contextlib.contextmanager
+def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
+    """Within the block, stages fork from a warm interpreter started now, when some stage must be computed."""
+    if any(plan.status == "run" for plan in build_plan(experiments, ArtifactStore(root / "registry"))):
+        with warm_starts(WARM_MODULES):
+            yield
+    else:
+        yield
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,13 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("experiment", type=Path)
     parser.add_argument("--root", type=Path, default=Path(".factory"))
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", category=PreviewWarning)
-    with DagsterInstance.get() as instance:  # disposed on the way out: its storage closed before the fast exit below
-        try:
-            result = run_experiment(args.experiment, args.root, instance)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    try:
+        experiments = load_file(args.experiment)
+        with warm_stages(experiments, args.root):  # the warm interpreter imports while Dagster does, below
+            from dagster import DagsterInstance, PreviewWarning
+
+            from assets.execution import failure_messages
+            from assets.materialize import materialize_experiment
+
+            warnings.filterwarnings("ignore", category=PreviewWarning)
+            with DagsterInstance.get() as instance:  # disposed on the way out: its storage closed before the fast exit below
+                result = materialize_experiment(args.experiment, experiments, args.root, instance)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not result.success:
         for message in failure_messages(result):
             print(f"error: {message}", file=sys.stderr)

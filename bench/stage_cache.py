@@ -12,7 +12,8 @@ from pathlib import Path
 
 from dagster import DagsterInstance, PreviewWarning
 
-from assets.run import failure_messages, run_experiment
+from assets.execution import failure_messages
+from assets.run import run_experiment
 from factory.cli import dagster_home
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tiny-code-lm.md"

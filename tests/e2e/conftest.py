@@ -5,7 +5,8 @@ import warnings
 import pytest
 from dagster import DagsterInstance, PreviewWarning
 
-from assets.run import failure_messages, run_experiment
+from assets.execution import failure_messages
+from assets.run import run_experiment
 from factory.cli import dagster_home
 from factory.config import load
 from factory.registry import ArtifactStore

@@ -17,7 +17,8 @@ from click.testing import Result
 from dagster import AssetKey, DagsterInstance, PreviewWarning
 from typer.testing import CliRunner
 
-from assets.run import failure_messages, run_experiment
+from assets.execution import failure_messages
+from assets.run import run_experiment
 from factory.cli import app, dagster_home
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError

@@ -3,7 +3,8 @@
 import pytest
 from dagster import DagsterInstance
 
-from assets.run import failure_messages, run_experiment
+from assets.execution import failure_messages
+from assets.run import run_experiment
 from factory.cli import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore

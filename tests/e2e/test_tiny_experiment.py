@@ -8,7 +8,8 @@ import pytest
 import torch
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
-from assets.run import failure_messages, run_experiment
+from assets.execution import failure_messages
+from assets.run import run_experiment
 from factory.config import config_hash, load
 from factory.data.catalog import CatalogConfig
 from factory.podium.links import DEFAULT_URL, checkpoint_url, table_url
