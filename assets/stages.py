@@ -26,6 +26,7 @@ from factory.config.stages import TRAINING_STAGES, placement
 from factory.data.checks import CHECKS
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
+from factory.stages.dataset_checks import recorded_checks
 from factory.stages.request import StageRequest
 from factory.train.records import CHECKPOINT_DIR
 from resources import ExperimentFiles, FactoryStores, StageLauncher
@@ -135,10 +136,8 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
 
 
 def check_results(spec: StageSpec, artifact: Path, stores: FactoryStores) -> Iterator[AssetCheckResult]:
-    """The blocking dataset checks, run on the artifact just materialized."""
-    from factory.stages.dataset_checks import check_filtered  # pyiceberg and pyarrow, only where checks run
-
-    for outcome in check_filtered(stores.catalog(), artifact, dict(spec.config)):
+    """The blocking dataset checks of the artifact just materialized, as the stage recorded them in it."""
+    for outcome in recorded_checks(stores.catalog(), artifact, dict(spec.config)):
         yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)
 
 

@@ -1,11 +1,14 @@
 """The blocking checks on a `filtered_datasets` artifact: every check over every dataset it wrote.
 
-Run by the orchestrator right after the stage (a failure blocks the blend and training), so it
-reads the artifact's record of table versions, not the data stages' code.
+The stage runs them on the versions it has just written and keeps the outcomes in the artifact
+(`checks.json`): a table version never changes, so neither do its outcomes, and the orchestrator
+reports them (a failure blocks the blend and training) without opening the catalog, also when
+the artifact comes from the cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,8 @@ from typing import Any
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.checks import CHECKS, CheckOutcome, check_version
 from factory.stages.context import DATASETS_FILE
+
+CHECKS_FILE = "checks.json"
 
 
 def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
@@ -32,3 +37,18 @@ def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[s
             metadata={f"{name}/{key}": value for name, r in results.items() for key, value in r.metadata.items()},
         ))
     return outcomes
+
+
+def record_checks(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
+    """Run the checks on the datasets an artifact being staged wrote, and keep their outcomes in it."""
+    outcomes = check_filtered(catalog_config, artifact, config)
+    (artifact / CHECKS_FILE).write_text(json.dumps([dataclasses.asdict(outcome) for outcome in outcomes], indent=2, sort_keys=True))
+    return outcomes
+
+
+def recorded_checks(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
+    """The outcomes a published artifact keeps (run again for one published before artifacts kept them)."""
+    path = artifact / CHECKS_FILE
+    if not path.exists():
+        return check_filtered(catalog_config, artifact, config)
+    return [CheckOutcome(**outcome) for outcome in json.loads(path.read_text())]

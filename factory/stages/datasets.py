@@ -21,6 +21,7 @@ from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
 from factory.data.tables import TableVersion, read_version, resolve, write_version
 from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
+from factory.stages.dataset_checks import record_checks
 
 
 def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:
@@ -94,7 +95,9 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
         removed = {f"removed_{key}": count for key, count in result.removed.items()}
         return result.documents, {"rows_in": result.rows_in, "rows_out": result.rows_out, **removed}
 
-    return _transform(ctx, "deduped_datasets", "filtered", step, {name: d["tag"] for name, d in datasets.items()})
+    summary = _transform(ctx, "deduped_datasets", "filtered", step, {name: d["tag"] for name, d in datasets.items()})
+    record_checks(ctx.request.catalog, ctx.out, ctx.config)  # with the versions at hand; reported by the orchestrator
+    return summary
 
 
 def run_blend(ctx: StageContext) -> dict[str, Any]:
