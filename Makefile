@@ -1,5 +1,8 @@
 # Every target installs what it needs into .venv first.
 PYTHON ?= python3
+# Every stage, evaluation and command is a Python process: cached bytecode spares each one compiling the project again
+# (a shell that sets PYTHONDONTWRITEBYTECODE would make them all do so).
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
