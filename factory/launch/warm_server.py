@@ -243,4 +243,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)  # nothing to flush or close: unloading what it imported (torch...) would only hold its launcher up
