@@ -124,18 +124,33 @@ def plot_benchmark(points: Sequence[EvalPoint], benchmark: str) -> bytes:
     return _png(_benchmark_axes(points, benchmark))
 
 
-def render_report(inputs: ReportInputs) -> str:
-    """The whole report as one HTML page."""
+def report_plots(inputs: ReportInputs) -> dict[str, bytes]:
+    """Every plot the report shows, as PNG bytes by file name: training.png, sft.png, rl.png and <benchmark>.png."""
+    plots = {}
+    if has_loss(inputs.training):  # a run that diverged to NaN has no curve to draw
+        plots["training.png"] = plot_training(inputs.training)
+    if has_loss(inputs.fine_tuning):
+        plots["sft.png"] = plot_training(inputs.fine_tuning)
+    if has_rewards(inputs.rl):
+        plots["rl.png"] = plot_rl(inputs.rl)
+    for name in sorted({point.benchmark for point in inputs.evaluations}):
+        plots[f"{name}.png"] = plot_benchmark(inputs.evaluations, name)
+    return plots
+
+
+def render_report(inputs: ReportInputs, plots: Mapping[str, bytes] | None = None) -> str:
+    """The whole report as one HTML page; `plots` are `report_plots(inputs)` when they were drawn already."""
+    plots = report_plots(inputs) if plots is None else plots
     title = f"Run report: {inputs.experiment}"
     parts = [
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{CSS}</style></head><body>',
         f"<h1>{_e(title)}</h1>",
         _section("Links", _links(inputs)),
         _section("Summary", _summary(inputs)),
-        _section("Training", _img(plot_training(inputs.training), "training loss") if has_loss(inputs.training) else ""),
-        _section("Fine-tuning (SFT)", _img(plot_training(inputs.fine_tuning), "SFT loss") if has_loss(inputs.fine_tuning) else ""),
-        _section("Reinforcement learning", _img(plot_rl(inputs.rl), "RL rewards") if has_rewards(inputs.rl) else ""),
-        _section("Benchmarks", _benchmarks(inputs.evaluations)),
+        _section("Training", _img(plots["training.png"], "training loss") if "training.png" in plots else ""),
+        _section("Fine-tuning (SFT)", _img(plots["sft.png"], "SFT loss") if "sft.png" in plots else ""),
+        _section("Reinforcement learning", _img(plots["rl.png"], "RL rewards") if "rl.png" in plots else ""),
+        _section("Benchmarks", _benchmarks(inputs.evaluations, plots)),
         _section("Evaluations", _evaluations(inputs.evaluations)),
         _section("Control decisions", _control(inputs.control)),
         _section("Stages", _stages(inputs.stages)),
@@ -276,12 +291,12 @@ def _summary(inputs: ReportInputs) -> str:
     return _table((), rows)
 
 
-def _benchmarks(points: Sequence[EvalPoint]) -> str:
+def _benchmarks(points: Sequence[EvalPoint], plots: Mapping[str, bytes]) -> str:
     """A heading and plot per benchmark."""
     names = sorted({p.benchmark for p in points})
     return "\n".join(
         f"<h3>{_e(name)} ({_better(_direction([p for p in points if p.benchmark == name], name))})</h3>"
-        + _img(plot_benchmark(points, name), f"{name} by step")
+        + _img(plots[f"{name}.png"], f"{name} by step")
         for name in names
     )
 

@@ -13,7 +13,7 @@ import yaml
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.schema import Experiment
 from factory.evals.leaderboard import latest_results
-from factory.evals.report import EvalPoint, ReportInputs, StageCost, has_loss, has_rewards, plot_benchmark, plot_rl, plot_training, render_report
+from factory.evals.report import EvalPoint, ReportInputs, StageCost, render_report, report_plots
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.stages.eval_request import KIND as EVALUATIONS
 from factory.train.records import CONTROL_FILE, METRICS_FILE
@@ -75,16 +75,11 @@ def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
     manifest = registry.lookup(fingerprint)
     if manifest is not None:
         return manifest
+    plots = report_plots(inputs)  # drawn once: embedded in the page, and as files for other viewers
     with registry.staging() as out:
-        (out / REPORT_FILE).write_text(render_report(inputs))
-        if has_loss(inputs.training):  # a run that diverged to NaN has no curve to draw
-            (out / "training.png").write_bytes(plot_training(inputs.training))
-        if has_loss(inputs.fine_tuning):
-            (out / "sft.png").write_bytes(plot_training(inputs.fine_tuning))
-        if has_rewards(inputs.rl):
-            (out / "rl.png").write_bytes(plot_rl(inputs.rl))
-        for name in sorted({point.benchmark for point in inputs.evaluations}):
-            (out / f"{name}.png").write_bytes(plot_benchmark(inputs.evaluations, name))
+        (out / REPORT_FILE).write_text(render_report(inputs, plots))
+        for name, png in plots.items():
+            (out / name).write_bytes(png)
         return registry.publish(
             out, kind=KIND, fingerprint=fingerprint, config={}, inputs={stage.kind: stage.digest for stage in inputs.stages},
             code=code, provenance=Provenance(experiment=inputs.experiment, config_hash=fingerprint[:16], git_commit=inputs.git_commit),
