@@ -16,7 +16,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from factory.data.tables import CONFLICTS, VERSION_TAG, next_version, resolve
+from factory.data.tables import CONFLICTS, VERSION_TAG, ensure_namespace, next_version, resolve
 from factory.errors import ArtifactError, ConfigError
 
 TABLE = "podium.custom_prompts"
@@ -45,7 +45,7 @@ def save_prompt(catalog: Catalog, prompt: str, note: str, source: str = "") -> s
     sha = hashlib.sha256(prompt.encode()).hexdigest()
     row = {"id": hashlib.sha256(f"{created}\0{sha}\0{note}".encode()).hexdigest()[:32], "prompt": prompt, "note": note,
            "source": source, "created": created, "bytes": len(prompt.encode()), "sha256": sha}
-    catalog.create_namespace_if_not_exists(TABLE.split(".")[0])
+    ensure_namespace(catalog, TABLE.split(".")[0])
     table = catalog.create_table_if_not_exists(TABLE, schema=SCHEMA)
     appended = False
     for _ in range(COMMIT_ATTEMPTS):

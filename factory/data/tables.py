@@ -68,6 +68,18 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return table, tag
 
 
+def ensure_namespace(catalog: Catalog, name: str) -> None:
+    """Create the namespace unless it exists; another process creating it at the same moment is no error (the SQL
+    catalog checks, then inserts: the second insert of two concurrent ones fails on the key)."""
+    from sqlalchemy.exc import IntegrityError
+
+    try:
+        catalog.create_namespace_if_not_exists(name)
+    except IntegrityError:
+        if not catalog.namespace_exists(name):
+            raise
+
+
 def write_version(
     catalog: Catalog, table_name: str, documents: pa.Table, log: logging.Logger, tag: str | None = None, schema: pa.Schema | None = None
 ) -> TableVersion:
@@ -77,7 +89,7 @@ def write_version(
     """
     documents = documents.select(list(schema.names if schema else COLUMNS)).cast(schema or ARROW_SCHEMA).sort_by("id")
     sha = content_sha256(documents)
-    catalog.create_namespace_if_not_exists(table_name.split(".")[0])
+    ensure_namespace(catalog, table_name.split(".")[0])
     table = catalog.create_table_if_not_exists(table_name, schema=schema or SCHEMA)
     for attempt in range(COMMIT_ATTEMPTS):
         try:

@@ -83,3 +83,21 @@ def test_concurrent_writers_lose_no_version(tmp_path):
     assert all(table.snapshot_by_name(tag) is not None for tag in tags)
     versions = sorted(int(name[1:]) for name in table.refs() if name.startswith("v"))
     assert versions == list(range(1, 13)), "every version got its own number"
+
+
+def test_a_namespace_another_writer_creates_at_the_same_moment_is_no_error(catalog, tmp_path):
+    """Two writers each see no namespace `filtered`, then both create it: the second insert fails on the catalog's key."""
+    from factory.data.catalog import CatalogConfig, open_catalog
+
+    other = open_catalog(CatalogConfig.local(tmp_path / "catalog"))  # the same catalog, through another connection
+    checked = catalog.namespace_exists
+
+    def exists_until_the_other_writer_creates_it(namespace):
+        found = checked(namespace)
+        if not found:
+            other.create_namespace(namespace)  # between this writer's check and its insert
+        return found
+
+    catalog.namespace_exists = exists_until_the_other_writer_creates_it
+    version = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG)
+    assert version.tag == "v1" and catalog.namespace_exists("filtered")
