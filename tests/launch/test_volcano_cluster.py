@@ -106,8 +106,9 @@ def run(site: dict, name: str):
     return materialize(EVERYTHING, selection=STAGES, partition_key=name, instance=instance, resources=resources, raise_on_error=False)
 
 
-def jobs_posted(cluster: FakeCluster, stage: str) -> list[str]:
-    return [name for method, name in cluster.requests if method == "POST" and name.startswith("jobs/") and f"-{stage}-" in name]
+def jobs_posted(cluster: FakeCluster, experiment: str, stage: str) -> list[str]:
+    """The Jobs submitted for one stage of one experiment (the other tests of this module share the cluster)."""
+    return [name for method, name in cluster.requests if method == "POST" and name.startswith(f"jobs/{experiment}-{stage}-")]
 
 
 def stage_metadata(result, stage: str = "pretrain") -> dict:
@@ -127,8 +128,8 @@ def leaves_nothing(cluster: FakeCluster) -> None:
 def test_every_stage_runs_as_a_volcano_job_and_reports_through_pipes(site):
     result, cluster = site["ok"], site["cluster"]
     assert result.success, failure_messages(result)
-    assert {stage: len(jobs_posted(cluster, stage.replace("_", "-"))) for stage in STAGES} == dict.fromkeys(STAGES, 1)
-    [job] = jobs_posted(cluster, "pretrain")
+    assert {stage: len(jobs_posted(cluster, "vc-ok", stage.replace("_", "-"))) for stage in STAGES} == dict.fromkeys(STAGES, 1)
+    [job] = jobs_posted(cluster, "vc-ok", "pretrain")
     pods = [name for method, name in cluster.requests if name.startswith(f"log/{job.removeprefix('jobs/')}")]
     assert pods, "the launcher followed the master pod's log"
     leaves_nothing(cluster)
@@ -146,7 +147,7 @@ def test_an_evicted_gang_restarts_and_resumes_from_its_checkpoint(site):
     cluster.inject("evict", job="vc-evict-pretrain", after=r"step 60/400")
     result = run(site, "vc-evict")
     assert result.success, failure_messages(result)
-    [job] = jobs_posted(cluster, "pretrain")[-1:]
+    [job] = jobs_posted(cluster, "vc-evict", "pretrain")
     assert cluster.attempts[job.removeprefix("jobs/")] == 2
     metadata = stage_metadata(result)
     assert 50 <= metadata["summary/resumed_from_step"].value < 400 and metadata["summary/steps"].value == 400

@@ -1,12 +1,13 @@
 """The sandbox against a hostile corpus: each attack is contained, recorded as an outcome, and the host is unaffected."""
 
+import fcntl
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from factory.post.sandbox import UID_BASE, Limits, Sandbox
+from factory.post.sandbox import UID_BASE, UID_LOCKS, Limits, Sandbox
 
 ROOT = os.geteuid() == 0
 
@@ -17,16 +18,32 @@ def sandbox() -> Sandbox:
 
 
 def sandbox_processes() -> list[int]:
-    """Processes running as one of the sandbox's users right now."""
+    """Processes running as one of the sandbox's users whose execution has ended: its uid is claimed by no execution now
+    (executions elsewhere, in a test running beside this one, hold their uid's lock while they run)."""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
         except (OSError, StopIteration, ValueError):
             continue
-        if UID_BASE <= uid < UID_BASE + 100:
+        if UID_BASE <= uid < UID_BASE + 100 and not claimed(uid):
             found.append(int(status.parent.name))
     return found
+
+
+def claimed(uid: int) -> bool:
+    """Whether an execution holds the uid's lock right now."""
+    try:
+        fd = os.open(UID_LOCKS / str(uid), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock this probe took
+    return False
 
 
 def test_plain_code_runs_and_prints(sandbox):
