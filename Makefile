@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup browser services run nightly ui podium mlflow test check bench clean
+.PHONY: setup browser services run nightly ui podium mlflow test test-fast check bench clean
 
 setup: $(STAMP)
 
@@ -65,11 +65,20 @@ services:
 		$$sudo apt-get install -y -q postgresql >/dev/null 2>&1 || { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q postgresql >/dev/null; }; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "could not install postgresql (apt-get install postgresql); the deploy-profile tests need it"; exit 1; }
 
+# Every test, in parallel on every core (pytest-xdist: a module's tests stay on one worker, so its fixtures are
+# built once; tests/conftest.py says how) and in a random order (pytest-randomly prints its seed; `--randomly-seed=N`
+# repeats an order).
 test: setup browser services
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadscope
+
+# The inner loop: everything but whole-pipeline runs and browsers, in about three minutes.
+test-fast: setup services
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -n auto --dist loadscope -m "not e2e and not browser"
 
 bench: setup
+	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/check_configs.py
 	$(BIN)/python bench/stage_cache.py
 	$(BIN)/python bench/loader.py

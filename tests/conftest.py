@@ -1,5 +1,13 @@
-"""Shared fixtures: the one tiny experiment the docs and the tests share; evaluation results as the evaluator publishes them."""
+"""Shared fixtures: the one tiny experiment the docs and the tests share; evaluation results as the evaluator publishes them.
 
+Also how the suite runs in parallel (`make test`: pytest-xdist, one worker per core): a module's tests stay on one
+worker and the tiny pipeline's readers share one (`pytest_xdist_make_scheduler`); every module gets a PostgreSQL
+database of its own; and under several workers each test process computes on one thread, since the workers already
+fill the cores (torch's thread pools would otherwise wait on one another, spinning).
+"""
+
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +16,9 @@ from factory.registry import ArtifactStore
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "tiny-code-lm.md"
+if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and inherited by every process a test starts
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +43,48 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
 
 
 @pytest.fixture(scope="session")
-def postgres():
-    """A real PostgreSQL server (Debian's package) for the session; its URL."""
+def postgres_server():
+    """A real PostgreSQL server (Debian's package) for this test process; its URL."""
     from tests.postgres import running_postgres
 
     with running_postgres() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def postgres(postgres_server, request):
+    """A database of its own on the server, for one test module: no module sees another's catalog or Dagster storage."""
+    from tests.postgres import fresh_database
+
+    return fresh_database(postgres_server, "t_" + hashlib.sha256(request.module.__name__.encode()).hexdigest()[:16])
+
+
+# The modules whose tests read the shared tiny pipeline (tests/e2e/conftest.py): one worker runs them all, so the
+# pipeline is built once and no other worker waits for it. A test elsewhere that asks for it fails at collection.
+TINY_PIPELINE_READERS = ("tests/e2e/test_tiny_experiment.py", "tests/e2e/test_ui.py")
+HEAVY = ("e2e", "slow")  # modules that take a minute or more: scheduled first, so none is left to run alone at the end
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s scheduling (pytest-xdist, `--dist loadscope`): a module's tests go to one worker, whole (its module
+    fixtures are built once), the tiny pipeline's readers together, and the modules in collection order (below)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return "tiny-pipeline" if module in TINY_PIPELINE_READERS else module
+
+    if config.getvalue("dist") == "loadscope":
+        config.option.loadscopereorder = False
+        return ByModule(config, log)
+    return None
+
+
+def pytest_collection_modifyitems(items):
+    """The heavy modules first, each kept in the random order pytest-randomly gave (it shuffles before this runs)."""
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if "pipeline" in getattr(item, "fixturenames", ()) and module not in TINY_PIPELINE_READERS:
+            raise pytest.UsageError(f"{module} reads the shared tiny pipeline: add it to TINY_PIPELINE_READERS in tests/conftest.py")
+    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in HEAVY))

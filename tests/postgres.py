@@ -35,6 +35,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fresh_database(server: str, name: str) -> str:
+    """A new, empty database on the server at `server` (a URL running_postgres gave); its URL."""
+    base, _, _ = server.rpartition("/")
+    admin = psycopg2.connect(f"{base}/postgres")
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    admin.close()
+    return f"{base}/{name}"
+
+
 @contextlib.contextmanager
 def running_postgres() -> Iterator[str]:
     """A started server with an empty database; its URL."""

@@ -2,7 +2,6 @@
 evaluated, from the bytes its partition recorded, before the training run ends (the sensor's ticks run here, in process,
 as the daemon would run them; training runs as `factory run` in its own process, on the same instance)."""
 
-import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from dagster import AssetKey, DagsterInstance, evaluate_automation_conditions, m
 
 from assets.definitions import defs
 from assets.execution import EVERYTHING, resources_at
+from factory.cli import dagster_home
 from factory.registry import ArtifactStore
 
 pytestmark = pytest.mark.e2e
@@ -21,20 +21,22 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 TICK_S = 2
 VARIANT = """---
 extends: {base}
+model: {{n_layer: 1, n_head: 2, n_embd: 64, context: 64}}
 pretrain:
-  steps: 400
-  checkpoint_every: 50
+  steps: 600
+  batch_size: 8
+  checkpoint_every: 100
   keep_last: 8
 eval:
   benchmarks: [next_line]
 ---
-The tiny recipe for longer, with a checkpoint every 50 steps: evaluated as they come.
+A smaller model than the tiny recipe's, trained for longer, with a checkpoint every 100 steps: evaluated as they come.
 """
 
 
-def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(pipeline, tmp_path, tiny_path):
-    root = tmp_path / "copy"  # the data and tokenizer stages are cache hits here; the shared stores stay untouched
-    shutil.copytree(pipeline["root"], root)
+def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny_path):
+    root = tmp_path / "state"
+    home = dagster_home(root)  # the instance `factory run` writes to, and this test's ticks read
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     (experiments / "longer.md").write_text(VARIANT.format(base=tiny_path))
@@ -42,7 +44,7 @@ def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(pipeline, tmp_
     with open(log, "w") as out:
         training = subprocess.Popen([sys.executable, "-m", "factory", "run", str(experiments / "longer.md"), "--root", str(root)],
                                     cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    instance = DagsterInstance.from_config(str(root / "dagster"))
+    instance = DagsterInstance.from_config(str(home))
     resources, cursor, during = resources_at(root, experiments), None, []
     deadline = time.monotonic() + 900
     try:

@@ -57,6 +57,9 @@ SFT x RL learning rates: one base model, two fine-tuned ones, four RL runs.
 """
 
 
+# Two minutes or more on 2 cores, the suite's longest test, and it must be: what it proves is the sharing across a
+# whole sweep through Dagster (eleven training stages computed where four separate runs compute sixteen, and every
+# checkpoint of every stage evaluated), which no smaller run shows.
 def test_a_post_training_sweep_shares_its_base_models_and_evaluates_every_stage(tmp_path, tiny_path):
     path = tmp_path / "post.md"
     path.write_text(SWEEP.format(base=tiny_path))

@@ -331,12 +331,10 @@ def test_the_run_report_shows_curves_evaluations_decisions_cost_and_lineage(pipe
     assert "7 of 7 hits" in text  # the newest report describes the second run, where every stage was a cache hit
 
 
-def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline, tmp_path):
-    import shutil
+def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline, pipeline_copy):
     import sys
 
-    root = tmp_path / "copy"  # the shared pipeline's stores stay as the other tests expect them
-    shutil.copytree(pipeline["root"], root)
+    root = pipeline_copy  # the shared pipeline's stores stay as the other tests expect them
     command = [sys.executable, "-m", "factory", "evals", "backfill", "--benchmark", "python_sanity", "--root", str(root)]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -43,9 +43,11 @@ def graphql(port: int, query: str) -> dict:
 
 @pytest.fixture(scope="module")
 def ui(pipeline, tmp_path_factory):
-    """`factory ui` (what `make ui` runs) on the pipeline's root; yields its port."""
+    """`factory ui` (what `make ui` runs) on a copy of the pipeline's root (its runs write there); yields its port."""
     port = free_port()
     home = tmp_path_factory.mktemp("ui")
+    root = home / "root"
+    shutil.copytree(pipeline["root"], root)
     log = home / "dagster-dev.log"
     # The experiment's file, outside git: the stage assets find its recipe, and the git sensor (running, as under
     # `make ui`) has no commits to start other experiments from while the test drives the UI.
@@ -54,7 +56,7 @@ def ui(pipeline, tmp_path_factory):
     shutil.copy(pipeline["source"], experiments)
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "factory", "ui", "--root", str(pipeline["root"]), "--port", str(port)],
+            [sys.executable, "-m", "factory", "ui", "--root", str(root), "--port", str(port)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "FACTORY_EXPERIMENTS": str(experiments)},
         )
@@ -133,6 +135,7 @@ def click_if_shown(page, button: str) -> None:
         pass
 
 
+@pytest.mark.browser
 def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evaluations(browser_page, pipeline):
     from playwright.sync_api import expect
 

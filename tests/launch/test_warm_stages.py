@@ -15,7 +15,7 @@ from factory.stages import WARM_MODULES
 from factory.stages.request import StageRequest
 from factory.train.records import published
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the warm interpreter forks: Linux only")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(sys.platform != "linux", reason="the warm interpreter forks: Linux only")]
 RECIPE = """\
 ---
 seed: 11

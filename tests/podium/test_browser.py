@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
+pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / ".test-artifacts" / "podium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -21,6 +21,8 @@ from factory.errors import StageFailed
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
 
+pytestmark = pytest.mark.slow  # about a minute and a half: two-rank worlds and SIGKILLed trainers
+
 REPO = Path(__file__).resolve().parents[2]
 LOG = logging.getLogger("test.resume")
 

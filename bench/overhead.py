@@ -1,0 +1,148 @@
+"""What the factory costs on top of the work: the tiny experiment through `factory run` vs. the same stage functions
+called in one process, side by side in one run, each on a fresh root.
+
+The in-process baseline imports everything first, then calls each stage's runner (lease, compute, publish), the
+evaluator, the leaderboard and the run report directly: no Dagster, no processes, no imports on the clock. The
+factory side is `factory run` as a user types it: the command line, a Dagster instance, a process per stage. Both
+compute the same fingerprints from the same code, so they do the same work. Rounds alternate the two sides; the
+ratio of each round and the per-stage table of the last one are printed.
+
+Per-stage overhead is the issue's measure: (wall time of the stages' Dagster run) - (the work each stage process
+reports), divided by the number of stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from factory.config import config_hash, load, plan_stage, upstream_of
+from factory.data.catalog import CatalogConfig
+from factory.registry import ArtifactStore, Provenance
+from factory.stages import WARM_MODULES
+from factory.stages.request import StageRequest
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = REPO / "experiments" / "tiny-code-lm.md"
+STEP_EVENTS = ("STEP_START", "STEP_SUCCESS")
+
+
+def in_process(root: Path) -> dict[str, float]:
+    """Every stage, the evaluations, the leaderboard and the report, called in this process: wall seconds of each."""
+    from factory.stages.__main__ import run
+    from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
+    from factory.stages.evaluate import evaluate
+    from factory.stages.leaderboard import current_board, publish_leaderboard
+    from factory.stages.report import ConsoleReporter
+    from factory.stages.run_report import publish_report, report_inputs
+    from factory.train.records import published
+
+    experiment = load(EXPERIMENT)
+    registry = ArtifactStore(root / "registry")
+    catalog = CatalogConfig.local(root / "iceberg")
+    provenance = Provenance(experiment=experiment.name, config_hash=config_hash(experiment), git_commit="bench")
+    times, digests, fingerprints = {}, {}, {}
+    for kind in experiment.stages():
+        spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
+        started = time.perf_counter()
+        run(StageRequest(spec=spec, registry=str(registry.root), catalog=catalog, provenance=provenance))
+        times[kind] = time.perf_counter() - started
+        digests[kind], fingerprints[kind] = registry.lookup(spec.fingerprint).digest, spec.fingerprint
+    started = time.perf_counter()
+    training = registry.lookup(fingerprints["pretrain"])
+    spec = plan_stage(experiment, "pretrain", {name: digests[name] for name in upstream_of(experiment, "pretrain")})
+    items = []
+    for checkpoint in published(registry.path(training.digest)):
+        ref = CheckpointRef(key=f"{experiment.name}__pretrain-{checkpoint.step:06d}", experiment=experiment.name, step=checkpoint.step,
+                            tokens_seen=int(checkpoint.metrics.get("tokens_seen", 0)), path=str(checkpoint.path), sha256=checkpoint.sha256,
+                            training=spec.to_json(), git_commit="bench",
+                            eval={"max_bytes": experiment.eval.max_bytes, "batch_size": experiment.eval.batch_size})
+        items += [EvalItem(partition=f"{name}|{ref.key}", benchmark=name, checkpoint=ref) for name in experiment.eval.benchmarks]
+    quiet = ConsoleReporter(logging.getLogger("bench.overhead"))
+    evaluate(EvalRequest(items=tuple(items), registry=str(registry.root), catalog=catalog, code=spec.code), quiet)
+    times["evaluations"] = time.perf_counter() - started
+    started = time.perf_counter()
+    publish_leaderboard(registry, current_board(registry), "bench")
+    publish_report(registry, report_inputs(registry, experiment, {k: (f, "miss") for k, f in fingerprints.items()}, "bench"))
+    times["leaderboard, report"] = time.perf_counter() - started
+    return times
+
+
+def through_factory(root: Path) -> tuple[float, dict[str, tuple[float, float]], list[tuple[str, float]]]:
+    """`factory run` on a fresh root: its wall time; each stage's (Dagster step wall, work the stage reported); and the
+    timeline: the wall time of each Dagster run and of what came before, between and after them."""
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "factory", "run", str(EXPERIMENT), "--root", str(root)], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "FACTORY_PROGRESS": "0"})
+    ended = time.time()
+    if done.returncode != 0:
+        sys.exit(f"factory run failed:\n{done.stderr[-3000:]}")
+    steps, timeline = run_times(root, started, ended)
+    registry = ArtifactStore(root / "registry")
+    work = {m.kind: float(m.summary.get("wall_seconds", 0.0)) for m in registry.manifests() if "wall_seconds" in m.summary}
+    return ended - started, {kind: (seconds, work.get(kind, 0.0)) for kind, seconds in steps.items()}, timeline
+
+
+def run_times(root: Path, started: float, ended: float) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Seconds of every step of the stages' run (the instance's first), and the timeline of all its runs."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    with DagsterInstance.from_config(str(root / "dagster")) as instance:
+        runs = list(reversed(instance.get_runs()))
+        records = instance.all_logs(runs[0].run_id)
+        starts = {r.step_key: r.timestamp for r in records if r.dagster_event and r.dagster_event.event_type == DagsterEventType.STEP_START}
+        ends = {r.step_key: r.timestamp for r in records if r.dagster_event and r.dagster_event.event_type == DagsterEventType.STEP_SUCCESS}
+        timeline, previous = [], started
+        for run in runs:
+            stats = instance.get_run_stats(run.run_id)
+            steps = sorted(run.step_keys_to_execute or []) or ["run"]
+            timeline += [("(before and between runs)", stats.start_time - previous), (", ".join(steps)[:40], stats.end_time - stats.start_time)]
+            previous = stats.end_time
+        timeline.append(("(after the last run)", ended - previous))
+    return {key: ends[key] - starts[key] for key in starts if key in ends}, timeline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of both sides (default 2)")
+    args = parser.parse_args()
+    os.environ.setdefault("FACTORY_TRACKER", "none")  # both sides alike; tracking is measured by bench/trainer.py
+    for module in WARM_MODULES:  # the baseline never pays an import
+        importlib.import_module(module)
+    logging.getLogger("bench.overhead").addHandler(logging.NullHandler())
+    ratios, rows = [], []
+    for round_ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            started = time.perf_counter()
+            baseline = in_process(Path(a))
+            baseline_wall = time.perf_counter() - started
+            wall, steps, timeline = through_factory(Path(b))
+        ratios.append(wall / baseline_wall)
+        stages = [kind for kind in baseline if kind in steps]
+        work = sum(steps[kind][1] for kind in stages)
+        run_wall = timeline[1][1]  # the first run materializes the stages
+        per_stage = (run_wall - work) / len(stages)
+        print(f"round {round_ + 1}: in one process {baseline_wall:.1f} s; factory run {wall:.1f} s; ratio {ratios[-1]:.3f}x; "
+              f"per-stage overhead {per_stage:.2f} s ({len(stages)} stages: run {run_wall:.1f} s, work {work:.1f} s)")
+        rows = [(kind, baseline[kind], *steps.get(kind, (float("nan"), float("nan")))) for kind in baseline]
+    print(f"\n{'stage':<22}{'in one process':>16}{'factory step':>14}{'work reported':>15}{'overhead':>10}")
+    for kind, alone, step, work in rows:
+        print(f"{kind:<22}{alone:>15.2f}s{step:>13.2f}s{work:>14.2f}s{step - work:>9.2f}s")
+    print("\nfactory run, its timeline (last round):")
+    for name, seconds in timeline:
+        print(f"  {name:<42}{seconds:>7.2f}s")
+    print(f"\nratio factory run / in one process: median {statistics.median(ratios):.3f}x over {len(ratios)} round(s) (goal <= 1.15x)")
+    print(json.dumps({"ratios": [round(r, 3) for r in ratios]}))
+
+
+if __name__ == "__main__":
+    main()
