@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -20,9 +21,10 @@ from factory.config import Experiment, load_file
 from factory.errors import ConfigError
 from factory.launch import warm_starts
 from factory.registry import ArtifactStore
-from factory.stages import WARM_MODULES
+from factory.stages import warm_modules
 from factory.stages.plan import build_plan
 from factory.stages.report import exit_now
+from factory.track.base import TrackingConfig
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance, ExecuteInProcessResult
@@ -40,11 +42,20 @@ def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: boo
 @contextlib.contextmanager
 def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
     """Within the block, stages fork from a warm interpreter started now, when some stage must be computed."""
-    if any(plan.status == "run" for plan in build_plan(experiments, ArtifactStore(root / "registry"))):
-        with warm_starts(WARM_MODULES):
+    kinds = [plan.kind for plan in build_plan(experiments, ArtifactStore(root / "registry")) if plan.status == "run"]
+    if kinds:
+        with warm_starts(warm_modules(kinds, tracker_backend())):
             yield
     else:
         yield
+
+
+def tracker_backend() -> str:
+    """The tracker the stages will open (a bad setting: none here; the stage that opens it says what to change)."""
+    try:
+        return TrackingConfig.from_env(os.environ).backend
+    except ConfigError:
+        return "none"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,9 @@ reports), divided by the number of stages.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -119,11 +121,12 @@ def main() -> None:
     for module in WARM_MODULES:  # the baseline never pays an import
         importlib.import_module(module)
     logging.getLogger("bench.overhead").addHandler(logging.NullHandler())
-    ratios, rows = [], []
+    ratios, rows = [], []  # rows: per round, each stage's (in one process, factory step, work reported)
     for round_ in range(args.rounds):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             started = time.perf_counter()
-            baseline = in_process(Path(a))
+            with contextlib.redirect_stdout(io.StringIO()):  # each stage prints its materialization when not under Pipes
+                baseline = in_process(Path(a))
             baseline_wall = time.perf_counter() - started
             wall, steps, timeline = through_factory(Path(b))
         ratios.append(wall / baseline_wall)
@@ -133,9 +136,10 @@ def main() -> None:
         per_stage = (run_wall - work) / len(stages)
         print(f"round {round_ + 1}: in one process {baseline_wall:.1f} s; factory run {wall:.1f} s; ratio {ratios[-1]:.3f}x; "
               f"per-stage overhead {per_stage:.2f} s ({len(stages)} stages: run {run_wall:.1f} s, work {work:.1f} s)")
-        rows = [(kind, baseline[kind], *steps.get(kind, (float("nan"), float("nan")))) for kind in baseline]
-    print(f"\n{'stage':<22}{'in one process':>16}{'factory step':>14}{'work reported':>15}{'overhead':>10}")
-    for kind, alone, step, work in rows:
+        rows.append({kind: (baseline[kind], *steps.get(kind, (float("nan"), float("nan")))) for kind in baseline})
+    print(f"\nmedians over the rounds\n{'stage':<22}{'in one process':>16}{'factory step':>14}{'work reported':>15}{'overhead':>10}")
+    for kind in rows[0]:
+        alone, step, work = (statistics.median(row[kind][i] for row in rows) for i in range(3))
         print(f"{kind:<22}{alone:>15.2f}s{step:>13.2f}s{work:>14.2f}s{step - work:>9.2f}s")
     print("\nfactory run, its timeline (last round):")
     for name, seconds in timeline:

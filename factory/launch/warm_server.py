@@ -2,7 +2,10 @@
 
 `python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...` binds SOCKET, imports the modules,
 and serves until the pipe OWNER_FD closes (its launcher closed it, or died). It stays single-threaded
-(a select loop; SIGCHLD wakes it) so that every fork copies a process in a known state.
+(a select loop; SIGCHLD wakes it) so that every fork copies a process in a known state. It imports and
+never computes: the native threads that imports start (jemalloc's background thread, the BLAS pool) are
+made again in a child by their own fork handlers, but a process that has run a torch operator in
+parallel holds an OpenMP pool, and a child forked from it hangs at its first parallel operator.
 """
 
 from __future__ import annotations

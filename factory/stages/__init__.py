@@ -1,15 +1,15 @@
 """Stage processes: `python -m factory.stages <request.json>` runs one stage and publishes its artifact.
 
 `RUNNERS` says where each stage kind's code is; a process imports only its own stage's (a data
-stage never loads torch). `WARM_MODULES` is what a warm interpreter imports once for all the
-stages it forks (`factory.launch.warm`): every runner, the evaluation process and the code they
-load on first use (benchmarks, the tracker).
+stage never loads torch). `warm_modules` is what a warm interpreter imports once for the stages
+it forks (`factory.launch.warm`): the runners of the kinds a run computes and the code they load
+on first use (benchmarks, the tracker); `WARM_MODULES`, for every kind.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,17 +29,25 @@ RUNNERS = {
 """Each stage kind's run function, as `module:function`."""
 EVALUATE_MODULE = "factory.stages.evaluate"
 """The evaluation process: `python -m factory.stages.evaluate <request.json>`."""
-WARM_MODULES = (
-    "factory.stages.__main__",
-    *dict.fromkeys(target.split(":")[0] for target in RUNNERS.values()),
-    EVALUATE_MODULE,
-    "factory.evals.suite",
-    "factory.evals.bpb",
-    "factory.evals.next_line",
-    "factory.evals.code_exec",
-    "factory.evals.sanity",
-    "factory.track.mlflow_backend",
-)
+EVALUATION_MODULES = (EVALUATE_MODULE, "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line",
+                      "factory.evals.code_exec", "factory.evals.sanity")
+"""The evaluation process and the benchmarks it loads on first use."""
+TRAINING_KINDS = ("pretrain", "sft", "rl")
+"""The kinds that open a tracker run and publish checkpoints (which the evaluation process then scores)."""
+TRACKER_MODULES = {"mlflow": "factory.track.mlflow_backend", "neptune": "factory.track.neptune_backend"}
+
+
+def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
+    """What a warm interpreter imports for a run that computes these stage kinds, tracked by this backend: their
+    runners, in the order the kinds come, and when one of them trains, the tracker's backend and the evaluations."""
+    kinds = list(kinds)
+    runners = [RUNNERS[kind].split(":")[0] for kind in kinds if kind in RUNNERS]
+    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *EVALUATION_MODULES]
+    return tuple(dict.fromkeys(["factory.stages.__main__", *runners, *(training if set(kinds) & set(TRAINING_KINDS) else [])]))
+
+
+WARM_MODULES = warm_modules(RUNNERS, "mlflow")
+"""Everything a warm interpreter may fork: every runner, the evaluations, the default tracker."""
 
 
 def runner(kind: str) -> Callable[[StageContext], dict[str, Any]]:

@@ -1,5 +1,6 @@
 """The GRPO loop on a tiny model: seeded sampling, metrics, checkpoints, exact resume, and the actor/learner split."""
 
+import functools
 import hashlib
 import json
 import logging
@@ -53,7 +54,14 @@ def final_digest(work: Path) -> str:
 
 
 def fine_tuned(tok) -> dict[str, torch.Tensor]:
-    """A model taught the answer format for a few steps, so its samples earn some rewards and some not."""
+    """A model taught the answer format for a few steps, so its samples earn some rewards and some not: trained once per
+    test process, and each caller gets its own copy."""
+    return {name: tensor.clone() for name, tensor in _fine_tuned(tok.to_str()).items()}
+
+
+@functools.cache
+def _fine_tuned(tokenizer_json: str) -> dict[str, torch.Tensor]:
+    tok = Tokenizer.from_str(tokenizer_json)
     model = build_model(MODEL, tok.get_vocab_size(), seed=7)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for batch in islice(sft_batches(encode_examples(ROWS, tok, 0, MODEL.context), 8, seed=0, eos_id=0), 60):
