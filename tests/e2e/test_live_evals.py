@@ -34,6 +34,8 @@ A smaller model than the tiny recipe's, trained for longer, with a checkpoint ev
 """
 
 
+# About a minute, up to two when the machine is loaded, and it must be: the training run has to last long enough for
+# a mid-run checkpoint to be evaluated before it ends, whatever the machine's speed.
 def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny_path):
     root = tmp_path / "state"
     home = dagster_home(root)  # the instance `factory run` writes to, and this test's ticks read
