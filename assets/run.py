@@ -30,13 +30,18 @@ if TYPE_CHECKING:
     from dagster import DagsterInstance, ExecuteInProcessResult
 
 
-def run_experiment(path: Path, root: Path, instance: DagsterInstance, quiet: bool = False) -> ExecuteInProcessResult:
-    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard."""
+def run_experiment(path: Path, root: Path, instance: DagsterInstance | None = None, quiet: bool = False) -> ExecuteInProcessResult:
+    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard;
+    on `instance`, or on $DAGSTER_HOME's (opened and closed here)."""
     experiments = load_file(path)
-    with warm_stages(experiments, root):
+    with warm_stages(experiments, root):  # the warm interpreter imports while Dagster does, below
+        from dagster import DagsterInstance, PreviewWarning
+
         from assets.materialize import materialize_experiment
 
-        return materialize_experiment(path, experiments, root, instance, quiet)
+        warnings.filterwarnings("ignore", category=PreviewWarning)
+        with contextlib.nullcontext(instance) if instance is not None else DagsterInstance.get() as opened:
+            return materialize_experiment(path, experiments, root, opened, quiet)
 
 
 @contextlib.contextmanager
@@ -65,20 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path(".factory"))
     args = parser.parse_args(argv)
     try:
-        experiments = load_file(args.experiment)
-        with warm_stages(experiments, args.root):  # the warm interpreter imports while Dagster does, below
-            from dagster import DagsterInstance, PreviewWarning
-
-            from assets.execution import failure_messages
-            from assets.materialize import materialize_experiment
-
-            warnings.filterwarnings("ignore", category=PreviewWarning)
-            with DagsterInstance.get() as instance:  # disposed on the way out: its storage closed before the fast exit below
-                result = materialize_experiment(args.experiment, experiments, args.root, instance)
+        result = run_experiment(args.experiment, args.root)  # its instance closed before the fast exit below
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not result.success:
+        from assets.execution import failure_messages
+
         for message in failure_messages(result):
             print(f"error: {message}", file=sys.stderr)
         return 1

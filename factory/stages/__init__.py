@@ -12,6 +12,8 @@ import importlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from factory.config.stages import TRAINING_STAGES  # they open a tracker run and publish checkpoints, evaluated next
+
 if TYPE_CHECKING:
     from factory.stages.context import StageContext
 
@@ -32,8 +34,6 @@ EVALUATE_MODULE = "factory.stages.evaluate"
 EVALUATION_MODULES = (EVALUATE_MODULE, "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line",
                       "factory.evals.code_exec", "factory.evals.sanity")
 """The evaluation process and the benchmarks it loads on first use."""
-TRAINING_KINDS = ("pretrain", "sft", "rl")
-"""The kinds that open a tracker run and publish checkpoints (which the evaluation process then scores)."""
 TRACKER_MODULES = {"mlflow": "factory.track.mlflow_backend", "neptune": "factory.track.neptune_backend"}
 
 
@@ -43,7 +43,7 @@ def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
     kinds = list(kinds)
     runners = [RUNNERS[kind].split(":")[0] for kind in kinds if kind in RUNNERS]
     training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *EVALUATION_MODULES]
-    return tuple(dict.fromkeys(["factory.stages.__main__", *runners, *(training if set(kinds) & set(TRAINING_KINDS) else [])]))
+    return tuple(dict.fromkeys(["factory.stages.__main__", *runners, *(training if set(kinds) & set(TRAINING_STAGES) else [])]))
 
 
 WARM_MODULES = warm_modules(RUNNERS, "mlflow")
