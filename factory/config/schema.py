@@ -45,7 +45,8 @@ class SourceConfig(Section):
     max_file_bytes: int = Field(1_000_000, gt=0)
     """Files larger than this are left out (generated tables, not code)."""
     revision: str = ""
-    """Free-form: change it to ingest again a directory whose files changed (raw data is cached by config)."""
+    """Free-form extra knob: changing it ingests the source again (its files' paths and contents are part of the raw
+    stage's fingerprint already, so changed files are ingested again without it)."""
 
     @model_validator(mode="after")
     def _directory_has_path(self) -> SourceConfig:
@@ -410,7 +411,8 @@ class Experiment(Section):
 
     def stages(self) -> tuple[str, ...]:
         """The stages this experiment runs, in order: sections not present are not run."""
-        stages = ["raw_datasets", "deduped_datasets", "filtered_datasets"] if self.data.datasets else []
+        blends_a_dataset = any(part.dataset is not None for part in self.data.blend)
+        stages = ["raw_datasets", "deduped_datasets", "filtered_datasets"] if blends_a_dataset else []
         stages += ["blend", "tokenizer"]
         if self.pretrain is not None:
             stages += ["pretrain", *(["sft"] if self.sft else []), *(["rl"] if self.rl else []), "model"]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
-import os
-import platform
-import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.schema import Experiment
+from factory.config.sources import source_files
 from factory.errors import ConfigError
 
 # Each stage and the stages whose artifacts it reads, in the order they run.
@@ -95,11 +91,12 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
     """The part of the experiment that changes this stage's output (placement excluded)."""
     dump = experiment.model_dump(mode="json")
     seed, data = experiment.seed, dump["data"]
-    datasets = data["datasets"]
+    datasets = {name: data["datasets"][name] for name in blended_datasets(experiment)}
     stream = {key: data[key] for key in ("shuffle_buffer_docs", "packing", "pack_window_docs")}
     match kind:
         case "raw_datasets":
-            return {"sources": {name: d["source"] for name, d in datasets.items()}, **source_identity(experiment)}
+            files = {name: source_files(experiment.data.datasets[name].source).digest for name in datasets}
+            return {"sources": {name: d["source"] for name, d in datasets.items()}, "files": files}
         case "deduped_datasets":
             return {"dedup": {name: d["dedup"] for name, d in datasets.items()}, "seed": seed}
         case "filtered_datasets":
@@ -124,31 +121,11 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
     raise ConfigError(f"unknown stage {kind!r}; stages are: {', '.join(STAGES)}")
 
 
-def source_identity(experiment: Experiment) -> dict[str, Any]:
-    """What else decides the raw bytes: the interpreter's version for its standard library, the installed
-    distributions for site-packages (a directory is named by its `revision`)."""
-    kinds = {dataset.source.kind for dataset in experiment.data.datasets.values()}
-    identity: dict[str, Any] = {}
-    if "python-stdlib" in kinds:
-        identity["python"] = platform.python_version()
-    if "site-packages" in kinds:
-        identity["site_packages"] = installed_distributions()
-    return identity
-
-
-def installed_distributions() -> str:
-    """Hash of the name and version of every distribution installed in site-packages (not on sys.path at large,
-    which differs between `python -m` in a checkout and an installed console script)."""
-    purelib = sysconfig.get_paths()["purelib"]
-    return _distributions(purelib, os.stat(purelib).st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _distributions(purelib: str, listed_ns: int) -> str:
-    """Read once per state of the directory: installing, removing or upgrading a distribution adds or renames its
-    `.dist-info` entry there, which changes the directory's mtime (`listed_ns`)."""
-    found = importlib.metadata.distributions(path=[purelib])
-    return sha256_of(sorted(f"{d.metadata['Name']}=={d.version}" for d in found))[:16]
+def blended_datasets(experiment: Experiment) -> tuple[str, ...]:
+    """The datasets the blend draws from, in `data.datasets` order: the only ones the data stages compute (a dataset
+    defined but not blended is read by no stage, so it enters no fingerprint)."""
+    used = {part.dataset for part in experiment.data.blend if part.dataset is not None}
+    return tuple(name for name in experiment.data.datasets if name in used)
 
 
 def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:

@@ -1,9 +1,8 @@
 """Raw ingest: the files of one source, read into the document table, with every skipped file counted by reason.
 
 A bad file (binary, not UTF-8, unreadable, too large) is skipped and counted, never fatal: a source
-tree of thousands of files always holds a few. Glob patterns match the posix path relative to the
-source root: `*` stays within one directory, `**/` spans any number of them (none included), so
-`**/*.py` matches `top.py` as well as `pkg/sub/mod.py`.
+tree of thousands of files always holds a few. Which files a source reads is `factory.config.sources`'s
+to say: the raw stage's fingerprint holds their digest.
 """
 
 from __future__ import annotations
@@ -11,23 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import re
 import stat
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
 from factory.config.schema import SourceConfig
+from factory.config.sources import matching_files, source_root
 from factory.data.documents import ARROW_SCHEMA, doc_id
-from factory.errors import ConfigError
 
 SKIP_REASONS = ("too_large", "binary", "not_utf8", "unreadable", "bad_json", "empty")
 BINARY_SNIFF_BYTES = 8192
-CACHE_DIRS = frozenset({"__pycache__"})
-INSTALLED_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,71 +34,6 @@ class IngestResult:
     """Files read and decoded (a jsonl file counts once, however many documents it holds)."""
     skipped: dict[str, int]
     """Reason -> files skipped (for `bad_json` and jsonl `empty`: lines skipped); every reason is present."""
-
-
-def source_root(config: SourceConfig) -> Path:
-    """The directory a source reads from; a ConfigError when it is not a directory."""
-    match config.kind:
-        case "python-stdlib":
-            root = Path(sysconfig.get_paths()["stdlib"])
-        case "site-packages":
-            root = Path(sysconfig.get_paths()["purelib"])
-        case "directory":
-            assert config.path is not None, "SourceConfig requires path for kind 'directory'"
-            root = Path(config.path)
-    if not root.is_dir():
-        found = "a file" if root.is_file() else "something that is not a directory" if root.exists() else "nothing"
-        where = "source.path" if config.kind == "directory" else f"source.kind {config.kind!r} (no source.path)"
-        raise ConfigError(
-            f"{where}: expected a directory to read, found {found} at {root.resolve()}; "
-            "point source.path at an existing directory (relative paths start at the working directory)"
-        )
-    return root
-
-
-def glob_pattern(pattern: str) -> re.Pattern[str]:
-    """Compile a glob over relative posix paths: `**/` spans directories (or none), `*` and `?` stay within one."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
-            body = pattern[i + 1 : end]
-            body = body.replace("\\", "\\\\")
-            body = "^" + body[1:] if body.startswith("!") else "\\" + body if body.startswith("^") else body
-            out.append("[" + body + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
-
-
-def matching_files(root: Path, config: SourceConfig) -> list[str]:
-    """Relative posix paths of the files to read, sorted: included, not excluded, not in caches."""
-    include = [glob_pattern(p) for p in config.include]
-    exclude = [glob_pattern(p) for p in config.exclude]
-    pruned = CACHE_DIRS | (INSTALLED_PACKAGE_DIRS if config.kind == "python-stdlib" else frozenset())
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in pruned]
-        base = Path(dirpath).relative_to(root).as_posix()
-        prefix = "" if base == "." else base + "/"
-        for filename in filenames:
-            rel = prefix + filename
-            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude):
-                found.append(rel)
-    return sorted(found)
 
 
 def read_text(path: Path, max_file_bytes: int) -> tuple[str | None, str | None]:

@@ -14,13 +14,15 @@ from typing import Any
 import pyarrow as pa
 
 from factory.config.schema import DataConfig, DedupConfig, FiltersConfig, SourceConfig
+from factory.config.sources import source_files
 from factory.data.blend import build_blend
 from factory.data.catalog import open_catalog
 from factory.data.dedup import deduplicate
 from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
 from factory.data.tables import TableVersion, read_version, resolve, write_version
-from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
+from factory.errors import StageFailed
+from factory.stages.context import BLEND_FILE, DATASETS_FILE, SOURCES_FILE, StageContext
 from factory.stages.dataset_checks import record_checks
 
 
@@ -62,13 +64,19 @@ def _transform(
 
 
 def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
-    """Ingest every dataset's source files into `raw.<name>`."""
+    """Ingest every dataset's source files into `raw.<name>`, the files the fingerprint names and no others."""
     catalog = open_catalog(ctx.request.catalog)
-    versions, stats = {}, {}
+    versions, stats, listings = {}, {}, {}
     for name, source in ctx.config["sources"].items():
-        result = read_documents(name, SourceConfig.model_validate(source), ctx.log)
+        config = SourceConfig.model_validate(source)
+        listing = source_files(config)
+        if listing.digest != ctx.config["files"][name]:
+            raise StageFailed(f"the files of dataset {name!r} under {listing.root} changed after this stage was planned; run it again")
+        listings[name] = dict(listing.files)
+        result = read_documents(name, config, ctx.log)
         versions[name] = write_version(catalog, f"raw.{name}", result.documents, ctx.log)
         stats[name] = {"files_read": result.files_read, **{f"skipped_{reason}": count for reason, count in sorted(result.skipped.items())}}
+    (ctx.out / SOURCES_FILE).write_text(json.dumps(listings, indent=1, sort_keys=True))
     return _publish_versions(ctx, versions, stats)
 
 

@@ -6,12 +6,19 @@ the upstream fingerprint, so two variants that share a stage show it once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
+from factory.config.schema import SourceConfig
+from factory.config.sources import changed_files, source_files
 from factory.registry.store import ArtifactStore, Manifest
+from factory.stages.context import SOURCES_FILE
+
+FILES_KEY = "files"
+"""The raw stage's config key that holds each source's file digest."""
 
 PENDING = "pending:"
 
@@ -68,22 +75,42 @@ def _decide(
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, history), pending
+    return "run", why_run(experiment.name, spec, history, registry), pending
 
 
-def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest]) -> str:
-    """What changed since this experiment last produced this stage (or that it never did)."""
+def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest], registry: ArtifactStore | None = None) -> str:
+    """What changed since this experiment last produced this stage (or that it never did); for the raw stage, which
+    source files were added, changed or removed (the `registry` holds the listing the last run read)."""
     previous = sorted((m for m in history if m.kind == spec.kind and m.experiment == experiment), key=lambda m: m.created)
     if not previous:
         return "never computed for this experiment"
     last = previous[-1]
     reasons = config_changes(last.config, spec.config)
+    if spec.kind == "raw_datasets" and registry is not None:
+        reasons = [*source_changes(last, spec, registry), *(r for r in reasons if not r.startswith(FILES_KEY + "."))]
     for name, digest in spec.upstream.items():
         if last.inputs.get(name) != digest:
             reasons.append(f"input {name} changed" + (" (not computed yet)" if digest.startswith(PENDING) else ""))
     if last.code != spec.code:
         reasons.append(f"code changed ({last.code[:22]} -> {spec.code[:22]})")
     return "; ".join(reasons) or "its last artifact is missing or damaged"
+
+
+def source_changes(last: Manifest, spec: StageSpec, registry: ArtifactStore) -> list[str]:
+    """`source stdlib: 2 added (a.py, b.py)` for each dataset whose files differ from what the last raw stage read."""
+    before = last.config.get(FILES_KEY, {})
+    listing_path = registry.path(last.digest) / SOURCES_FILE
+    read = json.loads(listing_path.read_text()) if listing_path.is_file() else {}
+    reasons = []
+    for name, digest in spec.config[FILES_KEY].items():
+        if before.get(name) == digest:
+            continue
+        if name not in read:
+            reasons.append(f"source {name}: its files differ from the last ingest's (which did not list them)")
+            continue
+        now = source_files(SourceConfig.model_validate(spec.config["sources"][name])).files
+        reasons.append(f"source {name}: {changed_files(read[name], now) or 'files changed'}")
+    return reasons
 
 
 def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, plan_stage
+from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, plan_stage, upstream_of
 from factory.config.fingerprint import canonical_json, code_identity, sha256_of, source_tree_hash
 from factory.errors import ConfigError
 
@@ -258,8 +258,26 @@ def test_the_site_packages_identity_does_not_depend_on_where_python_starts(tmp_p
     import subprocess
     import sys
 
-    code = "from factory.config.stages import installed_distributions; print(installed_distributions())"
+    code = ("from factory.config.schema import SourceConfig; from factory.config.sources import source_files; "
+            "print(source_files(SourceConfig(kind='site-packages', include=('yaml/**/*.py',))).digest)")
     repo = Path(__file__).resolve().parents[2]
     here = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True).stdout
     elsewhere = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # as installed
-    assert here == elsewhere and len(here.strip()) == 16
+    assert here == elsewhere and len(here.strip()) == 32
+
+
+def test_a_dataset_the_blend_does_not_use_enters_no_fingerprint(tiny_path):
+    experiment = load(tiny_path)
+    data = experiment.data.model_dump(mode="json")
+    data["datasets"]["notes"] = {"source": {"kind": "python-stdlib", "include": ["json/*.py"]}}
+    wider = experiment.model_copy(update={"data": experiment.data.model_validate(data)})
+    assert set(wider.data.datasets) == {*experiment.data.datasets, "notes"}
+    digests: dict[str, str] = {}
+    for kind in experiment.stages():
+        upstream = {name: digests[name] for name in upstream_of(experiment, kind)}
+        assert plan_stage(wider, kind, upstream).fingerprint == plan_stage(experiment, kind, upstream).fingerprint, kind
+        digests[kind] = plan_stage(experiment, kind, upstream).fingerprint
+
+    data["blend"] = [*data["blend"], {"dataset": "notes", "weight": 1}]
+    blended = experiment.model_copy(update={"data": experiment.data.model_validate(data)})
+    assert plan_stage(blended, "raw_datasets", {}).fingerprint != plan_stage(experiment, "raw_datasets", {}).fingerprint

@@ -9,7 +9,8 @@ import pytest
 
 from factory.config.schema import SourceConfig
 from factory.data.documents import ARROW_SCHEMA, doc_id
-from factory.data.ingest import SKIP_REASONS, glob_pattern, read_documents, source_root
+from factory.config.sources import glob_pattern, source_root
+from factory.data.ingest import SKIP_REASONS, read_documents
 from factory.errors import ConfigError
 from tests.data.conftest import LOG
 

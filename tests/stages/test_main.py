@@ -11,6 +11,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.registry.store import ArtifactStore, Provenance
 from factory.stages.__main__ import USAGE, main
 from factory.stages.context import DATASETS_FILE
+from factory.stages.plan import build_plan
 from factory.stages.request import StageRequest
 
 SOURCES = {f"lib/mod_{i}.py": f"def f{i}(x):\n    return x * {i}\n" for i in range(8)}
@@ -67,7 +68,7 @@ def test_a_missing_request_file_is_refused(tmp_path, capsys):
     assert "not a stage request" in capsys.readouterr().err
 
 
-def test_an_unknown_stage_kind_is_refused(tmp_path, tiny_path, capsys):
+def test_an_unknown_stage_kind_is_refused(tmp_path, tiny_path, stdlib, capsys):
     data = corpus_request(tmp_path, tiny_path).to_json()
     data["spec"]["kind"] = "distillation"
     path = tmp_path / "request.json"
@@ -79,7 +80,7 @@ def test_an_unknown_stage_kind_is_refused(tmp_path, tiny_path, capsys):
     assert not (tmp_path / "registry" / "objects").exists()
 
 
-def test_request_round_trips_through_json(tmp_path, tiny_path):
+def test_request_round_trips_through_json(tmp_path, tiny_path, stdlib):
     request = corpus_request(tmp_path, tiny_path)
     again = StageRequest.read(request.write(tmp_path / "request.json"))
     assert again == request
@@ -127,3 +128,34 @@ def test_each_log_line_is_written_once_when_stages_run_in_one_process(tmp_path, 
         request = StageRequest(spec=spec, registry=base.registry, catalog=base.catalog, provenance=base.provenance)
         assert main([str(request.write(tmp_path / f"{name}.json"))]) == 0
         assert capsys.readouterr().err.count("published raw_datasets artifact") == 1
+
+
+def test_plan_names_the_source_files_added_or_changed_since_the_last_ingest(tmp_path, tiny_path, stdlib, capsys):
+    request = corpus_request(tmp_path, tiny_path)
+    assert main([str(request.write(tmp_path / "request.json"))]) == 0
+    capsys.readouterr()
+    experiment = on_directory(load(tiny_path), stdlib)
+    registry = ArtifactStore(request.registry)
+    assert {p.kind: p.status for p in build_plan([experiment], registry)}["raw_datasets"] == "cached"
+
+    (stdlib / "lib" / "new.py").write_text("def g():\n    return 1\n")
+    (stdlib / "lib" / "mod_1.py").write_text("def f1(x):\n    return x + 1\n")
+    (stdlib / "lib" / "mod_2.py").unlink()
+    raw = {p.kind: p for p in build_plan([experiment], registry)}["raw_datasets"]
+    assert raw.status == "run"
+    assert raw.detail == "source code: 1 added (lib/new.py), 1 changed (lib/mod_1.py), 1 removed (lib/mod_2.py)"
+
+    again = StageRequest(spec=plan_stage(experiment, "raw_datasets", {}), registry=request.registry, catalog=request.catalog,
+                         provenance=request.provenance)
+    assert main([str(again.write(tmp_path / "again.json"))]) == 0
+    rows = reported(capsys.readouterr().out)["metadata"]["summary/code/rows"]
+    assert rows == len(SOURCES)  # one file added, one removed: all of today's files are read
+    assert {p.kind: p.status for p in build_plan([experiment], registry)}["raw_datasets"] == "cached"
+
+
+def test_the_raw_stage_refuses_files_that_changed_after_it_was_planned(tmp_path, tiny_path, stdlib, capsys):
+    request = corpus_request(tmp_path, tiny_path)
+    (stdlib / "lib" / "late.py").write_text("x = 1\n")
+    assert main([str(request.write(tmp_path / "request.json"))]) == 1
+    assert "changed after this stage was planned; run it again" in capsys.readouterr().err
+    assert ArtifactStore(request.registry).lookup(request.spec.fingerprint) is None

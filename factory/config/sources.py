@@ -1,0 +1,218 @@
+"""What a source would read today: its root, the files its globs match, and their content hashes.
+
+The raw stage's fingerprint holds the digest of this listing, so a file added, changed or removed
+under a source makes the raw stage run again, and `factory plan` names the files. Hashing a tree
+again on every plan would read the whole standard library: as git's index does, each file's
+sha256 is kept with its size, mtime, ctime and inode (`FACTORY_CACHE`, default
+`~/.cache/model-factory`) and read again only when one of them changed, or when the file's mtime
+is not older than the record ("racily clean": a write in the same clock tick would not show).
+
+Glob patterns match the posix path relative to the source root: `*` stays within one directory,
+`**/` spans any number of them (none included), so `**/*.py` matches `top.py` as well as
+`pkg/sub/mod.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+import sysconfig
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from factory.config.schema import SourceConfig
+from factory.errors import ConfigError
+
+CACHE_DIRS = frozenset({"__pycache__"})
+INSTALLED_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
+CACHE_ENV = "FACTORY_CACHE"
+CHUNK_BYTES = 1 << 20
+GLOB_CHARS = re.compile(r"[*?\[]")
+SHOWN_FILES = 5
+"""Changed files named per kind of change in a plan's reason; the rest are counted."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceFiles:
+    """The files a source reads, by relative path: their sha256, or why they would be skipped unread."""
+
+    root: str
+    files: Mapping[str, str]
+    digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        listing = "".join(f"{rel}\0{value}\n" for rel, value in sorted(self.files.items()))
+        object.__setattr__(self, "digest", hashlib.sha256(listing.encode()).hexdigest()[:32])
+
+
+def source_root(config: SourceConfig) -> Path:
+    """The directory a source reads from; a ConfigError when it is not a directory."""
+    match config.kind:
+        case "python-stdlib":
+            root = Path(sysconfig.get_paths()["stdlib"])
+        case "site-packages":
+            root = Path(sysconfig.get_paths()["purelib"])
+        case "directory":
+            assert config.path is not None, "SourceConfig requires path for kind 'directory'"
+            root = Path(config.path)
+    if not root.is_dir():
+        found = "a file" if root.is_file() else "something that is not a directory" if root.exists() else "nothing"
+        where = "source.path" if config.kind == "directory" else f"source.kind {config.kind!r} (no source.path)"
+        raise ConfigError(
+            f"{where}: expected a directory to read, found {found} at {root.resolve()}; "
+            "point source.path at an existing directory (relative paths start at the working directory)"
+        )
+    return root
+
+
+def glob_pattern(pattern: str) -> re.Pattern[str]:
+    """Compile a glob over relative posix paths: `**/` spans directories (or none), `*` and `?` stay within one."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            body = body.replace("\\", "\\\\")
+            body = "^" + body[1:] if body.startswith("!") else "\\" + body if body.startswith("^") else body
+            out.append("[" + body + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _top_directories(patterns: tuple[str, ...]) -> frozenset[str] | None:
+    """The first path segments every match must start with (`rich/**/*.py` -> rich), or None when a pattern can
+    match at the top (no literal directory leads it): the walk then skips the other top-level directories."""
+    tops = set()
+    for pattern in patterns:
+        first, slash, _ = pattern.partition("/")
+        if not slash or GLOB_CHARS.search(first):
+            return None
+        tops.add(first)
+    return frozenset(tops)
+
+
+def matching_files(root: Path, config: SourceConfig) -> list[str]:
+    """Relative posix paths of the files to read, sorted: included, not excluded, not in caches."""
+    include = [glob_pattern(p) for p in config.include]
+    exclude = [glob_pattern(p) for p in config.exclude]
+    pruned = CACHE_DIRS | (INSTALLED_PACKAGE_DIRS if config.kind == "python-stdlib" else frozenset())
+    tops = _top_directories(config.include)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in pruned]
+        base = Path(dirpath).relative_to(root).as_posix()
+        if base == "." and tops is not None:
+            dirnames[:] = [d for d in dirnames if d in tops]
+        prefix = "" if base == "." else base + "/"
+        for filename in filenames:
+            rel = prefix + filename
+            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude):
+                found.append(rel)
+    return sorted(found)
+
+
+def source_files(config: SourceConfig) -> SourceFiles:
+    """Every file the source would read, with its sha256 (files too large or not regular are listed by why)."""
+    root = source_root(config)
+    stamps_path = _stamps_path(root)
+    known = _read_stamps(stamps_path)
+    started_ns = time.time_ns()
+    files: dict[str, str] = {}
+    stamps: dict[str, list] = {}
+    for rel in matching_files(root, config):
+        path = root / rel
+        try:
+            info = path.stat()
+        except OSError:
+            files[rel] = "unreadable"
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            files[rel] = "unreadable"
+        elif info.st_size > config.max_file_bytes:
+            files[rel] = f"too_large:{info.st_size}"
+        else:
+            stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+            record = known.get(rel)
+            if record is not None and record[:4] == stamp and record[4] < started_ns and info.st_mtime_ns < record[4]:
+                files[rel] = record[5]
+                stamps[rel] = record
+                continue
+            digest = _sha256(path)
+            files[rel] = digest or "unreadable"
+            if digest:
+                stamps[rel] = [*stamp, started_ns, digest]
+    if stamps != known:
+        _write_stamps(stamps_path, stamps)
+    return SourceFiles(root=str(root.resolve()), files=files)
+
+
+def changed_files(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """`2 files added (a.py, b.py), 1 changed (c.py)`: what differs between two listings, or '' when nothing does."""
+    added = sorted(new.keys() - old.keys())
+    removed = sorted(old.keys() - new.keys())
+    changed = sorted(rel for rel in new.keys() & old.keys() if new[rel] != old[rel])
+    parts = []
+    for label, names in (("added", added), ("changed", changed), ("removed", removed)):
+        if names:
+            shown = ", ".join(names[:SHOWN_FILES]) + (f", … {len(names) - SHOWN_FILES} more" if len(names) > SHOWN_FILES else "")
+            parts.append(f"{len(names)} {label} ({shown})")
+    return ", ".join(parts)
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _stamps_path(root: Path) -> Path:
+    base = Path(os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "model-factory")
+    return base / "sources" / (hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24] + ".json")
+
+
+def _read_stamps(path: Path) -> dict[str, list]:
+    """The stamps last written for a root; a missing or damaged file is an empty cache (everything is hashed)."""
+    try:
+        stamps = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamps if isinstance(stamps, dict) else {}
+
+
+def _write_stamps(path: Path, stamps: dict[str, list]) -> None:
+    """Atomically; a cache that cannot be written only costs hashing again next time."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".stamps-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(stamps, f, separators=(",", ":"))
+            os.replace(tmp, path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
