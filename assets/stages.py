@@ -83,7 +83,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)})
         registry = stores.registry()
         provenance = Provenance(
-            experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(), run_id=context.run_id
+            experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(files=[experiment.source] if experiment.source else ()), run_id=context.run_id
         )
         if kind in ("sft", "rl"):
             ensure_task_set(context, stores, experiment)

@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 UNKNOWN_COMMIT = "unknown"
+FILE_STATES = {"??": "untracked", "!!": "ignored by git", "A": "added but not committed", "D": "deleted"}
 
 
-def git_commit(cwd: str | Path = ".") -> str:
-    """HEAD's commit, suffixed `-dirty` when tracked files have uncommitted changes."""
+def git_commit(cwd: str | Path = ".", files: Iterable[str | Path] = ()) -> str:
+    """HEAD's commit, suffixed `-dirty` when tracked files have uncommitted changes or any of `files` (the experiment
+    file a run reads) is not as HEAD holds it: untracked, ignored, modified or outside the repository."""
     try:
         head = _git(cwd, "rev-parse", "HEAD")
         dirty = _git(cwd, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return UNKNOWN_COMMIT
-    return head + ("-dirty" if dirty else "")
+    return head + ("-dirty" if dirty or any(file_state(f) for f in files) else "")
+
+
+def file_state(path: str | Path) -> str | None:
+    """Why a file is not as its repository's HEAD holds it ("untracked", "modified", ...), or None when it is."""
+    path = Path(path).resolve()
+    try:
+        status = _git_raw(path.parent, "status", "--porcelain", "--untracked-files=all", "--ignored", "--", path.name)
+    except (OSError, subprocess.CalledProcessError):
+        return "outside any git repository"
+    if not status.strip():
+        return None
+    code = status[:2]
+    return FILE_STATES.get(code) or FILE_STATES.get(code.strip()) or "modified"
 
 
 def _git(cwd: str | Path, *args: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from factory.registry import git_commit
+from factory.registry.provenance import file_state
 
 GIT_IDENTITY = ["-c", "user.email=tests@example.com", "-c", "user.name=Tests", "-c", "commit.gpgsign=false"]
 
@@ -92,3 +93,34 @@ def test_repository_without_commits_is_unknown(tmp_path):
 
 def test_missing_directory_is_unknown(tmp_path):
     assert git_commit(tmp_path / "does-not-exist") == "unknown"
+
+
+def test_an_untracked_experiment_file_marks_its_run_dirty(repo):
+    head = git(repo, "rev-parse", "HEAD")
+    (repo / "exp.md").write_text("---\nseed: 1\n---\n")
+    assert file_state(repo / "exp.md") == "untracked"
+    assert git_commit(repo, files=[repo / "exp.md"]) == head + "-dirty"
+    git(repo, "add", "exp.md")
+    git(repo, "commit", "-q", "-m", "exp")
+    assert file_state(repo / "exp.md") is None
+    assert git_commit(repo, files=[repo / "exp.md"]) == git(repo, "rev-parse", "HEAD")
+
+
+def test_a_modified_or_ignored_experiment_file_is_not_its_commit(repo):
+    (repo / ".gitignore").write_text("scratch/\n")
+    (repo / "exp.md").write_text("---\nseed: 1\n---\n")
+    git(repo, "add", ".gitignore", "exp.md")
+    git(repo, "commit", "-q", "-m", "exp")
+    (repo / "exp.md").write_text("---\nseed: 2\n---\n")
+    assert file_state(repo / "exp.md") == "modified"
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "mine.md").write_text("---\nseed: 3\n---\n")
+    assert file_state(repo / "scratch" / "mine.md") == "ignored by git"
+    assert git_commit(repo, files=[repo / "scratch" / "mine.md"]).endswith("-dirty")
+
+
+def test_an_experiment_file_outside_any_repository_is_dirty(repo, tmp_path):
+    (tmp_path / "loose").mkdir()
+    (tmp_path / "loose" / "exp.md").write_text("---\nseed: 1\n---\n")
+    assert file_state(tmp_path / "loose" / "exp.md") == "outside any git repository"
+    assert git_commit(repo, files=[tmp_path / "loose" / "exp.md"]).endswith("-dirty")
