@@ -26,6 +26,7 @@ from factory.errors import ConfigError, FactoryError
 from factory.launch.local import progress_env
 from factory.preflight import check_files, experiment_files
 from factory.registry import ArtifactStore, git_commit
+from factory.registry.provenance import file_state
 from factory.stages.plan import build_plan, counts
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ def check(
                 out.print(f"ok  {report.path}  ({', '.join(report.experiments)})", markup=False, highlight=False)
             for error in report.errors:
                 err.print(error, markup=False, highlight=False)
+            for warning in report.warnings:
+                err.print(f"warning: {warning}", markup=False, highlight=False)
     if not all(r.ok for r in reports):
         raise typer.Exit(2)
 
@@ -170,6 +173,13 @@ def run(
 
     try:
         variants = load_file(experiment)
+        profile = load_profile(cluster) if cluster is not None else None
+        # Everything `factory check` would refuse, refused before any compute.
+        [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile)
+        for warning in report.warnings:
+            err.print(f"warning: {warning}", markup=False, highlight=False)
+        if not report.ok:
+            raise ConfigError("\n".join(report.errors) + f"\nnothing ran: fix the file (`factory check {experiment}` checks it again)")
         if launcher == "volcano" and dry_run:
             print(volcano.dry_run(variants, _kubernetes(cluster)), end="")
             return
@@ -182,12 +192,14 @@ def run(
         err.print(f"error: --dry-run prints Volcano Job manifests: add --launcher volcano (for local runs, `factory plan {experiment}` "
                   "shows what would run)")
         raise typer.Exit(2)
-    commit = git_commit(experiment.parent)
+    commit = git_commit(experiment.parent, files=[experiment])
     if commit.endswith("-dirty"):
+        state = file_state(experiment)
+        why = f"{experiment} is {state}" if state else "the working tree has uncommitted changes"
         if strict:
-            err.print("error: the working tree has uncommitted changes; commit them (or drop --strict) so the run is reproducible from its commit")
+            err.print(f"error: {why}; commit it (or drop --strict) so the run is reproducible from its commit", markup=False, highlight=False)
             raise typer.Exit(2)
-        err.print(f"warning: uncommitted changes; artifacts will record commit {commit}")
+        err.print(f"warning: {why}; artifacts will record commit {commit}", markup=False, highlight=False)
     # Decided here, before Dagster captures the step's output (stderr is then a pipe): stages draw a progress bar on a terminal.
     env = {**progress_env(), **os.environ, "DAGSTER_HOME": str(dagster_home(root))}
     if launcher == "volcano":

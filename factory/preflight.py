@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile
-from factory.config.loader import DEFAULT_MAX_VARIANTS, key_locations, location_of
-from factory.config.schema import TASKS_REF
+from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
+from factory.config.schema import TASK_COLUMNS, TASKS_REF
 from factory.errors import ConfigError
 from factory.evals.benchmarks import known, registered
 from factory.evals.custom import NAME as CUSTOM
@@ -22,6 +22,9 @@ from factory.train.control import problems as control_problems
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+
+Problem = tuple[tuple, str]
+"""The keys of the field at fault and what is wrong with it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,6 +34,8 @@ class FileReport:
     path: str
     experiments: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What runs but is probably not what was meant (a blend part of weight 0 is still ingested); never fails a check."""
 
     @property
     def ok(self) -> bool:
@@ -61,18 +66,31 @@ def check_files(
         except ConfigError as e:
             reports.append(FileReport(path=str(path), errors=str(e).splitlines()))
             continue
-        errors = [error for experiment in variants for error in _semantic_errors(path, experiment)]
-        errors += list(dict.fromkeys(error for experiment in variants for error in _control_errors(path, experiment)))
-        if cluster is not None:
-            errors += list(dict.fromkeys(error for experiment in variants for error in _placement_errors(path, experiment, cluster)))
-        if tables is not None:
-            errors += _missing_tables(path, variants, tables)
+        errors = check_variants(path, variants, tables, cluster)
         for experiment in variants:
             owner = owners.setdefault(experiment.name, path)
             if owner != path:
                 errors.append(f"{path}: experiment name {experiment.name!r} is also defined by {owner}; give each a distinct name")
-        reports.append(FileReport(path=str(path), experiments=[v.name for v in variants], errors=errors))
+        warnings = list(dict.fromkeys(warning for experiment in variants for warning in _warnings(path, experiment)))
+        reports.append(FileReport(path=str(path), experiments=[v.name for v in variants], errors=errors, warnings=warnings))
     return reports
+
+
+def check_variants(
+    path: Path, variants: list[Experiment], tables: TableLookup | None = None, cluster: ClusterProfile | None = None,
+    locations: Callable[[], dict[tuple, Location]] | None = None,
+) -> list[str]:
+    """Every error `factory check` knows for the variants of one file, each as `file:line: field: message`.
+
+    `locations` gives where each key was written (default: read from `path`; the sensor passes the file at a commit)."""
+    where = locations or (lambda: key_locations(path))
+    found = [problem for experiment in variants for problem in _semantic_problems(experiment)]
+    found += [problem for experiment in variants for problem in _control_problems(experiment)]
+    if cluster is not None:
+        found += [problem for experiment in variants for problem in _placement_problems(experiment, cluster)]
+    if tables is not None:
+        found += _table_problems(variants, tables)
+    return _located(path, list(dict.fromkeys(found)), where)
 
 
 class TableLookup:
@@ -83,54 +101,73 @@ class TableLookup:
         self._catalog: Catalog | None = None
         self._answers: dict[str, list[str]] = {}
 
-    def problems(self, ref: str) -> list[str]:
-        """Why `ref` cannot be read (empty when it can)."""
-        if ref not in self._answers:
-            from factory.data.tables import missing_refs
+    def problems(self, ref: str, columns: tuple[str, ...] = ()) -> list[str]:
+        """Why `ref` cannot be read as a version with `columns` (empty when it can)."""
+        if (ref, columns) not in self._answers:
+            from factory.data.tables import version_problems
 
             if self._catalog is None:
                 self._catalog = self._open()
-            self._answers[ref] = missing_refs(self._catalog, [ref])
-        return self._answers[ref]
+            self._answers[(ref, columns)] = version_problems(self._catalog, ref, columns)
+        return self._answers[(ref, columns)]
 
 
-def _missing_tables(path: Path, variants: list[Experiment], tables: TableLookup) -> list[str]:
-    """Errors for pinned table versions the catalog does not hold."""
-    refs = dict.fromkeys(part.table for experiment in variants for part in experiment.data.blend if part.table)
-    errors = [f"{path}: data.blend: {problem}" for ref in refs for problem in tables.problems(ref)]
-    # Post-training task sets; the default one is generated by the first run that needs it, so only others must exist.
-    for name in ("sft", "rl"):
-        tasks = dict.fromkeys(getattr(e, name).tasks for e in variants if getattr(e, name) is not None and getattr(e, name).tasks != TASKS_REF)
-        errors += [f"{path}: {name}.tasks: {problem}" for ref in tasks for problem in tables.problems(ref)]
+def _table_problems(variants: list[Experiment], tables: TableLookup) -> list[Problem]:
+    """Pinned table versions the catalog does not hold, or holds without the columns their reader needs."""
+    found: list[Problem] = []
+    for experiment in variants:
+        for index, part in enumerate(experiment.data.blend):
+            if part.table:
+                from factory.data.documents import COLUMNS  # pyarrow: only for a file that pins a table
+
+                found += [(("data", "blend", index, "table"), problem) for problem in tables.problems(part.table, COLUMNS)]
+        # Post-training task sets; the default one is generated by the first run that needs it, so only others must exist.
+        for name in ("sft", "rl"):
+            section = getattr(experiment, name)
+            if section is not None and section.tasks != TASKS_REF:
+                found += [((name, "tasks"), problem) for problem in tables.problems(section.tasks, TASK_COLUMNS)]
     # Prompts saved from Podium, evaluated as `custom_prompts.v<n>`: that version must exist.
     tags = dict.fromkeys(m.group(1) for e in variants if e.eval for b in e.eval.benchmarks if (m := CUSTOM.fullmatch(b)))
-    saved: list[str] = []
     if tags:
         from factory.data.prompts import TABLE as PROMPTS
 
-        saved = [f"{PROMPTS}@{tag}" for tag in tags]
-    errors += [f"{path}: eval.benchmarks: {problem}" for ref in saved for problem in tables.problems(ref)]
-    return errors
+        found += [(("eval", "benchmarks"), problem) for tag in tags for problem in tables.problems(f"{PROMPTS}@{tag}")]
+    return found
 
 
-def _semantic_errors(path: Path, experiment: Experiment) -> list[str]:
-    errors = []
+def _semantic_problems(experiment: Experiment) -> list[Problem]:
+    found: list[Problem] = []
     for name, dataset in experiment.data.datasets.items():
         source = dataset.source
         if source.kind == "directory" and not Path(source.path or "").is_dir():
-            errors.append(f"{path}: data.datasets.{name}.source.path: {source.path!r} is not a directory here")
+            found.append((("data", "datasets", name, "source", "path"), f"{source.path!r} is not a directory here"))
     if experiment.eval is not None:
         for name in experiment.eval.benchmarks:
             if not known(name):
-                errors.append(f"{path}: eval.benchmarks: unknown benchmark {name!r}; registered: {', '.join(sorted(registered()))}")
+                found.append((("eval", "benchmarks"), f"unknown benchmark {name!r}; registered: {', '.join(sorted(registered()))}"))
     if experiment.eval is not None and experiment.pretrain is None:
-        errors.append(f"{path}: eval: there is no pretrain section, so there is no model to evaluate")
-    return errors
+        found.append((("eval",), "there is no pretrain section, so there is no model to evaluate"))
+    return found
 
 
-def _placement_errors(path: Path, experiment: Experiment, cluster: ClusterProfile) -> list[str]:
-    """Whether the experiment can run where the profile says stages run; errors name file:line."""
-    found: list[tuple[tuple[str, ...], str]] = []
+def _warnings(path: Path, experiment: Experiment) -> list[str]:
+    """Settings that run but probably do not do what was meant, as `file:line: field: message`."""
+    found: list[Problem] = []
+    for index, part in enumerate(experiment.data.blend):
+        if part.weight == 0 and part.dataset is not None:
+            found.append((("data", "blend", index, "weight"), f"weight 0: dataset {part.dataset!r} is still ingested, deduplicated and "
+                                                              "filtered, but training never draws from it; remove the part or give it a weight"))
+    blended = {part.dataset for part in experiment.data.blend}
+    for name in experiment.data.datasets:
+        if name not in blended:
+            found.append((("data", "datasets", name), f"dataset {name!r} is not in data.blend: no stage reads it, so it is not ingested; "
+                                                      "add it to the blend to train on it"))
+    return _located(path, found, lambda: key_locations(path))
+
+
+def _placement_problems(experiment: Experiment, cluster: ClusterProfile) -> list[Problem]:
+    """Whether the experiment can run where the profile says stages run."""
+    found: list[Problem] = []
     if experiment.image == "local" and cluster.launcher != "local":
         found.append((("image",), f"'local' runs only with the local launcher; the {cluster.launcher} launcher needs an image pinned "
                                   "by digest (name@sha256:<64 hex>)"))
@@ -148,26 +185,26 @@ def _placement_errors(path: Path, experiment: Experiment, cluster: ClusterProfil
             found.append((("resources", "priority"), f"priority {wanted.priority!r} is not offered by queue {wanted.queue!r}; offered: {allowed}"))
     if cluster.launcher == "local" and wanted.nodes > 1:
         found.append((("resources", "nodes"), f"{wanted.nodes} nodes, but the local launcher runs a stage on one machine"))
-    return _located(path, found)
+    return found
 
 
-def _located(path: Path, found: list[tuple[tuple, str]]) -> list[str]:
+def _located(path: Path, found: list[Problem], locations: Callable[[], dict[tuple, Location]]) -> list[str]:
     """`file:line: dotted.field: message` for each problem, at the deepest key written on the way to its field."""
     if not found:
         return []
-    locations = key_locations(path)
+    written = locations()
     errors = []
     for keys, message in found:
-        where, line = location_of(keys, locations, (path, 1))
+        where, line = location_of(keys, written, (path, 1))
         errors.append(f"{where}:{line}: {'.'.join(str(k) for k in keys)}: {message}")
     return errors
 
 
-def _control_errors(path: Path, experiment: Experiment) -> list[str]:
-    """The control section's rules, metrics and operations, checked as the training loop will build them; errors name file:line."""
+def _control_problems(experiment: Experiment) -> list[Problem]:
+    """The control section's rules, metrics and operations, checked as the training loop will build them."""
     if experiment.control is None:
         return []
     found = control_problems(experiment.control)
     if experiment.pretrain is None:
         found.insert(0, (("control",), "rules run inside pretraining, but there is no pretrain section"))
-    return _located(path, found)
+    return found

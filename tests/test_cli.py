@@ -102,3 +102,66 @@ def test_leaderboard_json_and_html_from_the_registry(tmp_path):
     assert page.read_text().startswith("<!doctype html>")
     bad = factory("leaderboard", "--root", str(tmp_path), "--sort", "nope")
     assert bad.returncode == 2 and "no results for benchmark 'nope'" in bad.stderr
+
+
+def extending(tmp_path: Path, tiny_path: Path, body: str) -> tuple[Path, int]:
+    """A file that extends the tiny experiment with `body` (YAML); returns it and the line of body's last key."""
+    (tmp_path / "tiny-code-lm.md").write_text(tiny_path.read_text())
+    path = tmp_path / "mine.md"
+    path.write_text(f"---\nextends: tiny-code-lm.md\n{body}\n---\n")
+    return path, 2 + body.count("\n") + 1
+
+
+def test_run_refuses_an_unknown_benchmark_before_any_compute(tiny_path, tmp_path):
+    path, line = extending(tmp_path, tiny_path, "eval:\n  benchmarks: [val_bpb, no_such_benchmark]")
+    result = factory("run", str(path), "--root", str(tmp_path / "state"))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:{line}: eval.benchmarks: unknown benchmark 'no_such_benchmark'" in result.stderr
+    assert "nothing ran" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "state" / "registry").exists()
+
+
+def test_run_refuses_a_missing_source_directory_with_its_line(tiny_path, tmp_path):
+    body = "data:\n  datasets:\n    notes:\n      source: {kind: directory, path: nowhere}\n  blend:\n    - {dataset: notes}"
+    path, _ = extending(tmp_path, tiny_path, body)
+    result = factory("run", str(path), "--root", str(tmp_path / "state"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:6: data.datasets.notes.source.path: 'nowhere' is not a directory here" in result.stderr
+    assert not (tmp_path / "state" / "registry").exists()
+
+
+def test_check_refuses_a_pinned_task_table_without_the_columns_post_training_reads(tiny_path, tmp_path):
+    import logging
+
+    import pyarrow as pa
+
+    from factory.data.catalog import CatalogConfig, open_catalog
+    from factory.data.tables import write_version
+
+    rows = pa.table({"id": ["a"], "sha256": ["0" * 64], "bytes": [1], "question": ["?"]})
+    write_version(open_catalog(CatalogConfig.at(tmp_path / "state")), "post.chat", rows, logging.getLogger("test"), tag="v1", schema=rows.schema)
+    path, line = extending(tmp_path, tiny_path, "sft:\n  steps: 2\n  tasks: post.chat@v1")
+    result = factory("check", str(path), "--root", str(tmp_path / "state"))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:{line}: sft.tasks: post.chat@v1 has no column 'function', 'call', 'expected', 'split'" in result.stderr
+
+
+def test_check_warns_of_a_blend_part_of_weight_zero_and_an_unblended_dataset(tiny_path, tmp_path):
+    body = ("data:\n  datasets:\n    spare:\n      source: {kind: python-stdlib, include: ['json/*.py']}\n"
+            "  blend:\n    - {dataset: stdlib, weight: 3}\n    - {dataset: site_packages, weight: 0}")
+    path, line = extending(tmp_path, tiny_path, body)
+    result = factory("check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"warning: {path}:{line}: data.blend.1.weight: weight 0: dataset 'site_packages' is still ingested" in result.stderr
+    assert f"warning: {path}:5: data.datasets.spare: dataset 'spare' is not in data.blend: no stage reads it" in result.stderr
+
+
+def test_strict_run_refuses_an_untracked_experiment_file(tiny_path, tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "empty"], cwd=tmp_path, check=True)
+    path, _ = extending(tmp_path, tiny_path, "seed: 7")
+    result = factory("run", str(path), "--strict", "--root", str(tmp_path / "state"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"{path} is untracked; commit it (or drop --strict)" in result.stderr
+    assert not (tmp_path / "state" / "registry").exists()

@@ -39,7 +39,7 @@ def test_a_pinned_version_that_exists_passes_and_a_missing_one_is_named(tmp_path
     assert ok.ok, ok.errors
     assert len(wrong.errors) == 2
     assert "curated.code has no version tagged 'v9'; its tags: gold" in wrong.errors[0]
-    assert wrong.errors[1].startswith(f"{bad}: data.blend: Iceberg table curated.none does not exist")
+    assert wrong.errors[1].startswith(f"{bad}:6: data.blend.1.table: Iceberg table curated.none does not exist")
     assert opened == [1]  # the catalog is opened once, and only because a file pins a table
 
 
@@ -76,7 +76,7 @@ def test_bad_data_sections_are_config_errors_with_a_location(tmp_path, data, mes
 def test_a_directory_source_that_is_not_there_is_reported(tmp_path):
     path = experiment(tmp_path, f"datasets: {{a: {{source: {{kind: directory, path: {tmp_path / 'absent'}}}}}}}")
     [report] = check_files([path])
-    assert report.errors == [f"{path}: data.datasets.a.source.path: {str(tmp_path / 'absent')!r} is not a directory here"]
+    assert report.errors == [f"{path}:3: data.datasets.a.source.path: {str(tmp_path / 'absent')!r} is not a directory here"]
 
 
 def test_a_custom_prompts_benchmark_needs_its_saved_version(tmp_path, tiny_path, catalog_config):
@@ -90,4 +90,4 @@ def test_a_custom_prompts_benchmark_needs_its_saved_version(tmp_path, tiny_path,
         files.append(path)
     [saved, missing] = check_files(files, catalog=lambda: open_catalog(catalog_config))
     assert saved.ok, saved.errors
-    assert missing.errors == [f"{files[1]}: eval.benchmarks: Iceberg table podium.custom_prompts has no version tagged 'v2'; its tags: v1"]
+    assert missing.errors == [f"{files[1]}:4: eval.benchmarks: Iceberg table podium.custom_prompts has no version tagged 'v2'; its tags: v1"]

@@ -254,6 +254,8 @@ class PretrainConfig(Section):
 
 
 TASKS_REF = "post.code_exec_tasks@v1"
+TASK_COLUMNS = ("id", "function", "call", "expected", "split")
+"""What post-training reads of a task table: a pinned version without them is refused by `factory check`."""
 
 
 class SFTConfig(PretrainConfig):

@@ -159,13 +159,25 @@ def resolve(catalog: Catalog, table_name: str, tag: str) -> int:
 
 def missing_refs(catalog: Catalog, refs: Iterable[str]) -> list[str]:
     """For each `table@tag` that cannot be read, the reason (empty when all exist)."""
-    problems = []
-    for ref in refs:
-        try:
-            resolve(catalog, *parse_ref(ref))
-        except (ArtifactError, ConfigError) as e:
-            problems.append(str(e))
-    return problems
+    return [problem for ref in refs for problem in version_problems(catalog, ref)]
+
+
+def version_problems(catalog: Catalog, ref: str, columns: Iterable[str] = ()) -> list[str]:
+    """Why `table@tag` cannot be read as a version that has `columns` (empty when it can)."""
+    try:
+        table_name, tag = parse_ref(ref)
+        snapshot_id = resolve(catalog, table_name, tag)
+    except (ArtifactError, ConfigError) as e:
+        return [str(e)]
+    table = catalog.load_table(table_name)
+    snapshot = table.snapshot_by_id(snapshot_id)
+    schema = table.schemas().get(snapshot.schema_id, table.schema()) if snapshot is not None and snapshot.schema_id is not None else table.schema()
+    have = [field.name for field in schema.fields]
+    missing = [name for name in columns if name not in have]
+    if not missing:
+        return []
+    return [f"{ref} has no column {', '.join(repr(name) for name in missing)} (it has {', '.join(have)}); "
+            f"pin a version written with {', '.join(columns)}"]
 
 
 def read_version(catalog: Catalog, table_name: str, snapshot_id: int, columns: tuple[str, ...] = COLUMNS) -> pa.Table:

@@ -6,7 +6,7 @@ from dagster import DagsterInstance, SkipReason, build_sensor_context
 
 from assets.sensors import experiments_at_head
 from factory.config import load
-from resources import ExperimentFiles
+from resources import ExperimentFiles, FactoryStores
 
 SWEEP = """---
 extends: base.md
@@ -23,7 +23,8 @@ def git(repo, *args):
 
 
 def tick(instance, directory, cursor=None):
-    context = build_sensor_context(instance=instance, cursor=cursor, resources={"experiments": ExperimentFiles(directory=str(directory))})
+    resources = {"experiments": ExperimentFiles(directory=str(directory)), "stores": FactoryStores(root=str(directory.parent / ".factory"))}
+    context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     return experiments_at_head(context)
 
 
@@ -45,12 +46,14 @@ def test_sensor_requests_runs_for_new_and_changed_files_at_head(tmp_path, tiny_p
 
     (experiments / "sweep.md").write_text(SWEEP)
     (experiments / "broken.md").write_text("---\nmodel: [1\n---\n")
+    (experiments / "refused.md").write_text("---\nextends: base.md\neval:\n  benchmarks: [no_such_benchmark]\n---\n")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "sweep")
     (experiments / "base.md").write_text("uncommitted edits are not run\n")
     second = tick(instance, experiments, cursor=first.cursor)
     keys = {r.partition_key: r.run_key for r in second.run_requests}
     assert keys["base"] == request.run_key  # unchanged at HEAD: Dagster skips a run key it has seen
+    assert "refused" not in keys  # loads, but `factory check` refuses it: never started
     sweep_keys = sorted(k for k in keys if k != "base")
     assert sweep_keys == [f"sweep.lr={lr}.vocab_size={v}" for lr in ("0.001", "0.003") for v in ("1024", "512")]
     assert all("|" not in key for key in keys)
