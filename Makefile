@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup browser services run nightly ui podium mlflow test test-fast check bench clean
+.PHONY: setup browser services run nightly ui podium mlflow test test-fast check docs bench clean
 
 setup: $(STAMP)
 
@@ -50,6 +50,11 @@ podium: setup
 
 check: setup
 	$(BIN)/factory check experiments
+
+# The experiment file's reference, generated from the schema's docstrings (tests/config/test_reference.py fails while the
+# committed page differs from what the schema generates).
+docs: setup
+	$(BIN)/python -m factory.config.reference --write
 
 # The browser tests drive Debian's chromium through Playwright (no browser download).
 browser:

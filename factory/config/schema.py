@@ -172,6 +172,8 @@ class DataConfig(Section):
 
 
 class TokenizerConfig(Section):
+    """The tokenizer trained on a sample of the blend's train split."""
+
     kind: Literal["byte-bpe"] = "byte-bpe"
     """Byte-level BPE trained with the `tokenizers` library."""
     vocab_size: int = Field(4096, ge=300, le=262_144)
@@ -183,6 +185,8 @@ class TokenizerConfig(Section):
 
 
 class ModelConfig(Section):
+    """The GPT's shape: a decoder-only transformer."""
+
     n_layer: int = Field(4, ge=1, le=128)
     """Transformer blocks."""
     n_head: int = Field(4, ge=1, le=128)
@@ -208,6 +212,8 @@ class ModelConfig(Section):
 
 
 class PretrainConfig(Section):
+    """Pretraining from scratch on the blend: AdamW with linear warmup and cosine decay, checkpoints and their retention."""
+
     steps: int = Field(ge=1)
     """Optimizer steps."""
     batch_size: int = Field(16, ge=1)
