@@ -42,6 +42,9 @@ def materialize_experiment(
         result = materialize(EVERYTHING, selection=["run_report"], partition_key=experiment.name, **common)
         if not result.success:
             return result
+        for event in result.get_asset_materialization_events():
+            if page := event.materialization.metadata.get("report"):
+                print(f"run report of {experiment.name}: {page.value}", file=sys.stderr)
     return result
 
 

@@ -24,6 +24,7 @@ from assets.records import latest_metadata
 from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
 from factory.config.stages import TRAINING_STAGES, placement
 from factory.data.checks import CHECKS
+from factory.errors import ConfigError
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.dataset_checks import recorded_checks
@@ -80,7 +81,10 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         experiment = experiments.load(context.partition_key, commit=commit)
         if kind not in experiment.stages():
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
-        spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)})
+        try:  # the raw stage lists its sources' files here: a source gone since `factory check` is the user's to fix
+            spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)})
+        except ConfigError as e:
+            raise Failure(description=f"{kind}: {e}") from None
         registry = stores.registry()
         provenance = Provenance(
             experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(files=[experiment.source] if experiment.source else ()), run_id=context.run_id

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from factory.data.loader import BlendStream
 
 DATASETS_FILE = "datasets.json"
-SOURCES_FILE = "sources.json"
-"""The raw stage's listing of the files each source read (path -> sha256): what `factory plan` compares against."""
 BLEND_FILE = "blend.json"
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from factory.config.schema import DataConfig, DedupConfig, FiltersConfig, SourceConfig
-from factory.config.sources import source_files
+from factory.config.sources import SOURCES_FILE, source_files
 from factory.data.blend import build_blend
 from factory.data.catalog import open_catalog
 from factory.data.dedup import deduplicate
@@ -22,7 +22,7 @@ from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
 from factory.data.tables import TableVersion, read_version, resolve, write_version
 from factory.errors import StageFailed
-from factory.stages.context import BLEND_FILE, DATASETS_FILE, SOURCES_FILE, StageContext
+from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
 from factory.stages.dataset_checks import record_checks
 
 

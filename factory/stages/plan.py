@@ -13,9 +13,8 @@ from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.config.schema import SourceConfig
-from factory.config.sources import changed_files, source_files
+from factory.config.sources import SOURCES_FILE, changed_files, source_files
 from factory.registry.store import ArtifactStore, Manifest
-from factory.stages.context import SOURCES_FILE
 
 FILES_KEY = "files"
 """The raw stage's config key that holds each source's file digest."""

@@ -5,6 +5,8 @@ run's own temporary directory, the others wait for it and read the same stores. 
 it; a test that writes (a backfill, the UI's runs) works on a copy (`pipeline_copy`).
 """
 
+import contextlib
+import io
 import json
 import shutil
 import warnings
@@ -47,13 +49,15 @@ def pipeline(tmp_path_factory, tiny_path, worker_id):
             first = run_experiment(tiny_path, root, instance)
             assert first.success, failure_messages(first)
             objects = objects_but_reports(ArtifactStore(root / "registry"))
-            second = run_experiment(tiny_path, root, instance)
+            said = io.StringIO()
+            with contextlib.redirect_stderr(said):
+                second = run_experiment(tiny_path, root, instance)
             assert second.success, failure_messages(second)
-            (shared / BUILT).write_text(json.dumps({"objects_after_first": objects}))
+            (shared / BUILT).write_text(json.dumps({"objects_after_first": objects, "second_run_stderr": said.getvalue()}))
     built = json.loads((shared / BUILT).read_text())
     instance = DagsterInstance.from_config(str(dagster_home(root)))
     return {"instance": instance, "root": root, "objects_after_first": built["objects_after_first"], "name": load(tiny_path).name,
-            "source": tiny_path}
+            "source": tiny_path, "second_run_stderr": built["second_run_stderr"]}
 
 
 @pytest.fixture

@@ -329,6 +329,7 @@ def test_the_run_report_shows_curves_evaluations_decisions_cost_and_lineage(pipe
     assert "tiny-code-lm: the smallest model" in text  # the reasoning from the file's body
     assert f"{pipeline['name']}__pretrain-000300" in text
     assert "7 of 7 hits" in text  # the newest report describes the second run, where every stage was a cache hit
+    assert f"run report of {pipeline['name']}: {page}" in pipeline["second_run_stderr"]  # where to look, said by the run
 
 
 def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline, pipeline_copy):
