@@ -34,7 +34,7 @@ from resources import ExperimentFiles, FactoryStores, StageLauncher
 DESCRIPTIONS = {
     "raw_datasets": "Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
     "deduped_datasets": "Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
-    "filtered_datasets": "Quality filters applied: `filtered.<name>`, tagged `v<n>` or by name; checked before training.",
+    "filtered_datasets": "Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
     "blend": "The training mixture: table versions with weights and modes (finite or oversample).",
     "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
     "pretrain": "Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are `checkpoints` partitions.",
