@@ -26,6 +26,7 @@ from factory.config.stages import TRAINING_STAGES, placement
 from factory.data.checks import CHECKS
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
+from factory.stages.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
 from factory.stages.request import StageRequest
 from factory.train.records import CHECKPOINT_DIR
@@ -91,6 +92,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         recorder = CheckpointRecorder(context, experiment, spec, provenance.git_commit) if kind in TRAINING else None
         if manifest is not None:
             context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
+            if warnings := manifest.summary.get(WARNINGS):
+                context.log.warning(f"{kind}: {warnings}")
             yield MaterializeResult(metadata=cached_metadata(manifest, registry, provenance), data_version=DataVersion(manifest.digest))
         else:
             if holder := registry.holder(spec.fingerprint):

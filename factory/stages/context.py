@@ -25,6 +25,9 @@ SOURCES_FILE = "sources.json"
 """The raw stage's listing of the files each source read (path -> sha256): what `factory plan` compares against."""
 BLEND_FILE = "blend.json"
 TOKENIZER_FILE = "tokenizer.json"
+# The summary key of what a stage warns about (what to change): logged as a warning and shown on the materialization,
+# also when the artifact comes from the cache.
+WARNINGS = "warnings"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

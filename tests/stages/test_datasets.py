@@ -4,45 +4,25 @@ import json
 from pathlib import Path
 
 import pytest
-from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
 
-from factory.config import load, plan_stage
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError
-from factory.registry.store import ArtifactStore, Provenance
-from factory.stages.__main__ import main
 from factory.stages.context import DATASETS_FILE
 from factory.stages.dataset_checks import CHECKS_FILE
-from factory.stages.request import StageRequest
+from tests.stages.conftest import run_stages
 
 TWINS = {"a.py": "x = 1\n", "b.py": "x = 1\n", "c.py": "y = 2\n"}  # one exact duplicate in three: over the bound of 0
 CLEAN = {"a.py": "x = 1\n", "c.py": "y = 2\n"}
 
 
-@pytest.fixture(autouse=True)
-def no_pipes(monkeypatch):
-    monkeypatch.delenv(DAGSTER_PIPES_CONTEXT_ENV_VAR, raising=False)
+pytestmark = pytest.mark.usefixtures("no_pipes")
 
 
 def filter_files(tmp_path: Path, tiny_path: Path, files: dict[str, str], label: str, tag: str | None = None) -> Path:
     """Ingest `files` as dataset `code` (no dedup, so duplicates reach the checks), filter it; the filtered artifact."""
-    source = tmp_path / label
-    for rel, text in files.items():
-        (source / rel).parent.mkdir(parents=True, exist_ok=True)
-        (source / rel).write_text(text)
-    dataset = {"source": {"kind": "directory", "path": str(source)}, "dedup": {"exact": False, "near_threshold": None}, "tag": tag}
-    experiment = load(tiny_path)
-    experiment = experiment.model_copy(update={"data": experiment.data.model_validate({"datasets": {"code": dataset}})})
-    registry = ArtifactStore(tmp_path / "registry")
-    upstream: dict[str, str] = {}
-    for kind, parent in (("raw_datasets", None), ("deduped_datasets", "raw_datasets"), ("filtered_datasets", "deduped_datasets")):
-        spec = plan_stage(experiment, kind, {parent: upstream[parent]} if parent else {})
-        request = StageRequest(spec=spec, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / "catalog"),
-                               provenance=Provenance(experiment="data-trust", config_hash="0" * 16, git_commit="test"))
-        assert main([str(request.write(tmp_path / f"{label}-{kind}.json"))]) == 0
-        upstream[kind] = registry.lookup(spec.fingerprint).digest
-    return registry.path(upstream["filtered_datasets"])
+    dataset = {"dedup": {"exact": False, "near_threshold": None}, "tag": tag}
+    return run_stages(tmp_path, tiny_path, files, label, "filtered_datasets", dataset)["filtered_datasets"]
 
 
 def outcomes(artifact: Path) -> dict[str, dict]:
