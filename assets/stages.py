@@ -27,6 +27,7 @@ from factory.data.checks import CHECKS
 from factory.errors import ConfigError
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
+from factory.stages.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
 from factory.stages.request import StageRequest
 from factory.train.records import CHECKPOINT_DIR
@@ -35,7 +36,7 @@ from resources import ExperimentFiles, FactoryStores, StageLauncher
 DESCRIPTIONS = {
     "raw_datasets": "Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
     "deduped_datasets": "Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
-    "filtered_datasets": "Quality filters applied: `filtered.<name>`, tagged `v<n>` or by name; checked before training.",
+    "filtered_datasets": "Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
     "blend": "The training mixture: table versions with weights and modes (finite or oversample).",
     "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
     "pretrain": "Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are `checkpoints` partitions.",
@@ -95,6 +96,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         recorder = CheckpointRecorder(context, experiment, spec, provenance.git_commit) if kind in TRAINING else None
         if manifest is not None:
             context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
+            if warnings := manifest.summary.get(WARNINGS):
+                context.log.warning(f"{kind}: {warnings}")
             yield MaterializeResult(metadata=cached_metadata(manifest, registry, provenance), data_version=DataVersion(manifest.digest))
         else:
             if holder := registry.holder(spec.fingerprint):

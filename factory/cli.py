@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from factory.config import Experiment, load, load_file
+from factory.config import Experiment, load, load_file, pick_variant
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.data.catalog import DATABASE_ENV, CatalogConfig, open_catalog, sqlalchemy_url
@@ -233,17 +233,32 @@ def diff(
     a: Annotated[str, typer.Argument(help="An experiment file, or an artifact digest (prefix).")],
     b: Annotated[str, typer.Argument(help="An experiment file, or an artifact digest (prefix).")],
     root: RootOption = DEFAULT_ROOT,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", help="The variant of each sweep file to compare (its name, as `factory plan` lists it); twice: A's, then B's.",
+    )] = None,
 ) -> None:
     """Two experiments or two artifacts side by side: config, input artifacts, code identity."""
     from factory.stages.diff import diff_artifacts, diff_experiments, find_artifact
 
     registry = ArtifactStore(root / "registry")
+    names = variant or []
     if Path(a).is_file() and Path(b).is_file():
-        lines = diff_experiments(load(Path(a)), load(Path(b)), registry)
+        if len(names) > 2:
+            raise ConfigError(f"--variant was given {len(names)} times; give it once (for every sweep file) or twice (A's, then B's)")
+        first, second = (names[0], names[-1]) if names else (None, None)
+        lines = diff_experiments(_variant_of(Path(a), first), _variant_of(Path(b), second), registry)
+    elif names:
+        raise ConfigError("--variant picks a variant of a sweep file, but A and B are not both experiment files")
     else:
         lines = diff_artifacts(find_artifact(registry, a), find_artifact(registry, b))
     for line in lines:
         out.print(line, markup=False, highlight=False)
+
+
+def _variant_of(path: Path, name: str | None) -> Experiment:
+    """The experiment of a file to compare: its only one (a file that is no sweep takes no variant), or the variant `name`."""
+    variants = load_file(path)
+    return pick_variant(path, variants, name if len(variants) > 1 else None)
 
 
 @app.command()
@@ -422,13 +437,15 @@ def data_batch(
     step: Annotated[int, typer.Argument(help="The training step (0-based).")],
     root: RootOption = DEFAULT_ROOT,
     as_json: Annotated[bool, typer.Option("--json", help="Token ids and documents as JSON, for machines.")] = False,
+    variant: Annotated[str | None, typer.Option("--variant", help="For a sweep file: the variant whose run to look into (its name).")] = None,
 ) -> None:
     """Fetch again the exact batch a training step consumed: its sequences and the documents in them."""
     from factory.stages.batch import fetch_batch
     from factory.stages.batch import to_json as batch_json
 
+    chosen = load(experiment, variant)
     catalog = open_catalog(CatalogConfig.at(root))
-    sequences = fetch_batch(load(experiment), step, ArtifactStore(root / "registry"), catalog)
+    sequences = fetch_batch(chosen, step, ArtifactStore(root / "registry"), catalog)
     if as_json:
         print(json.dumps({"step": step, "sequences": batch_json(sequences)}, indent=2))
         return

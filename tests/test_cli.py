@@ -165,3 +165,32 @@ def test_strict_run_refuses_an_untracked_experiment_file(tiny_path, tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"{path} is untracked; commit it (or drop --strict)" in result.stderr
     assert not (tmp_path / "state" / "registry").exists()
+
+
+def sweep_file(tiny_path: Path, tmp_path: Path) -> Path:
+    """A two-variant sweep over tiny-code-lm's learning rate: mine.lr=0.001 and mine.lr=0.003."""
+    return extending(tmp_path, tiny_path, "sweep:\n  pretrain.lr: [0.001, 0.003]")[0]
+
+
+def test_data_batch_of_a_sweep_takes_a_variant_by_name(tiny_path, tmp_path):
+    sweep, root = sweep_file(tiny_path, tmp_path), str(tmp_path / "state")
+    unnamed = factory("data", "batch", str(sweep), "0", "--root", root)
+    assert unnamed.returncode == 2, unnamed.stderr
+    assert "pick one with --variant NAME: mine.lr=0.001, mine.lr=0.003" in unnamed.stderr and "load_file" not in unnamed.stderr
+    unknown = factory("data", "batch", str(sweep), "0", "--root", root, "--variant", "mine.lr=0.1")
+    assert unknown.returncode == 2 and "has no variant 'mine.lr=0.1'; its variants: mine.lr=0.001, mine.lr=0.003" in unknown.stderr
+    chosen = factory("data", "batch", str(sweep), "0", "--root", root, "--variant", "mine.lr=0.003")
+    assert chosen.returncode == 1, chosen.stderr  # the variant is picked; it has not run, so there is no batch to fetch yet
+    assert "mine.lr=0.003 has no published raw_datasets artifact" in chosen.stderr and "Traceback" not in chosen.stderr
+
+
+def test_diff_compares_variants_of_sweep_files(tiny_path, tmp_path):
+    sweep, root = str(sweep_file(tiny_path, tmp_path)), str(tmp_path / "state")
+    two = factory("diff", sweep, sweep, "--variant", "mine.lr=0.001", "--variant", "mine.lr=0.003", "--root", root)
+    assert two.returncode == 0, two.stderr
+    assert "config: pretrain.lr: 0.001 -> 0.003" in two.stdout and "pretrain: differs" in two.stdout
+    against_plain = factory("diff", sweep, str(tiny_path), "--variant", "mine.lr=0.003", "--root", root)
+    assert against_plain.returncode == 0, against_plain.stderr
+    assert "config: identical recipes" in against_plain.stdout and "tokenizer: same stage" in against_plain.stdout
+    unknown = factory("diff", sweep, str(tiny_path), "--variant", "lr=0.003", "--root", root)
+    assert unknown.returncode == 2 and "has no variant 'lr=0.003'; its variants: mine.lr=0.001, mine.lr=0.003" in unknown.stderr

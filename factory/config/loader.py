@@ -40,12 +40,22 @@ class Document:
     body: str
 
 
-def load(path: str | Path) -> Experiment:
-    """Parse a file that holds exactly one experiment (no sweep)."""
-    variants = load_file(path)
-    if len(variants) != 1:
-        raise ConfigError(f"{path}: is a sweep of {len(variants)} variants; run them by variant name or use load_file")
-    return variants[0]
+def load(path: str | Path, variant: str | None = None) -> Experiment:
+    """One experiment of a file: the file's only one, or the sweep variant named `variant`."""
+    return pick_variant(path, load_file(path), variant)
+
+
+def pick_variant(path: str | Path, variants: list[Experiment], name: str | None) -> Experiment:
+    """The experiment called `name` among the ones a file defines; a file of one experiment needs no name."""
+    names = ", ".join(experiment.name for experiment in variants)
+    if name is None:
+        if len(variants) == 1:
+            return variants[0]
+        raise ConfigError(f"{path}: is a sweep of {len(variants)} variants; pick one with --variant NAME: {names}")
+    for experiment in variants:
+        if experiment.name == name:
+            return experiment
+    raise ConfigError(f"{path}: has no variant {name!r}; its variants: {names}")
 
 
 def load_file(path: str | Path, max_variants: int = DEFAULT_MAX_VARIANTS) -> list[Experiment]:

@@ -94,15 +94,15 @@ class DatasetConfig(Section):
     dedup: DedupConfig = DedupConfig()
     filters: FiltersConfig = FiltersConfig()
     tag: str | None = None
-    """Version tag of the filtered table (default `v<n>`, the next number); a tag names one version forever."""
+    """Version tag of the filtered table (default `v<n>`, the next number), given only when its checks pass; a tag names one version forever."""
     max_duplicate_share: float = Field(0.0, ge=0, le=1)
     """Asset check: the filtered table's share of exact duplicates must not exceed this, or training is blocked."""
 
     @field_validator("tag")
     @classmethod
     def _tag_is_a_name(cls, value: str | None) -> str | None:
-        if value is not None and (not TAG_PATTERN.fullmatch(value) or value.startswith("content-")):
-            raise ValueError(f"expected a tag of letters, digits, '.', '_', '-' (not starting with 'content-'), found {value!r}")
+        if value is not None and (not TAG_PATTERN.fullmatch(value) or value.startswith(("content-", "rejected-"))):
+            raise ValueError(f"expected a tag of letters, digits, '.', '_', '-' (not starting with 'content-' or 'rejected-'), found {value!r}")
         return value
 
 

@@ -15,7 +15,7 @@ from pyiceberg.catalog import Catalog
 from factory.config.fingerprint import sha256_of
 from factory.config.schema import DataConfig
 from factory.data.documents import SPLITS, split_of
-from factory.data.tables import TableVersion, parse_ref, resolve, stream_version
+from factory.data.tables import REJECTED_PREFIX, TableVersion, parse_ref, resolve, resolve_pin, stream_version
 from factory.errors import ArtifactError
 
 
@@ -74,6 +74,8 @@ def build_blend(catalog: Catalog, data: DataConfig, datasets: Mapping[str, Table
             if component.dataset not in datasets:
                 raise ArtifactError(f"blend: dataset {component.dataset!r} has no filtered version; materialize filtered_datasets first")
             version = datasets[component.dataset]
+            if version.tag.startswith(REJECTED_PREFIX):
+                raise ArtifactError(f"blend: {version.ref} failed the dataset checks of filtered_datasets; fix the data or its checks first")
             table, tag, name, rows = version.table, version.content_tag, version.tag, version.rows
         else:
             table, name = parse_ref(component.table or "")
@@ -95,8 +97,8 @@ def count_splits(catalog: Catalog, table_name: str, snapshot_id: int, validation
 
 
 def pinned_version(catalog: Catalog, table_name: str, tag: str) -> tuple[str, int]:
-    """(stable tag, rows) of a pinned `table@tag`: its content tag when it has one."""
-    snapshot_id = resolve(catalog, table_name, tag)
+    """(stable tag, rows) of a pinned `table@tag`: its content tag when it has one (never a version its checks rejected)."""
+    snapshot_id = resolve_pin(catalog, table_name, tag)
     table = catalog.load_table(table_name)
     content = [name for name, ref in table.refs().items() if ref.snapshot_id == snapshot_id and name.startswith("content-")]
     snapshot = table.snapshot_by_id(snapshot_id)

@@ -2,7 +2,9 @@
 
 A version is written once. Writing bytes the table already holds reuses that snapshot, so the
 same data never becomes two versions; a tag, once it names a snapshot, names it forever. Old
-versions stay readable by tag (time travel).
+versions stay readable by tag (time travel). A snapshot its checks refused is tagged
+`rejected-<content>` instead of a name, so names (and the pins that use them) only ever reach
+data that passed.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -24,7 +27,10 @@ from factory.data.documents import ARROW_SCHEMA, COLUMNS, SCHEMA
 from factory.errors import ArtifactError, ConfigError
 
 VERSION_TAG = re.compile(r"^v(\d+)$")
+CONTENT_PREFIX = "content-"
+REJECTED_PREFIX = "rejected-"
 COMMIT_ATTEMPTS = 10
+T = TypeVar("T")
 # Another writer committed between our read and our commit: reload the table and publish again.
 # (A replaced version is never lost: its tags keep its snapshot readable.)
 CONFLICTS = (CommitFailedException, ValidationException)
@@ -37,7 +43,7 @@ class TableVersion:
     table: str
     snapshot_id: int
     tag: str
-    """The human name of the version: `v<n>` or the name the config gave."""
+    """The human name of the version: `v<n>` or the name the config gave (`rejected-<sha>` when its checks refused it)."""
     content_tag: str
     """`content-<sha>`: the tag that names these exact bytes."""
     rows: int
@@ -57,7 +63,7 @@ def content_sha256(documents: pa.Table) -> str:
 
 def content_tag(sha: str) -> str:
     """The Iceberg tag naming the snapshot that holds exactly this content."""
-    return f"content-{sha[:16]}"
+    return f"{CONTENT_PREFIX}{sha[:16]}"
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -83,27 +89,56 @@ def ensure_namespace(catalog: Catalog, name: str) -> None:
 def write_version(
     catalog: Catalog, table_name: str, documents: pa.Table, log: logging.Logger, tag: str | None = None, schema: pa.Schema | None = None
 ) -> TableVersion:
-    """Publish `documents` as a version of `table_name` (creating it); identical content reuses its snapshot.
+    """Publish `documents` as a version of `table_name` (creating it), named `tag` or `v<n>`; identical content reuses its snapshot.
 
     Rows are documents unless `schema` says otherwise; any schema needs the `id`, `sha256` and `bytes` columns.
     """
+    return name_version(catalog, write_content(catalog, table_name, documents, schema), log, tag)
+
+
+def write_content(catalog: Catalog, table_name: str, documents: pa.Table, schema: pa.Schema | None = None) -> TableVersion:
+    """Publish `documents` as a snapshot tagged by content only: a version without a name yet (checks decide whether it gets one)."""
     documents = documents.select(list(schema.names if schema else COLUMNS)).cast(schema or ARROW_SCHEMA).sort_by("id")
     sha = content_sha256(documents)
     ensure_namespace(catalog, table_name.split(".")[0])
     table = catalog.create_table_if_not_exists(table_name, schema=schema or SCHEMA)
+    snapshot_id = _committed(catalog, table_name, table, lambda t: _write(t, documents, sha))
+    return TableVersion(
+        table=table_name, snapshot_id=snapshot_id, tag=content_tag(sha), content_tag=content_tag(sha), rows=documents.num_rows,
+        bytes=int(pa.compute.sum(documents["bytes"]).as_py() or 0),
+    )
+
+
+def name_version(catalog: Catalog, version: TableVersion, log: logging.Logger, tag: str | None = None) -> TableVersion:
+    """Give a version its human name: `tag`, else the `v<n>` it already has, else the next `v<n>`."""
+    named = replace(version, tag=_committed(catalog, version.table, catalog.load_table(version.table), lambda t: _name(t, version, tag)))
+    log.info("%s: %d documents as %s (snapshot %d)", version.table, named.rows, named.ref, named.snapshot_id)
+    return named
+
+
+def reject_version(catalog: Catalog, version: TableVersion, log: logging.Logger) -> TableVersion:
+    """Mark a version its checks refused `rejected-<content>`: it takes no `v<n>` and no configured name, so no pin reaches it."""
+    tag = REJECTED_PREFIX + version.content_tag.removeprefix(CONTENT_PREFIX)
+    _committed(catalog, version.table, catalog.load_table(version.table), lambda t: _tag(t, version.snapshot_id, tag))
+    rejected = replace(version, tag=tag)
+    log.warning("%s: %d documents as %s (snapshot %d): refused by its checks, so not a version", version.table, version.rows,
+                rejected.ref, version.snapshot_id)
+    return rejected
+
+
+def _committed(catalog: Catalog, table_name: str, table: Table, commit: Callable[[Table], T]) -> T:
+    """`commit(table)`, again on a reloaded table each time another writer committed first."""
     for attempt in range(COMMIT_ATTEMPTS):
         try:
-            version = _publish(table, table_name, documents, sha, tag)
-            break
+            return commit(table)
         except CONFLICTS as e:
             if attempt == COMMIT_ATTEMPTS - 1:
                 raise ArtifactError(f"{table_name}: {COMMIT_ATTEMPTS} commits in a row lost to concurrent writers; run again") from e
             table = catalog.load_table(table_name)
-    log.info("%s: %d documents as %s (snapshot %d)", table_name, version.rows, version.ref, version.snapshot_id)
-    return version
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _publish(table: Table, name: str, documents: pa.Table, sha: str, tag: str | None) -> TableVersion:
+def _write(table: Table, documents: pa.Table, sha: str) -> int:
     by_content = content_tag(sha)
     snapshot = table.snapshot_by_name(by_content)
     if snapshot is None:
@@ -114,28 +149,56 @@ def _publish(table: Table, name: str, documents: pa.Table, sha: str, tag: str | 
         snapshot = table.current_snapshot()
         assert snapshot is not None, "a write always makes a snapshot"
         table.manage_snapshots().create_tag(snapshot.snapshot_id, by_content).commit()
-    tags = _tags_of(table, snapshot.snapshot_id)
+    return snapshot.snapshot_id
+
+
+def _name(table: Table, version: TableVersion, tag: str | None) -> str:
     if tag is not None:
         taken = table.snapshot_by_name(tag)
-        if taken is not None and taken.snapshot_id != snapshot.snapshot_id:
-            raise ArtifactError(f"{name}@{tag} already names another version; tags are immutable, so set a new tag in the config")
-        if taken is None:
-            table.manage_snapshots().create_tag(snapshot.snapshot_id, tag).commit()
-        name_tag = tag
-    elif versions := sorted((t for t in tags if VERSION_TAG.match(t)), key=lambda t: int(t[1:])):
-        name_tag = versions[0]
-    else:
-        name_tag = f"v{next_version(table)}"
-        table.manage_snapshots().create_tag(snapshot.snapshot_id, name_tag).commit()
-    return TableVersion(
-        table=name, snapshot_id=snapshot.snapshot_id, tag=name_tag, content_tag=by_content, rows=documents.num_rows,
-        bytes=int(pa.compute.sum(documents["bytes"]).as_py() or 0),
-    )
+        if taken is not None and taken.snapshot_id != version.snapshot_id:
+            raise ArtifactError(f"{version.table}@{tag} already names another version; tags are immutable, so set a new tag in the config")
+        return _tag(table, version.snapshot_id, tag)
+    if versions := sorted((t for t in _tags_of(table, version.snapshot_id) if VERSION_TAG.match(t)), key=lambda t: int(t[1:])):
+        return versions[0]
+    return _tag(table, version.snapshot_id, f"v{next_version(table)}")
+
+
+def _tag(table: Table, snapshot_id: int, tag: str) -> str:
+    """Tag a snapshot unless the tag already names it."""
+    if tag not in _tags_of(table, snapshot_id):
+        table.manage_snapshots().create_tag(snapshot_id, tag).commit()
+    return tag
 
 
 def _tags_of(table: Table, snapshot_id: int) -> list[str]:
     table.refresh()
     return [name for name, ref in table.refs().items() if ref.snapshot_id == snapshot_id and ref.snapshot_ref_type == "tag"]
+
+
+def is_name(tag: str) -> bool:
+    """Whether a tag names a version (`v<n>` or a configured name): not a content tag, nor a rejection."""
+    return not tag.startswith((CONTENT_PREFIX, REJECTED_PREFIX))
+
+
+def last_named(catalog: Catalog, table_name: str, excluding: int | None = None) -> str | None:
+    """`table@name` of the newest snapshot with a name (other than `excluding`): the version its checks let through last."""
+    try:
+        table = catalog.load_table(table_name)
+    except NoSuchTableError:
+        return None
+    names: dict[int, list[str]] = {}
+    for tag, ref in table.refs().items():
+        if ref.snapshot_ref_type == "tag" and is_name(tag) and ref.snapshot_id != excluding:
+            names.setdefault(ref.snapshot_id, []).append(tag)
+    if not names:
+        return None
+
+    def age(snapshot_id: int) -> tuple[int, int]:
+        snapshot = table.snapshot_by_id(snapshot_id)
+        return (snapshot.sequence_number or 0, snapshot.timestamp_ms) if snapshot is not None else (0, 0)
+
+    newest = sorted(names[max(names, key=age)], key=lambda t: (not VERSION_TAG.match(t), int(t[1:]) if VERSION_TAG.match(t) else 0, t))
+    return f"{table_name}@{newest[0]}"
 
 
 def next_version(table: Table) -> int:
@@ -152,21 +215,34 @@ def resolve(catalog: Catalog, table_name: str, tag: str) -> int:
         raise ArtifactError(f"Iceberg table {table_name} does not exist in the catalog; ingest it first or fix the name") from e
     snapshot = table.snapshot_by_name(tag)
     if snapshot is None:
-        tags = sorted(name for name, ref in table.refs().items() if ref.snapshot_ref_type == "tag" and not name.startswith("content-"))
+        tags = sorted(name for name, ref in table.refs().items() if ref.snapshot_ref_type == "tag" and is_name(name))
         raise ArtifactError(f"Iceberg table {table_name} has no version tagged {tag!r}; its tags: {', '.join(tags) or 'none'}")
     return snapshot.snapshot_id
 
 
+def resolve_pin(catalog: Catalog, table_name: str, tag: str) -> int:
+    """The snapshot a pinned `table@tag` names, refused when its checks rejected it and it never passed since."""
+    snapshot_id = resolve(catalog, table_name, tag)
+    tags = _tags_of(catalog.load_table(table_name), snapshot_id)
+    if any(t.startswith(REJECTED_PREFIX) for t in tags) and not any(is_name(t) for t in tags):
+        passed = last_named(catalog, table_name)
+        raise ArtifactError(
+            f"{table_name}@{tag} is a version its dataset checks rejected; pin "
+            + (f"a version that passed, such as {passed}" if passed else "a version that passed (none has yet)")
+        )
+    return snapshot_id
+
+
 def missing_refs(catalog: Catalog, refs: Iterable[str]) -> list[str]:
-    """For each `table@tag` that cannot be read, the reason (empty when all exist)."""
+    """For each `table@tag` that cannot be read (or that its checks rejected), the reason (empty when all are good)."""
     return [problem for ref in refs for problem in version_problems(catalog, ref)]
 
 
 def version_problems(catalog: Catalog, ref: str, columns: Iterable[str] = ()) -> list[str]:
-    """Why `table@tag` cannot be read as a version that has `columns` (empty when it can)."""
+    """Why `table@tag` cannot be read as a version that has `columns`, or was rejected by its checks (empty when it can be read)."""
     try:
         table_name, tag = parse_ref(ref)
-        snapshot_id = resolve(catalog, table_name, tag)
+        snapshot_id = resolve_pin(catalog, table_name, tag)
     except (ArtifactError, ConfigError) as e:
         return [str(e)]
     table = catalog.load_table(table_name)

@@ -40,6 +40,20 @@ def train_tokenizer(texts: Sequence[str], config: TokenizerConfig) -> Tokenizer:
     return tokenizer
 
 
+def vocabulary_shortfall(learned: int, config: TokenizerConfig, sample_bytes: int) -> str | None:
+    """What to change when training learned fewer tokens than `vocab_size` asks for (None when it learned them all)."""
+    if learned >= config.vocab_size:
+        return None
+    if sample_bytes < config.sample_bytes:  # the train split is smaller than the sample asked for: only more data helps
+        more = f"or add data: the train split gave {sample_bytes:,} of the {config.sample_bytes:,} bytes tokenizer.sample_bytes asks for"
+    else:
+        more = f"or learn from more data: raise tokenizer.sample_bytes (now {config.sample_bytes:,}) or add datasets"
+    return (
+        f"the tokenizer learned {learned:,} of the {config.vocab_size:,} tokens tokenizer.vocab_size asks for (its sample has no more "
+        f"pairs seen {config.min_frequency}+ times); lower tokenizer.vocab_size to about {learned:,}, {more}"
+    )
+
+
 def load_tokenizer(path: Path) -> Tokenizer:
     """Load a tokenizer saved with `Tokenizer.save`."""
     return Tokenizer.from_file(str(path))

@@ -13,7 +13,7 @@ from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.store import ArtifactStore
 from factory.stages import RUNNERS, runner
-from factory.stages.context import StageContext
+from factory.stages.context import WARNINGS, StageContext
 from factory.stages.report import Reporter, exit_now, open_reporter
 from factory.stages.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
@@ -72,6 +72,8 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
                 )
             registry.drop_work(spec.fingerprint)
             reporter.log.info("published %s artifact %s", spec.kind, manifest.digest[:12])
+        if warnings := manifest.summary.get(WARNINGS):
+            reporter.log.warning("%s: %s", spec.kind, warnings)
         artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
         links = {name: {"raw_value": url, "type": "url"} for name, url in table_links(manifest.summary).items()}
         reporter.materialized({**manifest.metadata(), "cache": cache, "artifact": artifact, **links}, manifest.digest)

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 DATASETS_FILE = "datasets.json"
 BLEND_FILE = "blend.json"
 TOKENIZER_FILE = "tokenizer.json"
+# The summary key of what a stage warns about (what to change): logged as a warning and shown on the materialization,
+# also when the artifact comes from the cache.
+WARNINGS = "warnings"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

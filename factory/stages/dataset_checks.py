@@ -1,6 +1,7 @@
 """The blocking checks on a `filtered_datasets` artifact: every check over every dataset it wrote.
 
-The stage runs them on the versions it has just written and keeps the outcomes in the artifact
+The stage runs them on each version it has just written, before the version is named: one that
+fails is tagged rejected and takes no `v<n>`. It keeps the outcomes in the artifact
 (`checks.json`): a table version never changes, so neither do its outcomes, and the orchestrator
 reports them (a failure blocks the blend and training) without opening the catalog, also when
 the artifact comes from the cache.
@@ -11,26 +12,35 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.checks import CHECKS, CheckOutcome, check_version
 from factory.stages.context import DATASETS_FILE
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
 CHECKS_FILE = "checks.json"
 
 
-def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
-    """The dataset checks over every filtered dataset of an artifact: one outcome per check, failing if any dataset fails."""
-    records = json.loads((artifact / DATASETS_FILE).read_text())
-    catalog = open_catalog(catalog_config)
-    per_dataset = {
-        name: check_version(catalog, record["table"], record["content_tag"], config["datasets"][name]["max_duplicate_share"])
-        for name, record in sorted(records.items())
-    }
+def check_dataset(catalog: Catalog, table: str, tag: str, max_duplicate_share: float) -> list[CheckOutcome]:
+    """The checks on one filtered version; a failure also says which version of the table passed last (or that none has)."""
+    from factory.data.tables import last_named, resolve  # pyiceberg: the orchestrator imports this module to report outcomes
+
+    outcomes = check_version(catalog, table, tag, max_duplicate_share)
+    if all(outcome.passed for outcome in outcomes):
+        return outcomes
+    passed = last_named(catalog, table, excluding=resolve(catalog, table, tag))
+    note = f"the last version that passed is {passed}" if passed else f"no version of {table} has passed yet"
+    return [outcome if outcome.passed else dataclasses.replace(outcome, description=f"{outcome.description}; {note}") for outcome in outcomes]
+
+
+def combine(per_dataset: dict[str, list[CheckOutcome]]) -> list[CheckOutcome]:
+    """One outcome per check over every dataset, failing if any dataset fails."""
     outcomes = []
     for index, check in enumerate(CHECKS):
-        results = {name: found[index] for name, found in per_dataset.items()}
+        results = {name: found[index] for name, found in sorted(per_dataset.items())}
         failed = [r.description for r in results.values() if not r.passed]
         outcomes.append(CheckOutcome(
             name=check, passed=not failed, description="; ".join(failed) or "; ".join(r.description for r in results.values()),
@@ -39,11 +49,19 @@ def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[s
     return outcomes
 
 
-def record_checks(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
-    """Run the checks on the datasets an artifact being staged wrote, and keep their outcomes in it."""
-    outcomes = check_filtered(catalog_config, artifact, config)
+def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
+    """The dataset checks over every filtered dataset of an artifact: one outcome per check, failing if any dataset fails."""
+    records = json.loads((artifact / DATASETS_FILE).read_text())
+    catalog = open_catalog(catalog_config)
+    return combine({
+        name: check_dataset(catalog, record["table"], record["content_tag"], config["datasets"][name]["max_duplicate_share"])
+        for name, record in records.items()
+    })
+
+
+def record_checks(artifact: Path, outcomes: list[CheckOutcome]) -> None:
+    """Keep the outcomes of the checks in the artifact being staged, for the orchestrator to report."""
     (artifact / CHECKS_FILE).write_text(json.dumps([dataclasses.asdict(outcome) for outcome in outcomes], indent=2, sort_keys=True))
-    return outcomes
 
 
 def recorded_checks(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:

@@ -20,10 +20,11 @@ from factory.data.catalog import open_catalog
 from factory.data.dedup import deduplicate
 from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
-from factory.data.tables import TableVersion, read_version, resolve, write_version
+from factory.data.checks import CheckOutcome
+from factory.data.tables import TableVersion, name_version, read_version, reject_version, resolve, write_content, write_version
 from factory.errors import StageFailed
 from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
-from factory.stages.dataset_checks import record_checks
+from factory.stages.dataset_checks import check_dataset, combine, record_checks
 
 
 def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:
@@ -52,14 +53,15 @@ def _publish_versions(ctx: StageContext, versions: dict[str, TableVersion], stat
 
 
 def _transform(
-    ctx: StageContext, upstream: str, namespace: str, step: Callable[[str, pa.Table], tuple[pa.Table, dict[str, Any]]], tags: dict[str, Any]
+    ctx: StageContext, upstream: str, step: Callable[[str, pa.Table], tuple[pa.Table, dict[str, Any]]],
+    publish: Callable[[str, pa.Table], TableVersion],
 ) -> dict[str, Any]:
-    """Read each dataset's upstream version, apply `step`, write the result as a version in `namespace`."""
+    """Read each dataset's upstream version, apply `step`, and `publish` the result as a version."""
     catalog = open_catalog(ctx.request.catalog)
     versions, stats = {}, {}
     for name, source in load_versions(ctx, upstream).items():
         documents, stats[name] = step(name, read_version(catalog, source.table, source.snapshot_id))
-        versions[name] = write_version(catalog, f"{namespace}.{name}", documents, ctx.log, tag=tags.get(name))
+        versions[name] = publish(name, documents)
     return _publish_versions(ctx, versions, stats)
 
 
@@ -83,6 +85,7 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
 def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
     """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`."""
     configs = {name: DedupConfig.model_validate(config) for name, config in ctx.config["dedup"].items()}
+    catalog = open_catalog(ctx.request.catalog)
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
         result = deduplicate(documents, configs[name], ctx.config["seed"], ctx.log)
@@ -91,20 +94,30 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
             "near_removed": result.near_removed, "removed_share": round(result.removed_share, 6),
         }
 
-    return _transform(ctx, "raw_datasets", "dedup", step, {})
+    return _transform(ctx, "raw_datasets", step, lambda name, documents: write_version(catalog, f"dedup.{name}", documents, ctx.log))
 
 
 def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
-    """Quality filters: `dedup.<name>` -> `filtered.<name>`, tagged `v<n>` or the configured tag."""
+    """Quality filters: `dedup.<name>` -> `filtered.<name>`, checked, then tagged `v<n>` (or the configured tag) only if it passed."""
     datasets = ctx.config["datasets"]
+    catalog = open_catalog(ctx.request.catalog)
+    checks: dict[str, list[CheckOutcome]] = {}
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
         result = apply_filters(documents, FiltersConfig.model_validate(datasets[name]["filters"]), ctx.log)
         removed = {f"removed_{key}": count for key, count in result.removed.items()}
         return result.documents, {"rows_in": result.rows_in, "rows_out": result.rows_out, **removed}
 
-    summary = _transform(ctx, "deduped_datasets", "filtered", step, {name: d["tag"] for name, d in datasets.items()})
-    record_checks(ctx.request.catalog, ctx.out, ctx.config)  # with the versions at hand; reported by the orchestrator
+    def publish(name: str, documents: pa.Table) -> TableVersion:
+        # The checks decide the name: a version they refuse takes no `v<n>` (nor the configured tag), so no pin can reach it.
+        version = write_content(catalog, f"filtered.{name}", documents)
+        checks[name] = check_dataset(catalog, version.table, version.content_tag, datasets[name]["max_duplicate_share"])
+        if all(outcome.passed for outcome in checks[name]):
+            return name_version(catalog, version, ctx.log, datasets[name]["tag"])
+        return reject_version(catalog, version, ctx.log)
+
+    summary = _transform(ctx, "deduped_datasets", step, publish)
+    record_checks(ctx.out, combine(checks))  # reported by the orchestrator, also when the artifact comes from the cache
     return summary
 
 

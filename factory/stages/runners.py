@@ -24,9 +24,9 @@ from factory.config.stages import TRAINING_STAGES
 from factory.config.schema import ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState, build_loader
-from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer
+from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer, vocabulary_shortfall
 from factory.stages.progress import training_progress, wants_progress
-from factory.stages.context import TOKENIZER_FILE, StageContext
+from factory.stages.context import TOKENIZER_FILE, WARNINGS, StageContext
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
 from factory.train.pretrain import (
@@ -48,12 +48,15 @@ def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
     sample_bytes = sum(len(t.encode()) for t in sample)
     sample_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(sample[:200]))
     ctx.log.info("trained a %d-token vocabulary on %d files (%d bytes)", tokenizer.get_vocab_size(), len(sample), sample_bytes)
-    return {
+    summary: dict[str, Any] = {
         "vocab_size": tokenizer.get_vocab_size(),
         "sample_files": len(sample),
         "sample_bytes": sample_bytes,
         "bytes_per_token": round(sum(len(t.encode()) for t in sample[:200]) / max(1, sample_tokens), 4),
     }
+    if shortfall := vocabulary_shortfall(tokenizer.get_vocab_size(), config, sample_bytes):
+        summary[WARNINGS] = shortfall
+    return summary
 
 
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:

@@ -207,3 +207,10 @@ def test_an_unknown_key_inside_a_named_section_lists_that_sections_fields(tmp_pa
     with pytest.raises(ConfigError) as failed:
         load(path)
     assert str(failed.value) == f"{path}:4: data.datasets.stdlib.colour: unknown key; allowed here: dedup, filters, max_duplicate_share, source, tag"
+
+
+@pytest.mark.parametrize("tag", ["content-abc", "rejected-abc"])
+def test_a_dataset_tag_may_not_look_like_a_content_or_rejection_tag(tmp_path, tag):
+    path = tmp_path / "exp.md"
+    path.write_text(f"---\ndata:\n  datasets:\n    stdlib: {{tag: {tag}}}\n---\n")
+    assert "not starting with 'content-' or 'rejected-'" in load_error(path)

@@ -4,7 +4,7 @@ import pytest
 
 from factory.config.schema import DataConfig
 from factory.data.blend import Blend, build_blend
-from factory.data.tables import write_version
+from factory.data.tables import reject_version, write_content, write_version
 from factory.errors import ArtifactError
 from tests.data.conftest import LOG, documents
 
@@ -32,3 +32,20 @@ def test_a_missing_pinned_version_is_an_error_naming_the_tags(catalog):
     data = DataConfig.model_validate({"datasets": {}, "blend": [{"table": "curated.theirs@v7"}]})
     with pytest.raises(ArtifactError, match=r"no version tagged 'v7'; its tags: v1"):
         build_blend(catalog, data, {})
+
+
+def test_no_pin_and_no_dataset_part_reaches_a_version_its_checks_rejected(catalog):
+    refused = reject_version(catalog, write_content(catalog, "filtered.code", documents("code", {"a.py": "x\n", "b.py": "x\n"})), LOG)
+    for ref in (refused.ref, f"filtered.code@{refused.content_tag}"):
+        data = DataConfig.model_validate({"datasets": {}, "blend": [{"table": ref}]})
+        with pytest.raises(ArtifactError, match=r"its dataset checks rejected; pin a version that passed \(none has yet\)"):
+            build_blend(catalog, data, {})
+    passed = write_version(catalog, "filtered.code", documents("code", {"a.py": "x\n"}), LOG)
+    assert passed.tag == "v1"
+    data = DataConfig.model_validate({"datasets": {}, "blend": [{"table": refused.ref}]})
+    with pytest.raises(ArtifactError, match="pin a version that passed, such as filtered.code@v1"):
+        build_blend(catalog, data, {})
+    mine = DataConfig.model_validate({"datasets": {"code": {}}, "blend": [{"dataset": "code"}]})
+    with pytest.raises(ArtifactError, match="failed the dataset checks"):
+        build_blend(catalog, mine, {"code": refused})
+    assert build_blend(catalog, mine, {"code": passed}).parts[0].version == "v1"

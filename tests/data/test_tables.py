@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.data.tables import missing_refs, parse_ref, read_version, resolve, write_version
+from factory.data.tables import last_named, missing_refs, parse_ref, read_version, reject_version, resolve, write_content, write_version
 from factory.errors import ArtifactError, ConfigError
 from tests.data.conftest import LOG, documents
 
@@ -101,3 +101,18 @@ def test_a_namespace_another_writer_creates_at_the_same_moment_is_no_error(catal
     catalog.namespace_exists = exists_until_the_other_writer_creates_it
     version = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG)
     assert version.tag == "v1" and catalog.namespace_exists("filtered")
+
+
+def test_a_rejected_version_takes_no_number_and_names_the_last_one_that_passed(catalog):
+    first = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG, tag="gold")
+    refused = reject_version(catalog, write_content(catalog, TABLE, documents("code", {"a.py": "a = 2\n"})), LOG)
+    assert refused.tag == "rejected-" + refused.content_tag.removeprefix("content-")
+    assert last_named(catalog, TABLE) == f"{TABLE}@gold"
+    second = write_version(catalog, TABLE, documents("code", {"a.py": "a = 3\n"}), LOG)
+    assert (first.tag, second.tag) == ("gold", "v1")
+    assert last_named(catalog, TABLE) == f"{TABLE}@v1"
+    assert last_named(catalog, TABLE, excluding=second.snapshot_id) == f"{TABLE}@gold"
+    assert missing_refs(catalog, [first.ref, second.ref]) == []
+    assert "rejected" in missing_refs(catalog, [refused.ref])[0]
+    with pytest.raises(ArtifactError, match=r"its tags: gold, v1$"):
+        resolve(catalog, TABLE, "v9")

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from factory.config.schema import TokenizerConfig
-from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer
+from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, token_byte_lengths, train_tokenizer, vocabulary_shortfall
 
 CONFIG = TokenizerConfig(vocab_size=350, min_frequency=1)
 NON_ASCII = "def grüße(名前: str) -> str:\n    return f'¡hola {名前}! 🐍 λx → x²'\n"
@@ -85,3 +85,15 @@ def test_sample_texts_stops_once_the_byte_budget_is_reached():
 def test_sample_texts_takes_everything_when_the_budget_exceeds_the_corpus():
     docs = ["a", "bb", "ccc"]
     assert sample_texts(docs, 1_000) == docs
+
+
+def test_a_vocabulary_short_of_vocab_size_says_to_lower_it_or_add_data(texts):
+    config = TokenizerConfig(vocab_size=200_000, min_frequency=2, sample_bytes=1_000_000)
+    learned = train_tokenizer(texts, config).get_vocab_size()
+    assert learned < config.vocab_size
+    assert vocabulary_shortfall(learned, config, 70_000) == (
+        f"the tokenizer learned {learned:,} of the 200,000 tokens tokenizer.vocab_size asks for (its sample has no more pairs seen 2+ times); "
+        f"lower tokenizer.vocab_size to about {learned:,}, or add data: the train split gave 70,000 of the 1,000,000 bytes tokenizer.sample_bytes asks for"
+    )
+    assert vocabulary_shortfall(learned, config, 1_000_000).endswith("raise tokenizer.sample_bytes (now 1,000,000) or add datasets")
+    assert vocabulary_shortfall(CONFIG.vocab_size, CONFIG, 1_000) is None

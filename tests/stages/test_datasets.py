@@ -1,0 +1,66 @@
+"""The data stages run for real (raw -> dedup -> filtered) on one catalog: the checks decide whether a version is named."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.tables import read_version, resolve
+from factory.errors import ArtifactError
+from factory.stages.context import DATASETS_FILE
+from factory.stages.dataset_checks import CHECKS_FILE
+from tests.stages.conftest import run_stages
+
+TWINS = {"a.py": "x = 1\n", "b.py": "x = 1\n", "c.py": "y = 2\n"}  # one exact duplicate in three: over the bound of 0
+CLEAN = {"a.py": "x = 1\n", "c.py": "y = 2\n"}
+
+
+pytestmark = pytest.mark.usefixtures("no_pipes")
+
+
+def filter_files(tmp_path: Path, tiny_path: Path, files: dict[str, str], label: str, tag: str | None = None) -> Path:
+    """Ingest `files` as dataset `code` (no dedup, so duplicates reach the checks), filter it; the filtered artifact."""
+    dataset = {"dedup": {"exact": False, "near_threshold": None}, "tag": tag}
+    return run_stages(tmp_path, tiny_path, files, label, "filtered_datasets", dataset)["filtered_datasets"]
+
+
+def outcomes(artifact: Path) -> dict[str, dict]:
+    return {outcome["name"]: outcome for outcome in json.loads((artifact / CHECKS_FILE).read_text())}
+
+
+def written(artifact: Path) -> dict:
+    return json.loads((artifact / DATASETS_FILE).read_text())["code"]
+
+
+def test_a_version_its_checks_refuse_takes_no_number_and_the_next_passing_one_is_v1(tmp_path, tiny_path):
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "catalog"))
+    refused = filter_files(tmp_path, tiny_path, TWINS, "twins")
+    assert written(refused)["tag"].startswith("rejected-")
+    check = outcomes(refused)["duplicate_share"]
+    assert not check["passed"] and "no version of filtered.code has passed yet" in check["description"]
+    with pytest.raises(ArtifactError, match="no version tagged 'v1'"):
+        resolve(catalog, "filtered.code", "v1")
+
+    fixed = filter_files(tmp_path, tiny_path, CLEAN, "clean")
+    assert written(fixed)["tag"] == "v1"
+    assert all(outcome["passed"] for outcome in outcomes(fixed).values())
+    v1 = read_version(catalog, "filtered.code", resolve(catalog, "filtered.code", "v1"))
+    assert sorted(v1["path"].to_pylist()) == sorted(CLEAN)
+
+    again = filter_files(tmp_path, tiny_path, {**TWINS, "d.py": "z = 3\n"}, "twins-again")
+    assert written(again)["tag"].startswith("rejected-")
+    assert "the last version that passed is filtered.code@v1" in outcomes(again)["duplicate_share"]["description"]
+    assert written(filter_files(tmp_path, tiny_path, {**CLEAN, "d.py": "z = 3\n"}, "clean-again"))["tag"] == "v2"
+
+
+def test_a_refused_version_does_not_take_the_configured_tag(tmp_path, tiny_path):
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "catalog"))
+    refused = filter_files(tmp_path, tiny_path, TWINS, "twins", tag="release")
+    assert written(refused)["tag"].startswith("rejected-")
+    with pytest.raises(ArtifactError, match="no version tagged 'release'"):
+        resolve(catalog, "filtered.code", "release")
+    fixed = filter_files(tmp_path, tiny_path, CLEAN, "clean", tag="release")
+    assert written(fixed)["tag"] == "release"
+    release = read_version(catalog, "filtered.code", resolve(catalog, "filtered.code", "release"))
+    assert sorted(release["path"].to_pylist()) == sorted(CLEAN)
