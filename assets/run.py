@@ -47,7 +47,11 @@ def run_experiment(path: Path, root: Path, instance: DagsterInstance | None = No
 @contextlib.contextmanager
 def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
     """Within the block, stages fork from a warm interpreter started now, when some stage must be computed."""
-    kinds = [plan.kind for plan in build_plan(experiments, ArtifactStore(root / "registry")) if plan.status == "run"]
+    try:
+        plans = build_plan(experiments, ArtifactStore(root / "registry"))
+    except ConfigError:  # e.g. a source directory gone: the stage that cannot be planned fails in Dagster, saying so
+        plans = []
+    kinds = [plan.kind for plan in plans if plan.status == "run"]
     if kinds:
         with warm_starts(warm_modules(kinds, tracker_backend())):
             yield
