@@ -173,18 +173,18 @@ def run(
 
     try:
         variants = load_file(experiment)
-        profile = load_profile(cluster) if cluster is not None else None
-        # Everything `factory check` would refuse, refused before any compute.
-        [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile)
-        for warning in report.warnings:
-            err.print(f"warning: {warning}", markup=False, highlight=False)
-        if not report.ok:
-            raise ConfigError("\n".join(report.errors) + f"\nnothing ran: fix the file (`factory check {experiment}` checks it again)")
         if launcher == "volcano" and dry_run:
             print(volcano.dry_run(variants, _kubernetes(cluster)), end="")
             return
         if launcher == "volcano":
             _submittable(variants, cluster)
+        # Everything `factory check` would refuse, refused before any compute.
+        profile = load_profile(cluster) if cluster is not None else None
+        [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile)
+        for warning in report.warnings:
+            err.print(f"warning: {warning}", markup=False, highlight=False)
+        if not report.ok:
+            raise ConfigError("\n".join(report.errors) + f"\nnothing ran: fix the file (`factory check {experiment}` checks it again)")
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
