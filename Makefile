@@ -29,7 +29,7 @@ nightly: setup
 	$(BIN)/factory run experiments/tiny-code-lm.md
 	$(BIN)/factory run experiments/nightly.md
 	$(BIN)/factory leaderboard --html .factory/leaderboard.html
-	$(BIN)/factory evals compare nightly tiny-code-lm --benchmark val_bpb --min-improvement 0.05
+	$(BIN)/factory evals compare nightly tiny-code-lm --benchmark heldout_bpb --min-improvement 0.05
 	$(BIN)/factory evals stages nightly --benchmark code_exec --must-improve sft
 
 ui: setup

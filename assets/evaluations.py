@@ -23,6 +23,7 @@ from dagster import (
     asset,
 )
 
+from assets.heldout import ensure_heldout_corpus
 from assets.partitions import CHECKPOINTS, evaluations_partitions
 from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity
@@ -59,6 +60,7 @@ def evaluations(
         yield MaterializeResult(metadata={"scores": MetadataValue.json(scores), "evaluated": len(scores), "cache": "hit"},
                                 data_version=DataVersion(version))
     else:
+        ensure_heldout_corpus(context, stores, (item.benchmark for item in items if item.partition not in found))
         context.log.info(f"evaluating {len(items) - len(found)} of {len(items)} checkpoint x benchmark pairs in one process")
         yield from launcher.evaluate(context, request)
     # One process reports one materialization for the whole batch; each partition's own score and artifact are observed here.

@@ -6,6 +6,7 @@ from dagster import DagsterEventType, ExecuteInProcessResult
 
 from assets.checkpoints import checkpoints
 from assets.evaluations import evaluations
+from assets.heldout import heldout_corpus
 from assets.leaderboard import NO_REGRESSION, best_model, leaderboard
 from assets.post import code_exec_tasks
 from assets.report import run_report
@@ -14,7 +15,7 @@ from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks]
+EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus]
 
 
 def resources_at(root: Path, experiments: Path = Path("experiments")) -> dict:

@@ -264,7 +264,7 @@ def _variant_of(path: Path, name: str | None) -> Experiment:
 @app.command()
 def leaderboard(
     root: RootOption = DEFAULT_ROOT,
-    sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: val_bpb).")] = None,
+    sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: heldout_bpb, else val_bpb).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
     html: Annotated[Path | None, typer.Option(help="Also write the board as a static HTML page here.")] = None,
 ) -> None:
@@ -313,6 +313,7 @@ def podium(
 
 
 def _print_leaderboard(root: Path, board: Board | None = None) -> bool:
+    from factory.evals.leaderboard import cell, heading, legend, ranks
     from factory.stages.leaderboard import current_board
 
     board = board or current_board(ArtifactStore(root / "registry"))
@@ -320,12 +321,12 @@ def _print_leaderboard(root: Path, board: Board | None = None) -> bool:
         err.print(f"no evaluations in {root.resolve()} yet: run `factory run experiments/<name>.md` first")
         return False
     names = sorted(board.benchmarks)
-    table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left")
-    for column in ("rank", "experiment", "best checkpoint", *(f"{n} {'↓' if board.benchmarks[n] else '↑'}" for n in names), "tokens", "commit", "tracker"):
-        table.add_column(column, no_wrap=column != "tracker")
-    for rank, row in enumerate(board.rows, start=1):
-        scores = [f"{row.scores[n]:.4f}" if n in row.scores else "–" for n in names]
-        table.add_row(str(rank), row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url)
+    table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left", caption=legend(board) or None, caption_justify="left")
+    for column in ("rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens", "commit", "tracker", "note"):
+        table.add_column(column, no_wrap=column not in ("tracker", "note"))
+    for rank, row in zip(ranks(board), board.rows, strict=True):
+        scores = [cell(board, row, n) for n in names]
+        table.add_row(rank, row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url, row.note)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return True
 
@@ -369,11 +370,13 @@ def evals_backfill(
 def evals_compare(
     candidate: Annotated[str, typer.Argument(help="The experiment that must be better.")],
     baseline: Annotated[str, typer.Argument(help="The experiment it is compared with.")],
-    benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at its best checkpoint.")] = "val_bpb",
+    benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at its best checkpoint.")] = "heldout_bpb",
     min_improvement: Annotated[float, typer.Option(help="Relative improvement required, e.g. 0.05 for 5%.")] = 0.0,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
-    """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`)."""
+    """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`); exit 2
+    when their scores do not compare (another version, or other data such as each one's own held-out split)."""
+    from factory.evals.scored_on import describe
     from factory.stages.leaderboard import current_board
 
     board = current_board(ArtifactStore(root / "registry"))
@@ -381,6 +384,12 @@ def evals_compare(
     missing = [name for name in (candidate, baseline) if name not in rows or benchmark not in rows[name].scores]
     if missing:
         err.print(f"error: no {benchmark} results for {', '.join(missing)} in {root.resolve()}: run and evaluate them first")
+        raise typer.Exit(2)
+    if not rows[candidate].compares_with(rows[baseline], benchmark):
+        scored = "; ".join(f"{name}'s on {describe(rows[name].scored_on(benchmark))} (version {rows[name].versions.get(benchmark, '?')})"
+                           for name in (candidate, baseline))
+        err.print(f"error: {candidate} and {baseline} have {benchmark} scores that do not compare: {scored}. "
+                  "Compare on a benchmark both were scored on alike, such as heldout_bpb", markup=False, highlight=False)
         raise typer.Exit(2)
     new, old = rows[candidate].scores[benchmark], rows[baseline].scores[benchmark]
     gain = ((old - new) if board.benchmarks[benchmark] else (new - old)) / max(abs(old), 1e-12)

@@ -28,18 +28,21 @@ def tiny_path() -> Path:
 
 
 def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, value: float, step: int = 100, training: str = "run-1",
-                   count: int = 64, stage: str = "pretrain") -> None:
-    """A score of `experiment`'s checkpoint at `step` (from its training run `training`), published as the evaluator does."""
+                   count: int = 64, stage: str = "pretrain", blend: str = "b" * 64, content: str = "content-0") -> None:
+    """A score of `experiment`'s checkpoint at `step` (from its training run `training`, on a blend of digest `blend`), published as
+    the evaluator does; a benchmark of a pinned table reads it as holding `content`."""
     from factory.evals.benchmarks import benchmark as registered
-    from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, publish_score
+    from factory.evals.scored_on import table_ref
+    from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, publish_score, scored_on
 
-    spec = {"kind": stage, "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {}, "code": training}
+    spec = {"kind": stage, "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {"blend": blend}, "code": training}
     checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
                                path="unused", sha256=f"{experiment}{step}{training}".ljust(64, "0"), training=spec,
                                eval={"max_bytes": 1000, "batch_size": 8}, git_commit="0" * 40)
     item = EvalItem(partition=f"{benchmark}|{checkpoint.key}", benchmark=benchmark, checkpoint=checkpoint)
     request = EvalRequest(items=(item,), registry=str(registry.root), catalog=None, code="local:test")
-    publish_score(registry, request, item, registered(benchmark), value, count, {}, 0.1)
+    bench = registered(benchmark)
+    publish_score(registry, request, item, bench, value, count, {}, 0.1, scored_on(bench, checkpoint, content if table_ref(bench.data) else ""))
 
 
 @pytest.fixture(scope="session")

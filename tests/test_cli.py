@@ -60,19 +60,34 @@ def test_leaderboard_without_runs_says_what_to_do(tmp_path):
 
 def test_evals_list_shows_the_shipped_benchmarks():
     result = factory("evals", "list")
-    assert result.returncode == 0 and all(name in result.stdout for name in ("val_bpb", "next_line", "python_sanity"))
+    assert result.returncode == 0 and all(name in result.stdout for name in ("val_bpb", "heldout_bpb", "next_line", "python_sanity"))
 
 
 def test_evals_compare_passes_only_on_the_required_improvement(tmp_path):
     registry = ArtifactStore(tmp_path / "registry")
     publish_result(registry, "big", "val_bpb", 1.9)
     publish_result(registry, "small", "val_bpb", 2.0)
-    enough = factory("evals", "compare", "big", "small", "--min-improvement", "0.04", "--root", str(tmp_path))
+    on = ("--benchmark", "val_bpb", "--root", str(tmp_path))  # both of the same blend: their own held-out splits are the same data
+    enough = factory("evals", "compare", "big", "small", "--min-improvement", "0.04", *on)
     assert enough.returncode == 0 and "+5.0%" in enough.stdout
-    short = factory("evals", "compare", "big", "small", "--min-improvement", "0.06", "--root", str(tmp_path))
+    short = factory("evals", "compare", "big", "small", "--min-improvement", "0.06", *on)
     assert short.returncode == 1 and "NOT better enough" in short.stdout
-    missing = factory("evals", "compare", "big", "nope", "--root", str(tmp_path))
+    missing = factory("evals", "compare", "big", "nope", *on)
     assert missing.returncode == 2 and "no val_bpb results for nope" in missing.stderr
+
+
+def test_evals_compare_refuses_scores_measured_on_other_data(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    for experiment, blend, own, shared in (("nightly", "c" * 64, 2.0, 2.0), ("tiny", "d" * 64, 1.5, 2.2)):
+        publish_result(registry, experiment, "val_bpb", own, blend=blend)
+        publish_result(registry, experiment, "heldout_bpb", shared, blend=blend)
+    refused = factory("evals", "compare", "nightly", "tiny", "--benchmark", "val_bpb", "--root", str(tmp_path))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "nightly and tiny have val_bpb scores that do not compare: nightly's on its own held-out split (blend cccccccc…)" \
+           in refused.stderr and "tiny's on its own held-out split (blend dddddddd…)" in refused.stderr
+    compared = factory("evals", "compare", "nightly", "tiny", "--min-improvement", "0.05", "--root", str(tmp_path))  # heldout_bpb
+    assert compared.returncode == 0, compared.stderr
+    assert compared.stdout.startswith("nightly heldout_bpb 2.0000 vs tiny 2.2000: +9.1%")
 
 
 def test_evals_stages_shows_what_each_training_stage_bought(tmp_path):

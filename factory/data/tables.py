@@ -233,6 +233,15 @@ def resolve_pin(catalog: Catalog, table_name: str, tag: str) -> int:
     return snapshot_id
 
 
+def content_of(catalog: Catalog, ref: str) -> str:
+    """What a `table@tag` holds in this catalog: the content tag of the snapshot it names (`snapshot-<id>` without one)."""
+    table_name, tag = parse_ref(ref)
+    snapshot_id = resolve(catalog, table_name, tag)
+    table = catalog.load_table(table_name)
+    contents = sorted(name for name, r in table.refs().items() if r.snapshot_id == snapshot_id and name.startswith("content-"))
+    return contents[0] if contents else f"snapshot-{snapshot_id}"
+
+
 def missing_refs(catalog: Catalog, refs: Iterable[str]) -> list[str]:
     """For each `table@tag` that cannot be read (or that its checks rejected), the reason (empty when all are good)."""
     return [problem for ref in refs for problem in version_problems(catalog, ref)]

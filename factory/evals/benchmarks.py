@@ -3,7 +3,10 @@
 A benchmark scores one model on what `EvalInputs` gives it and returns a `Score`. It must be
 deterministic (seeded from `inputs.seed`) and batched (`inputs.batch_size` sequences per forward
 pass). Changing what a benchmark measures means a new `version`: results of other versions are
-never compared with it. Modules named in FACTORY_BENCHMARKS register more benchmarks.
+never compared with it. A benchmark also says what data it is scored on (`data`): each
+experiment's own held-out split, or data every experiment shares; only scores of the same
+benchmark version on the same data are compared (`factory.evals.scored_on`). Modules named in
+FACTORY_BENCHMARKS register more benchmarks.
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ class Benchmark:
     lower_is_better: bool
     description: str
     run: Callable[[EvalInputs], Score]
+    data: str = ""
+    """What it is scored on: "" for the experiment's own held-out split (so scores of experiments with other blends do not
+    compare), a pinned table version `namespace.table@tag` (its content is recorded with each score), or fixed data named in
+    words ("fixed prompts")."""
 
 
 BENCHMARKS: dict[str, Benchmark] = {}

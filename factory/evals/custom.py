@@ -25,9 +25,10 @@ def custom_benchmark(name: str) -> Benchmark | None:
     if match is None:
         return None
     tag = match.group(1)
+    ref = f"podium.custom_prompts@{tag}"
     return Benchmark(
-        name=name, version=1, lower_is_better=False, run=lambda inputs: custom_prompts(inputs, tag),
-        description=f"greedy completions ({NEW_TOKENS} tokens) of the prompts saved in podium.custom_prompts@{tag}: "
+        name=name, version=1, lower_is_better=False, run=lambda inputs: custom_prompts(inputs, tag), data=ref,
+        description=f"greedy completions ({NEW_TOKENS} tokens) of the prompts saved in {ref}: "
                     "the share that are Python or a valid start of it; every completion in the details",
     )
 

@@ -3,6 +3,12 @@
 Rows come from the evaluation results in the registry (one per checkpoint x benchmark). An
 experiment's best checkpoint is the one with the best score on the primary benchmark; the row
 shows that checkpoint's score on every benchmark, so a row is one model, never a mix.
+
+Only scores of the same benchmark version on the same data compare (`factory.evals.scored_on`):
+`val_bpb` is measured on each experiment's own held-out split, `heldout_bpb` on a pinned table
+every experiment shares. The board ranks the rows whose score on the sort benchmark is on the
+data most rows were scored on; the others follow, unranked, with a note saying why, and every
+cell scored on other data than the rest of its column is marked.
 """
 
 from __future__ import annotations
@@ -15,9 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from factory.errors import ConfigError
+from factory.evals.scored_on import UNRECORDED, data_of, describe, is_own_split, is_shared
 from factory.registry.store import Manifest
 
-PRIMARY = "val_bpb"
+PRIMARY = "heldout_bpb"
+"""Ranks the board and picks each experiment's best checkpoint: bits per byte on data every experiment shares."""
+FALLBACK = "val_bpb"
+"""The primary benchmark on a board without heldout_bpb results (each experiment's own split: it ranks only rows on the same data)."""
+NOT_COMPARABLE = "*"
+"""Marks a score measured on other data than the rest of its column."""
 REGRESSION_TOLERANCE = 0.02
 """Relative: a candidate best may be at most 2% worse than the current best on any benchmark..."""
 NOISE_SIGMAS = 2.0
@@ -40,10 +52,27 @@ class Row:
     tracker_url: str = ""
     digests: Mapping[str, str] = field(default_factory=dict)
     """The evaluation artifact behind each score."""
+    data: Mapping[str, str] = field(default_factory=dict)
+    """The data each score was measured on (`factory.evals.scored_on`)."""
+    versions: Mapping[str, int] = field(default_factory=dict)
+    """The benchmark version of each score."""
+    ranked: bool = True
+    """False when the row has no score on the sort benchmark comparable with the ranked rows'."""
+    note: str = ""
+    """Why the row is not ranked."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
         return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in self.__slots__}
+
+    def scored_on(self, benchmark: str) -> str:
+        """The data identity of the row's score on `benchmark` (a row from before identities were recorded: unrecorded)."""
+        return self.data.get(benchmark) or f"{UNRECORDED}{self.experiment}"
+
+    def compares_with(self, other: Row, benchmark: str) -> bool:
+        """Whether both rows have a score on `benchmark` of the same version, measured on the same data."""
+        return (benchmark in self.scores and benchmark in other.scores and self.versions.get(benchmark) == other.versions.get(benchmark)
+                and self.scored_on(benchmark) == other.scored_on(benchmark))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,15 +82,21 @@ class Board:
     rows: tuple[Row, ...]
     benchmarks: Mapping[str, bool]
     sort: str
+    data: Mapping[str, str] = field(default_factory=dict)
+    """The data each benchmark's column compares on: what most rows were scored on. The sort benchmark's ranks the rows."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
-        return {"sort": self.sort, "benchmarks": dict(self.benchmarks), "rows": [row.to_json() for row in self.rows]}
+        return {"sort": self.sort, "benchmarks": dict(self.benchmarks), "data": dict(self.data), "rows": [row.to_json() for row in self.rows]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Board:
-        """Inverse of `to_json`."""
-        return cls(rows=tuple(Row(**row) for row in data["rows"]), benchmarks=data["benchmarks"], sort=data["sort"])
+        """Inverse of `to_json` (a board published before columns recorded their data has none)."""
+        return cls(rows=tuple(Row(**row) for row in data["rows"]), benchmarks=data["benchmarks"], sort=data["sort"], data=data.get("data", {}))
+
+    def comparable(self, row: Row, benchmark: str) -> bool:
+        """Whether the row's score on `benchmark` was measured on the data its column compares on (True without a score)."""
+        return benchmark not in row.scores or benchmark not in self.data or row.scored_on(benchmark) == self.data[benchmark]
 
 
 def stage_of(checkpoint: str) -> str:
@@ -122,10 +157,11 @@ def stage_scores(results: Iterable[Manifest], experiment: str, benchmark: str) -
 
 
 def build_board(results: Iterable[Manifest], tracker_urls: Mapping[str, str] | None = None, sort: str | None = None) -> Board:
-    """Rank experiments by `sort` (default: the primary benchmark), each at its best checkpoint."""
+    """Rank experiments by `sort` (default: the primary benchmark), each at its best checkpoint; rows whose `sort` score is on
+    other data than most rows' follow the ranked ones, unranked."""
     results = latest_results(results)
     benchmarks = {m.summary["benchmark"]: bool(m.summary["lower_is_better"]) for m in results}
-    primary = PRIMARY if PRIMARY in benchmarks else min(benchmarks, default=PRIMARY)
+    primary = next((name for name in (PRIMARY, FALLBACK) if name in benchmarks), min(benchmarks, default=PRIMARY))
     sort = sort or primary
     if benchmarks and sort not in benchmarks:
         raise ConfigError(f"no results for benchmark {sort!r} to sort by; benchmarks with results: {', '.join(sorted(benchmarks))}")
@@ -133,44 +169,80 @@ def build_board(results: Iterable[Manifest], tracker_urls: Mapping[str, str] | N
     for manifest in results:
         s = manifest.summary
         by_experiment.setdefault(s["experiment"], {}).setdefault(s["checkpoint"], {})[s["benchmark"]] = manifest
-    rows = [_best_row(name, checkpoints, primary, benchmarks, (tracker_urls or {}).get(name, "")) for name, checkpoints in by_experiment.items()]
-    return Board(rows=tuple(sorted(rows, key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))), benchmarks=benchmarks, sort=sort)
+    on_primary = _common_data((m.summary["experiment"], m) for m in results if m.summary["benchmark"] == primary)
+    best = {name: checkpoints[_best_checkpoint(checkpoints, primary, on_primary, benchmarks.get(primary, True))]
+            for name, checkpoints in by_experiment.items()}
+    ranked_on = _common_data((experiment, row[sort]) for experiment, row in best.items() if sort in row)
+    urls = tracker_urls or {}
+    rows = [_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on) for name, results_ in best.items()]
+    rows.sort(key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))
+    place = {row.experiment: i for i, row in enumerate(rows)}  # the other columns' ties go to the data of the higher-placed row
+    columns = {name: _common_data(((e, row[name]) for e, row in best.items() if name in row), place) for name in benchmarks}
+    return Board(rows=tuple(rows), benchmarks=benchmarks, sort=sort, data={**columns, sort: ranked_on})
 
 
-def _best_row(experiment: str, checkpoints: Mapping[str, Mapping[str, Manifest]], primary: str, benchmarks: Mapping[str, bool], url: str) -> Row:
-    sign = 1 if benchmarks.get(primary, True) else -1
-    scored = [name for name, results in checkpoints.items() if primary in results] or list(checkpoints)
+def _common_data(scored: Iterable[tuple[str, Manifest]], place: Mapping[str, int] | None = None) -> str:
+    """The data most members (experiments, checkpoints) were scored on; ties go to shared data, then to the data of the
+    member placed first in `place` (without it: of the newest results)."""
+    members: dict[str, set[str]] = {}
+    newest: dict[str, str] = {}
+    for member, manifest in scored:
+        data = data_of(manifest.summary)
+        members.setdefault(data, set()).add(member)
+        newest[data] = max(newest.get(data, ""), manifest.created)
 
-    def standing(name: str) -> tuple[float, int]:
-        result = checkpoints[name].get(primary)
-        value = sign * result.summary["value"] if result else float("inf")
-        return value, -next(iter(checkpoints[name].values())).summary["step"]  # ties: the later checkpoint
+    def preference(data: str) -> tuple:
+        first = -min(place[member] for member in members[data]) if place is not None else 0
+        return (len(members[data]), is_shared(data), first, newest[data], data)
 
-    best = min(scored, key=standing)
-    results = checkpoints[best]
+    return max(members, key=preference, default="")
+
+
+def _best_checkpoint(checkpoints: Mapping[str, Mapping[str, Manifest]], primary: str, on: str, lower_is_better: bool) -> str:
+    """The checkpoint with the best primary score among those scored on `on` (or, for an experiment never scored on it, on the
+    data most of its checkpoints were); without primary scores, the latest checkpoint."""
+    scored = {name: results[primary] for name, results in checkpoints.items() if primary in results}
+    if not scored:
+        return max(checkpoints, key=lambda name: (next(iter(checkpoints[name].values())).summary["step"], name))
+    if on not in {data_of(m.summary) for m in scored.values()}:
+        on = _common_data(scored.items())
+    sign = 1 if lower_is_better else -1
+    comparable = [name for name, m in scored.items() if data_of(m.summary) == on]
+    return min(comparable, key=lambda name: (sign * scored[name].summary["value"], -scored[name].summary["step"], name))  # ties: the later
+
+
+def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, sort: str, ranked_on: str) -> Row:
+    """One experiment at one checkpoint: its score on every benchmark, and whether it is ranked by `sort`."""
     first = next(iter(results.values()))
+    data = {name: data_of(m.summary) for name, m in sorted(results.items())}
+    note = (f"no {sort} score" if sort not in data else
+            f"{sort} on {describe(data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})" if data[sort] != ranked_on else "")
     return Row(
-        experiment=experiment, checkpoint=best, step=first.summary["step"], tokens_seen=first.summary["tokens_seen"],
+        experiment=experiment, checkpoint=first.summary["checkpoint"], step=first.summary["step"], tokens_seen=first.summary["tokens_seen"],
         scores={name: m.summary["value"] for name, m in sorted(results.items())},
-        counts={name: m.summary["count"] for name, m in sorted(results.items())}, checkpoints_evaluated=len(checkpoints),
+        counts={name: m.summary["count"] for name, m in sorted(results.items())}, checkpoints_evaluated=evaluated,
         git_commit=first.git_commit, tracker_url=url, digests={name: m.digest for name, m in sorted(results.items())},
+        data=data, versions={name: m.summary["version"] for name, m in sorted(results.items())}, ranked=not note, note=note,
     )
 
 
-def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, float, str]:
+def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, str, float, str]:
+    """Ranked rows by score; then unranked ones, grouped by the data they were scored on, and those without a score last."""
     if sort not in row.scores:
-        return (1, 0.0, row.experiment)
-    return (0, row.scores[sort] if lower_is_better else -row.scores[sort], row.experiment)
+        return (2, "", 0.0, row.experiment)
+    value = row.scores[sort] if lower_is_better else -row.scores[sort]
+    return (0, "", value, row.experiment) if row.ranked else (1, row.scored_on(sort), value, row.experiment)
 
 
 def regressions(candidate: Row, best: Row, benchmarks: Mapping[str, bool], tolerance: float = REGRESSION_TOLERANCE) -> list[str]:
-    """Each benchmark on which `candidate` is worse than `best` by more than the tolerance, said plainly.
+    """Each benchmark on which `candidate` is worse than `best` by more than the tolerance, said plainly; only scores that
+    compare (same version, same data) are compared.
 
     The tolerance is `tolerance` relative to the best's score; for a share of items (next-line matches, valid samples)
     it is at least NOISE_SIGMAS binomial standard errors, so a benchmark of 64 lines does not fail on one line's luck.
     """
     found = []
-    for name in sorted(set(candidate.scores) & set(best.scores)):
+    for name in sorted(n for n in set(candidate.scores) & set(best.scores) if candidate.compares_with(best, n)):
         new, old = candidate.scores[name], best.scores[name]
         lower = benchmarks.get(name, True)
         worse_by = (new - old) if lower else (old - new)
@@ -184,6 +256,42 @@ def regressions(candidate: Row, best: Row, benchmarks: Mapping[str, bool], toler
     return found
 
 
+def held_back(leader: Row, best: Row, board: Board, tolerance: float = REGRESSION_TOLERANCE) -> list[str]:
+    """Why the board's leader may not replace the current best model (empty when it may): it leads on its own held-out split,
+    which the best was not scored on, or it regresses on a benchmark both were scored on alike."""
+    if not leader.ranked:
+        return [f"{leader.experiment} is not ranked: {leader.note}"]
+    on = leader.scored_on(board.sort)
+    if not is_shared(on) and not leader.compares_with(best, board.sort):
+        return [f"{leader.experiment} leads on {board.sort} measured on {describe(on)}, which the current best {best.experiment} "
+                f"({best.checkpoint}) was not scored on: not comparable, so it is not marked best"]
+    return regressions(leader, best, board.benchmarks, tolerance)
+
+
+def heading(board: Board, benchmark: str) -> str:
+    """A column's title: the name, `(own split)` when most rows were scored on their own held-out split, the direction."""
+    own = " (own split)" if is_own_split(board.data.get(benchmark, "")) else ""
+    return f"{benchmark}{own} {'↓' if board.benchmarks[benchmark] else '↑'}"
+
+
+def cell(board: Board, row: Row, benchmark: str) -> str:
+    """A score as shown: 4 decimals, marked when measured on other data than its column; `–` without one."""
+    if benchmark not in row.scores:
+        return "–"
+    return f"{row.scores[benchmark]:.4f}" + ("" if board.comparable(row, benchmark) else NOT_COMPARABLE)
+
+
+def ranks(board: Board) -> list[str]:
+    """The rank of each row as shown: 1, 2, ... for ranked rows, `–` for the others."""
+    return [str(i) if row.ranked else "–" for i, row in enumerate(board.rows, start=1)]
+
+
+def legend(board: Board) -> str:
+    """What the marks mean, when some cell has one."""
+    marked = any(not board.comparable(row, name) for row in board.rows for name in board.benchmarks)
+    return f"{NOT_COMPARABLE} measured on other data than the rest of its column: not comparable with it." if marked else ""
+
+
 def _short(commit: str) -> str:
     return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
 
@@ -191,43 +299,48 @@ def _short(commit: str) -> str:
 def render_markdown(board: Board) -> str:
     """A Markdown table of the board, in rank order."""
     names = sorted(board.benchmarks)
-    arrows = {name: "↓" if board.benchmarks[name] else "↑" for name in names}
+    columns = ["rank", "experiment", "best checkpoint", *(heading(board, name) for name in names), "tokens seen", "commit", "tracker", "note"]
     lines = [
-        "| rank | experiment | best checkpoint | " + " | ".join(f"{name} {arrows[name]}" for name in names) + " | tokens seen | commit | tracker |",
-        "|---:|---|---|" + "---:|" * len(names) + "---:|---|---|",
+        "| " + " | ".join(columns) + " |",
+        "|---:|---|---|" + "---:|" * len(names) + "---:|---|---|---|",
     ]
-    for rank, row in enumerate(board.rows, start=1):
-        scores = " | ".join(f"{row.scores[name]:.4f}" if name in row.scores else "–" for name in names)
+    for rank, row in zip(ranks(board), board.rows, strict=True):
+        scores = " | ".join(cell(board, row, name) for name in names)
         tracker = f"[run]({row.tracker_url})" if row.tracker_url else ""
-        lines.append(f"| {rank} | {row.experiment} | {row.checkpoint} | {scores} | {row.tokens_seen:,} | {_short(row.git_commit)} | {tracker} |")
+        lines.append(f"| {rank} | {row.experiment} | {row.checkpoint} | {scores} | {row.tokens_seen:,} | {_short(row.git_commit)} | {tracker} "
+                     f"| {row.note} |")
     if not board.rows:
-        lines.append("| | no evaluations yet | |" + " |" * len(names) + " | | |")
-    return "\n".join(lines)
+        lines.append("| | no evaluations yet | |" + " |" * len(names) + " | | | |")
+    return "\n".join(lines) + (f"\n\n{note}" if (note := legend(board)) else "")
 
 
 def render_html(board: Board) -> str:
     """A static, self-contained HTML page of the board; clicking a column header sorts by it."""
     names = sorted(board.benchmarks)
-    headers = ["rank", "experiment", "best checkpoint", *(f"{n} {'↓' if board.benchmarks[n] else '↑'}" for n in names), "tokens seen", "commit", "tracker"]
+    headers = ["rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens seen", "commit", "tracker", "note"]
     body = []
-    for rank, row in enumerate(board.rows, start=1):
-        cells = [f'<td data-v="{rank}">{rank}</td>', f"<td>{html.escape(row.experiment)}</td>", f"<td>{html.escape(row.checkpoint)}</td>"]
+    for rank, row in zip(ranks(board), board.rows, strict=True):
+        cells = [f'<td data-v="{rank if row.ranked else ""}">{rank}</td>', f"<td>{html.escape(row.experiment)}</td>",
+                 f"<td>{html.escape(row.checkpoint)}</td>"]
         for name in names:
             value = row.scores.get(name)
-            cells.append(f'<td data-v="{value}">{value:.4f}</td>' if value is not None else '<td data-v="">–</td>')
+            other = "" if board.comparable(row, name) else f' class="nc" title="measured on {html.escape(describe(row.scored_on(name)))}"'
+            cells.append(f'<td data-v="{value}"{other}>{html.escape(cell(board, row, name))}</td>' if value is not None else '<td data-v="">–</td>')
         link = f'<a href="{html.escape(row.tracker_url)}">run</a>' if row.tracker_url else ""
-        cells += [f'<td data-v="{row.tokens_seen}">{row.tokens_seen:,}</td>', f"<td><code>{html.escape(_short(row.git_commit))}</code></td>", f"<td>{link}</td>"]
+        cells += [f'<td data-v="{row.tokens_seen}">{row.tokens_seen:,}</td>', f"<td><code>{html.escape(_short(row.git_commit))}</code></td>",
+                  f"<td>{link}</td>", f"<td>{html.escape(row.note)}</td>"]
         body.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     return HTML_PAGE.format(head=head, body="\n".join(body) or f'<tr><td colspan="{len(headers)}">no evaluations yet</td></tr>',
-                            sort=html.escape(board.sort), data=html.escape(json.dumps(board.to_json())))
+                            sort=html.escape(board.sort), legend=html.escape(legend(board)), data=html.escape(json.dumps(board.to_json())))
 
 
 HTML_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>leaderboard</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-th{{cursor:pointer;background:#f4f4f4}}td:nth-child(2),td:nth-child(3){{text-align:left}}</style></head>
-<body><h1>leaderboard</h1><p>Each experiment at its best checkpoint, ranked by {sort}. Click a header to sort.</p>
+th{{cursor:pointer;background:#f4f4f4}}td:nth-child(2),td:nth-child(3),td:last-child{{text-align:left}}td.nc{{color:#888}}</style></head>
+<body><h1>leaderboard</h1><p>Each experiment at its best checkpoint, ranked by {sort}; rows scored on other data follow, unranked.
+Click a header to sort.</p><p>{legend}</p>
 <table id="board"><thead><tr>{head}</tr></thead><tbody>
 {body}
 </tbody></table>

@@ -43,6 +43,9 @@ class EvalPoint:
     lower_is_better: bool
     checkpoint: str
     """The `checkpoints` partition key, `<experiment>__<stage>-<step:06d>`."""
+    own_split: bool = False
+    """Scored on the experiment's own held-out split (`val_bpb`): it compares with this experiment's other checkpoints, not
+    with other experiments'."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,7 +211,7 @@ def _benchmark_axes(points: Sequence[EvalPoint], benchmark: str) -> Axes:
     best = _best(mine)
     ax.plot([best.step], [best.value], linestyle="none", marker="*", markersize=16, color=BEST_COLOUR,
             markeredgecolor="black", zorder=5, label=f"best: {best.value:.4g} at step {best.step}")
-    ax.set(xlabel="step", ylabel=f"{benchmark} ({_better(lower)})", title=benchmark)
+    ax.set(xlabel="step", ylabel=f"{benchmark} ({_better(lower)})", title=_label(mine, benchmark))
     return ax
 
 
@@ -284,7 +287,7 @@ def _summary(inputs: ReportInputs) -> str:
         rows.append(("best eval loss", f"{min(v for _, v in eval_loss):.4f}"))
     for name in sorted({p.benchmark for p in inputs.evaluations}):
         best = _best([p for p in inputs.evaluations if p.benchmark == name])
-        rows.append((f"best {name}", f"{best.value:.4f} ({best.checkpoint})"))
+        rows.append((f"best {_label(inputs.evaluations, name)}", f"{best.value:.4f} ({best.checkpoint})"))
     rows.append(("control decisions", f"{len(inputs.control)}, {sum('alert' in c for c in inputs.control)} with an alert"))
     hits = sum(s.cache == "hit" for s in inputs.stages)
     rows.append(("stages", f"{len(inputs.stages)} ({hits} cache hits), {sum(s.seconds for s in inputs.stages):.1f} s computed"))
@@ -295,7 +298,7 @@ def _benchmarks(points: Sequence[EvalPoint], plots: Mapping[str, bytes]) -> str:
     """A heading and plot per benchmark."""
     names = sorted({p.benchmark for p in points})
     return "\n".join(
-        f"<h3>{_e(name)} ({_better(_direction([p for p in points if p.benchmark == name], name))})</h3>"
+        f"<h3>{_e(_label(points, name))} ({_better(_direction([p for p in points if p.benchmark == name], name))})</h3>"
         + _img(plots[f"{name}.png"], f"{name} by step")
         for name in names
     )
@@ -305,7 +308,12 @@ def _evaluations(points: Sequence[EvalPoint]) -> str:
     """Every evaluation, by benchmark then step."""
     ordered = sorted(points, key=lambda p: (p.benchmark, p.step, p.checkpoint))
     return _table(("benchmark", "checkpoint", "step", "value"),
-                  [(p.benchmark, p.checkpoint, p.step, f"{p.value:.4f}") for p in ordered], numeric=(2, 3))
+                  [(_label(points, p.benchmark), p.checkpoint, p.step, f"{p.value:.4f}") for p in ordered], numeric=(2, 3))
+
+
+def _label(points: Sequence[EvalPoint], benchmark: str) -> str:
+    """The benchmark's name, with `(own split)` when it was scored on the experiment's own held-out split."""
+    return benchmark + (" (own split)" if any(p.own_split for p in points if p.benchmark == benchmark) else "")
 
 
 def _control(decisions: Sequence[Mapping[str, Any]]) -> str:

@@ -6,6 +6,7 @@ Their code is imported when a benchmark runs, so reading the registry (`factory 
 from __future__ import annotations
 
 from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
+from factory.evals.heldout import REF as HELDOUT
 
 
 def validation_bpb(inputs: EvalInputs) -> Score:
@@ -20,7 +21,22 @@ def validation_bpb(inputs: EvalInputs) -> Score:
 
 VAL_BPB = register(Benchmark(
     name="val_bpb", version=1, lower_is_better=True, run=validation_bpb,
-    description="validation bits per byte on the blend's held-out split",
+    description="validation bits per byte on the blend's held-out split (the experiment's own: compares only with experiments "
+                "of the same blend)",
+))
+
+
+def heldout_bpb(inputs: EvalInputs) -> Score:
+    """Bits per byte of every document of the pinned table version all experiments share."""
+    from factory.evals.heldout import heldout_bpb as score
+
+    return score(inputs)
+
+
+HELDOUT_BPB = register(Benchmark(
+    name="heldout_bpb", version=1, lower_is_better=True, run=heldout_bpb, data=HELDOUT,
+    description=f"bits per byte of every document of {HELDOUT} (generated Python functions no experiment trains on), "
+                "the same pinned data for every experiment: comparable across experiments",
 ))
 
 
@@ -45,7 +61,7 @@ def python_sanity(inputs: EvalInputs) -> Score:
 
 
 PYTHON_SANITY = register(Benchmark(
-    name="python_sanity", version=1, lower_is_better=False, run=python_sanity,
+    name="python_sanity", version=1, lower_is_better=False, run=python_sanity, data="fixed prompts",
     description="share of 32 seeded samples (96 tokens at temperature 0.8) that are valid Python or a valid prefix",
 ))
 
@@ -58,6 +74,6 @@ def code_exec(inputs: EvalInputs) -> Score:
 
 
 CODE_EXEC = register(Benchmark(
-    name="code_exec", version=1, lower_is_better=False, run=code_exec,
+    name="code_exec", version=1, lower_is_better=False, run=code_exec, data="post.code_exec_tasks@v1",
     description="exact output of 64 held-out function calls (test split of post.code_exec_tasks@v1), greedy decoding",
 ))

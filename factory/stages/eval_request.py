@@ -20,6 +20,7 @@ from factory.config.stages import StageSpec
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError
 from factory.evals.benchmarks import Benchmark, benchmark
+from factory.evals.scored_on import own_split, pinned
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 
 KIND = "evaluations"
@@ -99,13 +100,25 @@ def _plain(checkpoint: CheckpointRef) -> dict[str, Any]:
     return {name: getattr(checkpoint, name) for name in checkpoint.__slots__}
 
 
+def scored_on(bench: Benchmark, checkpoint: CheckpointRef, content: str = "") -> str:
+    """The identity of the data `bench` scores `checkpoint` on (`factory.evals.scored_on`): the experiment's own held-out split
+    as its evaluations read it, or the benchmark's shared data (with `content`, what its pinned table version holds)."""
+    if bench.data:
+        return pinned(bench.data, content) if content else bench.data
+    config = checkpoint.training["config"]
+    return own_split(checkpoint.training["upstream"]["blend"], config["seed"], config["stream"].get("shuffle_buffer_docs"),
+                     checkpoint.eval["max_bytes"])
+
+
 def publish_score(
-    registry: ArtifactStore, request: EvalRequest, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float
+    registry: ArtifactStore, request: EvalRequest, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float,
+    data: str,
 ) -> Manifest:
-    """Publish one score as an immutable artifact."""
+    """Publish one score as an immutable artifact; `data` is the identity of the data it was scored on (`scored_on`)."""
     checkpoint = item.checkpoint
     summary = {
         "benchmark": bench.name, "version": bench.version, "lower_is_better": bench.lower_is_better, "value": value, "count": count,
+        "data": data,
         "checkpoint": checkpoint.key, "experiment": checkpoint.experiment, "step": checkpoint.step, "tokens_seen": checkpoint.tokens_seen,
         "checkpoint_sha256": checkpoint.sha256, "training": StageSpec.from_json(checkpoint.training).fingerprint,
     }

@@ -18,13 +18,15 @@ from factory.config.stages import StageSpec
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import BlendStream
+from factory.data.tables import content_of
 from factory.errors import ArtifactError, FactoryError
 from factory.evals.benchmarks import EvalInputs, benchmark
+from factory.evals.scored_on import table_ref
 from factory.models.gpt import GPT
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore, Manifest
 from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
-from factory.stages.eval_request import KIND, CheckpointRef, EvalRequest, batch_summary, publish_score
+from factory.stages.eval_request import KIND, CheckpointRef, EvalRequest, batch_summary, publish_score, scored_on
 from factory.stages.report import Reporter, exit_now, open_reporter
 from factory.train.checkpoint import load_checkpoint
 
@@ -61,7 +63,8 @@ def evaluate(request: EvalRequest, reporter: Reporter) -> dict[str, Manifest]:
         started = time.perf_counter()
         score = bench.run(inputs)
         seconds = time.perf_counter() - started
-        results[item.partition] = publish_score(registry, request, item, bench, score.value, score.count, dict(score.details), seconds)
+        data = scored_on(bench, item.checkpoint, content_of(inputs.catalog, ref) if (ref := table_ref(bench.data)) else "")
+        results[item.partition] = publish_score(registry, request, item, bench, score.value, score.count, dict(score.details), seconds, data)
         reporter.log.info("%s: %s = %.4f over %d items (%.1f s)", item.checkpoint.key, bench.name, score.value, score.count, seconds)
     if unavailable:
         count = f"{len(unavailable)} checkpoint" + ("s" if len(unavailable) > 1 else "")

@@ -13,6 +13,7 @@ import yaml
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.schema import Experiment
 from factory.evals.leaderboard import latest_results
+from factory.evals.scored_on import data_of, is_own_split
 from factory.evals.report import EvalPoint, ReportInputs, StageCost, render_report, report_plots
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.stages.eval_request import KIND as EVALUATIONS
@@ -55,7 +56,8 @@ def _jsonl(path: Path) -> list[dict]:
 
 def _point(manifest: Manifest) -> EvalPoint:
     s = manifest.summary
-    return EvalPoint(benchmark=s["benchmark"], step=s["step"], value=s["value"], lower_is_better=s["lower_is_better"], checkpoint=s["checkpoint"])
+    return EvalPoint(benchmark=s["benchmark"], step=s["step"], value=s["value"], lower_is_better=s["lower_is_better"], checkpoint=s["checkpoint"],
+                     own_split=is_own_split(data_of(s)))
 
 
 def _cost(kind: str, manifest: Manifest | None, cache: str) -> StageCost:

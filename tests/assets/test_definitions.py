@@ -21,6 +21,7 @@ LINEAGE = {
     "best_model": {"leaderboard"},
     "run_report": {"model", "leaderboard"},
     "code_exec_tasks": set(),
+    "heldout_corpus": set(),
     "production_model": {"model"},
 }
 
@@ -35,7 +36,7 @@ def test_stage_assets_are_partitioned_by_experiment():
     graph = defs.resolve_asset_graph()
     for name in LINEAGE:
         partitions = graph.get(AssetKey(name)).partitions_def
-        if name in ("leaderboard", "best_model", "code_exec_tasks", "production_model"):
+        if name in ("leaderboard", "best_model", "code_exec_tasks", "heldout_corpus", "production_model"):
             assert partitions is None
         elif name == "checkpoints":
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == "checkpoints"

@@ -57,3 +57,28 @@ def test_a_leader_within_the_tolerance_everywhere_is_marked_best(gate):
     result = run()
     assert result.success and check_of(result).passed
     assert current_best(registry).experiment == "c"
+
+
+def test_a_toy_with_a_lower_val_bpb_on_its_own_data_does_not_become_best_over_a_model_better_on_heldout_bpb(gate):
+    registry, instance, run = gate
+    publish_result(registry, "tiny-code-lm", "val_bpb", 2.0, blend="c" * 64)
+    publish_result(registry, "tiny-code-lm", "heldout_bpb", 2.3, blend="c" * 64)
+    assert run().success and current_best(registry).experiment == "tiny-code-lm"
+    publish_result(registry, "toy", "val_bpb", 1.2, step=40, blend="d" * 64)  # its own notes are easy to predict...
+    publish_result(registry, "toy", "heldout_bpb", 3.1, step=40, blend="d" * 64)  # ...the shared held-out code is not
+    result = run()
+    assert result.success and check_of(result).passed  # val_bpb 2.0 vs 1.2 is no regression: other data
+    assert [row.experiment for row in latest_board(registry).rows] == ["tiny-code-lm", "toy"]
+    assert current_best(registry).experiment == "tiny-code-lm"
+
+
+def test_the_best_model_does_not_move_on_an_own_split_score_of_another_blend(gate):
+    registry, instance, run = gate
+    publish_result(registry, "tiny-code-lm", "val_bpb", 2.0, blend="c" * 64)
+    assert run().success and current_best(registry).experiment == "tiny-code-lm"
+    publish_result(registry, "toy", "val_bpb", 1.2, step=40, blend="d" * 64)
+    second = run()
+    assert latest_board(registry).rows[0].experiment == "toy"  # the newest results rank a board of own splits alone...
+    assert not second.success and gate_refused(second)
+    assert "toy leads on val_bpb measured on its own held-out split" in check_of(second).description
+    assert current_best(registry).experiment == "tiny-code-lm"  # ...but the best model does not move on them

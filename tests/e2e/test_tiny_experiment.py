@@ -52,6 +52,7 @@ def test_every_kept_checkpoint_is_evaluated_and_training_helped(pipeline):
 
     bpb = scores(pipeline, "val_bpb")
     assert sorted(bpb) == [100, 200, 300] and sorted(scores(pipeline, "next_line")) == [100, 200, 300]
+    assert sorted(scores(pipeline, "heldout_bpb")) == [100, 200, 300]  # its corpus generated on first use
     assert bpb[300] < bpb[100], bpb
     # The untrained initialisation of the same seed, scored by the same benchmark on the same bytes, is far worse.
     key = f"{pipeline['name']}__pretrain-000300"
@@ -122,10 +123,12 @@ def test_lineage_is_recorded_in_manifests(pipeline):
 def test_leaderboard_lists_the_experiment_at_its_best_checkpoint(pipeline):
     board = latest_board(ArtifactStore(pipeline["root"] / "registry"))
     [row] = board.rows
-    bpb = scores(pipeline, "val_bpb")
-    best = min(bpb, key=bpb.get)
+    heldout = scores(pipeline, "heldout_bpb")
+    best = min(heldout, key=heldout.get)  # the primary benchmark: the data every experiment shares
+    assert board.sort == "heldout_bpb" and row.ranked
     assert row.experiment == pipeline["name"] and row.checkpoint == f"{pipeline['name']}__pretrain-{best:06d}"
-    assert row.scores["val_bpb"] == bpb[best] and row.tracker_url.startswith("mlflow run ")
+    assert row.scores["heldout_bpb"] == heldout[best] and row.tracker_url.startswith("mlflow run ")
+    assert row.data["heldout_bpb"].startswith("eval.heldout_code@v1#content-") and row.data["val_bpb"].startswith("blend:")
     [latest, *_] = materializations(pipeline["instance"], "leaderboard", None)
     assert f"| 1 | {pipeline['name']} |" in metadata_of(latest)["leaderboard"]
     [best_model, *_] = materializations(pipeline["instance"], "best_model", None)
@@ -322,8 +325,9 @@ def test_the_run_report_shows_curves_evaluations_decisions_cost_and_lineage(pipe
     [latest, *_] = materializations(pipeline["instance"], "run_report", pipeline["name"])
     page = Path(metadata_of(latest)["report"])
     text = page.read_text()
-    assert text.count("data:image/png;base64,") == 3  # training loss, val_bpb, next_line
-    for name in ("training.png", "val_bpb.png", "next_line.png"):
+    assert text.count("data:image/png;base64,") == 4  # training loss, heldout_bpb, val_bpb, next_line
+    assert "<h3>val_bpb (own split) (lower is better)</h3>" in text and "<h3>heldout_bpb (lower is better)</h3>" in text
+    for name in ("training.png", "heldout_bpb.png", "val_bpb.png", "next_line.png"):
         image = imread(page.parent / name)
         assert image.shape[:2] == (400, 800) and image.std() > 0.05, name  # a drawn plot, not a blank canvas
     assert "tiny-code-lm: the smallest model" in text  # the reasoning from the file's body
@@ -345,6 +349,6 @@ def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipel
     assert {f"python_sanity|{pipeline['name']}__pretrain-{step:06d}" for step in (100, 200, 300)} <= keys
     board = subprocess.run([sys.executable, "-m", "factory", "leaderboard", "--root", str(root), "--json"],
                            capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert board.returncode == 0 and set(json.loads(board.stdout)["benchmarks"]) == {"val_bpb", "next_line", "python_sanity"}
+    assert board.returncode == 0 and set(json.loads(board.stdout)["benchmarks"]) == {"heldout_bpb", "val_bpb", "next_line", "python_sanity"}
     unknown = subprocess.run([*command[:6], "no_such_benchmark", "--root", str(root)], capture_output=True, text=True, cwd=REPO)
     assert unknown.returncode == 2 and "unknown benchmark 'no_such_benchmark'; registered:" in unknown.stderr

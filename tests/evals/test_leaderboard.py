@@ -6,21 +6,23 @@ import re
 import pytest
 
 from factory.errors import ConfigError
-from factory.evals.leaderboard import Board, build_board, latest_results, regressions, render_html, render_markdown
+from factory.evals.leaderboard import Board, build_board, held_back, latest_results, regressions, render_html, render_markdown
 from factory.registry.store import Manifest
 
-LOWER = {"val_bpb": True, "next_line": False}
+LOWER = {"val_bpb": True, "next_line": False, "heldout_bpb": True}
+SHARED_BLEND = "blend:1111111111111111+aaaaaaaa"
 
 
 def result(experiment: str, step: int, benchmark: str, value: float, created: str = "2026-01-01T00:00:00+00:00", version: int = 1,
-           training: str = "run-1", count: int = 64) -> Manifest:
+           training: str = "run-1", count: int = 64, data: str = SHARED_BLEND) -> Manifest:
     checkpoint = f"{experiment}__pretrain-{step:06d}"
     return Manifest(
         kind="evaluations", fingerprint=f"fp-{checkpoint}-{benchmark}-{created}", digest=f"d-{checkpoint}-{benchmark}-{value}",
         files={"result.json": {"sha256": "0" * 64, "bytes": 10}}, config={}, inputs={}, code="local:abc", experiment=experiment,
         config_hash="c" * 16, git_commit="0123456789abcdef0123", created=created,
         summary={"benchmark": benchmark, "version": version, "lower_is_better": LOWER[benchmark], "value": value, "count": count,
-                 "checkpoint": checkpoint, "experiment": experiment, "step": step, "tokens_seen": step * 100, "training": training},
+                 "checkpoint": checkpoint, "experiment": experiment, "step": step, "tokens_seen": step * 100, "training": training,
+                 "data": data},
     )
 
 
@@ -38,7 +40,7 @@ def test_each_experiment_is_shown_at_its_best_checkpoint_on_the_primary_benchmar
     a = board.rows[1]
     assert (a.checkpoint, a.step, a.tokens_seen, a.checkpoints_evaluated) == ("a__pretrain-000200", 200, 20_000, 2)
     assert dict(a.scores) == {"val_bpb": 2.2, "next_line": 0.05}  # one model per row, never the best of each column
-    assert board.benchmarks == LOWER and board.sort == "val_bpb"
+    assert board.benchmarks == {"val_bpb": True, "next_line": False} and board.sort == "val_bpb"
 
 
 def test_sorting_by_a_higher_is_better_benchmark_puts_the_highest_first_and_rows_without_it_last():
@@ -93,7 +95,7 @@ def test_a_share_of_few_items_may_drop_within_its_noise():
 
 def test_markdown_has_a_column_per_benchmark_and_a_line_per_experiment_in_rank_order():
     header, separator, *lines = render_markdown(build_board(RESULTS)).splitlines()
-    assert "next_line ↑" in header and "val_bpb ↓" in header
+    assert "next_line (own split) ↑" in header and "val_bpb (own split) ↓" in header
     assert separator.count("|") == header.count("|")
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     assert [row[1] for row in cells] == ["b", "a", "c"]
@@ -112,3 +114,96 @@ def test_the_html_page_escapes_names_and_carries_the_board_as_json():
 def test_an_empty_board_says_so():
     board = build_board([])
     assert board.rows == () and "no evaluations yet" in render_markdown(board) and "no evaluations yet" in render_html(board)
+
+
+TOY_BLEND, CODE_BLEND = "blend:2222222222222222+bbbbbbbb", "blend:3333333333333333+cccccccc"
+HELDOUT = "eval.heldout_code@v1#content-0123456789abcdef"
+LATER = "2026-03-01T00:00:00+00:00"
+# The issue: a 40-step toy scored on its own notes has a lower val_bpb than tiny-code-lm on its own held-out split.
+TOY = [result("toy", 40, "val_bpb", 1.2, data=TOY_BLEND, created=LATER), result("toy", 40, "heldout_bpb", 3.1, data=HELDOUT)]
+TINY = [
+    result("tiny", 200, "val_bpb", 1.9, data=CODE_BLEND), result("tiny", 200, "heldout_bpb", 2.6, data=HELDOUT),
+    result("tiny", 300, "val_bpb", 2.0, data=CODE_BLEND), result("tiny", 300, "heldout_bpb", 2.3, data=HELDOUT),  # best on heldout
+]
+
+
+def test_own_split_scores_of_experiments_with_other_blends_are_not_ranked_against_each_other():
+    board = build_board([m for m in [*TOY, *TINY] if m.summary["benchmark"] == "val_bpb"])
+    assert board.sort == "val_bpb" and board.data["val_bpb"] == TOY_BLEND  # one experiment each: the newest results rank
+    toy, tiny = board.rows
+    assert (toy.experiment, toy.ranked, tiny.experiment, tiny.ranked) == ("toy", True, "tiny", False)
+    assert tiny.note == "val_bpb on its own held-out split (blend 33333333…), not comparable with the ranked rows' " \
+                        "(its own held-out split (blend 22222222…))"
+
+
+def test_heldout_bpb_ranks_experiments_of_any_blend_and_picks_each_ones_best_checkpoint():
+    board = build_board([*TOY, *TINY])
+    assert board.sort == "heldout_bpb" and board.data["heldout_bpb"] == HELDOUT
+    assert [(row.experiment, row.checkpoint, row.ranked) for row in board.rows] == [
+        ("tiny", "tiny__pretrain-000300", True), ("toy", "toy__pretrain-000040", True),  # tiny at 300: best on heldout, not on val_bpb
+    ]
+    assert dict(board.rows[0].data) == {"heldout_bpb": HELDOUT, "val_bpb": CODE_BLEND}
+    assert board.rows[0].versions == {"heldout_bpb": 1, "val_bpb": 1}
+
+
+def test_sorting_by_an_own_split_benchmark_ranks_only_the_rows_on_the_same_split():
+    other = [result("sweep", 100, "val_bpb", 1.95, data=CODE_BLEND), result("sweep", 100, "heldout_bpb", 2.4, data=HELDOUT)]
+    board = build_board([*TOY, *TINY, *other], sort="val_bpb")
+    assert board.data["val_bpb"] == CODE_BLEND  # two experiments on this split, one on the toy's
+    assert [(row.experiment, row.ranked) for row in board.rows] == [("sweep", True), ("tiny", True), ("toy", False)]
+
+
+def test_regressions_compare_only_scores_on_the_same_data():
+    board = build_board([*TOY, *TINY])
+    tiny, toy = board.rows
+    assert regressions(tiny, toy, board.benchmarks) == []  # val_bpb 2.0 vs 1.2 is not a regression: other held-out splits
+    assert regressions(toy, tiny, board.benchmarks)[0].startswith("heldout_bpb: 3.1000 vs 2.3000")
+    same_split = build_board([result("x", 1, "val_bpb", 2.0), result("y", 1, "val_bpb", 1.2)])
+    x, y = same_split.rows[1], same_split.rows[0]
+    assert regressions(x, y, same_split.benchmarks) != []  # on the same split it is one
+
+
+def test_a_leader_on_an_own_split_the_best_was_not_scored_on_is_held_back():
+    only_own_split = build_board([m for m in [*TOY, *TINY] if m.summary["benchmark"] == "val_bpb"])
+    toy, tiny = only_own_split.rows
+    [reason] = held_back(toy, tiny, only_own_split)
+    assert reason.startswith("toy leads on val_bpb measured on its own held-out split (blend 22222222…), which the current best tiny")
+    shared = build_board([*TOY, *TINY])
+    assert held_back(shared.rows[0], shared.rows[1], shared) == []  # tiny leads on heldout_bpb and regresses nowhere comparable
+    assert held_back(shared.rows[1], shared.rows[0], shared) != []  # the toy is worse on heldout_bpb
+
+
+def test_results_from_before_data_was_recorded_compare_only_with_their_own_experiment():
+    old = [m for m in RESULTS if m.summary["experiment"] in ("a", "b")]
+    for manifest in old:
+        del manifest.summary["data"]
+    board = build_board(old)
+    assert [row.ranked for row in board.rows] == [True, False]
+    assert "unrecorded data" in board.rows[1].note
+    a = next(row for row in board.rows if row.experiment == "a")
+    assert a.checkpoint == "a__pretrain-000200"  # within one experiment its own results still compare
+
+
+def test_renders_mark_own_split_columns_and_scores_not_comparable_with_their_column():
+    board = build_board([*TOY, *TINY])
+    markdown = render_markdown(board)
+    header, _, tiny, toy, _, legend = markdown.splitlines()
+    assert "heldout_bpb ↓" in header and "val_bpb (own split) ↓" in header
+    assert board.data["val_bpb"] == CODE_BLEND  # one experiment on each split: the column of the higher-placed row's
+    assert tiny.startswith("| 1 | tiny | tiny__pretrain-000300 | 2.3000 | 2.0000 |")
+    assert toy.startswith("| 2 | toy | toy__pretrain-000040 | 3.1000 | 1.2000* |")
+    assert legend.startswith("* measured on other data than the rest of its column")
+    page = render_html(board)
+    assert "val_bpb (own split) ↓" in page and 'class="nc" title="measured on its own held-out split (blend 22222222…)"' in page
+    unranked = build_board([m for m in [*TOY, *TINY] if m.summary["benchmark"] == "val_bpb"])
+    assert render_markdown(unranked).splitlines()[3].startswith("| – | tiny |")
+    assert Board.from_json(json.loads(json.dumps(board.to_json()))) == board
+
+
+def test_a_board_published_before_data_was_recorded_still_reads():
+    board = Board.from_json({"sort": "val_bpb", "benchmarks": {"val_bpb": True}, "rows": [
+        {"experiment": "a", "checkpoint": "a__pretrain-000100", "step": 100, "tokens_seen": 1, "scores": {"val_bpb": 2.0},
+         "counts": {"val_bpb": 10}, "checkpoints_evaluated": 1, "git_commit": "0" * 40, "tracker_url": "", "digests": {}},
+    ]})
+    assert board.rows[0].ranked and board.rows[0].scored_on("val_bpb") == "unrecorded:a"
+    assert "2.0000 |" in render_markdown(board)

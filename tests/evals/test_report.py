@@ -185,6 +185,15 @@ def test_report_embeds_one_training_plot_and_one_per_benchmark():
     assert base64.b64decode(images[2]) == plot_benchmark(FULL.evaluations, "val_bpb")
 
 
+def test_a_benchmark_scored_on_the_experiments_own_held_out_split_says_so_wherever_it_is_shown():
+    own = [dataclasses.replace(p, own_split=True) for p in BPB]
+    page = render_report(dataclasses.replace(FULL, evaluations=own + RISING))
+    assert "<h3>val_bpb (own split) (lower is better)</h3>" in page
+    assert "<td>best val_bpb (own split)</td>" in page and "<td>val_bpb (own split)</td>" in page
+    assert "<h3>pass@1 (higher is better)</h3>" in page  # scored on shared data: no label
+    assert _benchmark_axes(own, "val_bpb").get_title() == "val_bpb (own split)"
+
+
 def test_report_escapes_every_input_string():
     page = render_report(FULL)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

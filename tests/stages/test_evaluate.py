@@ -10,9 +10,10 @@ import torch
 from assets.backfill import ranges
 from factory.config.schema import ModelConfig, TokenizerConfig
 from factory.config.stages import StageSpec
-from factory.data.catalog import CatalogConfig
+from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError
 from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
+from factory.evals.heldout import write_heldout_corpus
 from factory.models.gpt import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
@@ -72,6 +73,21 @@ def test_two_experiments_with_the_same_checkpoint_bytes_get_their_own_settings_a
     a, b = results["settings_probe|a__pretrain-000001"], results["settings_probe|b__pretrain-000001"]
     assert (a.summary["experiment"], b.summary["experiment"]) == ("a", "b") and a.fingerprint != b.fingerprint
     assert a.summary["value"] == b.summary["value"]  # the same bytes score the same
+
+
+def test_each_result_records_the_data_it_was_scored_on(setup, tmp_path):
+    registry, item, request, training = setup
+    version = write_heldout_corpus(open_catalog(CatalogConfig.local(tmp_path / "iceberg")), logging.getLogger("test"))
+    own = item("a")
+    shared = EvalItem(partition=f"heldout_bpb|{own.checkpoint.key}", benchmark="heldout_bpb", checkpoint=own.checkpoint)
+    results = evaluate(request(own, shared, item("b", max_bytes=5000)), ConsoleReporter(logging.getLogger("test")))
+    blend = training["upstream"]["blend"]
+    a, b = results[own.partition].summary["data"], results["settings_probe|b__pretrain-000001"].summary["data"]
+    assert a.startswith(f"blend:{blend[:16]}+") and b.startswith(f"blend:{blend[:16]}+")  # the experiment's own held-out split...
+    assert a != b  # ...read up to another max_bytes: other bytes
+    heldout = results[shared.partition].summary
+    assert heldout["data"] == f"eval.heldout_code@v1#{version.content_tag}"  # the pinned table and what it held here
+    assert heldout["count"] > 10_000 and heldout["value"] > 0  # a real model scored on every document
 
 
 def test_an_evaluated_partition_is_never_evaluated_again(setup):
