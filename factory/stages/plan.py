@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
+from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
 
 PENDING = "pending:"
@@ -63,12 +64,15 @@ def _decide(
     if manifest is not None:
         return "cached", f"from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}, {manifest.created})", manifest.digest
     pending = PENDING + spec.fingerprint
+    note = ""
     if (holder := registry.holder(spec.fingerprint)) is not None:
-        return "waiting", f"{holder.owner} holds the lease", pending
+        if (gone := abandoned(holder)) is None:
+            return "waiting", f"{holder.owner} holds the lease", pending
+        note = f" (lease of {holder.owner} ignored: {gone})"  # the next launch takes it over
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, history), pending
+    return "run", why_run(experiment.name, spec, history) + note, pending
 
 
 def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest]) -> str:
