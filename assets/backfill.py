@@ -14,10 +14,10 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, PreviewWarning, materialize
+from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, PreviewWarning
 
 from assets.evaluations import EVALS_PER_RUN, evaluated
-from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
+from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, materialize, resources_at
 from assets.partitions import BENCHMARKS, CHECKPOINTS
 from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity

@@ -7,6 +7,7 @@ puts up to EVALS_PER_RUN partitions in a run), so a backfill over a thousand che
 dozen launches, not a thousand.
 """
 
+import warnings
 from collections.abc import Iterator
 
 from dagster import (
@@ -14,6 +15,7 @@ from dagster import (
     AssetObservation,
     AutomationCondition,
     BackfillPolicy,
+    BetaWarning,
     DagsterInstance,
     DataVersion,
     Failure,
@@ -36,6 +38,9 @@ from resources import FactoryStores, StageLauncher
 EVALS_PER_RUN = 50
 """Partitions a backfill puts in one run (one process, one model load per checkpoint)."""
 CHECKPOINT_FIELDS = ("step", "tokens_seen", "path", "sha256", "training", "eval", "git_commit", "experiment")
+# The backfill policy is beta in the Dagster this project pins: its warning, in every process that loads the assets, is
+# nothing a user can act on. Only that warning is silenced.
+warnings.filterwarnings("ignore", category=BetaWarning, message="Parameter `backfill_policy`")
 
 
 @asset(

@@ -1,8 +1,12 @@
-"""What in-process runs share: every asset, the embedded-default resources, the console log level, failures said plainly."""
+"""What in-process runs share: every asset, the embedded-default resources, the console logger, failures said plainly."""
 
+import logging
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from dagster import DagsterEventType, ExecuteInProcessResult
+from dagster import DagsterEventType, Definitions, ExecuteInProcessResult, Field, InitLoggerContext, define_asset_job, logger
 
 from assets.checkpoints import checkpoints
 from assets.evaluations import evaluations
@@ -16,6 +20,43 @@ from resources import ExperimentFiles, FactoryStores, launcher_from_env
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus]
+JOB = "__ephemeral_asset_job__"
+"""The name `dagster.materialize` gives its job: the UI shows such runs as plain materializations."""
+LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
+INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
+"""The errors of a step or run that someone stopped (Ctrl-C, SIGTERM), rather than one that failed."""
+
+
+def logged_to(path: Path) -> dict:
+    """RUN_CONFIG, with everything the runs log (the stack traces of their failures too) also appended to `path`."""
+    return {"loggers": {"console": {"config": {**RUN_CONFIG["loggers"]["console"]["config"], "log_file": str(path)}}}}
+
+
+@logger(
+    config_schema={"log_level": Field(str, default_value="INFO"), "log_file": Field(str, default_value="")},
+    description="The terminal: what the run says, but its errors, which the run's summary says once; the log file: all of it.",
+)
+def console(init_context: InitLoggerContext) -> logging.Logger:
+    """Dagster's console logger, but ERROR records (a failure's stack trace, the steps it skipped) only in the log file."""
+    config = init_context.logger_config
+    log = logging.Logger("dagster", config["log_level"])  # not registered: one per run, as Dagster's own console logger
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setFormatter(logging.Formatter(LOG_FORMAT))
+    terminal.addFilter(lambda record: record.levelno < logging.ERROR)
+    log.addHandler(terminal)
+    if config["log_file"]:
+        file = logging.FileHandler(config["log_file"], mode="a", encoding="utf-8", delay=True)
+        file.setFormatter(logging.Formatter(LOG_FORMAT))
+        log.addHandler(file)
+    return log
+
+
+def materialize(assets: Sequence[Any], *, selection: Sequence[str] | None = None, resources: dict | None = None,
+                **options: Any) -> ExecuteInProcessResult:
+    """`dagster.materialize` with the factory's `console` logger: one job over `assets`, run in this process."""
+    defs = Definitions(assets=assets, jobs=[define_asset_job(JOB, selection=selection)], resources=resources or {},
+                       loggers={"console": console})
+    return defs.resolve_job_def(JOB).execute_in_process(**options)
 
 
 def resources_at(root: Path, experiments: Path = Path("experiments")) -> dict:
@@ -31,11 +72,30 @@ def failure_messages(result: ExecuteInProcessResult) -> list[str]:
             check = event.event_specific_data
             messages.append(f"{check.asset_key.to_user_string()} check {check.check_name} failed: {check.description}")
         if event.is_step_failure and event.step_failure_data is not None:
-            error = event.step_failure_data.user_failure_data
-            description = error.description if error is not None and error.description else None
-            messages.append(f"{event.step_key}: {description or event.step_failure_data.error.message.strip()}")
+            user = event.step_failure_data.user_failure_data
+            error = event.step_failure_data.error
+            if user is not None and user.description:
+                said = user.description
+            elif error.cls_name in INTERRUPTS:  # the launcher notes what the stage said as it stopped
+                said = "".join(error.message.splitlines(keepends=True)[1:]).strip() or "interrupted"
+            else:
+                said = error.message.strip()
+            messages.append(said if said.startswith(f"{event.step_key}: ") else f"{event.step_key}: {said}")
     return messages
 
+
+def interrupted(result: ExecuteInProcessResult) -> bool:
+    """Whether someone stopped the run (Ctrl-C, SIGTERM), rather than a step failing."""
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data is not None:
+            error = event.step_failure_data.error
+        elif event.event_type == DagsterEventType.RUN_FAILURE:
+            error = getattr(event.event_specific_data, "error", None)
+        else:
+            continue
+        if error is not None and error.cls_name in INTERRUPTS:
+            return True
+    return False
 
 
 def gate_refused(result: ExecuteInProcessResult) -> bool:

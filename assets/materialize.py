@@ -4,22 +4,24 @@ import os
 import sys
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance, ExecuteInProcessResult, materialize
+from dagster import AssetKey, DagsterInstance, ExecuteInProcessResult
 from rich.console import Console
 from rich.table import Table
 
 from assets.backfill import evaluate_checkpoints, stored_checkpoints, unevaluated
-from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, resources_at
+from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, logged_to, materialize, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
 from factory.config import Experiment
 from factory.registry import ArtifactStore
 
 
 def materialize_experiment(
-    path: Path, experiments: list[Experiment], root: Path, instance: DagsterInstance, quiet: bool = False
+    path: Path, experiments: list[Experiment], root: Path, instance: DagsterInstance, quiet: bool = False, log: Path | None = None
 ) -> ExecuteInProcessResult:
-    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard and reports."""
-    common = {"instance": instance, "resources": resources_at(root, path.parent), "raise_on_error": False, "run_config": RUN_CONFIG}
+    """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard and reports;
+    with `log`, every run's log goes to that file too (the terminal gets no stack trace)."""
+    common = {"instance": instance, "resources": resources_at(root, path.parent), "raise_on_error": False,
+              "run_config": RUN_CONFIG if log is None else logged_to(log)}
     registry = ArtifactStore(root / "registry")
     for experiment in experiments:
         result = materialize_stages(experiment, common)

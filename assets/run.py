@@ -12,6 +12,8 @@ import argparse
 import contextlib
 import os
 import sys
+import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,18 +32,20 @@ if TYPE_CHECKING:
     from dagster import DagsterInstance, ExecuteInProcessResult
 
 
-def run_experiment(path: Path, root: Path, instance: DagsterInstance | None = None, quiet: bool = False) -> ExecuteInProcessResult:
+def run_experiment(
+    path: Path, root: Path, instance: DagsterInstance | None = None, quiet: bool = False, log: Path | None = None
+) -> ExecuteInProcessResult:
     """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard;
-    on `instance`, or on $DAGSTER_HOME's (opened and closed here)."""
+    on `instance`, or on $DAGSTER_HOME's (opened and closed here); with `log`, the runs' whole log goes to that file too."""
     experiments = load_file(path)
     with warm_stages(experiments, root):  # the warm interpreter imports while Dagster does, below
         from dagster import DagsterInstance, PreviewWarning
 
+        warnings.filterwarnings("ignore", category=PreviewWarning)
         from assets.materialize import materialize_experiment
 
-        warnings.filterwarnings("ignore", category=PreviewWarning)
         with contextlib.nullcontext(instance) if instance is not None else DagsterInstance.get() as opened:
-            return materialize_experiment(path, experiments, root, opened, quiet)
+            return materialize_experiment(path, experiments, root, opened, quiet, log)
 
 
 @contextlib.contextmanager
@@ -68,23 +72,42 @@ def tracker_backend() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit 0 ok, 1 a stage failed, 2 bad input."""
+    """Entry point; exit 0 ok, 1 a stage failed or the run was interrupted, 2 bad input. A failure is one line on stderr
+    (each failed step's own message) naming the log file that holds the whole trace."""
     parser = argparse.ArgumentParser(prog="python -m assets.run")
     parser.add_argument("experiment", type=Path)
     parser.add_argument("--root", type=Path, default=Path(".factory"))
     args = parser.parse_args(argv)
+    log = log_path(args.root, args.experiment)
+    again = f"`factory run {args.experiment}` goes on from there"
     try:
-        result = run_experiment(args.experiment, args.root)  # its instance closed before the fast exit below
+        result = run_experiment(args.experiment, args.root, log=log)  # its instance closed before the fast exit below
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not result.success:
-        from assets.execution import failure_messages
-
-        for message in failure_messages(result):
-            print(f"error: {message}", file=sys.stderr)
+    except KeyboardInterrupt:  # between Dagster's runs, where no step was there to stop
+        with log.open("a") as file:
+            traceback.print_exc(file=file)
+        print(f"error: interrupted; {again} (full log: {log})", file=sys.stderr)
         return 1
-    return 0
+    if result.success:
+        return 0
+    from assets.execution import failure_messages, interrupted
+
+    messages = failure_messages(result) or ["the run failed"]
+    if interrupted(result):
+        messages[-1] += f"; {again}"
+    messages[-1] += f" (full log: {log})"
+    for message in messages:
+        print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def log_path(root: Path, experiment: Path) -> Path:
+    """Where one `factory run` logs everything, stack traces included: `<root>/logs/<UTC time>-<experiment>-<pid>.log`."""
+    directory = root.resolve() / "logs"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{experiment.stem}-{os.getpid()}.log"
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -23,6 +22,7 @@ from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.data.catalog import DATABASE_ENV, CatalogConfig, open_catalog, sqlalchemy_url
 from factory.errors import ConfigError, FactoryError
+from factory.launch.group import run_group
 from factory.launch.local import progress_env
 from factory.preflight import check_files, experiment_files
 from factory.registry import ArtifactStore, git_commit
@@ -205,9 +205,12 @@ def run(
     if launcher == "volcano":
         env["FACTORY_CLUSTER"] = str(cluster)  # the code location's launcher resource reads it: stages become Volcano Jobs
     out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
-    code = subprocess.call([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env=env)
-    if code != 0:
-        raise typer.Exit(code)
+    # A group of its own: Ctrl-C reaches only this process, which stops the run in order (the run then says where it stopped).
+    ended = run_group([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env)
+    if ended.signals > 1:
+        err.print(f"killed at once (a second interrupt); `factory run {experiment}` goes on from the last checkpoint", markup=False, highlight=False)
+    if ended.code != 0:
+        raise typer.Exit(ended.code)
     _print_leaderboard(root)
     out.print(f"artifacts: {(root / 'registry' / 'objects').resolve()}")
     out.print(f"datasets:  Iceberg catalog {(root / 'iceberg' / 'catalog.db').resolve()}")
@@ -291,7 +294,9 @@ def leaderboard(
 def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
     """Start the Dagster UI (`dagster dev`) on the same instance as `factory run`."""
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root)), "FACTORY_ROOT": str(root.resolve())}
-    raise typer.Exit(subprocess.call([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env=env))
+    # A group of its own: one SIGINT or SIGTERM here stops it all, the runs its daemon launched included (`run_group`).
+    ended = run_group([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env)
+    raise typer.Exit(0 if ended.signals else ended.code)
 
 
 @app.command()
@@ -360,9 +365,9 @@ def evals_backfill(
         err.print(f"error: unknown benchmark {benchmark!r}; registered: {', '.join(sorted(registered()))}")
         raise typer.Exit(2)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
-    code = subprocess.call([sys.executable, "-m", "assets.backfill", "--benchmark", benchmark, "--root", str(root)], env=env)
-    if code != 0:
-        raise typer.Exit(code)
+    ended = run_group([sys.executable, "-m", "assets.backfill", "--benchmark", benchmark, "--root", str(root)], env)
+    if ended.code != 0:
+        raise typer.Exit(ended.code)
     _print_leaderboard(root)
 
 

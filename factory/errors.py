@@ -23,3 +23,7 @@ class LaunchError(FactoryError):
 
 class StageFailed(FactoryError):
     """A stage process ran and failed."""
+
+
+class Interrupted(FactoryError):
+    """A stage was stopped (Ctrl-C, SIGTERM) before it finished; the message says where, and what a rerun goes on from."""

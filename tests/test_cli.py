@@ -1,9 +1,19 @@
 """The `factory` command: bad input is a clear message and exit 2, never a traceback."""
 
 import json
+import os
+import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import sysconfig
+import time
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from factory.registry import ArtifactStore
 from tests.conftest import publish_result
@@ -209,3 +219,115 @@ def test_diff_compares_variants_of_sweep_files(tiny_path, tmp_path):
     assert "config: identical recipes" in against_plain.stdout and "tokenizer: same stage" in against_plain.stdout
     unknown = factory("diff", sweep, str(tiny_path), "--variant", "lr=0.003", "--root", root)
     assert unknown.returncode == 2 and "has no variant 'lr=0.003'; its variants: mine.lr=0.001, mine.lr=0.003" in unknown.stderr
+SMALL = """\
+---
+image: local
+seed: 11
+data:
+  datasets:
+    src:
+      source: {{kind: directory, path: "{source}"}}
+  blend:
+    - {{dataset: src, weight: 1, mode: oversample}}
+  validation_percent: 10
+tokenizer: {{vocab_size: 300, min_frequency: 2, sample_bytes: 200000}}
+model: {{n_layer: 1, n_head: 2, n_embd: 32, context: 32}}
+pretrain: {{steps: 100000, batch_size: 4, lr: 0.003, warmup_steps: 2, checkpoint_every: 20, keep_last: 2, log_every: 10}}
+---
+Trains until stopped: a few files, a model of one thin layer.
+"""
+
+
+def small_experiment(tmp_path: Path, source: Path | None = None) -> Path:
+    """An experiment that reads a copy of the standard library's json package (or `source`) and trains for long."""
+    if source is None:
+        source = tmp_path / "source"
+        shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", source / "json", ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / "small.md"
+    path.write_text(SMALL.format(source=source))
+    return path
+
+
+def started(*args: str) -> subprocess.Popen:
+    """`factory ARGS` in a session of its own, as a terminal starts a command: `os.killpg` is then Ctrl-C."""
+    return subprocess.Popen([sys.executable, "-m", "factory", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "FACTORY_TRACKER": "none"})
+
+
+@pytest.mark.e2e
+def test_ctrl_c_during_a_run_says_where_training_stopped_in_one_line_and_releases_the_lease(tmp_path):
+    path, root = small_experiment(tmp_path), tmp_path / "state"
+    run = started("run", str(path), "--root", str(root))
+    before = []
+    for line in run.stdout:  # step 30 is logged after the checkpoint of step 20 was saved
+        before.append(line)
+        if "pretrain - step 30/100000" in line:
+            break
+    else:
+        pytest.fail("training never reached step 30:\n" + "".join(before))
+    os.killpg(run.pid, signal.SIGINT)
+    after, _ = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "Traceback" not in after and "Warning" not in "".join(before) + after
+    [said] = after.splitlines()
+    assert re.search(r"^error: pretrain: interrupted at step \d+ of 100000; its last checkpoint is step_\d{6}\.pt; "
+                     rf"`factory run {re.escape(str(path))}` goes on from there \(full log: .+\)$", said), said
+    log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
+    assert log.parent == (root / "logs").resolve() and "DagsterExecutionInterruptedError" in log.read_text()
+    assert list((root / "registry" / "leases").glob("*.lease")) == []
+    plan = factory("plan", str(path), "--root", str(root), "--json")
+    assert {stage["kind"]: stage["status"] for stage in json.loads(plan.stdout)["stages"]}["pretrain"] == "run"
+
+
+@pytest.mark.e2e
+def test_a_failing_stage_is_its_own_message_and_the_log_path(tmp_path):
+    path, root = small_experiment(tmp_path, source=tmp_path / "missing"), tmp_path / "state"
+    result = factory("run", str(path), "--root", str(root))
+    assert result.returncode == 1
+    [said] = [line for line in result.stderr.splitlines() if " - INFO - " not in line]  # the stages' log lines aside
+    assert said.startswith(f"error: raw_datasets: source.path: expected a directory to read, found nothing at {tmp_path / 'missing'}")
+    log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
+    assert "Stack Trace" in log.read_text() and "Stack Trace" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_one_sigterm_to_the_ui_stops_every_process_it_started(tmp_path):
+    """The webserver, the daemon and the code servers; run workers and their stages too: Dagster starts them all in the
+    process group it was started in (no experiments here, so that the git sensor starts no run while the test waits)."""
+    import psutil
+
+    port, log, experiments = free_port(), tmp_path / "ui.log", tmp_path / "experiments"
+    experiments.mkdir()
+    with open(log, "w") as out:
+        ui = subprocess.Popen([sys.executable, "-m", "factory", "ui", "--root", str(tmp_path / "state"), "--port", str(port)],
+                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "FACTORY_EXPERIMENTS": str(experiments)})
+    deadline = time.monotonic() + 180
+    while not answers(port):
+        assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    started_by_it = psutil.Process(ui.pid).children(recursive=True)
+    names = " ".join(" ".join(process.cmdline()) for process in started_by_it)
+    assert "dagster_webserver" in names and "dagster._daemon" in names and "code-server" in names
+    os.kill(ui.pid, signal.SIGTERM)  # to `factory ui` alone, as a service manager stops it
+    code = ui.wait(timeout=120)
+    _, alive = psutil.wait_procs(started_by_it, timeout=30)
+    left = {process: " ".join(process.cmdline()) for process in alive if process.status() != psutil.STATUS_ZOMBIE}
+    for process in left:  # not to leave them running after a failure
+        process.kill()
+    assert list(left.values()) == [], log.read_text()[-3000:]
+    assert code == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False

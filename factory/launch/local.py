@@ -13,8 +13,10 @@ import collections
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +30,10 @@ STDERR_TAIL_LINES = 20
 POLL_S = 1.0
 PROGRESS_ENV = "FACTORY_PROGRESS"
 """Set to 1 for a stage whose stderr ends on a terminal: it may draw a progress bar."""
+ERROR_FILE_ENV = "FACTORY_STAGE_ERROR"
+"""Where a stage writes its one-line error for the launcher to report, instead of printing it on its stderr too."""
+STOP_TIMEOUT_S = 30.0
+"""How long an interrupted stage may take to unwind (release its lease, say where it stopped) before it is killed."""
 RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
 """A line of one rank under `torchrun --tee 2`: `[default<local rank>]:<line>`."""
 FAILED_RANK = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
@@ -78,27 +84,59 @@ class LocalLauncher:
     def run(self, argv: list[str], env: Mapping[str, str], name: str, on_poll: Callable[[], None] | None = None) -> None:
         """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit.
 
-        `on_poll` is called about every POLL_S seconds while the process runs, and once after it ends.
+        `on_poll` is called about every POLL_S seconds while the process runs, and once after it ends. Interrupted
+        while it waits (Ctrl-C, Dagster's termination), it stops the stage in order first (SIGTERM, then SIGKILL after
+        STOP_TIMEOUT_S), and the interruption goes on with what the stage said as a note.
         """
-        full_env = {**progress_env(), **os.environ, **env}
-        process = _start_warm(argv, full_env, [*env, PROGRESS_ENV])
-        if process is None:
+        with tempfile.TemporaryDirectory(prefix="factory-stage-") as scratch:
+            error_file = Path(scratch) / "error"
+            env = {**env, ERROR_FILE_ENV: str(error_file)}
+            full_env = {**progress_env(), **os.environ, **env}
+            process = _start_warm(argv, full_env, [*env, PROGRESS_ENV])
+            if process is None:
+                try:
+                    process = subprocess.Popen(argv, env=full_env, stderr=subprocess.PIPE)
+                except OSError as e:
+                    raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
+            tail = _Tail()
+            pump = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
+            pump.start()
             try:
-                process = subprocess.Popen(argv, env=full_env, stderr=subprocess.PIPE)
-            except OSError as e:
-                raise LaunchError(f"cannot start stage {name!r} ({argv[0]}): {e}") from e
-        tail = _Tail()
-        pump = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
-        pump.start()
-        try:
-            code = _wait(process, on_poll)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            pump.join()
-        if code != 0:
-            raise StageFailed(f"stage {name!r} exited with code {code}{tail.explain()}")
+                code = _wait(process, on_poll)
+            except BaseException as stopped:
+                _stop(process)
+                pump.join()
+                stopped.add_note(f"{name}: {_said(error_file) or 'stopped'}")
+                raise
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+                pump.join()
+            if code != 0:
+                said = _said(error_file)
+                raise StageFailed(f"{name}: {said}" if said else f"stage {name!r} exited with code {code}{tail.explain()}")
+
+
+def _stop(process: subprocess.Popen | WarmProcess) -> None:
+    """Ask a stage to stop (SIGTERM: it unwinds, releasing its lease); kill it when it has not within STOP_TIMEOUT_S."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _said(error_file: Path) -> str:
+    """The stage's own one-line error ('' when it wrote none: it crashed, or was not a factory stage)."""
+    try:
+        return error_file.read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str]) -> WarmProcess | None:

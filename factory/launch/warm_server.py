@@ -204,6 +204,11 @@ def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds:
         try:
             import runpy
 
+            # Run afresh as `__main__`, as a cold start does: the copy the server preloaded (its imports are what it
+            # saved) would make runpy warn that the module is in sys.modules already.
+            for name in (request["module"], request["module"] + ".__main__"):
+                if not hasattr(sys.modules.get(name), "__path__"):
+                    sys.modules.pop(name, None)
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:

@@ -65,7 +65,7 @@ def hold(
         holder = read_holder(path)
         if holder is None:
             continue  # released between our attempt and our look: try again at once
-        if holder.age_s > stale_after_s or _died_here(holder):
+        if abandoned(holder, stale_after_s) is not None:
             if on_takeover:
                 on_takeover(holder)
             _remove_if_token(path, holder.token)
@@ -85,17 +85,19 @@ def hold(
         _remove_if_token(path, token)
 
 
-def _died_here(holder: Holder) -> bool:
-    """A holder on this machine whose process is gone: no need to wait for its heartbeat to go stale."""
-    if holder.host != socket.gethostname() or holder.pid == os.getpid():
-        return False
-    try:
-        os.kill(holder.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, owned by someone else
-    return False
+def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | None:
+    """Why nobody is computing under `holder`'s lease any more (its process is gone from this machine, or it went
+    silent), or None while it may still be."""
+    if holder.host == socket.gethostname() and holder.pid != os.getpid():
+        try:
+            os.kill(holder.pid, 0)
+        except ProcessLookupError:
+            return f"pid {holder.pid} is gone"
+        except PermissionError:
+            pass  # alive, owned by someone else
+    if holder.age_s > stale_after_s:
+        return f"silent for {holder.age_s:.0f} s"
+    return None
 
 
 def _try_create(path: Path, owner: str, token: str) -> bool:

@@ -14,6 +14,7 @@ from factory.podium.links import table_links
 from factory.registry.store import ArtifactStore
 from factory.stages import RUNNERS, runner
 from factory.stages.context import WARNINGS, StageContext
+from factory.stages.exits import say_error, stop_on_signals
 from factory.stages.report import Reporter, exit_now, open_reporter
 from factory.stages.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
@@ -85,15 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print(USAGE, file=sys.stderr)
         return 2
+    stop_on_signals()
     try:
         request = StageRequest.read(Path(args[0]))
         if request.spec.kind not in RUNNERS:
-            print(f"unknown stage kind {request.spec.kind!r}; known: {', '.join(RUNNERS)}", file=sys.stderr)
+            say_error(f"unknown stage kind {request.spec.kind!r}; known: {', '.join(RUNNERS)}")
             return 2
         run(request)
     except FactoryError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return e.exit_code
+    except KeyboardInterrupt:
+        say_error("interrupted before it finished; nothing of it was published")
+        return 1
     return 0
 
 

@@ -27,6 +27,7 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore, Manifest
 from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
 from factory.stages.eval_request import KIND, CheckpointRef, EvalRequest, batch_summary, publish_score, scored_on
+from factory.stages.exits import say_error, stop_on_signals
 from factory.stages.report import Reporter, exit_now, open_reporter
 from factory.train.checkpoint import load_checkpoint
 
@@ -119,14 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print(USAGE, file=sys.stderr)
         return 2
+    stop_on_signals()
     try:
         request = EvalRequest.read(Path(args[0]))
         with open_reporter(KIND) as reporter:
             scores, version = batch_summary(evaluate(request, reporter))
             reporter.materialized({"scores": {"raw_value": scores, "type": "json"}, "evaluated": len(scores)}, version)
     except FactoryError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(str(e))
         return e.exit_code
+    except KeyboardInterrupt:
+        say_error("interrupted; the evaluations it published are kept, the others run again next time")
+        return 1
     return 0
 
 

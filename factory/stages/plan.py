@@ -14,6 +14,7 @@ from typing import Any
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.config.schema import SourceConfig
 from factory.config.sources import SOURCES_FILE, changed_files, source_files
+from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
 
 FILES_KEY = "files"
@@ -69,12 +70,15 @@ def _decide(
     if manifest is not None:
         return "cached", f"from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}, {manifest.created})", manifest.digest
     pending = PENDING + spec.fingerprint
+    note = ""
     if (holder := registry.holder(spec.fingerprint)) is not None:
-        return "waiting", f"{holder.owner} holds the lease", pending
+        if (gone := abandoned(holder)) is None:
+            return "waiting", f"{holder.owner} holds the lease", pending
+        note = f" (lease of {holder.owner} ignored: {gone})"  # the next launch takes it over
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, history, registry), pending
+    return "run", why_run(experiment.name, spec, history, registry) + note, pending
 
 
 def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest], registry: ArtifactStore | None = None) -> str:

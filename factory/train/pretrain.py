@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
 from factory.data.loader import Batch, LoaderState
-from factory.errors import ConfigError, StageFailed
+from factory.errors import ConfigError, Interrupted, StageFailed
 from factory.models.gpt import GPT, build_model
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
@@ -159,7 +159,11 @@ def pretrain(
     loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == end else float("nan")
     steps_computed, eval_loss = 0, float("nan")
     network.train()
-    with _appending(work_dir, world, controller is not None) as (metrics_file, positions_file, control_file):
+    step = start
+    with (
+        _interruptible(lambda: step, config.steps, checkpoints),
+        _appending(work_dir, world, controller is not None) as (metrics_file, positions_file, control_file),
+    ):
 
         def record(actions: Actions | None, batch: Batch | None = None, samples: list[float] | None = None) -> None:
             if actions is not None and actions.records:
@@ -177,7 +181,6 @@ def pretrain(
             log.info("step %d validation loss %.4f", done, eval_loss)
             return controller.observe(Observation(event="eval", step=done, eval_loss=eval_loss))
 
-        step = start
         while step < end:
             step_started = time.perf_counter()
             lr = lr_at(step, config) * (controller.lr_factor if controller else 1.0)
@@ -340,6 +343,17 @@ def _state(
         "rng": gather(world, rng),
         **({"control": controller.state()} if controller is not None else {}),
     }
+
+
+@contextlib.contextmanager
+def _interruptible(steps_done: Callable[[], int], steps: int, checkpoints: CheckpointDir) -> Iterator[None]:
+    """Ctrl-C or SIGTERM in the loop ends the stage saying where it stopped and which checkpoint a rerun resumes from."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = checkpoints.complete()
+        resume = f"its last checkpoint is {kept[-1].name}" if kept else "it had saved no checkpoint yet"
+        raise Interrupted(f"interrupted at step {steps_done()} of {steps}; {resume}") from None
 
 
 @contextlib.contextmanager

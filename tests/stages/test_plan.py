@@ -31,3 +31,34 @@ def test_reason_names_the_changed_field_and_cached_stages_say_where_from(tmp_pat
     assert plans["model"].status == "run" and plans["model"].detail == "never computed for this experiment"
     with registry.lease(new.fingerprint, "someone else"):
         assert {p.kind: p.status for p in build_plan([changed], registry)}["pretrain"] == "waiting"
+
+
+HOLD_THEN_HANG = """\
+import sys, time
+from pathlib import Path
+from factory.registry import ArtifactStore
+with ArtifactStore(Path(sys.argv[1])).lease(sys.argv[2], "pretrain for tiny"):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_lease_whose_holder_died_is_no_reason_to_wait(tmp_path, tiny_path):
+    import signal
+    import subprocess
+    import sys
+
+    registry = ArtifactStore(tmp_path)
+    experiment = load(tiny_path)
+    fingerprint = plan_stage(experiment, "raw_datasets", {}).fingerprint
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THEN_HANG, str(tmp_path), fingerprint], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        assert {p.kind: p.status for p in build_plan([experiment], registry)}["raw_datasets"] == "waiting"
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no `finally` of its own runs: the lease file stays, with a fresh heartbeat
+        holder.wait()
+    assert registry.holder(fingerprint) is not None
+    plan = {p.kind: p for p in build_plan([experiment], registry)}["raw_datasets"]
+    assert plan.status == "run"
+    assert f"pid {holder.pid} is gone" in plan.detail
