@@ -281,11 +281,13 @@ def test_ctrl_c_during_a_run_says_where_training_stopped_in_one_line_and_release
 
 @pytest.mark.e2e
 def test_a_failing_stage_is_its_own_message_and_the_log_path(tmp_path):
-    path, root = small_experiment(tmp_path, source=tmp_path / "missing"), tmp_path / "state"
-    result = factory("run", str(path), "--root", str(root))
+    """A setting the file cannot hold (the tracker, from the environment) fails the first stage that opens it."""
+    path, root = small_experiment(tmp_path), tmp_path / "state"
+    result = subprocess.run([sys.executable, "-m", "factory", "run", str(path), "--root", str(root)], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "FACTORY_TRACKER": "bogus"})
     assert result.returncode == 1
     [said] = [line for line in result.stderr.splitlines() if " - INFO - " not in line]  # the stages' log lines aside
-    assert said.startswith(f"error: raw_datasets: source.path: expected a directory to read, found nothing at {tmp_path / 'missing'}")
+    assert said.startswith("error: pretrain: FACTORY_TRACKER='bogus' is not a tracker"), result.stderr[-3000:]
     log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
     assert "Stack Trace" in log.read_text() and "Stack Trace" not in result.stderr
 
