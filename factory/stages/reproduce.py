@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from factory.config.fingerprint import code_identity, source_tree_hash
+from factory.config.schema import SourceConfig
+from factory.config.sources import source_files
 from factory.config.stages import STAGES, StageSpec
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError, ConfigError
@@ -35,6 +37,7 @@ from factory.launch.local import stage_argv
 from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.stages.lineage import Lineage
+from factory.stages.plan import FILES_KEY, source_changes
 from factory.stages.request import StageRequest
 
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
@@ -115,6 +118,14 @@ def reproduce(
                 processes=int(manifest.summary.get("ranks", 1) or 1),
             )
             source = sources.source_for(manifest)
+            if drift := _source_drift(manifest, registry):  # the stage would refuse to read other files than it records
+                outcomes.append(StageOutcome(kind=manifest.kind, recorded=manifest.digest, reproduced="", matched=False,
+                                             reason=f"data: it reads the datasets' sources from outside the registry, and they changed since: {drift}"))
+                unmatched.add(manifest.digest)
+                log.info("%s: %s", manifest.kind, outcomes[-1].reason)
+                if keep_going:
+                    continue
+                break
             try:
                 again = _run_stage(request, source, Path(scratch))
             except ArtifactError as e:  # recorded too: a lineage that cannot run again did not reproduce
@@ -202,6 +213,22 @@ class Sources:
                           differs=f"commit {commit[:12]} cannot be checked out here ({done.stderr.strip().splitlines()[-1:]}); this "
                                   f"checkout ran it ({self.here})")
         return Source(cwd=path, pythonpath=str(path), how=f"worktree of {commit[:12]}", differs="")
+
+
+def _source_drift(manifest: Manifest, registry: ArtifactStore) -> str:
+    """For a stage that reads sources outside the registry, which of their files changed since it ran ('' when none did,
+    or when the stage recorded no listing)."""
+    recorded = manifest.config.get(FILES_KEY)
+    if manifest.kind not in SOURCES or not isinstance(recorded, dict):
+        return ""
+    try:
+        now = {name: source_files(SourceConfig.model_validate(config)).digest for name, config in manifest.config["sources"].items()}
+    except ConfigError as e:
+        return str(e)
+    if now == recorded:
+        return ""
+    today = StageSpec(kind=manifest.kind, config={**manifest.config, FILES_KEY: now}, upstream=manifest.inputs, code=manifest.code)
+    return "; ".join(source_changes(manifest, today, registry))
 
 
 def _run_stage(request: StageRequest, source: Source, scratch: Path) -> Manifest:

@@ -131,6 +131,7 @@ def test_reproduce_gates_promotion_and_demotion_keeps_history(small):
     drifted = factory("reproduce", model.digest[:12], root=root)
     assert drifted.exit_code == 1
     assert "first difference: raw_datasets: data: it reads the datasets' sources" in drifted.stdout, drifted.output
+    assert "source src: 1 changed (json/decoder.py)" in drifted.stdout, drifted.output  # which file, not only that one did
     again = factory(*promote, root=root)
     assert again.exit_code == 1 and "the last reproduction did not match: raw_datasets" in again.stderr, again.output
 
