@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 
-.PHONY: setup browser services run nightly ui podium mlflow test test-fast check docs bench clean
+.PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench clean
 
 setup: $(STAMP)
 
@@ -20,12 +20,12 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c "import factory, assets, resources, torch, dagster, pyiceberg"
 	@rm -f $(VENV)/.installed-* && touch $@
 
-run: setup
+run: setup sandbox
 	$(BIN)/factory run $(EXPERIMENT)
 
 # A larger recipe that must beat the tiny one: fails unless its val_bpb is at least 5% lower, and
 # unless its SFT stage beats its pretrained model on code_exec (RL's gain is printed, not gated).
-nightly: setup
+nightly: setup sandbox
 	$(BIN)/factory run experiments/tiny-code-lm.md
 	$(BIN)/factory run experiments/nightly.md
 	$(BIN)/factory leaderboard --html .factory/leaderboard.html
@@ -63,6 +63,13 @@ browser:
 		$$sudo apt-get install -y -q chromium >/dev/null 2>&1 || { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q chromium >/dev/null; }; }
 	@command -v chromium >/dev/null || { echo "could not install chromium (apt-get install chromium); the browser tests need it"; exit 1; }
 
+# The sandbox runs untrusted code in a mount namespace of Debian's bubblewrap; without it, it is best effort.
+sandbox:
+	@command -v bwrap >/dev/null || { \
+		sudo=$$(test "$$(id -u)" = 0 || echo sudo); echo "installing Debian's bubblewrap for the sandbox"; \
+		$$sudo apt-get install -y -q bubblewrap >/dev/null 2>&1 || { $$sudo apt-get update -q >/dev/null && $$sudo apt-get install -y -q bubblewrap >/dev/null; }; }
+	@command -v bwrap >/dev/null || echo "could not install bubblewrap (apt-get install bubblewrap): the sandbox runs without its mount namespace"
+
 # The PostgreSQL tests start their own server from Debian's postgresql package (the deploy profile).
 services:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
@@ -73,16 +80,16 @@ services:
 # Every test, in parallel on every core (pytest-xdist: a module's tests stay on one worker, so its fixtures are
 # built once; tests/conftest.py says how) and in a random order (pytest-randomly prints its seed; `--randomly-seed=N`
 # repeats an order).
-test: setup browser services
+test: setup browser sandbox services
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n auto --dist loadscope
 
 # The inner loop: everything but whole-pipeline runs and browsers, in about three minutes.
-test-fast: setup services
+test-fast: setup sandbox services
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n auto --dist loadscope -m "not e2e and not browser"
 
-bench: setup
+bench: setup sandbox
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/check_configs.py
 	$(BIN)/python bench/stage_cache.py

@@ -1,18 +1,20 @@
 """Run untrusted Python in a separate, confined process: the code is data, never trusted.
 
-Each execution gets an empty temporary working directory, a minimal environment, and a fresh
-interpreter in its own session. The boundary is the operating system, set up before the code is
-even read:
+Each execution gets an empty working directory, a minimal environment, and a fresh interpreter in
+its own session. The boundary is the operating system, set up before the code is even read:
 
 - resource limits: CPU seconds, address space, file size, open files, no core dumps;
 - as root (the usual case in containers and CI): a uid of its own (claimed across processes)
-  with RLIMIT_NPROC 1, so it cannot start a process or thread, cannot signal or read other
-  processes and cannot write where that uid may not; network and IPC namespaces (`unshare`), so
-  no network and no shared memory outlive it; what it leaves in world-writable directories is
-  swept afterwards;
+  with RLIMIT_NPROC 1, so it cannot start a process or thread, cannot signal other processes and
+  cannot write where that uid may not;
+- as root with bubblewrap (`sandbox_mounts`): mount, pid, network, IPC and UTS namespaces in
+  which only the interpreter, its stdlib and the system libraries exist (read-only), and every
+  writable place is a private size-capped tmpfs that ends with the execution: no registry,
+  catalog, repository or other process to read, nothing planted that outlives it. Without
+  bubblewrap, `unshare` gives network and IPC namespaces and the shared directories are swept;
 - a Python audit hook refuses sockets, fork/exec/subprocess, ctypes, gc, frame access and writes
-  outside the directory. It is defence in depth: code can subvert an audit hook, so without root
-  (`Sandbox.isolation` says which) the sandbox is best effort.
+  outside the directory. It is defence in depth, never the boundary: code can turn it off, so
+  without root (`Sandbox.isolation` says what holds) the sandbox is best effort.
 
 The parent enforces wall time and output size, kills the whole session before reaping it, and
 removes the directory. A crash, a limit or a refusal is an outcome (`status`), never an exception.
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from factory.errors import ArtifactError
+from factory.post.sandbox_mounts import bwrap_argv, bwrap_works
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
 UID_BASE = 61000
@@ -57,6 +60,8 @@ class Limits:
     memory_mb: int = 256
     file_mb: int = 1
     output_bytes: int = 64_000
+    tmpfs_mb: int = 16
+    """Size of each private tmpfs (working directory, /tmp, /var/tmp, /run/lock, /dev/shm) in a mount namespace."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,30 +134,37 @@ exec(compile(confine(), "<sandbox>", "exec"), {"__name__": "__main__", "__builti
 class Sandbox:
     """Runs code under `limits`; `workers` executions at a time in `run_many`.
 
-    `isolation` says what holds the code: as root, its own uid (RLIMIT_NPROC 1: no process of its own), network and
-    IPC namespaces when `unshare` works, files it leaves in shared directories swept; otherwise only the limits and the hook.
+    `isolation` says what holds the code: as root, its own uid (RLIMIT_NPROC 1: no process of its own); with bubblewrap,
+    a mount and pid namespace showing only the interpreter (`mount_namespace=False` keeps the older path, for comparison);
+    without it network and IPC namespaces when `unshare` works, files it leaves in shared directories swept; without root
+    only the limits and the hook.
     """
 
-    def __init__(self, limits: Limits = Limits(), workers: int = 2, python: str = sys.executable) -> None:
+    def __init__(self, limits: Limits = Limits(), workers: int = 2, python: str = sys.executable, mount_namespace: bool = True) -> None:
         self.limits = limits
         self.workers = workers
         self.python = python
         self.root = os.geteuid() == 0
-        self.namespaces = self.root and _unshare_works()
-        self.isolation = ("own uid, network and IPC namespaces" if self.namespaces else "own uid" if self.root else "limits and audit hook only")
+        self.mounts = mount_namespace and self.root and bwrap_works()
+        self.namespaces = self.mounts or (self.root and _unshare_works())
+        self.isolation = ("own uid; mount, pid, network and IPC namespaces: only the interpreter, private tmpfs" if self.mounts
+                          else "own uid, network and IPC namespaces; the host's files readable as that uid" if self.namespaces
+                          else "own uid; the host's files and network reachable as that uid" if self.root else "limits and audit hook only")
 
     def run(self, source: str) -> Outcome:
         """Execute `source` once; whatever it does is an outcome, never an exception here."""
         uid, lock = _claim_uid() if self.root else (0, -1)
-        work = tempfile.mkdtemp(prefix="sandbox-")
+        work = None if self.mounts else tempfile.mkdtemp(prefix="sandbox-")  # in a mount namespace: a tmpfs of its own
         try:
-            if uid:
+            if uid and work:
                 os.chown(work, uid, uid)
             return self._run(source.encode("utf-8", errors="surrogatepass"), uid, work)
         finally:
-            shutil.rmtree(work, onerror=_force_remove)
-            if uid:
+            if work:
+                shutil.rmtree(work, onerror=_force_remove)
+            if uid and not self.mounts:
                 _sweep(uid)
+            if uid:
                 os.close(lock)
 
     def run_many(self, sources: Sequence[str]) -> list[Outcome]:
@@ -160,15 +172,17 @@ class Sandbox:
         with ThreadPoolExecutor(self.workers) as pool:
             return list(pool.map(self.run, sources))
 
-    def _run(self, source: bytes, uid: int, work: str) -> Outcome:
+    def _run(self, source: bytes, uid: int, work: str | None) -> Outcome:
         limits = self.limits
         argv = [self.python, "-P", "-s", "-S", "-B", "-c", CONFINE, str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20),
                 str(uid), ",".join(MODULES)]
-        if self.namespaces:
+        if self.mounts:
+            argv = [*bwrap_argv(self.python, limits.tmpfs_mb << 20), *argv[1:]]
+        elif self.namespaces:
             argv = ["unshare", "--net", "--ipc", "--", *argv]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         started = time.perf_counter()
-        process = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        process = subprocess.Popen(argv, cwd=work or "/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
         out, err = _Capped(process, process.stdout, limits.output_bytes), _Capped(process, process.stderr, limits.output_bytes)
         try:
@@ -182,7 +196,11 @@ class Sandbox:
         err.join(timeout=2)
         seconds = time.perf_counter() - started
         stderr = "".join(err.text().splitlines(keepends=True)[-10:])
-        return Outcome(status=_status(process.returncode, timed_out, out.overflow, stderr), stdout=out.text(), stderr=stderr, seconds=seconds)
+        code = process.returncode
+        if self.mounts and code is not None and code > 128:
+            code = 128 - code  # bubblewrap exits 128 + N when the code died of signal N
+        status = _status(code, timed_out, out.overflow or err.overflow, stderr)
+        return Outcome(status=status, stdout=out.text(), stderr=stderr, seconds=seconds)
 
 
 class _Capped(threading.Thread):
