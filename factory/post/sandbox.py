@@ -45,7 +45,7 @@ UID_BASE = 61000
 UID_COUNT = 512
 """As root, each execution runs as a uid of its own from this range, claimed with a lock file across processes."""
 UID_LOCKS = Path(tempfile.gettempdir()) / "factory-sandbox-uids"
-SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+SHARED_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
 """World-writable places the sandbox user could still reach: swept of its files after each execution."""
 MODULES = ("math", "json", "re", "string", "collections", "itertools", "functools", "operator", "random", "heapq", "bisect", "copy")
 """Standard-library modules imported before privileges are dropped (the interpreter's files may be unreadable afterwards)."""
