@@ -61,7 +61,8 @@ class Limits:
     file_mb: int = 1
     output_bytes: int = 64_000
     tmpfs_mb: int = 16
-    """Size of each private tmpfs (working directory, /tmp, /var/tmp, /run/lock, /dev/shm) in a mount namespace."""
+    """Size of each private tmpfs (working directory, /tmp, /var/tmp, /run/lock, /dev/shm) in a mount namespace: memory
+    outside `memory_mb` (tmpfs pages count against no rlimit), so at most five times this, freed when the execution ends."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
