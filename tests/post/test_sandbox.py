@@ -2,11 +2,14 @@
 
 import fcntl
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from factory.post import sandbox as sandbox_module
 from factory.post.sandbox import UID_BASE, UID_LOCKS, Limits, Sandbox
 
 ROOT = os.geteuid() == 0
@@ -182,6 +185,32 @@ def test_many_hostile_runs_at_once_leave_the_host_as_it_was(sandbox):
     assert sandbox_processes() == []
 
 
+def test_isolation_says_what_holds_without_bubblewrap_or_without_root(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "bwrap_works", lambda: False)
+    if ROOT:
+        fallback = Sandbox()
+        assert not fallback.mounts and "host's files readable" in fallback.isolation
+    monkeypatch.setattr(sandbox_module.os, "geteuid", lambda: 1000)
+    unprivileged = Sandbox()
+    assert (unprivileged.mounts, unprivileged.isolation) == (False, "limits and audit hook only")
+
+
+@pytest.fixture
+def world_readable_catalog():
+    """A registry and catalog the sandbox user could read on the host (world-readable, outside the private /tmp)."""
+    root = Path(tempfile.mkdtemp(prefix="factory-sandbox-catalog-", dir="/var/tmp"))
+    try:
+        (root / ".factory").mkdir()
+        catalog = root / ".factory" / "catalog.db"
+        catalog.write_bytes(b"SQLite format 3\0")
+        for path in (root, root / ".factory"):
+            path.chmod(0o755)
+        catalog.chmod(0o644)
+        yield catalog
+    finally:
+        shutil.rmtree(root)
+
+
 @pytest.mark.skipif(not ROOT, reason="the mount and pid namespaces need root (and bubblewrap, which `make test` installs)")
 class TestHostilePrograms:
     """Code that has beaten the audit hook meets the operating system: it sees nothing of the host and leaves nothing."""
@@ -193,12 +222,8 @@ class TestHostilePrograms:
         outcome = sandbox.run(BEAT_THE_HOOK + f"print(open({str(REPOSITORY / 'README.md')!r}).read())")
         assert outcome.stdout == "hook off\n" and outcome.status == "error" and "No such file" in outcome.stderr
 
-    def test_no_host_file_or_process_can_be_read(self, sandbox, tmp_path):
-        catalog = tmp_path / ".factory" / "catalog.db"  # a registry and catalog the sandbox user could otherwise read
-        catalog.parent.mkdir()
-        catalog.write_bytes(b"SQLite format 3\0")
-        for path in (catalog, catalog.parent, tmp_path, tmp_path.parent):
-            path.chmod(0o755 if path.is_dir() else 0o644)
+    def test_no_host_file_or_process_can_be_read(self, sandbox, world_readable_catalog):
+        catalog = world_readable_catalog
         paths = [str(REPOSITORY / "README.md"), str(catalog), "/etc/shadow", "/etc/passwd", "/proc/1/cmdline", f"/proc/{os.getpid()}/cmdline"]
         probe = (BEAT_THE_HOOK + f"import os\npaths = {paths!r}\n"
                  "paths += [f'/proc/{p}/cmdline' for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]\n"
