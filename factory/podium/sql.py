@@ -26,6 +26,7 @@ ROW_LIMIT = 500
 SECONDS = 10.0
 CELL_CHARS = 2000
 MAX_QUERY_CHARS = 100_000
+SPILL_LIMIT = "2GB"
 READ_ONLY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
 """Parse-tree query nodes that only read; any other (COPY, INSERT, DELETE, UPDATE, ...) is refused."""
 
@@ -40,10 +41,18 @@ class SqlResult:
     seconds: float
 
 
-def connection(memory_limit: str = "2GB") -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB that cannot read or write files, load extensions or attach databases."""
-    return duckdb.connect(config={"enable_external_access": False, "autoload_known_extensions": False,
-                                  "autoinstall_known_extensions": False, "memory_limit": memory_limit, "threads": 2})
+def connection(memory_limit: str = "2GB", spill_to: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB that cannot read or write files, load extensions or attach databases.
+
+    `spill_to` is a folder of its own for what a query spills past `memory_limit` (at most SPILL_LIMIT).
+    """
+    config = {"enable_external_access": False, "autoload_known_extensions": False, "autoinstall_known_extensions": False,
+              "memory_limit": memory_limit, "threads": 2}
+    if spill_to:
+        config |= {"temp_directory": spill_to, "max_temp_directory_size": SPILL_LIMIT}
+    con = duckdb.connect(config=config)
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 def single_select(text: str) -> str:
