@@ -2,8 +2,9 @@
 
 Pages: `/` (namespaces and tables), `/t/<namespace.table>` (a snapshot's rows: columns, filters,
 sorting, paging, time travel), `/t/<table>/row/<n>` (one sample rendered by kind), `/t/<table>/diff`,
-`/t/<table>/sql` (one read-only SELECT, posted, run in a worker process), `/generate` (completions side by side), `/prompts` (save a
-custom prompt) and `/checkpoint/<sha256>` (the link Dagster's metadata gives). Every value is
+`/t/<table>/sql` (one read-only SELECT, posted, run in a worker process), `/generate` (completions
+side by side), `/prompts` (save a custom prompt) and `/checkpoint/<sha256>` (the link Dagster's
+metadata gives). Every value is
 escaped by the templates; the Content-Security-Policy forbids scripts anyway.
 """
 
@@ -307,7 +308,7 @@ async def _text_form(request: Request) -> FormData:
     try:
         form = await request.form(max_files=0)
     except HTTPException as e:
-        raise PodiumError(f"Podium's forms take text fields only, not uploaded files ({e.detail})") from e
+        raise PodiumError(f"the form cannot be read ({e.detail}); Podium's forms take text fields only, not uploaded files") from e
     for key, value in form.multi_items():
         if not isinstance(value, str):
             raise PodiumError(f"the form field {key!r} must be text, not an uploaded file")
