@@ -288,7 +288,24 @@ def record_batches(table: Table, snapshot_id: int, columns: tuple[str, ...]) -> 
     if any(task.delete_files for task in tasks):
         yield from scan.to_arrow_batch_reader()
         return
+    snapshot = table.snapshot_by_id(snapshot_id)
+    schema = table.schemas().get(snapshot.schema_id) if snapshot and snapshot.schema_id is not None else None
+    field_ids = {c: (schema or table.schema()).find_field(c).field_id for c in columns}
     for task in tasks:
         filesystem, path = pafs.FileSystem.from_uri(task.file.file_path)
         with filesystem.open_input_file(path) as handle:
-            yield from pq.ParquetFile(handle).iter_batches(columns=list(columns))
+            parquet = pq.ParquetFile(handle)
+            stored = _names_by_field_id(parquet.schema_arrow)  # Iceberg writes `my col` as `my_x20col`
+            names = [stored.get(field_ids[c], c) for c in columns]
+            for batch in parquet.iter_batches(columns=names):
+                yield batch.rename_columns(list(columns)) if names != list(columns) else batch
+
+
+def _names_by_field_id(schema: pa.Schema) -> dict[int, str]:
+    """Top-level column names of a Parquet file by their Iceberg field id."""
+    found = {}
+    for field in schema:
+        field_id = (field.metadata or {}).get(b"PARQUET:field_id")
+        if field_id is not None:
+            found[int(field_id)] = field.name
+    return found

@@ -2,8 +2,9 @@
 
 Pages: `/` (namespaces and tables), `/t/<namespace.table>` (a snapshot's rows: columns, filters,
 sorting, paging, time travel), `/t/<table>/row/<n>` (one sample rendered by kind), `/t/<table>/diff`,
-`/t/<table>/sql` (one read-only SELECT), `/generate` (completions side by side), `/prompts` (save a
-custom prompt) and `/checkpoint/<sha256>` (the link Dagster's metadata gives). Every value is
+`/t/<table>/sql` (one read-only SELECT, posted, run in a worker process), `/generate` (completions
+side by side), `/prompts` (save a custom prompt) and `/checkpoint/<sha256>` (the link Dagster's
+metadata gives). Every value is
 escaped by the templates; the Content-Security-Policy forbids scripts anyway.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import QueryParams
+from starlette.datastructures import FormData, QueryParams
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -34,7 +35,7 @@ from factory.data.prompts import save_prompt
 from factory.errors import FactoryError
 from factory.podium.browse import OPERATORS, PAGE_SIZES, POSITION, Browser, Filter, PageQuery
 from factory.podium.cells import Preview
-from factory.podium.errors import NotFound, PodiumError
+from factory.podium.errors import Busy, NotFound, PodiumError
 from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates
 from factory.podium.render import pygments_css, render_row
 from factory.podium.sql import parse_params
@@ -52,6 +53,8 @@ PROMPT_COLUMNS = ("prompt", "question", "input", "text", "content", "code")
 MAX_CHOSEN = 6
 """Checkpoints one generate request may compare."""
 MAX_OFFSET = 10**12
+MAX_DIGITS = 30
+"""Digits a whole number from a request may have; Python refuses to parse past 4300, and no count here needs more."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,7 +120,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
         name = request.path_params["name"]
         info = podium.browser.info(name)
         snapshot = info.snapshot(request.query_params.get("snapshot"))
-        position = request.path_params["position"]
+        position = _int(request.path_params["position"], "the row number")
         values = podium.browser.row(name, snapshot.id, position)
         fields = render_row(values, full=frozenset(request.query_params.getlist("full")))
         prompt_column = next((c for c in PROMPT_COLUMNS if isinstance(values.get(c), str)), "")
@@ -134,24 +137,27 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
         result = podium.browser.diff(name, before.id, after.id)
         return page(request, "diff.html", info=info, before=before, after=after, diff=result)
 
-    def sql(request: Request) -> Response:
+    async def sql(request: Request) -> Response:
+        # Running a query is a POST, which SameOrigin checks: a GET (any page can make a browser send one) shows the form only.
+        form = await _text_form(request) if request.method == "POST" else request.query_params
         name = request.path_params["name"]
-        info = podium.browser.info(name)
-        snapshot = info.snapshot(request.query_params.get("snapshot"))
-        text = request.query_params.get("q", "").strip() or "SELECT * FROM t LIMIT 20"
-        params_text = request.query_params.get("params", "")
+        info = await run_in_threadpool(podium.browser.info, name)
+        snapshot = info.snapshot(str(form.get("snapshot", "")) or request.query_params.get("snapshot"))
+        text = str(form.get("q", "")).strip() or "SELECT * FROM t LIMIT 20"
+        params_text = str(form.get("params", ""))
         error, result = "", None
-        try:
-            result = podium.browser.sql(name, snapshot.id, text, parse_params(params_text))
-        except NotFound:
-            raise
-        except PodiumError as e:
-            error = str(e)
+        if request.method == "POST":
+            try:
+                result = await run_in_threadpool(podium.browser.sql, name, snapshot.id, text, parse_params(params_text))
+            except (NotFound, Busy):
+                raise
+            except PodiumError as e:
+                error = str(e)
         return page(request, "sql.html", info=info, snapshot=snapshot, text=text, params_text=params_text, result=result,
                     error=error, status=400 if error else 200)
 
     async def generate(request: Request) -> Response:
-        form = await request.form() if request.method == "POST" else request.query_params
+        form = await _text_form(request) if request.method == "POST" else request.query_params
         chosen = list(dict.fromkeys(form.getlist("ckpt")))
         prompt, source = str(form.get("prompt", "")), str(form.get("source", ""))
         sample = form.get("table"), form.get("snapshot"), form.get("row"), form.get("column")
@@ -183,7 +189,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
                     error=error, saved=request.query_params.get("saved", ""), status=400 if error else 200)
 
     async def prompts(request: Request) -> Response:
-        form = await request.form()
+        form = await _text_form(request)
         tag = await run_in_threadpool(save_prompt, podium.browser.catalog, str(form.get("prompt", "")), str(form.get("note", "")),
                                       str(form.get("source", "")) or "custom")
         return RedirectResponse(_url(f"/t/{PROMPTS_TABLE}", snapshot=tag, saved=tag), status_code=303)
@@ -202,6 +208,11 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
     async def not_done(request: Request, exc: Exception) -> Response:
         return page(request, "error.html", status=409, message=str(exc))
 
+    async def busy(request: Request, exc: Exception) -> Response:
+        response = page(request, "error.html", status=503, message=str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         message = f"there is no page at {request.url.path}; start from the table list" if exc.status_code == 404 else exc.detail
         return page(request, "error.html", status=exc.status_code, message=message)
@@ -214,9 +225,9 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
     routes = [
         Route("/", index),
         Route("/t/{name}", table),
-        Route("/t/{name}/row/{position:int}", row),
+        Route("/t/{name}/row/{position}", row),
         Route("/t/{name}/diff", diff),
-        Route("/t/{name}/sql", sql),
+        Route("/t/{name}/sql", sql, methods=["GET", "POST"]),
         Route("/generate", generate, methods=["GET", "POST"]),
         Route("/prompts", prompts, methods=["POST"]),
         Route("/checkpoint/{sha256}", checkpoint),
@@ -227,7 +238,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
     return Starlette(
         routes=routes,
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SameOrigin)],
-        exception_handlers={NotFound: not_found, PodiumError: bad_request, FactoryError: not_done, HTTPException: http_error,
+        exception_handlers={NotFound: not_found, Busy: busy, PodiumError: bad_request, FactoryError: not_done, HTTPException: http_error,
                             Exception: server_error},
     )
 
@@ -292,7 +303,21 @@ def _page_query(params: QueryParams) -> PageQuery:
                      descending=params.get("desc") == "1", offset=offset, size=size)
 
 
+async def _text_form(request: Request) -> FormData:
+    """A posted form whose fields are all text: an uploaded file is refused (400), never read as a value."""
+    try:
+        form = await request.form(max_files=0)
+    except HTTPException as e:
+        raise PodiumError(f"the form cannot be read ({e.detail}); Podium's forms take text fields only, not uploaded files") from e
+    for key, value in form.multi_items():
+        if not isinstance(value, str):
+            raise PodiumError(f"the form field {key!r} must be text, not an uploaded file")
+    return form
+
+
 def _int(text: str, what: str) -> int:
+    if len(text.strip().lstrip("+-")) > MAX_DIGITS:
+        raise PodiumError(f"{what} must be a whole number of at most {MAX_DIGITS} digits, not one of {len(text.strip())} characters")
     try:
         return int(text)
     except ValueError as e:

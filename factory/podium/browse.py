@@ -26,7 +26,8 @@ from pyiceberg.table import Table
 from factory.data.tables import record_batches
 from factory.podium.cells import preview
 from factory.podium.errors import NotFound, PodiumError
-from factory.podium.sql import SqlResult, connection, first_line, run_select
+from factory.podium.sql import SqlResult, connection, first_line
+from factory.podium.worker import run_query
 
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
 POSITION = "__row"
@@ -338,9 +339,9 @@ class Browser:
     def sql(
         self, name: str, snapshot: int, text: str, params: Sequence[Any] | Mapping[str, Any] = (), **limits: Any
     ) -> SqlResult:
-        """Run one SELECT over the snapshot, visible as table `t` (and by its short name); `limits`: row_limit, seconds."""
+        """Run one SELECT over the snapshot, seen as table `t` (and by its short name), in a worker process; `limits` as `run_query`'s."""
         data = self.columns(name, snapshot, [c for c, _ in self.columns_at(name, snapshot)]).drop_columns([POSITION])
-        return run_select({"t": data, name.split(".", 1)[1]: data}, text, params, **limits)
+        return run_query({"t": data, name.split(".", 1)[1]: data}, text, params, **limits)
 
 
 def _quote(column: str) -> str:

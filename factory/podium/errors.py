@@ -11,3 +11,7 @@ class PodiumError(FactoryError):
 
 class NotFound(PodiumError):
     """A namespace, table, snapshot, row or checkpoint that is not there."""
+
+
+class Busy(PodiumError):
+    """Every SQL worker is taken; the request may be sent again in a moment."""

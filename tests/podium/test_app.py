@@ -25,10 +25,10 @@ def client(store):
     return TestClient(create_app(store), base_url=LOCAL, raise_server_exceptions=False, headers={"origin": LOCAL})
 
 
-@pytest.mark.parametrize("path", ["/t/sft.samples?col=prompt&col=completion&col=metadata", "/t/sft.samples/row/2",
-                                  "/t/sft.samples/sql?q=SELECT+*+FROM+t+WHERE+label+%3D+%27hostile%27"])
-def test_every_cell_is_escaped(client, path):
-    response = client.get(path)
+@pytest.mark.parametrize("path, form", [("/t/sft.samples?col=prompt&col=completion&col=metadata", None), ("/t/sft.samples/row/2", None),
+                                        ("/t/sft.samples/sql", {"q": "SELECT * FROM t WHERE label = 'hostile'"})])
+def test_every_cell_is_escaped(client, path, form):
+    response = client.post(path, data=form) if form else client.get(path)
     assert response.status_code == 200, response.text
     assert SCRIPT not in response.text and ATTRIBUTE not in response.text
     assert "&lt;script&gt;alert(" in response.text
@@ -55,6 +55,10 @@ def test_a_hostile_filter_value_and_column_stay_text(client):
     ("/t/sft.samples?fc=label&fo=matches&fv=(", 400, "the filters cannot be applied"),
     ("/t/sft.%2E%2E/row/1", 404, "not a valid name"),
     ("/t/sft.samples/row/999", 404, "there is no row 999"),
+    ("/t/sft.samples/row/" + "9" * 5000, 400, "the row number must be a whole number of at most 30 digits"),
+    ("/t/sft.samples/row/two", 400, "the row number must be a whole number"),
+    ("/t/sft.samples?offset=" + "9" * 5000, 400, "offset must be a whole number of at most 30 digits"),
+    ("/generate?table=sft.samples&snapshot=v1&column=prompt&row=" + "9" * 5000, 400, "row must be a whole number of at most"),
     ("/t/sft.samples?fc=score&fo=%3E&fv=lots", 400, "is not a int64 value"),
     ("/t/sft.samples?fc=score&fo=eval&fv=1", 400, "unknown filter operator"),
     ("/checkpoint/" + "0" * 64, 404, "no published checkpoint"),
@@ -147,3 +151,27 @@ def test_generate_and_save_a_prompt_from_a_sample(store, client):
     saved = client.post("/prompts", data={"prompt": "def add(a, b):", "note": SCRIPT, "source": "custom"})
     assert saved.status_code == 200 and "podium.custom_prompts@v" in saved.text
     assert SCRIPT not in saved.text
+
+
+def test_columns_whose_names_need_escaping_show(tmp_path):
+    """Iceberg stores `my col` as `my_x20col` in its Parquet files; Podium reads it by field id and shows its real name."""
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "iceberg"))
+    odd = pa.table({"id": ["a", "b"], "my col": [1, 2], 'say "hi"': ["<i>x</i>", "y"], "x.y": [1.5, 2.5]})
+    catalog.create_namespace_if_not_exists("sft")
+    catalog.create_table("sft.odd", schema=odd.schema).append(odd)
+    client = TestClient(create_app(tmp_path), base_url=LOCAL, raise_server_exceptions=False, headers={"origin": LOCAL})
+    for path in ("/t/sft.odd", "/t/sft.odd?sort=my+col&desc=1", "/t/sft.odd?fc=x.y&fo=%3E&fv=2", "/t/sft.odd/row/0", "/t/sft.odd/diff"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text[-2000:])
+        assert "say &#34;hi&#34;" in response.text and "my col" in response.text, path
+    assert client.get("/t/sft.odd?fc=x.y&fo=%3E&fv=2").text.count("open-row") == 1
+    result = client.post("/t/sft.odd/sql", data={"q": 'SELECT "my col", "say ""hi""" FROM t ORDER BY "my col"'})
+    assert result.status_code == 200 and "&lt;i&gt;x&lt;/i&gt;" in result.text
+
+
+@pytest.mark.parametrize("path", ["/prompts", "/generate", "/t/sft.samples/sql"])
+def test_an_uploaded_file_in_a_form_is_refused(client, path):
+    response = client.post(path, data={"note": "n"}, files={"prompt": ("prompt.txt", b"def add(a, b):"), "q": ("q.sql", b"SELECT 1")})
+    assert response.status_code == 400
+    assert "not uploaded files" in response.text or "must be text, not an uploaded file" in response.text
+    assert "UploadFile" not in response.text

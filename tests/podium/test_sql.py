@@ -16,6 +16,9 @@ from tests.podium.conftest import TABLE, versions
     ("SELECT * FROM read_csv_auto('/etc/hostname')", "disabled"),
     ("SELECT * FROM '/etc/passwd'", "does not exist"),
     ("SELEC 1", "does not parse"),
+    ("WITH x AS (COPY (SELECT 1) TO '/tmp/podium-cte.csv') SELECT 1", "holds COPY inside"),
+    ("WITH x AS (DELETE FROM t RETURNING *) SELECT * FROM x", "holds DELETE inside"),
+    ("SELECT * FROM (WITH y AS (INSERT INTO t VALUES (1)) SELECT 1)", "holds INSERT inside"),
 ])
 def test_sql_box_refuses_anything_but_one_select_over_the_table(browser, query, message):
     _, v2 = versions(browser)
