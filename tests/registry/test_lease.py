@@ -95,7 +95,7 @@ TAKER = textwrap.dedent(
 
 def take_over(lease, stale_after_s: float) -> tuple[dict, str]:
     """Wait for the lease in a fresh process (a spinning or endless wait fails by the timeout, not by hanging the tests)."""
-    done = subprocess.run([sys.executable, "-c", TAKER, str(lease), str(stale_after_s)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", TAKER, str(lease), str(stale_after_s)], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), done.stderr
 
