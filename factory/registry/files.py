@@ -80,6 +80,8 @@ def sha256_file(path: Path, *, fsync: bool = False) -> str:
 
 def make_writable(root: Path) -> None:
     """Let the owner write `root` and the directories and regular files in it; links are left alone (never their targets)."""
+    if not stat.S_ISDIR(os.lstat(root).st_mode):
+        return  # a link (or a file) where a directory should be: nothing in it is ours
     for path in [root, *_walk(root)]:
         info = os.lstat(path)
         if stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode):

@@ -198,11 +198,14 @@ class ArtifactStore:
         if target.exists() and self._matches(target, files):
             shutil.rmtree(staging)  # the same bytes were published before: keep the first copy
         else:
-            if target.exists():  # damaged copy of these bytes: move it aside, then put the good one in
+            if os.path.lexists(target):  # damaged copy of these bytes (or a link): move it aside, then put the good one in
                 aside = staging.with_name(f"damaged-{staging.name}")
                 make_writable(target)  # never follows a link: files outside the registry keep their modes
-                os.rename(target, aside)
-                shutil.rmtree(aside)
+                os.rename(target, aside)  # a link is moved itself, never what it points at
+                if aside.is_symlink() or not aside.is_dir():
+                    aside.unlink()
+                else:
+                    shutil.rmtree(aside)
             _fsync_dir(staging)
             try:
                 os.rename(staging, target)

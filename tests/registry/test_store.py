@@ -270,6 +270,28 @@ def test_repairing_an_artifact_never_changes_the_mode_of_a_symlinks_target(store
     assert store.lookup("fp-a") == again
 
 
+def test_an_artifact_directory_replaced_by_a_link_is_a_miss_and_republishing_replaces_only_the_link(store, tmp_path):
+    manifest = publish(store, "fp-a")
+    base = store.path(manifest.digest)
+    outside = tmp_path / "outside"
+    (outside / "stats").mkdir(parents=True)
+    for name, data in FILES.items():
+        (outside / name).write_bytes(data)
+        (outside / name).chmod(0o444)
+    make_writable(base.parent)
+    for path in sorted(base.rglob("*"), reverse=True):
+        make_writable(path)
+        path.rmdir() if path.is_dir() else path.unlink()
+    make_writable(base)
+    base.rmdir()
+    base.symlink_to(outside, target_is_directory=True)
+    assert store.lookup("fp-a") is None
+    publish(store, "fp-a")
+    assert not base.is_symlink() and store.lookup("fp-a", rehash=True) is not None
+    assert {stat.S_IMODE((outside / name).stat().st_mode) for name in FILES} == {0o444}
+    assert sorted(p.name for p in outside.rglob("*")) == ["counts.txt", "stats", "tokenizer.json"]
+
+
 def test_a_stage_that_stages_a_symlink_is_refused(store, tmp_path):
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"x")
