@@ -77,9 +77,15 @@ def _load(path: Path) -> tuple[dict[str, Any], str, str, float] | None:
     token names the file itself (inode, mtime, size), and its claimed age is its mtime's."""
     try:
         info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    unreadable = f"unreadable:{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
+    try:
         text = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as e:  # no permission to read it, or not a file: nobody can tell who holds it
+        return {}, unreadable, e.strerror or str(e), time.time() - info.st_mtime
     try:
         data = json.loads(text)
         if not isinstance(data, dict):
@@ -88,7 +94,7 @@ def _load(path: Path) -> tuple[dict[str, Any], str, str, float] | None:
             raise ValueError(f"missing or wrong: {', '.join(bad)}")
     except ValueError as e:
         damage = "empty" if not text.strip() else str(e)
-        return {}, f"unreadable:{info.st_ino}:{info.st_mtime_ns}:{info.st_size}", damage, time.time() - info.st_mtime
+        return {}, unreadable, damage, time.time() - info.st_mtime
     return data, data["token"], "", time.time() - float(data["beat"])
 
 
