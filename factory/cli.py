@@ -473,6 +473,7 @@ def data_batch(
 
 
 from factory import cli_operations  # noqa: E402,F401  (registers lineage, reproduce, promote, demote, promotions)
+from factory import cli_registry  # noqa: E402,F401  (registers `registry verify`)
 
 
 def main() -> None:

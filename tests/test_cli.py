@@ -334,3 +334,57 @@ def answers(port: int) -> bool:
             return response.status == 200
     except OSError:
         return False
+
+
+def test_leaderboard_skips_a_garbage_manifest_with_a_warning_naming_it(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    publish_result(registry, "a", "val_bpb", 2.0)
+    (tmp_path / "registry" / "manifests" / "garbage.json").write_text('{"kind": "evaluation", "summary": []}')
+    result = factory("leaderboard", "--root", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert [row["experiment"] for row in json.loads(result.stdout)["rows"]] == ["a"]
+    assert "garbage.json" in result.stderr
+
+
+def publish_files(registry: ArtifactStore, fingerprint: str, files: dict[str, bytes]) -> Path:
+    """Publish `files` as one artifact; its directory."""
+    from factory.registry import Provenance
+
+    with registry.staging() as out:
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+        manifest = registry.publish(out, kind="tokenizer", fingerprint=fingerprint, config={}, inputs={}, code="c",
+                                    provenance=Provenance(experiment="e", config_hash="h", git_commit="g"), summary={})
+    return registry.path(manifest.digest)
+
+
+def test_registry_verify_lists_every_kind_of_damage_and_exits_1(tmp_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    publish_files(registry, "fp-clean", {"a.txt": b"clean"})
+    clean = factory("registry", "verify", "--root", str(tmp_path))
+    assert clean.returncode == 0, clean.stderr
+    assert "intact" in clean.stdout
+    damaged = {kind: publish_files(registry, f"fp-{kind}", {"a.txt": kind.encode(), "b.txt": b"b"})
+               for kind in ("missing", "changed", "symlink", "extra")}
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"b")
+    for base in damaged.values():
+        base.chmod(0o755)
+    (damaged["missing"] / "b.txt").unlink()
+    (damaged["changed"] / "b.txt").chmod(0o644)
+    (damaged["changed"] / "b.txt").write_bytes(b"B")
+    (damaged["symlink"] / "b.txt").unlink()
+    (damaged["symlink"] / "b.txt").symlink_to(outside)  # the same bytes, through a link
+    (damaged["extra"] / "c.txt").write_bytes(b"c")
+    (tmp_path / "registry" / "manifests" / "garbage.json").write_text("not json")
+    result = factory("registry", "verify", "--root", str(tmp_path), "--json")
+    assert result.returncode == 1, result.stderr
+    found = {(d["kind"], Path(d["path"]).name, d["problem"]) for d in json.loads(result.stdout)["damaged"]}
+    assert {(kind, name) for kind, name, _ in found} == {("manifest", "garbage.json"), *(("object", b.name) for b in damaged.values())}
+    problems = {Path(path).name: problem for _, path, problem in found}
+    assert problems[damaged["missing"].name] == "b.txt: missing"
+    assert "sha256" in problems[damaged["changed"].name]
+    assert "symlink" in problems[damaged["symlink"].name]
+    assert "c.txt: extra file" in problems[damaged["extra"].name]
+    text = factory("registry", "verify", "--root", str(tmp_path))
+    assert text.returncode == 1 and "garbage.json" in text.stdout and "5 damaged" in text.stdout

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,14 @@ REGRESSION_TOLERANCE = 0.02
 """Relative: a candidate best may be at most 2% worse than the current best on any benchmark..."""
 NOISE_SIGMAS = 2.0
 """...or, for a share of items (0 to 1), within this many standard errors of the best's share, if that is wider."""
+RESULT_KEYS: Mapping[str, type | tuple[type, ...]] = {
+    "benchmark": str, "version": int, "lower_is_better": bool, "value": (int, float), "count": int,
+    "checkpoint": str, "experiment": str, "step": int, "tokens_seen": int,
+}
+"""What the board reads from an evaluation result's summary, and its type."""
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,7 +117,7 @@ def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
     """The results that describe each experiment now: from the newest run of each of its training stages only
     (pretrain, sft, rl), each benchmark at its newest version only (versions are never compared), and the newest
     result per checkpoint x benchmark."""
-    manifests = list(manifests)
+    manifests = list(well_formed(manifests))
     newest_training: dict[tuple[str, str], tuple[str, str]] = {}
     version: dict[str, int] = {}
     for m in manifests:
@@ -125,6 +134,18 @@ def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
         if key not in newest or m.created >= newest[key].created:
             newest[key] = m
     return list(newest.values())
+
+
+def well_formed(results: Iterable[Manifest]) -> Iterator[Manifest]:
+    """The results whose summary holds every key the board reads, of its type; any other is skipped with a warning
+    (once per manifest), so one damaged result never hides the board."""
+    for manifest in results:
+        bad = [key for key, kind in RESULT_KEYS.items() if not isinstance(manifest.summary.get(key), kind)]
+        if not bad:
+            yield manifest
+        elif manifest.fingerprint not in _warned:
+            _warned.add(manifest.fingerprint)
+            log.warning("skipping evaluation result %s (manifests/%s.json): summary lacks %s", manifest.digest[:12], manifest.fingerprint, ", ".join(bad))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,28 +1,44 @@
 """Leases: the first process to ask for a stage computes it; the others wait and then reuse it.
 
-A lease is a small file in the registry (so it works on shared storage too) created with
-O_EXCL. Its holder touches it every `heartbeat_s`; a lease not touched for `stale_after_s` is
-taken over (its holder died), and so is one whose holder process is gone from this machine. Two waiters that see the same stale lease at the same instant can
-both take it over; that costs one duplicate computation, never a wrong artifact, because
-publishing is content-addressed and the first manifest for a fingerprint stands.
+A lease is a small file in the registry (so it works on shared storage too), created whole with
+a hard link (never seen empty). Its holder writes a fresh `beat` (its clock) into it every
+`heartbeat_s`; a lease whose beat is older than `stale_after_s` is taken over (its holder died),
+and so is one whose holder process is gone from this machine. Two waiters that see the same stale
+lease at the same instant can both take it over; that costs one duplicate computation, never a
+wrong artifact, because publishing is content-addressed and the first manifest for a fingerprint
+stands.
+
+Clocks differ on shared storage, so the age of a lease is judged on the reader's clock too: a
+beat from the future counts as "now", and a beat (or an unreadable file: empty after a crash or a
+full disk, garbage, keys missing) that has not changed since this process first saw it is at least
+as old as that sighting. So a skewed holder that stops beating, and a lease nobody can read, are
+taken over `stale_after_s` after this reader last saw them change.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LEASE_STALE_S = 120.0
 LEASE_HEARTBEAT_S = 10.0
 LEASE_POLL_S = 0.5
+LEASE_KEYS = {"owner": str, "token": str, "host": str, "pid": int, "beat": (int, float)}
+
+log = logging.getLogger(__name__)
+_first_seen: dict[str, tuple[tuple[Any, ...], float]] = {}
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,16 +50,64 @@ class Holder:
     host: str
     pid: int
     age_s: float
+    damage: str = ""
+    """Why the lease file could not be read ("" when it could); such a lease has no holder to ask."""
 
 
 def read_holder(path: Path) -> Holder | None:
-    """The current holder of the lease at `path`, or None when nobody holds it."""
-    try:
-        age = time.time() - path.stat().st_mtime
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
+    """The current holder of the lease at `path`, or None when nobody holds it.
+
+    A lease that cannot be read is a holder with `damage` set (and a warning, once per file), aged by the file."""
+    loaded = _load(path)
+    if loaded is None:
         return None
-    return Holder(owner=data["owner"], token=data["token"], host=data["host"], pid=data["pid"], age_s=max(0.0, age))
+    data, token, damage, claimed_s = loaded
+    if damage:
+        if str(path) not in _warned:
+            _warned.add(str(path))
+            log.warning("lease %s cannot be read (%s); it is taken over once it stays unchanged past the lease timeout", path, damage)
+        age = _age(path, (token,), claimed_s)
+        return Holder(owner=f"an unreadable lease ({damage})", token=token, host="", pid=0, age_s=age, damage=damage)
+    age = _age(path, (token, data["beat"]), claimed_s)
+    return Holder(owner=data["owner"], token=token, host=data["host"], pid=data["pid"], age_s=age)
+
+
+def _load(path: Path) -> tuple[dict[str, Any], str, str, float] | None:
+    """(record, token, damage, claimed age) of the lease file, or None when there is none. An unreadable file's
+    token names the file itself (inode, mtime, size), and its claimed age is its mtime's."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    unreadable = f"unreadable:{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # no permission to read it, or not a file: nobody can tell who holds it
+        return {}, unreadable, e.strerror or str(e), time.time() - info.st_mtime
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        if bad := [k for k, kind in LEASE_KEYS.items() if not isinstance(data.get(k), kind)]:
+            raise ValueError(f"missing or wrong: {', '.join(bad)}")
+    except ValueError as e:
+        damage = "empty" if not text.strip() else str(e)
+        return {}, unreadable, damage, time.time() - info.st_mtime
+    return data, data["token"], "", time.time() - float(data["beat"])
+
+
+def _age(path: Path, seen: tuple[Any, ...], claimed_s: float) -> float:
+    """The age a lease claims, at least 0 (a beat from the future is "now") and at least the time since this
+    process first saw it in this state (so a frozen future beat still ages on the reader's clock)."""
+    now = time.monotonic()
+    key = str(path)
+    first = _first_seen.get(key)
+    if first is None or first[0] != seen:
+        _first_seen[key] = (seen, now)
+        return max(0.0, claimed_s)
+    return max(0.0, claimed_s, now - first[1])
 
 
 @contextlib.contextmanager
@@ -60,22 +124,25 @@ def hold(
     """Block until this process holds the lease at `path`; keep it alive until the block ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
-    announced = False
+    announced = retried = False
     while not _try_create(path, owner, token):
-        holder = read_holder(path)
-        if holder is None:
-            continue  # released between our attempt and our look: try again at once
-        if abandoned(holder, stale_after_s) is not None:
+        holder, why = read_holder(path), None
+        if holder is not None and (why := abandoned(holder, stale_after_s)) is not None:
+            if holder.damage:
+                log.warning("taking over lease %s: %s", path, why)
             if on_takeover:
                 on_takeover(holder)
             _remove_if_token(path, holder.token)
-            continue
-        if on_wait and not announced:
+        elif holder is not None and on_wait and not announced:
             on_wait(holder)
             announced = True
-        time.sleep(poll_s)
+        if (holder is None or why is not None) and not retried:
+            retried = True  # released or taken over a moment ago: try once more at once
+            continue
+        retried = False
+        time.sleep(poll_s)  # never spin, whatever the lease file holds
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(path, token, stop, heartbeat_s), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(path, owner, token, stop, heartbeat_s), daemon=True)
     beat.start()
     try:
         yield
@@ -86,8 +153,8 @@ def hold(
 
 
 def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | None:
-    """Why nobody is computing under `holder`'s lease any more (its process is gone from this machine, or it went
-    silent), or None while it may still be."""
+    """Why nobody is computing under `holder`'s lease any more (its process is gone from this machine, it went
+    silent, or its lease has been unreadable too long), or None while it may still be."""
     if holder.host == socket.gethostname() and holder.pid != os.getpid():
         try:
             os.kill(holder.pid, 0)
@@ -96,30 +163,46 @@ def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | Non
         except PermissionError:
             pass  # alive, owned by someone else
     if holder.age_s > stale_after_s:
-        return f"silent for {holder.age_s:.0f} s"
+        return f"unreadable ({holder.damage}) for {holder.age_s:.0f} s" if holder.damage else f"silent for {holder.age_s:.0f} s"
     return None
 
 
-def _try_create(path: Path, owner: str, token: str) -> bool:
-    record = json.dumps({"owner": owner, "token": token, "host": socket.gethostname(), "pid": os.getpid()})
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(record)
+def _record(owner: str, token: str) -> bytes:
+    return json.dumps({"owner": owner, "token": token, "host": socket.gethostname(), "pid": os.getpid(), "beat": time.time()}).encode()
+
+
+def _write_temp(path: Path, data: bytes) -> str:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return tmp
+
+
+def _try_create(path: Path, owner: str, token: str) -> bool:
+    """Create the lease with its content in one step (a link never replaces), so no reader sees it empty."""
+    tmp = _write_temp(path, _record(owner, token))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
     return True
 
 
-def _heartbeat(path: Path, token: str, stop: threading.Event, interval_s: float) -> None:
+def _heartbeat(path: Path, owner: str, token: str, stop: threading.Event, interval_s: float) -> None:
     while not stop.wait(interval_s):
         holder = read_holder(path)
         if holder is None or holder.token != token:
             return  # taken over: it is no longer ours to keep alive
-        with contextlib.suppress(FileNotFoundError):
-            os.utime(path)
+        tmp = _write_temp(path, _record(owner, token))
+        try:
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def _remove_if_token(path: Path, token: str) -> None:
@@ -129,8 +212,8 @@ def _remove_if_token(path: Path, token: str) -> None:
         os.rename(path, aside)
     except FileNotFoundError:
         return
-    holder = read_holder(aside)
-    if holder is None or holder.token == token:
+    loaded = _load(aside)
+    if loaded is None or loaded[1] == token:
         aside.unlink(missing_ok=True)
         return
     try:

@@ -22,21 +22,23 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from factory.errors import ArtifactError
+from factory.registry.files import hash_files, make_read_only, make_writable, sha256_file, structural_damage
 from factory.registry.lease import Holder, hold, read_holder
 
 MANIFEST_VERSION = 1
-CHUNK_BYTES = 1 << 20
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,8 +108,8 @@ class ArtifactStore:
         manifest_path = self._manifest_path(fingerprint)
         if not manifest_path.exists():
             return None
-        manifest = self.read_manifest(manifest_path)
-        return manifest if self._intact(manifest, rehash) else None
+        manifest = self._read_or_warn(manifest_path)
+        return manifest if manifest is not None and self._intact(manifest, rehash) else None
 
     def open(self, digest: str) -> Path:
         """Directory of a published artifact; raise if it is not there."""
@@ -137,11 +139,15 @@ class ArtifactStore:
         return read_holder(self._lease_path(fingerprint))
 
     def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
-        """Every manifest in the registry, optionally of one kind."""
-        for path in sorted((self.root / "manifests").glob("*.json")):
-            manifest = self.read_manifest(path)
-            if kind is None or manifest.kind == kind:
+        """Every readable manifest in the registry, optionally of one kind; a damaged one is skipped with a warning."""
+        for path in self.manifest_paths():
+            manifest = self._read_or_warn(path)
+            if manifest is not None and (kind is None or manifest.kind == kind):
                 yield manifest
+
+    def manifest_paths(self) -> list[Path]:
+        """Every manifest file in the registry, readable or not."""
+        return sorted((self.root / "manifests").glob("*.json"))
 
     def work(self, fingerprint: str) -> Path:
         """A stage's scratch directory that outlives its process (checkpoints to resume from); removed once it publishes."""
@@ -183,7 +189,7 @@ class ArtifactStore:
         existing = self.lookup(fingerprint)
         if existing is not None:
             return existing
-        files = _hash_files(staging)
+        files = hash_files(staging)
         if not files:
             raise ArtifactError(f"stage {kind!r} staged no files in {staging}; nothing to publish")
         digest = _digest(files)
@@ -192,11 +198,14 @@ class ArtifactStore:
         if target.exists() and self._matches(target, files):
             shutil.rmtree(staging)  # the same bytes were published before: keep the first copy
         else:
-            if target.exists():  # damaged copy of these bytes: move it aside, then put the good one in
+            if os.path.lexists(target):  # damaged copy of these bytes (or a link): move it aside, then put the good one in
                 aside = staging.with_name(f"damaged-{staging.name}")
-                _make_writable(target)
-                os.rename(target, aside)
-                shutil.rmtree(aside)
+                make_writable(target)  # never follows a link: files outside the registry keep their modes
+                os.rename(target, aside)  # a link is moved itself, never what it points at
+                if aside.is_symlink() or not aside.is_dir():
+                    aside.unlink()
+                else:
+                    shutil.rmtree(aside)
             _fsync_dir(staging)
             try:
                 os.rename(staging, target)
@@ -206,7 +215,7 @@ class ArtifactStore:
                 shutil.rmtree(staging)
             else:
                 _fsync_dir(target.parent)
-                _make_read_only(target)
+                make_read_only(target)
                 self._record_checked(digest, files)  # hashed a moment ago, in a directory only this process writes
         manifest = Manifest(
             kind=kind,
@@ -227,11 +236,21 @@ class ArtifactStore:
         return self.lookup(fingerprint) or manifest
 
     def read_manifest(self, path: Path) -> Manifest:
-        """Parse one manifest file."""
+        """Parse one manifest file; raise ArtifactError when it is not JSON, lacks a key or has a value of the wrong type."""
         try:
-            return Manifest(**json.loads(path.read_text()))
+            return _parse_manifest(json.loads(path.read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise ArtifactError(f"manifest {path} is unreadable ({e}); remove it to recompute the stage") from e
+
+    def _read_or_warn(self, path: Path) -> Manifest | None:
+        """The manifest at `path`, or None with a warning (once per file in this process) when it is damaged."""
+        try:
+            return self.read_manifest(path)
+        except ArtifactError as e:
+            if str(path) not in _warned:
+                _warned.add(str(path))
+                log.warning("skipping damaged %s", e)
+            return None
 
     def _lease_path(self, fingerprint: str) -> Path:
         return self.root / "leases" / f"{fingerprint}.lease"
@@ -245,18 +264,13 @@ class ArtifactStore:
     def _intact(self, manifest: Manifest, rehash: bool) -> bool:
         """Every file is there with its size, and its bytes hash as recorded (unchanged since last checked, or hashed now)."""
         base = self.path(manifest.digest)
-        current: dict[str, list[int]] = {}
-        for name, entry in manifest.files.items():
-            try:
-                info = (base / name).stat()
-            except OSError:
-                return False
-            if not stat.S_ISREG(info.st_mode) or info.st_size != entry["bytes"]:
-                return False
-            current[name] = _stamp(info)
+        problems, found = structural_damage(base, manifest.files)  # lstat only: a symlink is damage, never a hit
+        if problems:
+            return False
+        current = {name: _stamp(found[name]) for name in manifest.files}
         trusted = {} if rehash else self._trusted_stamps(manifest.digest)
         unchecked = [name for name in manifest.files if trusted.get(name) != current[name]]
-        if any(_sha256_file(base / name) != manifest.files[name]["sha256"] for name in unchecked):
+        if any(sha256_file(base / name) != manifest.files[name]["sha256"] for name in unchecked):
             return False
         if unchecked:
             self._write_stamps(manifest.digest, current)
@@ -265,7 +279,7 @@ class ArtifactStore:
     def _record_checked(self, digest: str, files: Mapping[str, Mapping[str, Any]]) -> None:
         """Record the stamps of files whose sha256 was just checked."""
         base = self.path(digest)
-        self._write_stamps(digest, {name: _stamp((base / name).stat()) for name in files})
+        self._write_stamps(digest, {name: _stamp(os.lstat(base / name)) for name in files})
 
     def _write_stamps(self, digest: str, stamps: dict[str, list[int]]) -> None:
         with contextlib.suppress(OSError):  # a cache: a registry this process cannot write to is still read, by hashing
@@ -285,13 +299,9 @@ class ArtifactStore:
 
     @staticmethod
     def _matches(base: Path, files: Mapping[str, Mapping[str, Any]]) -> bool:
-        for name, entry in files.items():
-            path = base / name
-            if not path.is_file() or path.stat().st_size != entry["bytes"]:
-                return False
-            if _sha256_file(path) != entry["sha256"]:
-                return False
-        return True
+        if structural_damage(base, files)[0]:
+            return False
+        return all(sha256_file(base / name) == entry["sha256"] for name, entry in files.items())
 
     def _write_manifest(self, manifest: Manifest) -> None:
         final = self._manifest_path(manifest.fingerprint)
@@ -328,13 +338,6 @@ def _write_atomic(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
-def _hash_files(root: Path) -> dict[str, dict[str, Any]]:
-    files = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        files[path.relative_to(root).as_posix()] = {"sha256": _sha256_file(path, fsync=True), "bytes": path.stat().st_size}
-    return files
-
-
 def _stamp(info: os.stat_result) -> list[int]:
     """What changes when a file's bytes are written: its size and mtime (and its inode, when it is replaced)."""
     return [info.st_size, info.st_mtime_ns, info.st_ino]
@@ -345,16 +348,6 @@ def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
-def _sha256_file(path: Path, *, fsync: bool = False) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return digest.hexdigest()
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -363,13 +356,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _make_writable(root: Path) -> None:
-    for path in [root, *root.rglob("*")]:
-        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+_MANIFEST_TYPES: dict[str, type] = {"files": dict, "config": dict, "inputs": dict, "summary": dict, "version": int}
+_TYPE_NAMES = {dict: "an object", int: "an integer", str: "a string"}
 
 
-def _make_read_only(root: Path) -> None:
-    read_only = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
-    for path in sorted(root.rglob("*"), reverse=True):
-        path.chmod(read_only | (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH if path.is_dir() else 0))
-    root.chmod(read_only | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+def _parse_manifest(data: Any) -> Manifest:
+    """A Manifest from parsed JSON, checking every key is present and of its type (TypeError names what is wrong)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected a JSON object, found {type(data).__name__}")
+    missing = [f.name for f in fields(Manifest) if f.name not in data and f.name not in ("run_id", "version")]
+    if missing:
+        raise TypeError(f"missing keys: {', '.join(missing)}")
+    for f in fields(Manifest):
+        expected = _MANIFEST_TYPES.get(f.name, str)
+        if f.name in data and not isinstance(data[f.name], expected):
+            raise TypeError(f"{f.name} is {type(data[f.name]).__name__}, expected {_TYPE_NAMES[expected]}")
+    for name, entry in data["files"].items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int)):
+            raise TypeError(f"files.{name} needs sha256 (a string) and bytes (an integer)")
+    if not all(isinstance(value, str) for value in data["inputs"].values()):
+        raise TypeError("inputs must map names to digests (strings)")
+    return Manifest(**data)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from factory.errors import FactoryError
 from factory.podium.links import table_links
+from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore
 from factory.stages import RUNNERS, runner
 from factory.stages.context import WARNINGS, StageContext
@@ -49,7 +50,7 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
         spec.fingerprint,
         owner=f"{spec.kind} for {request.provenance.experiment} (pid {os.getpid()} on {socket.gethostname()})",
         on_wait=lambda holder: reporter.log.info("awaiting cache: %s is computing this stage", holder.owner),
-        on_takeover=lambda holder: reporter.log.info("taking over the lease of %s (silent for %.0f s)", holder.owner, holder.age_s),
+        on_takeover=lambda holder: reporter.log.info("taking over the lease of %s (%s)", holder.owner, abandoned(holder) or "released"),
     ):
         manifest = registry.lookup(spec.fingerprint)
         cache = "hit" if manifest else "miss"

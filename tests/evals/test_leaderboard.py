@@ -207,3 +207,10 @@ def test_a_board_published_before_data_was_recorded_still_reads():
     ]})
     assert board.rows[0].ranked and board.rows[0].scored_on("val_bpb") == "unrecorded:a"
     assert "2.0000 |" in render_markdown(board)
+
+
+def test_a_result_whose_summary_lacks_keys_is_skipped_with_a_warning_naming_it(caplog):
+    broken = dataclasses.replace(result("z", 100, "val_bpb", 1.0), fingerprint="fp-broken", summary={"benchmark": "val_bpb", "value": "low"})
+    board = build_board([*RESULTS, broken])
+    assert [row.experiment for row in board.rows] == ["b", "a", "c"]
+    assert "fp-broken" in caplog.text and "experiment" in caplog.text

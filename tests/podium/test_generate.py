@@ -31,3 +31,14 @@ def test_links_point_at_pages(monkeypatch):
     assert table_links({"stdlib/table": "filtered.stdlib@v2", "stdlib/rows": 10}) == {
         "podium/stdlib": "http://podium.internal:9000/t/filtered.stdlib?snapshot=v2"
     }
+
+
+def test_a_garbage_manifest_is_skipped_by_the_candidates_with_a_warning(store, tmp_path, caplog):
+    import shutil
+
+    shutil.copytree(store / "registry", tmp_path / "registry", symlinks=True)
+    (tmp_path / "registry" / "manifests").chmod(0o755)
+    (tmp_path / "registry" / "manifests" / "garbage.json").write_text('{"kind": "pretrain", "files": 3}')
+    found = candidates(ArtifactStore(tmp_path / "registry"))
+    assert sorted(c.experiment for c in found) == ["podium-seed1", "podium-seed2"]
+    assert "garbage.json" in caplog.text

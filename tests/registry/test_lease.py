@@ -1,10 +1,13 @@
 """Leases across real processes: one holder at a time, waiters wait, stale leases are taken over."""
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
+
+import pytest
 
 from factory.registry.lease import hold, read_holder
 
@@ -48,7 +51,7 @@ def test_a_waiter_sees_the_holder_and_gets_the_lease_after_release(tmp_path):
 
 def test_a_stale_lease_is_taken_over(tmp_path):
     lease = tmp_path / "x.lease"
-    lease.write_text('{"owner": "dead", "token": "t", "host": "h", "pid": 1}')
+    lease.write_text(json.dumps({"owner": "dead", "token": "t", "host": "h", "pid": 1, "beat": time.time() - 1000}))
     old = time.time() - 1000
     os.utime(lease, (old, old))
     taken = []
@@ -72,3 +75,80 @@ def test_a_lease_whose_holder_was_killed_on_this_machine_is_taken_over_at_once(t
     with hold(lease, "next", stale_after_s=600, on_takeover=taken.append):
         assert read_holder(lease).owner == "next"
     assert [h.owner for h in taken] == ["k"]
+
+
+TAKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from factory.registry.lease import hold, read_holder
+    lease, stale_after_s = Path(sys.argv[1]), float(sys.argv[2])
+    taken = []
+    cpu_s = time.process_time()
+    with hold(lease, "next", stale_after_s=stale_after_s, poll_s=0.05, on_takeover=taken.append):
+        cpu_s = time.process_time() - cpu_s
+        owner = read_holder(lease).owner
+    print(json.dumps({"cpu_s": cpu_s, "taken": [h.owner for h in taken], "owner": owner}))
+    """
+)
+
+
+def take_over(lease, stale_after_s: float) -> tuple[dict, str]:
+    """Wait for the lease in a fresh process (a spinning or endless wait fails by the timeout, not by hanging the tests)."""
+    done = subprocess.run([sys.executable, "-c", TAKER, str(lease), str(stale_after_s)], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+def record(owner: str, beat: float) -> str:
+    return json.dumps({"owner": owner, "token": "t", "host": "elsewhere", "pid": 1, "beat": beat})
+
+
+def test_an_empty_lease_is_taken_over_after_the_timeout_without_spinning(tmp_path):
+    lease = tmp_path / "x.lease"
+    lease.write_bytes(b"")  # a crash or a full disk between create and write
+    result, stderr = take_over(lease, stale_after_s=1.0)
+    assert result["owner"] == "next"
+    assert len(result["taken"]) == 1 and "unreadable" in result["taken"][0]
+    assert result["cpu_s"] < 0.5  # a second of waiting, asleep: a spinning loop would burn all of it
+    assert "cannot be read" in stderr and "x.lease" in stderr
+    assert not lease.exists()
+
+
+def test_a_lease_with_missing_keys_is_read_as_unreadable_with_a_warning(tmp_path, caplog):
+    lease = tmp_path / "x.lease"
+    lease.write_text('{"owner": "old"}')
+    holder = read_holder(lease)
+    assert holder.damage and "token" in holder.damage and holder.age_s < 60
+    assert "cannot be read" in caplog.text
+
+
+def test_the_heartbeat_is_judged_by_the_beat_written_in_the_lease_not_its_mtime(tmp_path):
+    lease = tmp_path / "x.lease"
+    lease.write_text(record("silent", time.time() - 1000))  # touched just now, beat long ago
+    assert read_holder(lease).age_s > 900
+    result, _ = take_over(lease, stale_after_s=60)
+    assert result["taken"] == ["silent"]
+
+
+@pytest.mark.parametrize("content", ["beat", "empty"])
+def test_a_lease_from_the_future_is_taken_over_after_the_timeout_of_the_readers_clock(tmp_path, content):
+    lease = tmp_path / "x.lease"
+    future = time.time() + 3600  # the holder's clock (and the file server's) run an hour ahead
+    lease.write_text(record("skewed", future) if content == "beat" else "")
+    os.utime(lease, (future, future))
+    assert read_holder(lease).age_s == 0  # a beat from the future counts as now
+    result, _ = take_over(lease, stale_after_s=1.0)
+    assert result["owner"] == "next" and len(result["taken"]) == 1
+
+
+def test_the_holder_writes_a_fresh_beat_into_its_lease(tmp_path):
+    lease = tmp_path / "x.lease"
+    with hold(lease, "me", heartbeat_s=0.05):
+        first = json.loads(lease.read_text())["beat"]
+        deadline = time.monotonic() + 30
+        while json.loads(lease.read_text())["beat"] == first:
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.02)
+        assert read_holder(lease).owner == "me"
+    assert not lease.exists()

@@ -194,11 +194,110 @@ def test_open_returns_a_published_artifact_and_refuses_an_unknown_one(store):
         store.open("0" * 64)
 
 
-def test_an_unreadable_manifest_is_an_artifact_error(store):
+def test_an_unreadable_manifest_is_an_artifact_error_and_a_lookup_miss(store, caplog):
     (store.root / "manifests").mkdir(parents=True)
     (store.root / "manifests" / "fp-a.json").write_text("{not json")
     with pytest.raises(ArtifactError, match="unreadable"):
-        store.lookup("fp-a")
+        store.read_manifest(store.root / "manifests" / "fp-a.json")
+    assert store.lookup("fp-a") is None
+    assert "fp-a.json" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ["{not json", "[1, 2]", '{"kind": "tokenizer"}', None],
+    ids=["not-json", "not-an-object", "missing-keys", "wrong-types"],
+)
+def test_a_damaged_manifest_is_skipped_with_one_warning_naming_it(store, caplog, garbage):
+    good = publish(store, "fp-a")
+    if garbage is None:  # every key there, files of the wrong type
+        garbage = json.dumps({**good.to_json(), "fingerprint": "fp-bad", "files": ["tokenizer.json"]})
+    (store.root / "manifests" / "fp-bad.json").write_text(garbage)
+    assert [m.fingerprint for m in store.manifests()] == ["fp-a"]
+    assert [m.fingerprint for m in store.manifests()] == ["fp-a"]
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "fp-bad.json" in r.getMessage()]
+    assert len(warnings) == 1
+    assert store.lookup("fp-bad") is None
+
+
+def test_republishing_over_a_damaged_manifest_replaces_it(store):
+    (store.root / "manifests").mkdir(parents=True)
+    (store.root / "manifests" / "fp-a.json").write_text("{not json")
+    manifest = publish(store, "fp-a")
+    assert store.lookup("fp-a") == manifest
+
+
+def test_a_symlink_to_identical_bytes_is_damage_not_a_hit(store, tmp_path):
+    manifest = publish(store, "fp-a")
+    victim = store.path(manifest.digest) / "tokenizer.json"
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(FILES["tokenizer.json"])
+    make_writable(victim.parent)
+    victim.unlink()
+    victim.symlink_to(outside)
+    assert store.lookup("fp-a") is None
+    assert store.lookup("fp-a", rehash=True) is None
+
+
+def test_a_symlinked_directory_inside_an_artifact_is_damage(store, tmp_path):
+    manifest = publish(store, "fp-a")
+    stats = store.path(manifest.digest) / "stats"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "counts.txt").write_bytes(FILES["stats/counts.txt"])
+    make_writable(stats)
+    make_writable(stats.parent)
+    (stats / "counts.txt").unlink()
+    stats.rmdir()
+    stats.symlink_to(outside, target_is_directory=True)
+    assert store.lookup("fp-a") is None
+
+
+def test_repairing_an_artifact_never_changes_the_mode_of_a_symlinks_target(store, tmp_path):
+    manifest = publish(store, "fp-a")
+    victim = store.path(manifest.digest) / "tokenizer.json"
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(FILES["tokenizer.json"])
+    outside.chmod(0o444)
+    make_writable(victim.parent)
+    victim.unlink()
+    victim.symlink_to(outside)
+    victim.parent.chmod(0o555)
+    again = publish(store, "fp-a")
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o444
+    assert outside.read_bytes() == FILES["tokenizer.json"]
+    assert not victim.is_symlink() and victim.read_bytes() == FILES["tokenizer.json"]
+    assert store.lookup("fp-a") == again
+
+
+def test_an_artifact_directory_replaced_by_a_link_is_a_miss_and_republishing_replaces_only_the_link(store, tmp_path):
+    manifest = publish(store, "fp-a")
+    base = store.path(manifest.digest)
+    outside = tmp_path / "outside"
+    (outside / "stats").mkdir(parents=True)
+    for name, data in FILES.items():
+        (outside / name).write_bytes(data)
+        (outside / name).chmod(0o444)
+    make_writable(base.parent)
+    for path in sorted(base.rglob("*"), reverse=True):
+        make_writable(path)
+        path.rmdir() if path.is_dir() else path.unlink()
+    make_writable(base)
+    base.rmdir()
+    base.symlink_to(outside, target_is_directory=True)
+    assert store.lookup("fp-a") is None
+    publish(store, "fp-a")
+    assert not base.is_symlink() and store.lookup("fp-a", rehash=True) is not None
+    assert {stat.S_IMODE((outside / name).stat().st_mode) for name in FILES} == {0o444}
+    assert sorted(p.name for p in outside.rglob("*")) == ["counts.txt", "stats", "tokenizer.json"]
+
+
+def test_a_stage_that_stages_a_symlink_is_refused(store, tmp_path):
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x")
+    with store.staging() as out, pytest.raises(ArtifactError, match="symlink"):
+        (out / "link.bin").symlink_to(outside)
+        store.publish(out, kind="tokenizer", fingerprint="fp-a", config={}, inputs={}, code="c", provenance=PROVENANCE, summary={})
 
 
 def test_manifests_lists_every_artifact_by_kind(store):

@@ -62,3 +62,37 @@ def test_a_lease_whose_holder_died_is_no_reason_to_wait(tmp_path, tiny_path):
     plan = {p.kind: p for p in build_plan([experiment], registry)}["raw_datasets"]
     assert plan.status == "run"
     assert f"pid {holder.pid} is gone" in plan.detail
+
+
+def test_a_lease_missing_keys_is_waited_on_then_ignored_with_a_warning(tmp_path, tiny_path, caplog):
+    import os
+    import time
+
+    registry = ArtifactStore(tmp_path)
+    experiment = load(tiny_path)
+    fingerprint = plan_stage(experiment, "raw_datasets", {}).fingerprint
+    lease = tmp_path / "leases" / f"{fingerprint}.lease"
+    lease.parent.mkdir(parents=True)
+    lease.write_text('{"owner": "old"}')
+    plan = {p.kind: p for p in build_plan([experiment], registry)}["raw_datasets"]
+    assert plan.status == "waiting" and "unreadable" in plan.detail
+    assert str(lease) in caplog.text
+    old = time.time() - 1000
+    os.utime(lease, (old, old))
+    plan = {p.kind: p for p in build_plan([experiment], registry)}["raw_datasets"]
+    assert plan.status == "run" and "unreadable" in plan.detail
+
+
+def test_a_garbage_manifest_is_skipped_by_the_plan_with_a_warning(tmp_path, tiny_path, caplog):
+    registry = ArtifactStore(tmp_path)
+    experiment = load(tiny_path)
+    spec = plan_stage(experiment, "raw_datasets", {})
+    raw = publish(registry, spec, experiment.name)
+    (tmp_path / "manifests" / "garbage.json").write_text("\x00\x01 not json")
+    deduped = plan_stage(experiment, "deduped_datasets", {"raw_datasets": raw.digest})
+    (tmp_path / "manifests" / f"{deduped.fingerprint}.json").write_text("{}")  # the manifest this plan looks up
+    plans = {p.kind: p for p in build_plan([experiment], registry)}
+    assert plans["raw_datasets"].status == "cached"
+    assert plans["deduped_datasets"].status == "run"
+    assert plans["tokenizer"].status == "run"
+    assert "garbage.json" in caplog.text
