@@ -118,8 +118,8 @@ def _top_directories(patterns: tuple[str, ...]) -> frozenset[str] | None:
 
 
 def matching_files(root: Path, config: SourceConfig) -> list[str]:
-    """Relative posix paths of the files to read, sorted: included, not excluded, not in caches, and regular files
-    that resolve under the data roots (a directory source) or under the root (a built-in one): never a device or a FIFO."""
+    """Relative posix paths of the files to read, sorted: included, not excluded, not in caches, and resolving under
+    the data roots (a directory source) or under the root (a built-in one)."""
     roots = data_roots() if config.kind == "directory" else (root.resolve(),)
     include = [glob_pattern(p) for p in config.include]
     exclude = [glob_pattern(p) for p in config.exclude]
@@ -134,22 +134,18 @@ def matching_files(root: Path, config: SourceConfig) -> list[str]:
         prefix = "" if base == "." else base + "/"
         for filename in filenames:
             rel = prefix + filename
-            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude) and _readable(root / rel, roots):
+            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude) and _inside(root / rel, roots):
                 found.append(rel)
     return sorted(found)
 
 
-def _readable(path: Path, roots: tuple[Path, ...]) -> bool:
-    """A regular file, or a symlink to one under `roots` (the walk itself stays under the root, following no links)."""
+def _inside(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Whether a listed file stays under `roots`: the walk follows no directory links, so only a symlinked file can
+    leave them (to /proc/kmsg, /etc/shadow, ...). Other non-regular files stay listed, as `unreadable`, never opened."""
     try:
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
-            if outside_roots(path, roots):
-                return False
-            info = os.stat(path)
+        return not stat.S_ISLNK(os.lstat(path).st_mode) or outside_roots(path, roots) is None
     except (OSError, RuntimeError):  # RuntimeError: a symlink loop
         return False
-    return stat.S_ISREG(info.st_mode)
 
 
 def source_files(config: SourceConfig) -> SourceFiles:

@@ -7,6 +7,7 @@ fails the test instead of stalling the suite.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from factory.config import load, load_file
 from factory.config.files import DATA_ROOTS_ENV, MAX_FILE_BYTES
 from factory.config.front_matter import MAX_INT_DIGITS, MAX_YAML_DEPTH
 from factory.config.schema import SourceConfig
-from factory.config.sources import matching_files, source_root
+from factory.config.sources import matching_files, source_files, source_root
+from factory.data.ingest import read_documents
 from factory.errors import ConfigError
 from factory.preflight import check_files
 
@@ -146,7 +148,7 @@ def test_a_directory_source_outside_the_data_roots_is_refused(tmp_path, monkeypa
         source_root(SourceConfig(kind="directory", path="/etc"))
 
 
-def test_the_listing_skips_fifos_devices_and_links_out_of_the_roots(tmp_path, monkeypatch):
+def test_the_listing_leaves_out_links_out_of_the_roots_and_never_opens_a_fifo(tmp_path, monkeypatch):
     root = tmp_path / "data"
     root.mkdir()
     monkeypatch.setenv(DATA_ROOTS_ENV, str(root))
@@ -158,7 +160,12 @@ def test_the_listing_skips_fifos_devices_and_links_out_of_the_roots(tmp_path, mo
     (root / "secret.txt").symlink_to(tmp_path / "secret.txt")
     (root / "inside.txt").symlink_to(root / "good.txt")
     config = SourceConfig(kind="directory", path=str(root), include=("*.txt",))
-    assert matching_files(source_root(config), config) == ["good.txt", "inside.txt"]
+    assert matching_files(source_root(config), config) == ["fifo.txt", "good.txt", "inside.txt"]
+    monkeypatch.setenv("FACTORY_CACHE", str(tmp_path / "cache"))
+    listing = source_files(config).files
+    assert listing["fifo.txt"] == "unreadable" and listing["good.txt"] == listing["inside.txt"] != "unreadable"
+    ingested = read_documents("d", config, logging.getLogger("test.hostile"))
+    assert sorted(ingested.documents["path"].to_pylist()) == ["good.txt", "inside.txt"] and ingested.skipped["unreadable"] == 1
 
 
 def test_a_hanging_or_broken_sibling_does_not_block_a_good_file(tmp_path):
