@@ -207,3 +207,15 @@ def test_values_out_of_bounds_are_refused_with_their_line(tmp_path, front, expec
 
 def test_a_good_file_still_loads(tmp_path):
     assert load(write(tmp_path / "good.md", GOOD)).pretrain.steps == 10
+
+
+def test_files_at_a_commit_leave_out_oversized_blobs(tmp_path):
+    from factory.registry.provenance import files_at_commit
+
+    write(tmp_path / "good.md", GOOD)
+    write(tmp_path / "huge.md", GOOD + "x" * (MAX_FILE_BYTES + 1))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "files"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    assert sorted(p.name for p in files_at_commit(tmp_path, "HEAD", max_bytes=MAX_FILE_BYTES)) == ["good.md"]
+    assert sorted(p.name for p in files_at_commit(tmp_path, "HEAD")) == ["good.md", "huge.md"]
