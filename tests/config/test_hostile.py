@@ -194,6 +194,7 @@ NESTED = "{a: " * (MAX_YAML_DEPTH + 5) + "1" + "}" * (MAX_YAML_DEPTH + 5)
 
 @pytest.mark.parametrize(("front", "expected"), [
     (f"pretrain: {{steps: 10}}\nx: {NESTED}", f"{{path}}:3: the front matter nests deeper than {MAX_YAML_DEPTH} levels"),
+    ("x: &a [*a]\npretrain: {steps: 10}", f"{{path}}:2: the front matter nests deeper than {MAX_YAML_DEPTH} levels"),
     ("pretrain: {steps: 10}\nseed: " + "9" * 100_000, f"{{path}}:3: an integer of more than {MAX_INT_DIGITS} digits"),
     ("pretrain: {steps: 99999999999999999}", "{path}:2: pretrain.steps: Input should be less than or equal to"),
     ("pretrain: {steps: 10}\n#" + "x" * MAX_FILE_BYTES, f"{{path}}: {MAX_FILE_BYTES + 36} bytes, more than the limit of {MAX_FILE_BYTES}"),
