@@ -26,6 +26,8 @@ from factory.errors import ConfigError
 
 NOT_INHERITED = ("name", "sweep")
 DEFAULT_MAX_VARIANTS = 256
+MAX_EXTENDS_DEPTH = 16
+"""Files on one `extends` chain (each read, parsed and merged once per file that extends it)."""
 Location = tuple[Path, int]
 Reader = Callable[[Path], str]
 
@@ -97,6 +99,8 @@ def read_document(path: Path, text: str, chain: tuple[Path, ...], read: Reader) 
     if refused := outside_roots(parent_path, extends_roots(path)):
         raise ConfigError(f"{path}:{line}: extends: {refused}; extend an experiment file of this repository")
     here = path.resolve()
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"{path}:{line}: extends: a chain of more than {MAX_EXTENDS_DEPTH} files; extend a file nearer the base")
     if parent_path in (*chain, here):
         cycle = " -> ".join(str(p) for p in (*chain, here, parent_path))
         raise ConfigError(f"{path}:{line}: extends: cycle {cycle}; an experiment cannot extend itself")

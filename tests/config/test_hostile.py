@@ -19,6 +19,7 @@ import pytest
 from factory.config import load, load_file
 from factory.config.files import DATA_ROOTS_ENV, MAX_FILE_BYTES
 from factory.config.front_matter import MAX_INT_DIGITS, MAX_YAML_DEPTH
+from factory.config.loader import MAX_EXTENDS_DEPTH
 from factory.config.schema import SourceConfig
 from factory.config.sources import matching_files, source_files, source_root
 from factory.data.ingest import read_documents
@@ -119,6 +120,14 @@ def test_extends_outside_the_repository_is_refused(tmp_path, monkeypatch):
     write(tmp_path / "outside.md", GOOD)
     path = write(tmp_path / "repo" / "child.md", "---\nextends: ../outside.md\n---\n")
     assert f"{path}:2: extends:" in error_of(path) and "outside" in error_of(path)
+
+
+def test_a_long_extends_chain_is_refused(tmp_path):
+    write(tmp_path / "f0.md", GOOD)
+    for i in range(1, MAX_EXTENDS_DEPTH + 3):
+        write(tmp_path / f"f{i}.md", f"---\nextends: f{i - 1}.md\n---\n")
+    assert f"more than {MAX_EXTENDS_DEPTH} files" in error_of(tmp_path / f"f{MAX_EXTENDS_DEPTH + 2}.md")
+    assert load(tmp_path / f"f{MAX_EXTENDS_DEPTH}.md").pretrain.steps == 10
 
 
 def test_a_fifo_named_as_the_experiment_is_refused_without_hanging(tmp_path):
