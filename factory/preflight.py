@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile
+from factory.config.files import data_roots, outside_roots
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.schema import TASK_COLUMNS, TASKS_REF
 from factory.errors import ConfigError
@@ -139,8 +140,13 @@ def _semantic_problems(experiment: Experiment) -> list[Problem]:
     found: list[Problem] = []
     for name, dataset in experiment.data.datasets.items():
         source = dataset.source
-        if source.kind == "directory" and not Path(source.path or "").is_dir():
-            found.append((("data", "datasets", name, "source", "path"), f"{source.path!r} is not a directory here"))
+        if source.kind != "directory":
+            continue
+        keys = ("data", "datasets", name, "source", "path")
+        if refused := outside_roots(Path(source.path or ""), data_roots()):  # before any stat: /proc, /dev and others are not data
+            found.append((keys, f"{refused}; point it at a directory of data"))
+        elif not Path(source.path or "").is_dir():
+            found.append((keys, f"{source.path!r} is not a directory here"))
     if experiment.eval is not None:
         for name in experiment.eval.benchmarks:
             if not known(name):

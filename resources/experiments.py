@@ -4,9 +4,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster import ConfigurableResource, Failure
+from dagster import ConfigurableResource, Failure, get_dagster_logger
 
-from factory.config import Experiment, load_file, load_text
+from factory.config import Experiment, load_text
+from factory.config.files import MAX_FILE_BYTES, read_text
 from factory.errors import ConfigError
 from factory.registry.provenance import files_at_commit
 
@@ -31,18 +32,33 @@ class ExperimentFiles(ConfigurableResource):
     def texts(self, commit: str | None = None) -> dict[Path, str]:
         """{path: text} of every experiment file, at `commit` or in the working tree."""
         if commit is None:
-            return {path: path.read_text(encoding="utf-8") for path in sorted(Path(self.directory).glob("*.md"))}
+            texts, unreadable = self.readable_texts()
+            for problem in unreadable:
+                get_dagster_logger().warning(f"skipped, cannot be read: {problem}")
+            return texts
         try:
-            return files_at_commit(self.directory, commit)
+            return files_at_commit(self.directory, commit, max_bytes=MAX_FILE_BYTES)
         except (OSError, ValueError, subprocess.CalledProcessError) as e:
             raise Failure(description=f"cannot read {self.directory} at commit {commit}: {e}") from e
 
+    def readable_texts(self) -> tuple[dict[Path, str], list[str]]:
+        """({path: text} of the working tree's experiment files that can be read, why each other one cannot): a FIFO,
+        a device or an oversized file among them is skipped unopened, never waited on."""
+        texts, unreadable = {}, []
+        for path in sorted(Path(self.directory).glob("*.md")):
+            try:
+                texts[path] = read_text(path)
+            except ConfigError as e:
+                unreadable.append(str(e))
+        return texts, unreadable
+
     def load(self, name: str, commit: str | None = None) -> Experiment:
         """The experiment (or sweep variant) named `name`; a clear Dagster Failure when missing or malformed."""
-        broken, found = [], []
-        for path, text in (texts := self.texts(commit)).items():
+        texts, broken = self.readable_texts() if commit is None else (self.texts(commit), [])
+        found = []
+        for path, text in texts.items():
             try:
-                variants = load_text(path, text, read=reader(texts)) if commit else load_file(path)
+                variants = load_text(path, text, read=reader(texts) if commit else None)  # one bad file never blocks another
             except ConfigError as e:
                 broken.append(str(e))
                 continue

@@ -8,6 +8,7 @@ fill the cores (torch's thread pools would otherwise wait on one another, spinni
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ TINY = REPO / "experiments" / "tiny-code-lm.md"
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and inherited by every process a test starts
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_roots_with_temp():
+    """Directory sources read only under FACTORY_DATA_ROOTS (default: the repository and home); the tests' sources live
+    in temporary directories, so those are data roots too (set in os.environ: the processes a test starts inherit it)."""
+    from factory.config.files import DATA_ROOTS_ENV
+
+    if DATA_ROOTS_ENV not in os.environ:
+        os.environ[DATA_ROOTS_ENV] = os.pathsep.join([str(REPO), str(Path.home()), tempfile.gettempdir()])
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from factory.config.loader import describe_validation_error, parse_yaml
+from factory.config.files import read_text
+from factory.config.front_matter import parse_yaml
+from factory.config.loader import describe_validation_error
 from factory.config.section import Section
 from factory.errors import ConfigError
 
@@ -32,9 +34,9 @@ from factory.errors import ConfigError
 class QueueSpec(Section):
     """What one scheduler queue can give a stage."""
 
-    nodes: int = Field(ge=1)
+    nodes: int = Field(ge=1, le=100_000)
     """Most machines one stage may span."""
-    gpus_per_node: int = Field(0, ge=0)
+    gpus_per_node: int = Field(0, ge=0, le=64)
     """GPUs on each of those machines."""
     priorities: tuple[str, ...] = ()
     """Priority classes stages may ask for (empty: no priority may be asked for)."""
@@ -76,11 +78,11 @@ class KubernetesSettings(Section):
     """The shared volume (None: the pods share storage some other way, e.g. the node's disk on a one-node cluster)."""
     env_secrets: dict[str, SecretRef] = {}
     """Credentials the stages need (e.g. a tracker token), as Secret references."""
-    max_retry: int = Field(3, ge=0)
+    max_retry: int = Field(3, ge=0, le=1000)
     """How many times a gang that lost a pod (evicted, failed) is restarted before the stage fails."""
-    schedule_timeout_s: float | None = Field(3600.0, gt=0)
+    schedule_timeout_s: float | None = Field(3600.0, gt=0, le=30 * 86_400)
     """A stage not scheduled for this long fails with the scheduler's reason (None: wait for ever)."""
-    poll_s: float = Field(2.0, gt=0)
+    poll_s: float = Field(2.0, gt=0, le=3600)
     """How often the launcher reads the Job's state."""
 
 
@@ -98,9 +100,9 @@ class ClusterProfile(Section):
 def load_profile(path: Path) -> ClusterProfile:
     """Read a cluster profile; errors name file:line and the field."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the cluster profile ({e})") from e
+        text = read_text(path)  # bounded: a regular file of at most MAX_FILE_BYTES, never a FIFO or a device
+    except ConfigError as e:
+        raise ConfigError(f"cannot read the cluster profile: {e}") from e
     raw, lines = parse_yaml(path, text, 1)
     try:
         return ClusterProfile.model_validate(raw)

@@ -59,7 +59,7 @@ class RuleSpec(Section):
     patience: PatienceSpec = PatienceSpec()
     do: tuple[str | dict[str, Any], ...] = Field(min_length=1)
     """Operations, in order: a name (`stop`), or a one-key mapping of name to argument (`{scale_lr: 0.5}`)."""
-    max_times: int | None = Field(None, ge=1)
+    max_times: int | None = Field(None, ge=1, le=1_000_000_000)
     """The rule acts at most this many times in a run (null: no limit)."""
 
     @field_validator("name")
@@ -92,7 +92,7 @@ class RuleSpec(Section):
 class ControlConfig(Section):
     """Training control as code: rules evaluated inside the training loop."""
 
-    eval_every: int = Field(0, ge=0)
+    eval_every: int = Field(0, ge=0, le=1_000_000_000)
     """Measure the validation loss every N steps (an `eval` event); 0: only when an `evaluate` operation asks."""
     eval_batches: int = Field(4, ge=1, le=1000)
     """Validation batches (of pretrain.batch_size sequences) each in-loop evaluation scores."""

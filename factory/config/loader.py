@@ -9,23 +9,25 @@ into one named variant per combination.
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from factory.config.files import extends_roots, outside_roots, read_text
+from factory.config.front_matter import parse_yaml, split_front_matter
 from factory.config.schema import Experiment
 from factory.errors import ConfigError
 
-FENCE = "---"
 NOT_INHERITED = ("name", "sweep")
 DEFAULT_MAX_VARIANTS = 256
+MAX_EXTENDS_DEPTH = 16
+"""Files on one `extends` chain (each read, parsed and merged once per file that extends it)."""
 Location = tuple[Path, int]
 Reader = Callable[[Path], str]
 
@@ -76,7 +78,9 @@ def load_text(path: Path, text: str, max_variants: int = DEFAULT_MAX_VARIANTS, r
     raw.setdefault("description", document.body.strip())
     raw["source"] = str(path)
     grid = _sweep_grid(document, sweep, max_variants)
-    return [_validate(document, raw, variant) for variant in grid]
+    experiments = [_validate(document, raw, variant) for variant in grid]
+    _refuse_name_collisions(document, experiments)
+    return experiments
 
 
 def read_document(path: Path, text: str, chain: tuple[Path, ...], read: Reader) -> Document:
@@ -92,7 +96,11 @@ def read_document(path: Path, text: str, chain: tuple[Path, ...], read: Reader) 
     if not isinstance(parent_name, str) or not parent_name.strip() or "\0" in parent_name:
         raise ConfigError(f"{path}:{line}: extends: expected the path of another experiment file, found {parent_name!r}")
     parent_path = (path.parent / parent_name).resolve()
+    if refused := outside_roots(parent_path, extends_roots(path)):
+        raise ConfigError(f"{path}:{line}: extends: {refused}; extend an experiment file of this repository")
     here = path.resolve()
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"{path}:{line}: extends: a chain of more than {MAX_EXTENDS_DEPTH} files; extend a file nearer the base")
     if parent_path in (*chain, here):
         cycle = " -> ".join(str(p) for p in (*chain, here, parent_path))
         raise ConfigError(f"{path}:{line}: extends: cycle {cycle}; an experiment cannot extend itself")
@@ -115,83 +123,6 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
         else:
             merged[key] = value
     return merged
-
-
-def split_front_matter(path: Path, text: str) -> tuple[str, int, str]:
-    """Return (front matter YAML, its first line number, Markdown body)."""
-    lines = text.splitlines(keepends=True)
-    if not lines or lines[0].strip() != FENCE:
-        raise ConfigError(
-            f"{path}:1: an experiment file starts with a '---' line, then YAML front matter, "
-            "then a closing '---' line and the Markdown body"
-        )
-    for index, line in enumerate(lines[1:], start=1):
-        if line.strip() == FENCE:
-            return "".join(lines[1:index]), 2, "".join(lines[index + 1 :])
-    raise ConfigError(f"{path}:1: the front matter opened on line 1 is never closed: add a '---' line after it")
-
-
-class _Yaml12Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when PyYAML has it: ~10x faster
-    """SafeLoader with YAML 1.2 booleans: only true/false, so a rule's `on:` key stays the word `on`."""
-
-
-_Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-
-
-def parse_yaml(path: Path, front: str, first_line: int) -> tuple[dict[str, Any], dict[tuple, int]]:
-    """Parse front matter; return the mapping and the line of every key path.
-
-    The result is shared between callers (a file many others extend is parsed once): treat it as read-only."""
-    return _parse_yaml(str(path), front, first_line)
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_yaml(name: str, front: str, first_line: int) -> tuple[dict[str, Any], dict[tuple, int]]:
-    path = Path(name)
-    loader = _Yaml12Loader(front)
-    try:
-        node = loader.get_single_node()  # parsed once: the node tree gives the lines, then the values
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = first_line + mark.line if mark else first_line
-        raise ConfigError(f"{path}:{line}: invalid YAML: {e.problem or e}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}:{first_line}: invalid YAML: {e}") from e
-    finally:
-        loader.dispose()
-    if data is None:
-        data, node = {}, None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}:{first_line}: the front matter must be a mapping of sections, found {type(data).__name__}")
-    lines: dict[tuple, int] = {}
-    if node is not None:
-        _index_lines(path, node, (), first_line, lines)
-    return data, lines
-
-
-def _index_lines(path: Path, node: yaml.Node, prefix: tuple, first_line: int, out: dict[tuple, int]) -> None:
-    out.setdefault(prefix, first_line + node.start_mark.line)
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
-            line = first_line + key_node.start_mark.line
-            if not isinstance(key, str) or not isinstance(key_node, yaml.ScalarNode):
-                raise ConfigError(f"{path}:{line}: keys must be plain words, found {key!r}")
-            if key in seen:
-                dotted = ".".join(str(p) for p in (*prefix, key))
-                raise ConfigError(f"{path}:{line}: {dotted}: key given twice; keep one")
-            seen.add(key)
-            out[(*prefix, key)] = line
-            _index_lines(path, value_node, (*prefix, key), first_line, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _index_lines(path, item, (*prefix, i), first_line, out)
 
 
 def _sweep_grid(document: Document, sweep: Any, max_variants: int) -> list[dict[str, Any]]:
@@ -227,10 +158,33 @@ def _validate(document: Document, raw: dict[str, Any], variant: dict[str, Any]) 
     if variant:
         raw["name"] = variant_name(raw["name"], variant)
         raw["variant"] = variant
+    _refuse_non_finite(document.path, raw, (), locations)
     try:
         return Experiment.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(describe_validation_error(document.path, e, locations)) from e
+
+
+def _refuse_non_finite(path: Path, value: Any, keys: tuple, locations: dict[tuple, Location]) -> None:
+    """`.inf` and `.nan` pass YAML and would crash a stage (or a JSON plan) later: refuse them where they were written."""
+    if isinstance(value, float) and not math.isfinite(value):
+        where, line = location_of(keys, locations, (path, 2))
+        raise ConfigError(f"{where}:{line}: {'.'.join(str(k) for k in keys)}: {value} is not a finite number; write a number")
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, child in children:
+        _refuse_non_finite(path, child, (*keys, key), locations)
+
+
+def _refuse_name_collisions(document: Document, experiments: list[Experiment]) -> None:
+    """Two variants whose values read the same once normalised (`1e-3` and `0.001` both give `lr=0.001`) would share a partition."""
+    seen: dict[str, Experiment] = {}
+    for experiment in experiments:
+        if (other := seen.setdefault(experiment.name, experiment)) is not experiment:
+            path, line = document.locations.get(("sweep",), (document.path, 1))
+            raise ConfigError(
+                f"{path}:{line}: sweep: variants {other.variant} and {experiment.variant} are both named {experiment.name!r}; "
+                "make the swept values distinct (each variant's name is made of its values, lowercased, other characters as '-')"
+            )
 
 
 def variant_name(base: str, variant: Mapping[str, Any]) -> str:
@@ -323,9 +277,4 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path}: no such experiment file") from e
-    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a path no file system accepts
-        raise ConfigError(f"{path}: cannot read the file as UTF-8 text ({e})") from e
+    return read_text(path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,6 +16,13 @@ IMAGE_PATTERN = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
 
 TABLE_PART = re.compile(r"^[a-z_][a-z0-9_]*$")
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Upper bounds: generous, but finite, so a value that passes `factory check` cannot overflow a stage later.
+MAX_BYTES = 1 << 40
+MAX_STEPS = 1_000_000_000
+MAX_BATCH = 1 << 20
+MAX_COUNT = 1_000_000_000
+MAX_RANKS = 100_000
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 def _table_ref(value: str) -> str:
@@ -42,7 +49,7 @@ class SourceConfig(Section):
     """`text`: one document per file; `jsonl`: one document per line, its text in `text_field`."""
     text_field: str = "text"
     """For `jsonl`: the key that holds the document text; the other keys become metadata."""
-    max_file_bytes: int = Field(1_000_000, gt=0)
+    max_file_bytes: int = Field(1_000_000, gt=0, le=MAX_BYTES)
     """Files larger than this are left out (generated tables, not code)."""
     revision: str = ""
     """Free-form extra knob: changing it ingests the source again (its files' paths and contents are part of the raw
@@ -73,11 +80,11 @@ class DedupConfig(Section):
 class FiltersConfig(Section):
     """Quality filters; each reports how many documents it removed."""
 
-    min_bytes: int = Field(1, ge=0)
+    min_bytes: int = Field(1, ge=0, le=MAX_BYTES)
     """Documents shorter than this are dropped."""
-    max_bytes: int | None = Field(None, gt=0)
+    max_bytes: int | None = Field(None, gt=0, le=MAX_BYTES)
     """Documents longer than this are dropped (null: no bound)."""
-    max_line_length: int | None = Field(None, gt=0)
+    max_line_length: int | None = Field(None, gt=0, le=MAX_BYTES)
     """Documents with any line longer than this are dropped (minified or generated data)."""
     min_alnum_share: float = Field(0.0, ge=0, le=1)
     """Documents whose share of alphanumeric characters is below this are dropped."""
@@ -113,7 +120,7 @@ class BlendComponent(Section):
     """A dataset defined under `data.datasets`."""
     table: str | None = None
     """A table version pinned as `namespace.table@tag` (it must exist: `factory check` verifies)."""
-    weight: float = Field(1.0, ge=0)
+    weight: float = Field(1.0, ge=0, le=1e6)
     """Relative share of documents drawn from this part."""
     mode: Literal["finite", "oversample"] = "oversample"
     """`finite`: each document at most once, then the part leaves the mix; `oversample`: repeat epochs as needed."""
@@ -143,9 +150,9 @@ class DataConfig(Section):
     """Share of documents (by hash of id) held out for validation."""
     packing: Literal["best-fit", "next-fit"] = "best-fit"
     """How documents are packed into fixed-length sequences."""
-    shuffle_buffer_docs: int = Field(1024, ge=1)
+    shuffle_buffer_docs: int = Field(1024, ge=1, le=10_000_000)
     """Documents shuffled together as they stream in."""
-    pack_window_docs: int = Field(64, ge=1)
+    pack_window_docs: int = Field(64, ge=1, le=1_000_000)
     """Documents packed together: a wider window fills sequences better."""
 
     @field_validator("datasets")
@@ -178,9 +185,9 @@ class TokenizerConfig(Section):
     """Byte-level BPE trained with the `tokenizers` library."""
     vocab_size: int = Field(4096, ge=300, le=262_144)
     """Vocabulary size, special tokens included (at least 256 bytes + specials)."""
-    min_frequency: int = Field(2, ge=1)
+    min_frequency: int = Field(2, ge=1, le=MAX_COUNT)
     """A merge must occur at least this often in the training sample."""
-    sample_bytes: int = Field(8_000_000, gt=0)
+    sample_bytes: int = Field(8_000_000, gt=0, le=MAX_BYTES)
     """How many bytes of the train split the tokenizer learns from (seeded sample of files)."""
 
 
@@ -191,7 +198,7 @@ class ModelConfig(Section):
     """Transformer blocks."""
     n_head: int = Field(4, ge=1, le=128)
     """Attention heads per block."""
-    n_embd: int = Field(256, ge=8)
+    n_embd: int = Field(256, ge=8, le=65_536)
     """Width of the residual stream; divisible by n_head."""
     context: int = Field(256, ge=8, le=131_072)
     """Tokens of context the model sees."""
@@ -214,25 +221,25 @@ class ModelConfig(Section):
 class PretrainConfig(Section):
     """Pretraining from scratch on the blend: AdamW with linear warmup and cosine decay, checkpoints and their retention."""
 
-    steps: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH)
     """Sequences per optimizer step."""
     lr: float = Field(1e-3, gt=0, le=1.0)
     """Peak learning rate of AdamW."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """The cosine schedule decays to lr * min_lr_ratio."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Linear warmup from 0 to lr."""
-    weight_decay: float = Field(0.1, ge=0)
+    weight_decay: float = Field(0.1, ge=0, le=10)
     """AdamW decoupled weight decay on matrices (not on norms and biases)."""
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
     """AdamW betas."""
-    grad_clip: float = Field(1.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, le=1e6)
     """Clip the global gradient norm to this (0 turns clipping off)."""
-    checkpoint_every: int = Field(0, ge=0)
+    checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS)
     """Save a checkpoint every N steps (0: only the final one); a relaunched stage resumes from the latest."""
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, le=10_000)
     """Checkpoints kept besides the best and the final one; older ones are deleted (and the deletion logged)."""
     keep_best_by: Literal["loss"] | None = "loss"
     """Also keep the checkpoint with the lowest mean training loss since the checkpoint before it (null: no best)."""
@@ -241,13 +248,13 @@ class PretrainConfig(Section):
     checkpoint_format: Literal["file", "sharded"] = "file"
     """`file`: one `step_<n>.pt` written by rank 0. `sharded`: a directory written through torch.distributed.checkpoint,
     every rank writing its share of the (replicated) state, so no rank writes it all."""
-    grad_accum_steps: int = Field(1, ge=1)
+    grad_accum_steps: int = Field(1, ge=1, le=MAX_BATCH)
     """Micro-batches per optimizer step: batch_size sequences are split into this many forward/backward passes."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """`bf16` autocast, `fp32`, or `auto`: bf16 on a GPU that supports it, fp32 otherwise."""
     compile: bool = False
     """Compile the model with torch.compile."""
-    log_every: int = Field(25, ge=1)
+    log_every: int = Field(25, ge=1, le=MAX_STEPS)
     """Report training metrics every N steps."""
 
     @model_validator(mode="after")
@@ -295,45 +302,45 @@ class RLConfig(Section):
     penalty to the starting (reference) model.
     """
 
-    steps: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_STEPS)
     """Policy updates."""
-    prompts_per_step: int = Field(8, ge=1)
+    prompts_per_step: int = Field(8, ge=1, le=MAX_BATCH)
     """Tasks sampled per step (each with its group of completions)."""
-    group_size: int = Field(8, ge=2)
+    group_size: int = Field(8, ge=2, le=4096)
     """Completions per task (G): advantages are normalised within a group."""
     lr: float = Field(2e-5, gt=0, le=1.0)
     """Learning rate of AdamW (constant after warmup)."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     """Linear warmup from 0 to lr."""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=10)
     """AdamW decoupled weight decay on matrices."""
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
     """AdamW betas."""
-    grad_clip: float = Field(1.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, le=1e6)
     """Clip the global gradient norm to this (0 turns clipping off)."""
     clip: float = Field(0.2, gt=0, lt=1)
     """PPO clip range: the probability ratio is clipped to [1 - clip, 1 + clip]."""
-    kl: float = Field(0.02, ge=0)
+    kl: float = Field(0.02, ge=0, le=1e3)
     """Weight of the KL penalty to the reference model."""
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=100)
     """Sampling temperature of the actors (log-probabilities are taken at the same temperature)."""
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int = Field(16, ge=1, le=131_072)
     """Tokens a completion may have at most; it ends at its first newline or end of text."""
     format_reward: float = Field(0.1, ge=0, le=1)
     """Reward for an answer that is a Python literal on one line, right or wrong."""
-    updates_per_batch: int = Field(1, ge=1)
+    updates_per_batch: int = Field(1, ge=1, le=1000)
     """Optimizer updates on each batch of rollouts (after the first, the ratio to the sampling policy moves off 1)."""
-    sync_every: int = Field(1, ge=1)
+    sync_every: int = Field(1, ge=1, le=MAX_STEPS)
     """The learners push their weights to the actors every N updates (the actors lag by up to N - 1 versions)."""
-    learners: int = Field(1, ge=1)
+    learners: int = Field(1, ge=1, le=MAX_RANKS)
     """Learner ranks (placement: not part of the fingerprint)."""
-    actors: int = Field(1, ge=0)
+    actors: int = Field(1, ge=0, le=MAX_RANKS)
     """Actor ranks that generate and score rollouts (0: the learners generate; placement, not in the fingerprint)."""
-    checkpoint_every: int = Field(0, ge=0)
+    checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS)
     """Save a checkpoint every N steps (0: only the final one); a multiple of sync_every, so a resumed run is exact."""
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, le=10_000)
     """Checkpoints kept besides the final one."""
-    log_every: int = Field(5, ge=1)
+    log_every: int = Field(5, ge=1, le=MAX_STEPS)
     """Report RL metrics every N steps."""
     tasks: str = TASKS_REF
     """The task table version whose train split gives the prompts."""
@@ -365,24 +372,24 @@ class EvalConfig(Section):
 
     benchmarks: tuple[str, ...] = ("val_bpb",)
     """Benchmarks every checkpoint is evaluated on as it is saved, by registered name (`factory check` verifies them)."""
-    max_bytes: int = Field(500_000, gt=0)
+    max_bytes: int = Field(500_000, gt=0, le=MAX_BYTES)
     """Bytes of held-out text a benchmark reads at most."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH)
     """Sequences per forward pass (does not change scores)."""
 
 
 class ResourcesConfig(Section):
     """Placement: where a stage runs. Excluded from fingerprints."""
 
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=MAX_RANKS)
     """Machines per training stage."""
-    processes_per_node: int = Field(1, ge=1)
+    processes_per_node: int = Field(1, ge=1, le=1024)
     """Ranks per machine."""
     queue: str = "default"
     """Scheduler queue (Volcano on a cluster)."""
     priority: str | None = None
     """Priority class name on a cluster."""
-    gpus: int = Field(0, ge=0)
+    gpus: int = Field(0, ge=0, le=64)
     """GPUs per node (0: CPU only)."""
 
 
@@ -402,7 +409,7 @@ class Experiment(Section):
     nondeterministic: str | None = None
     """Why this recipe's models cannot be reproduced bit for bit (e.g. nondeterministic GPU kernels); set, it lets
     `factory promote` go ahead without a matching reproduction. Not part of the recipe's hash."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     """Seeds every random choice of every stage."""
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()

@@ -6,6 +6,6 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Section(BaseModel):
-    """Base of every config section: frozen, strict about unknown keys."""
+    """Base of every config section: frozen, strict about unknown keys, finite numbers only (`.inf` and `.nan` are refused)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from factory.config.files import data_roots, outside_roots
 from factory.config.schema import SourceConfig
 from factory.errors import ConfigError
 
@@ -64,6 +65,8 @@ def source_root(config: SourceConfig) -> Path:
         case "directory":
             assert config.path is not None, "SourceConfig requires path for kind 'directory'"
             root = Path(config.path)
+    if config.kind == "directory" and (refused := outside_roots(root, data_roots())):
+        raise ConfigError(f"source.path: {refused}; point source.path at a directory of data")
     if not root.is_dir():
         found = "a file" if root.is_file() else "something that is not a directory" if root.exists() else "nothing"
         where = "source.path" if config.kind == "directory" else f"source.kind {config.kind!r} (no source.path)"
@@ -115,7 +118,9 @@ def _top_directories(patterns: tuple[str, ...]) -> frozenset[str] | None:
 
 
 def matching_files(root: Path, config: SourceConfig) -> list[str]:
-    """Relative posix paths of the files to read, sorted: included, not excluded, not in caches."""
+    """Relative posix paths of the files to read, sorted: included, not excluded, not in caches, and resolving under
+    the data roots (a directory source) or under the root (a built-in one)."""
+    roots = data_roots() if config.kind == "directory" else (root.resolve(),)
     include = [glob_pattern(p) for p in config.include]
     exclude = [glob_pattern(p) for p in config.exclude]
     pruned = CACHE_DIRS | (INSTALLED_PACKAGE_DIRS if config.kind == "python-stdlib" else frozenset())
@@ -129,9 +134,18 @@ def matching_files(root: Path, config: SourceConfig) -> list[str]:
         prefix = "" if base == "." else base + "/"
         for filename in filenames:
             rel = prefix + filename
-            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude):
+            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude) and _inside(root / rel, roots):
                 found.append(rel)
     return sorted(found)
+
+
+def _inside(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Whether a listed file stays under `roots`: the walk follows no directory links, so only a symlinked file can
+    leave them (to /proc/kmsg, /etc/shadow, ...). Other non-regular files stay listed, as `unreadable`, never opened."""
+    try:
+        return not stat.S_ISLNK(os.lstat(path).st_mode) or outside_roots(path, roots) is None
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        return False
 
 
 def source_files(config: SourceConfig) -> SourceFiles:
@@ -185,7 +199,7 @@ def changed_files(old: Mapping[str, str], new: Mapping[str, str]) -> str:
 def _sha256(path: Path) -> str | None:
     digest = hashlib.sha256()
     try:
-        with path.open("rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb") as f:  # a FIFO swapped in since the stat: no hang
             while chunk := f.read(CHUNK_BYTES):
                 digest.update(chunk)
     except OSError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,11 @@ def read_text(path: Path, max_file_bytes: int) -> tuple[str | None, str | None]:
             return None, "unreadable"
         if info.st_size > max_file_bytes:
             return None, "too_large"
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # replaced by a FIFO since the stat: no hang
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None, "unreadable"
+            raw = f.read(max_file_bytes + 1)
     except OSError:
         return None, "unreadable"
     if len(raw) > max_file_bytes:  # grew since stat

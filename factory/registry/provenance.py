@@ -51,11 +51,18 @@ def head_commit(cwd: str | Path = ".") -> str | None:
         return None
 
 
-def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md") -> dict[Path, str]:
-    """{absolute path: text} of the files directly in `directory` as they are at `commit`."""
+def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max_bytes: int | None = None) -> dict[Path, str]:
+    """{absolute path: text} of the regular files directly in `directory` as they are at `commit`; files larger than
+    `max_bytes` are left out unread (as are symlinks and submodules)."""
     cwd = Path(directory)
     root = Path(_git(cwd, "rev-parse", "--show-toplevel"))
     prefix = Path(directory).resolve().relative_to(root).as_posix()
-    listing = _git(root, "ls-tree", "-r", "--name-only", commit, "--", prefix)
-    names = [name for name in listing.splitlines() if name.endswith(suffix) and "/" not in name[len(prefix) + 1 :]]
+    listing = _git(root, "ls-tree", "-r", "-l", "-z", commit, "--", prefix)
+    names = []
+    for entry in filter(None, listing.split("\0")):
+        meta, _, name = entry.partition("\t")
+        mode, kind, _, size = meta.split()
+        small = max_bytes is None or (size.isdigit() and int(size) <= max_bytes)
+        if kind == "blob" and mode.startswith("100") and small and name.endswith(suffix) and "/" not in name[len(prefix) + 1 :]:
+            names.append(name)
     return {root / name: _git_raw(root, "show", f"{commit}:{name}") for name in names}

@@ -109,8 +109,8 @@ def test_bounds_types_and_defaults_are_read_from_the_fields():
     assert found["model.n_layer"] == ["`int`", "`4`", "1 ≤ … ≤ 128", "Transformer blocks."]
     assert found["model.dropout"][2] == "0.0 ≤ … < 1.0"
     assert found["data.datasets.<name>.dedup.near_threshold"][:3] == ["`float | null`", "`0.85`", "0 < … ≤ 1"]
-    assert found["data.datasets.<name>.filters.min_bytes"][2] == "≥ 0"
-    assert found["tokenizer.sample_bytes"][2] == "> 0"
+    assert found["data.datasets.<name>.filters.min_bytes"][2] == "0 ≤ … ≤ 1099511627776"
+    assert found["tokenizer.sample_bytes"][2] == "0 < … ≤ 1099511627776"
     assert found["control.rules[i].do"][1:3] == ["required", "at least 1 item"]
     assert found["model.positions"][:3] == ["`learned | rotary`", "`learned`", ""]
     assert found["data.datasets"][:2] == ["`map of name -> DatasetConfig section`", '`{"stdlib": {}}`']
