@@ -116,7 +116,7 @@ class _Checker:
     def _constant(self, node: ast.Constant) -> Type:
         if isinstance(node.value, bool):
             return Bool()
-        return Number(abs(node.value))
+        return Number(float(abs(node.value)))
 
     def _name(self, node: ast.Name) -> Type:
         if node.id in SCALARS:
@@ -187,7 +187,8 @@ class _Checker:
 
     def _bounded(self, node: ast.BinOp, bound: float, finite_operands: bool) -> Number:
         if finite_operands and bound > MAX_NUMBER:
-            raise ConditionError(f"'{_text(node)}' can reach {bound:.3g} by step {self.steps}, beyond {MAX_NUMBER:g}: "
+            reach = f"{bound:.3g}" if math.isfinite(bound) else "more than a float holds"
+            raise ConditionError(f"'{_text(node)}' can reach {reach} by step {self.steps}, beyond {MAX_NUMBER:g}: "
                                  "bound it (smaller exponents, fewer products)")
         return Number(bound)
 

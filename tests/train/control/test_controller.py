@@ -127,3 +127,10 @@ def test_problems_name_the_field_and_what_is_allowed(rule, metrics, where, messa
     assert any(keys == where and message in text for keys, text in found), found
     with pytest.raises(ConfigError):
         Controller(control([rule], metrics), 10)
+
+
+def test_a_condition_out_of_time_counts_as_false_and_the_run_goes_on():
+    slow = Controller(control([{"name": "slow", "when": "mean(h.loss) + std(h.loss) > 0", "do": ["stop"]}], budget_ms=1e-9), 10)
+    first = slow.observe(step(1))
+    assert not first.stop and "time budget" in first.records[0]["alert"], first.records
+    assert not slow.observe(step(2)).stop and slow.failures == {"slow": 2}
