@@ -74,7 +74,9 @@ def _arithmetic(op: Callable[[Any, Any], Any], symbol: str) -> Callable[[Any, An
         a, b = float(a), float(b)  # float arithmetic: no unbounded integers, and overflow is inf, not an error
         try:
             result = op(a, b)
-        except ZeroDivisionError:
+        except ZeroDivisionError:  # x / 0, x // 0, x % 0, 0 ** -n
+            if symbol == "**":
+                return math.inf
             return math.inf if a > 0 and symbol != "%" else -math.inf if a < 0 and symbol != "%" else math.nan
         except OverflowError:  # only '**' raises it on floats
             return -math.inf if a < 0 and b == int(b) and int(b) % 2 else math.inf

@@ -84,8 +84,9 @@ def _product(a: float, b: float) -> float:
 
 
 def _power(base: float, exponent: float) -> float:
-    if exponent < 0 or (exponent != int(exponent) and base < 1):
-        return math.inf if exponent < 0 else 1.0
+    """The largest size of x ** exponent for sizes of x up to `base` (exponent >= 0)."""
+    if exponent != int(exponent) and base < 1:
+        return 1.0
     try:
         return base ** exponent
     except OverflowError:
@@ -183,6 +184,8 @@ class _Checker:
         if not math.isfinite(base.bound):
             raise ConditionError(f"'{_text(node)}': '**' needs a base of known size (numbers, step, steps, len(), counts), "
                                  f"and '{_text(node.left)}' can be any size: multiply it out (x * x)")
+        if exponent < 0:  # 1 / x ** n: like a division, it may be inf (0 ** -1), never an error
+            return Number(math.inf)
         return self._bounded(node, _power(base.bound, exponent), finite_operands=True)
 
     def _bounded(self, node: ast.BinOp, bound: float, finite_operands: bool) -> Number:

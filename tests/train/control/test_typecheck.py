@@ -67,6 +67,7 @@ def test_conditions_not_true_or_false_everywhere_or_unbounded_are_refused(when, 
     "step ** 2 + steps ** 2 > 4 and (batch.count / 2) ** 3 > 1 and len(history.loss) ** 0.5 < 3",
     "min(step, steps, 3) < max(batch.loss, 0) and sum(history.loss) >= 0 and std(batch.sample_losses) >= 0",
     "True",
+    "step ** -1 > 0.5 and (step - 10) ** 0.5 >= 0 and (steps / 2) ** 2 > 1",  # 0 ** -1 is inf, (-1) ** 0.5 is nan
 ])
 def test_conditions_true_or_false_everywhere_are_accepted(when):
     assert refusal(when) == ""
@@ -97,3 +98,4 @@ def test_empty_windows_make_the_condition_false_and_inf_and_nan_compare():
     assert holds("history.loss[-1] * 2 > 100", values) is True
     assert holds("history.grad_norm[-1] > 0 or history.grad_norm[-1] <= 0", values) is False
     assert holds("history.lr[-1] * 10 > 1e15 and std(history.lr) == 0", values) is True  # overflow is inf, not an error
+    assert holds("step - 1 == 0 and (step - 1) ** -1 > 1e15 and (step - 2) ** 0.5 != (step - 2) ** 0.5", values) is True
