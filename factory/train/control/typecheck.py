@@ -6,8 +6,8 @@ is accepted only when its type is `Bool` on every branch, whatever the windows h
 long they are; so `and`/`or` (which return an operand in Python) take only true/false operands,
 `x if c else y` needs a true/false `c` and branches of one type, comparisons and arithmetic take
 numbers, and each function takes what its signature says. Growth is bounded too: `**` needs a
-literal exponent of at most MAX_EXPONENT and a base whose size is known (literals, `step`,
-`steps`, `len()`, counts), and arithmetic on known sizes must stay under MAX_NUMBER for every
+literal exponent of at most MAX_EXPONENT and, above 1, a base whose size is known (literals,
+`step`, `steps`, `len()`, counts), and arithmetic on known sizes must stay under MAX_NUMBER for every
 step up to the planned steps. Values read from training (losses, norms) have no bound: at run
 time their arithmetic is float arithmetic, so they may become inf or nan, which compare false
 (see `expression`).
@@ -181,8 +181,10 @@ class _Checker:
         exponent = _literal(node.right)
         if exponent is None or abs(exponent) > MAX_EXPONENT:
             raise ConditionError(f"'{_text(node)}': the exponent of '**' must be a number written out, at most {MAX_EXPONENT}")
+        if 0 <= exponent <= 1:  # a root (or x ** 0) never grows past max(1, |x|)
+            return Number(max(1.0, base.bound))
         if not math.isfinite(base.bound):
-            raise ConditionError(f"'{_text(node)}': '**' needs a base of known size (numbers, step, steps, len(), counts), "
+            raise ConditionError(f"'{_text(node)}': '**' above 1 needs a base of known size (numbers, step, steps, len(), counts), "
                                  f"and '{_text(node.left)}' can be any size: multiply it out (x * x)")
         if exponent < 0:  # 1 / x ** n: like a division, it may be inf (0 ** -1), never an error
             return Number(math.inf)

@@ -44,7 +44,7 @@ def refusal(when: str, steps: int | None = 100) -> str:
     ("history.loss[::0] > 1", "slice bounds are whole numbers written out"),
     ("batch.loss[-1] > 1", "only windows can be indexed"),
     (POWERS, "'step ** 60 * step ** 60 * step ** 60' can reach more than a float holds by step 100, beyond 1e+300"),
-    ("batch.loss ** 2 > 1", "'**' needs a base of known size"),
+    ("batch.loss ** 2 > 1", "'**' above 1 needs a base of known size"),
     ("step ** step > 1", "the exponent of '**' must be a number written out"),
     ("2 ** 65 > 1", "the exponent of '**' must be a number written out, at most 64"),
     (" * ".join(["1000000000000000"] * 20) + " * 10 > 1", "can reach 1e+301 by step 100, beyond 1e+300"),
@@ -67,6 +67,7 @@ def test_conditions_not_true_or_false_everywhere_or_unbounded_are_refused(when, 
     "step ** 2 + steps ** 2 > 4 and (batch.count / 2) ** 3 > 1 and len(history.loss) ** 0.5 < 3",
     "min(step, steps, 3) < max(batch.loss, 0) and sum(history.loss) >= 0 and std(batch.sample_losses) >= 0",
     "True",
+    "batch.loss ** 0.5 > 1 and batch.loss ** 1 > 1 and batch.loss ** 0 == 1",  # roots of any size stay finite
     "step ** -1 > 0.5 and (step - 10) ** 0.5 >= 0 and (steps / 2) ** 2 > 1",  # 0 ** -1 is inf, (-1) ** 0.5 is nan
 ])
 def test_conditions_true_or_false_everywhere_are_accepted(when):
