@@ -104,9 +104,13 @@ def test_an_accepted_condition_is_true_or_false_on_every_history(condition, obse
 
 
 def test_the_grammar_gives_both_accepted_and_refused_conditions():
-    """A guard on the property above: it must see conditions of both outcomes (a fixed sample, not a timing)."""
-    from hypothesis import find
+    """A guard on the property above: the conditions it sees are neither all refused nor all accepted (a fixed sample)."""
+    refused: list[bool] = []
 
-    find(BOOLEAN, lambda text: "(" in text and controller_for(text) is not None, settings=settings(database=None))
-    find(BOOLEAN, lambda text: controller_for(text) is None, settings=settings(database=None))
-    find(ANY, lambda text: controller_for(text) is None and " if " in text, settings=settings(database=None))
+    @settings(max_examples=300, database=None, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(CONDITIONS)
+    def sample(condition):
+        refused.append(controller_for(condition) is None)
+
+    sample()
+    assert 0.2 < sum(refused) / len(refused) < 0.8, sum(refused)
