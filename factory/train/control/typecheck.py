@@ -94,6 +94,8 @@ def _power(base: float, exponent: float) -> float:
 
 
 class _Checker:
+    """Gives each node its type (a `_<node kind>` method per allowed kind), refusing on the first part that does not fit."""
+
     def __init__(self, schema: Schema, steps: int) -> None:
         self.schema, self.steps = schema, steps
 
@@ -211,7 +213,7 @@ class _Checker:
         return window.item
 
     def _call(self, node: ast.Call) -> Type:
-        name = node.func.id if isinstance(node.func, ast.Name) else ""
+        name = _called(node)
         if name not in SIGNATURES:
             raise ConditionError(f"'{_text(node)}': only these functions can be called: {', '.join(FUNCTIONS)}")
         return SIGNATURES[name](self, node)
@@ -227,8 +229,12 @@ def _literal(node: ast.expr | None) -> int | float | None:
     return None
 
 
+def _called(node: ast.Call) -> str:
+    return node.func.id if isinstance(node.func, ast.Name) else "?"
+
+
 def _one(node: ast.Call, what: str) -> ast.expr:
-    name = node.func.id if isinstance(node.func, ast.Name) else "?"
+    name = _called(node)
     if len(node.args) != 1:
         raise ConditionError(f"'{_text(node)}': {name}() takes one {what}")
     return node.args[0]
@@ -236,7 +242,7 @@ def _one(node: ast.Call, what: str) -> ast.expr:
 
 def _window_to(result: Callable[[Window], Type]) -> Callable[[_Checker, ast.Call], Type]:
     def check(checker: _Checker, node: ast.Call) -> Type:
-        window = checker.expect(_one(node, "window"), Window, f"{node.func.id}() takes a window")  # type: ignore[attr-defined]
+        window = checker.expect(_one(node, "window"), Window, f"{_called(node)}() takes a window")
         assert isinstance(window, Window)
         return result(window)
 
@@ -245,14 +251,14 @@ def _window_to(result: Callable[[Window], Type]) -> Callable[[_Checker, ast.Call
 
 def _number_to(result: Callable[[Number], Type]) -> Callable[[_Checker, ast.Call], Type]:
     def check(checker: _Checker, node: ast.Call) -> Type:
-        return result(checker.number(_one(node, "number"), f"{node.func.id}() takes a number"))  # type: ignore[attr-defined]
+        return result(checker.number(_one(node, "number"), f"{_called(node)}() takes a number"))
 
     return check
 
 
 def _extreme(checker: _Checker, node: ast.Call) -> Type:
     """min/max: of one window, or of two or more numbers."""
-    name = node.func.id  # type: ignore[attr-defined]
+    name = _called(node)
     if len(node.args) == 1:
         window = checker.expect(node.args[0], Window, f"{name}() of one argument takes a window (or give it two numbers or more)")
         assert isinstance(window, Window)
