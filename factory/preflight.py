@@ -210,7 +210,7 @@ def _control_problems(experiment: Experiment) -> list[Problem]:
     """The control section's rules, metrics and operations, checked as the training loop will build them."""
     if experiment.control is None:
         return []
-    found = control_problems(experiment.control)
+    found = control_problems(experiment.control, experiment.pretrain.steps if experiment.pretrain is not None else None)
     if experiment.pretrain is None:
         found.insert(0, (("control",), "rules run inside pretraining, but there is no pretrain section"))
     return found

@@ -55,7 +55,7 @@ class RuleSpec(Section):
     on: tuple[Event, ...] = ("step_end",)
     """Events the rule is evaluated at: step_end (before the optimizer step), eval, checkpoint, train_end."""
     when: str
-    """A condition over the metrics (e.g. `batch.loss > 3 * batch.mean_loss`); must be true or false."""
+    """A condition over the metrics (e.g. `batch.loss > 3 * batch.mean_loss`); `factory check` proves it true or false on every branch."""
     patience: PatienceSpec = PatienceSpec()
     do: tuple[str | dict[str, Any], ...] = Field(min_length=1)
     """Operations, in order: a name (`stop`), or a one-key mapping of name to argument (`{scale_lr: 0.5}`)."""
@@ -99,7 +99,7 @@ class ControlConfig(Section):
     metrics: tuple[MetricSpec, ...] = ()
     rules: tuple[RuleSpec, ...] = ()
     budget_ms: float = Field(50.0, gt=0, le=10_000)
-    """Time allowed to evaluate one condition; a condition that takes longer fails the run."""
+    """Time allowed to evaluate one condition; a condition that takes longer counts as false there (an alert records it once per rule)."""
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> ControlConfig:

@@ -1,10 +1,12 @@
 """The controller: the rules of a `control:` section, evaluated at the loop's events, with patience.
 
 `problems` is everything `factory check` can know wrong about a section (unknown metric kinds,
-fields and operations, unsafe conditions, conditions that do not give true or false, operations
-at events where they mean nothing), each with the dotted field it belongs to. A `Controller`
-is built only from a section without problems; its state (metrics, patience counts, learning
-rate factor, records so far) is saved in every checkpoint.
+fields and operations, unsafe conditions, conditions that are not true/false on every branch or
+can outgrow their bounds (`typecheck`), operations at events where they mean nothing), each with
+the dotted field it belongs to. A `Controller` is built only from a section without problems;
+its state (metrics, patience counts, learning rate factor, records so far) is saved in every
+checkpoint. A rule never fails a run: a condition that cannot be evaluated at run time (its time
+budget ran out) counts as false at that event, and its first failure is recorded as an alert.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from factory.config.control import ControlConfig, RuleSpec
-from factory.errors import ConfigError, StageFailed
-from factory.train.control.expression import SCALARS, Condition, ConditionError, evaluate, parse_condition
+from factory.errors import ConfigError
+from factory.train.control.expression import Condition, ConditionError, evaluate, parse_condition
 from factory.train.control.metrics import METRIC_KINDS, Metrics, Observation
+from factory.train.control.typecheck import check_types
 from factory.train.control.operations import OPERATIONS, Actions
 
 Problem = tuple[tuple[str | int, ...], str]
@@ -30,10 +33,15 @@ class Rule:
     condition: Condition
 
 
-def problems(config: ControlConfig) -> list[Problem]:
-    """Everything wrong with a control section, by key path; empty when a Controller can be built from it."""
+MAX_STEPS = 10**9
+"""What `step` may reach when the planned steps are not known."""
+
+
+def problems(config: ControlConfig, steps: int | None = None) -> list[Problem]:
+    """Everything wrong with a control section, by key path, for a run of `steps` steps; empty when a Controller can be
+    built from it."""
     found: list[Problem] = []
-    samples: dict[str, Any] = {name: 1 for name in SCALARS}
+    schema: dict[str, Any] = {}
     kinds = {}
     for i, metric in enumerate(config.metrics):
         kind = METRIC_KINDS.get(metric.kind)
@@ -41,10 +49,10 @@ def problems(config: ControlConfig) -> list[Problem]:
             found.append((("control", "metrics", i, "kind"), f"unknown metric kind {metric.kind!r}; registered: {', '.join(sorted(METRIC_KINDS))}"))
             continue
         kinds[metric.name] = kind
-        samples[metric.name] = kind.sample(metric)
+        schema[metric.name] = kind.types(metric)
     for i, rule in enumerate(config.rules):
         at = ("control", "rules", i)
-        found += [((*at, "when"), message) for message in _condition_problems(rule, config, kinds, samples)]
+        found += [((*at, "when"), message) for message in _condition_problems(rule, config, kinds, schema, steps or MAX_STEPS)]
         for j, (name, argument) in enumerate(rule.operations()):
             operation = OPERATIONS.get(name)
             where = (*at, "do", j)
@@ -61,8 +69,8 @@ def problems(config: ControlConfig) -> list[Problem]:
     return found
 
 
-def _condition_problems(rule: RuleSpec, config: ControlConfig, kinds: dict[str, type], samples: dict[str, Any]) -> list[str]:
-    """What is wrong with a rule's condition: unsafe or malformed, unknown fields, or not true/false on values of the right types."""
+def _condition_problems(rule: RuleSpec, config: ControlConfig, kinds: dict[str, type], schema: dict[str, Any], steps: int) -> list[str]:
+    """What is wrong with a rule's condition: unsafe or malformed, unknown fields, not true/false on every branch, unbounded."""
     try:
         condition = parse_condition(rule.when, {m.name: m for m in config.metrics})
     except ConditionError as e:
@@ -73,7 +81,7 @@ def _condition_problems(rule: RuleSpec, config: ControlConfig, kinds: dict[str, 
     if any(owner not in kinds for owner, _ in condition.fields):
         return []  # its metric's kind is unknown, which is reported on the metric
     try:
-        evaluate(condition, samples, budget_s=1.0)
+        check_types(condition.tree, schema, steps)
     except ConditionError as e:
         return [f"{e} (found {rule.when!r})"]
     return []
@@ -83,7 +91,7 @@ class Controller:
     """Evaluates the rules at each event and says what the loop must do."""
 
     def __init__(self, config: ControlConfig, steps: int) -> None:
-        found = problems(config)
+        found = problems(config, steps)
         if found:
             raise ConfigError("; ".join(f"{'.'.join(str(k) for k in keys)}: {message}" for keys, message in found))
         self.config = config
@@ -95,6 +103,8 @@ class Controller:
         self.lr_factor = 1.0
         self.records = 0
         self.stopped_by: str | None = None
+        self.failures = {rule.spec.name: 0 for rule in self.rules}
+        """Times each rule's condition could not be evaluated (each counted as false)."""
         self.wants_samples = self.metrics.wants_samples() or any(
             name == "log_batch" for rule in self.rules for name, _ in rule.spec.operations()
         )
@@ -117,7 +127,12 @@ class Controller:
             try:
                 holds = evaluate(rule.condition, values, budget_s)
             except ConditionError as e:
-                raise StageFailed(f"control rule {spec.name!r} failed at step {observation.step}: {e}; fix control.rules.{spec.name}.when") from e
+                holds = False
+                self.failures[spec.name] += 1
+                if self.failures[spec.name] == 1:
+                    actions.records.append({"step": observation.step, "event": observation.event, "rule": spec.name, "operations": [],
+                                            "alert": f"its condition could not be evaluated ({e}); it counts as false, now and whenever "
+                                                     f"this happens again (see failures in the checkpoint's control state)"})
             if holds:
                 self.hits[spec.name] += 1
             elif spec.patience.mode == "reset_on_false":
@@ -143,7 +158,7 @@ class Controller:
         return {
             "metrics": {name: metric.state() for name, metric in self.metrics.by_name.items()},
             "hits": dict(self.hits), "acted": dict(self.acted), "lr_factor": self.lr_factor, "records": self.records,
-            "stopped_by": self.stopped_by,
+            "stopped_by": self.stopped_by, "failures": dict(self.failures),
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -153,3 +168,4 @@ class Controller:
         self.hits.update(state["hits"])
         self.acted.update(state["acted"])
         self.lr_factor, self.records, self.stopped_by = state["lr_factor"], state["records"], state["stopped_by"]
+        self.failures.update(state.get("failures", {}))

@@ -7,7 +7,11 @@ metrics, `metric.field`, subscripts and slices, and number literals of bounded s
 strings, containers, comprehensions, lambdas, keywords or underscores in names, so there is
 no way to reach an object's attributes or a module. Evaluation (`evaluate`) sees only plain
 dicts, lists and numbers, looks `metric.field` up as a dict key (never `getattr`), caps powers,
-and stops when a time budget runs out.
+and stops when a time budget runs out. Arithmetic is float arithmetic: overflow gives inf, an
+undefined result (0 / 0, inf - inf) gives nan, and every comparison with nan is false, so values
+read from training that are inf or nan never make a condition fail. A condition that indexes or
+reduces (mean, min, max, std) a window that is too short, empty included, is false as a whole
+until the data is there. `typecheck` proves, before training, that a condition gives true or false.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ MAX_LITERAL = 1e15
 MAX_EXPONENT = 64
 """Largest exponent `**` accepts."""
 MAX_NUMBER = 1e300
-"""Arithmetic results beyond this are refused (no unbounded integers)."""
+"""`factory check` refuses arithmetic on numbers of known size (literals, step, counts) that can grow beyond this."""
 SCALARS = ("step", "steps")
 """Names every condition may read besides its metrics: the step just done and the planned steps."""
 
@@ -65,17 +69,18 @@ def _number(value: Any, what: str) -> float:
 def _arithmetic(op: Callable[[Any, Any], Any], symbol: str) -> Callable[[Any, Any], Any]:
     def apply(a: Any, b: Any) -> Any:
         a, b = _number(a, f"'{symbol}'"), _number(b, f"'{symbol}'")
-        if symbol == "**" and (abs(b) > MAX_EXPONENT or abs(a) > MAX_LITERAL):
-            raise ConditionError(f"'**' is limited to exponents of at most {MAX_EXPONENT} and bases of at most {MAX_LITERAL:g}")
+        if symbol == "**" and abs(b) > MAX_EXPONENT:
+            raise ConditionError(f"'**' is limited to exponents of at most {MAX_EXPONENT}")
+        a, b = float(a), float(b)  # float arithmetic: no unbounded integers, and overflow is inf, not an error
         try:
             result = op(a, b)
-        except ZeroDivisionError:
-            return math.inf if a > 0 else -math.inf if a < 0 else math.nan
-        except OverflowError as e:
-            raise ConditionError(f"'{symbol}' overflowed") from e
-        if isinstance(result, complex) or abs(result) > MAX_NUMBER:
-            raise ConditionError(f"'{symbol}' gave a number out of range")
-        return result
+        except ZeroDivisionError:  # x / 0, x // 0, x % 0, 0 ** -n
+            if symbol == "**":
+                return math.inf
+            return math.inf if a > 0 and symbol != "%" else -math.inf if a < 0 and symbol != "%" else math.nan
+        except OverflowError:  # only '**' raises it on floats
+            return -math.inf if a < 0 and b == int(b) and int(b) % 2 else math.inf
+        return math.nan if isinstance(result, complex) else result
 
     return apply
 
@@ -103,7 +108,7 @@ def _mean(values: Any) -> float:
 def _std(values: Any) -> float:
     window = _window(values, "std")
     mean = sum(window) / len(window)
-    return math.sqrt(sum((v - mean) ** 2 for v in window) / len(window))
+    return math.sqrt(sum((v - mean) * (v - mean) for v in window) / len(window))  # '**' would raise on overflow; '*' gives inf
 
 
 def _reduce(fn: Callable[[Sequence[float]], float], name: str) -> Callable[..., float]:
@@ -199,7 +204,8 @@ def parse_condition(text: Any, metrics: Mapping[str, Any]) -> Condition:
 def evaluate(condition: Condition, values: Mapping[str, Any], budget_s: float) -> bool:
     """The condition's truth over plain values (metric name -> dict of fields; scalars); False while a window is too short.
 
-    Raises ConditionError when it does not give true or false, or takes longer than `budget_s`.
+    Raises ConditionError when it does not give true or false (which `typecheck` refuses beforehand), or takes
+    longer than `budget_s`; the controller makes that a logged false, never a failed run.
     """
     evaluator = _Evaluator(values, time.perf_counter() + budget_s)
     try:

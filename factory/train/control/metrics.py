@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from factory.config.control import MetricSpec
+from factory.train.control.typecheck import Number, Window
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,9 +64,10 @@ class Metric:
         raise NotImplementedError
 
     @classmethod
-    def sample(cls, spec: MetricSpec) -> dict[str, Any]:
-        """Values of the right types (full windows), to check at `factory check` time that a condition gives true or false."""
-        return {name: [1.0] * spec.window if name in cls.WINDOWS else 1.0 for name in cls.FIELDS}
+    def types(cls, spec: MetricSpec) -> dict[str, Number | Window]:
+        """The type of each field, for `factory check` to prove a condition gives true or false (default: numbers of any
+        size, windows of up to `spec.window` of them)."""
+        return {name: Window(spec.window) if name in cls.WINDOWS else Number() for name in cls.FIELDS}
 
 
 METRIC_KINDS: dict[str, type[Metric]] = {}
@@ -144,6 +146,10 @@ class BatchInspector(Metric):
     WINDOWS: ClassVar[frozenset[str]] = frozenset({"sample_losses"})
     NEEDS_SAMPLES: ClassVar[bool] = True
 
+    @classmethod
+    def types(cls, spec: MetricSpec) -> dict[str, Number | Window]:
+        return {**super().types(spec), "count": Number(spec.window), "sample_losses": Window(math.inf)}  # one loss per sequence
+
     def __init__(self, spec: MetricSpec) -> None:
         super().__init__(spec)
         self.accepted: deque[float] = deque(maxlen=spec.window)
@@ -160,7 +166,7 @@ class BatchInspector(Metric):
     def values(self) -> dict[str, Any]:
         window = list(self.accepted)
         mean = sum(window) / len(window) if window else math.nan
-        std = math.sqrt(sum((v - mean) ** 2 for v in window) / len(window)) if window else math.nan
+        std = math.sqrt(sum((v - mean) * (v - mean) for v in window) / len(window)) if window else math.nan  # '**' raises on overflow
         samples = list(self.current.sample_losses)
         return {
             "loss": self.current.loss if self.current.loss is not None else math.nan,

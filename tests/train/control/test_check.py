@@ -79,3 +79,25 @@ def test_the_cli_exits_2_with_json_for_a_hostile_rule(tmp_path):
     assert done.returncode == 2, done.stderr
     [file] = json.loads(done.stdout)["files"]
     assert file["errors"][0].startswith(f"{path}:15: control.rules.1.when: ")
+
+
+BRANCHES = "history.loss if step > 5 else step > 0"
+"""Passed `factory check` before conditions were typed, then stopped training at step 6 with a window where true/false belongs."""
+POWERS = "step ** 60 * step ** 60 * step ** 60 * step ** 60 > 1"
+"""Passed `factory check` at step 1, then overflowed at step 20."""
+
+
+def test_the_cli_refuses_a_non_boolean_branch_and_unbounded_powers_naming_file_line(tmp_path):
+    good = GOOD.replace("{name: evals, kind: history, window: 10}", "{name: history, kind: history, window: 10}").replace(
+        "max(evals.eval_loss[-3:]) - min(evals.eval_loss[-3:])", "max(history.eval_loss[-3:]) - min(history.eval_loss[-3:])").replace(
+        "len(evals.eval_loss)", "len(history.eval_loss)").replace("steps: 10}", "steps: 100}")
+    assert check_files([write(tmp_path, "fine.md", good)])[0].ok
+    for name, when, says in [("branches.md", BRANCHES, "both branches of 'history.loss if step > 5 else step > 0' must be true/false"),
+                             ("powers.md", POWERS, "can reach more than a float holds by step 100")]:
+        path = write(tmp_path, name, good.replace('"batch.loss > 3 * batch.mean_loss"', f'"{when}"'))
+        done = subprocess.run([sys.executable, "-m", "factory", "check", "--json", str(path), "--root", str(tmp_path / "root")],
+                              capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == 2, done.stderr
+        [file] = json.loads(done.stdout)["files"]
+        [error] = file["errors"]
+        assert error.startswith(f"{path}:15: control.rules.1.when: ") and says in error, error

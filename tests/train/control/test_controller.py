@@ -4,7 +4,7 @@
 import pytest
 
 from factory.config.control import ControlConfig
-from factory.errors import ConfigError, StageFailed
+from factory.errors import ConfigError
 from factory.train.control import Controller, Observation, problems
 
 
@@ -94,21 +94,26 @@ def test_state_round_trips_so_a_resumed_run_decides_alike():
     assert second.observe(Observation(event="eval", step=40, eval_loss=2.3)).stop
 
 
-def test_an_empty_window_waits_and_a_broken_value_fails_the_stage_naming_the_rule():
+def test_an_empty_window_waits_and_a_broken_value_is_a_logged_false_not_a_failed_run():
     waiting = Controller(control([{"name": "late", "on": ["eval"], "when": "h.eval_loss[0] > 1", "do": ["stop"]}]), 10)
     assert not waiting.observe(step(1)).stop  # not subscribed to step_end
     assert waiting.observe(Observation(event="eval", step=1, eval_loss=2.0)).stop
     bad = Controller(control([{"name": "typed", "on": ["eval"], "when": "h.loss[-1] > 0", "do": ["stop"]}]), 10)
     bad.metrics.by_name["h"].windows["loss"].append(True)  # a value of the wrong type, as a broken metric kind could give
-    with pytest.raises(StageFailed, match="control rule 'typed' failed at step 2: .*needs numbers"):
-        bad.observe(Observation(event="eval", step=2, eval_loss=1.0))
+    first = bad.observe(Observation(event="eval", step=2, eval_loss=1.0))
+    assert not first.stop
+    [record] = first.records
+    assert record["rule"] == "typed" and record["operations"] == [] and "needs numbers" in record["alert"], record
+    again = bad.observe(Observation(event="eval", step=3, eval_loss=1.0))
+    assert not again.stop and again.records == []  # recorded once, counted always
+    assert bad.state()["failures"] == {"typed": 2}
 
 
 @pytest.mark.parametrize(("rule", "metrics", "where", "message"), [
     ({"name": "r", "when": "h.losss[-1] > 1", "do": ["stop"]}, None, ("control", "rules", 0, "when"), "h.losss is not a field of a History metric"),
     ({"name": "r", "when": "h.loss", "do": ["stop"]}, None, ("control", "rules", 0, "when"), "must be true or false"),
     ({"name": "r", "when": "mean(h.loss)", "do": ["stop"]}, None, ("control", "rules", 0, "when"), "must be true or false"),
-    ({"name": "r", "when": "h.loss > 1", "do": ["stop"]}, None, ("control", "rules", 0, "when"), "needs numbers"),
+    ({"name": "r", "when": "h.loss > 1", "do": ["stop"]}, None, ("control", "rules", 0, "when"), "comparisons need numbers"),
     ({"name": "r", "when": "x.loss > 1", "do": ["stop"]}, None, ("control", "rules", 0, "when"), "must follow a metric name"),
     ({"name": "r", "when": "step > 1", "do": ["explode"]}, None, ("control", "rules", 0, "do", 0), "unknown operation 'explode'"),
     ({"name": "r", "when": "step > 1", "do": [{"stop": 1}]}, None, ("control", "rules", 0, "do", 0), "stop takes no argument"),
@@ -122,3 +127,10 @@ def test_problems_name_the_field_and_what_is_allowed(rule, metrics, where, messa
     assert any(keys == where and message in text for keys, text in found), found
     with pytest.raises(ConfigError):
         Controller(control([rule], metrics), 10)
+
+
+def test_a_condition_out_of_time_counts_as_false_and_the_run_goes_on():
+    slow = Controller(control([{"name": "slow", "when": "mean(h.loss) + std(h.loss) > 0", "do": ["stop"]}], budget_ms=1e-9), 10)
+    first = slow.observe(step(1))
+    assert not first.stop and "time budget" in first.records[0]["alert"], first.records
+    assert not slow.observe(step(2)).stop and slow.failures == {"slow": 2}
