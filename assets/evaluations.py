@@ -29,6 +29,7 @@ from assets.heldout import ensure_heldout_corpus
 from assets.partitions import CHECKPOINTS, evaluations_partitions
 from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity
+from factory.config.stages import EVALUATION_POOL
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
 from factory.evals.benchmarks import benchmark
@@ -51,6 +52,7 @@ warnings.filterwarnings("ignore", category=BetaWarning, message="Parameter `back
     group_name="pipeline",
     backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=EVALS_PER_RUN),
     automation_condition=AutomationCondition.eager(),
+    pool=EVALUATION_POOL,  # evaluation batches wait for a slot of the instance's `evaluation` pool (assets/pools.py)
 )
 def evaluations(
     context: AssetExecutionContext, stores: FactoryStores, launcher: StageLauncher

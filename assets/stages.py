@@ -22,7 +22,7 @@ from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.post import ensure_task_set
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
-from factory.config.stages import TRAINING_STAGES, placement
+from factory.config.stages import TRAINING_STAGES, placement, pool_of
 from factory.data.checks import CHECKS
 from factory.errors import ConfigError
 from factory.podium.links import table_links
@@ -74,6 +74,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         kinds=KINDS[kind],
         group_name=GROUPS.get(kind, "pipeline"),
         check_specs=CHECK_SPECS.get(kind),
+        pool=pool_of(kind),  # training stages wait for a slot of the instance's `training` pool (assets/pools.py)
     )
     def stage(
         context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores, launcher: StageLauncher

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -20,6 +21,7 @@ from rich.table import Table
 from factory.config import Experiment, load, load_file, pick_variant
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
+from factory.config.stages import POOL_LIMITS
 from factory.data.catalog import DATABASE_ENV, CatalogConfig, open_catalog, sqlalchemy_url
 from factory.errors import ConfigError, FactoryError
 from factory.launch.group import run_group
@@ -33,11 +35,17 @@ if TYPE_CHECKING:
     from factory.evals.leaderboard import Board
 
 DEFAULT_ROOT = Path(".factory")
-DAGSTER_YAML = """\
+# A pool nobody configured gets one slot; `python -m assets.pools` gives each of POOL_LIMITS its own at `factory ui`.
+POOLS_YAML = f"""\
+concurrency:
+  pools:
+    default_limit: {min(POOL_LIMITS.values())}
+"""
+DAGSTER_YAML = f"""\
 # Embedded default: sqlite storage under this directory (written by `factory`).
 telemetry:
   enabled: false
-"""
+{POOLS_YAML}"""
 DAGSTER_POSTGRES_YAML = f"""\
 # The deploy profile: runs, events and schedules in PostgreSQL (written by `factory`; the URL is read from ${DATABASE_ENV}).
 storage:
@@ -46,7 +54,7 @@ storage:
       env: {DATABASE_ENV}
 telemetry:
   enabled: false
-"""
+{POOLS_YAML}"""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Model Factory: experiments as code, on Dagster.")
 out = Console(soft_wrap=True)
@@ -294,6 +302,9 @@ def leaderboard(
 def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
     """Start the Dagster UI (`dagster dev`) on the same instance as `factory run`."""
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root)), "FACTORY_ROOT": str(root.resolve())}
+    pools = subprocess.run([sys.executable, "-m", "assets.pools"], env=env, check=False)  # the pools' limits, before the daemon runs
+    if pools.returncode != 0:
+        raise typer.Exit(pools.returncode)
     # A group of its own: one SIGINT or SIGTERM here stops it all, the runs its daemon launched included (`run_group`).
     ended = run_group([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env)
     raise typer.Exit(0 if ended.signals else ended.code)

@@ -26,6 +26,12 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
 }
 TRAINING_STAGES = ("pretrain", "sft", "rl")
 """Stages whose artifacts hold checkpoints; the model exports the last of them the experiment runs."""
+TRAINING_POOL = "training"
+"""The concurrency pool every training stage takes a slot of: the instance's limit says how many train at once."""
+EVALUATION_POOL = "evaluation"
+"""The concurrency pool of evaluation runs."""
+POOL_LIMITS = {TRAINING_POOL: 1, EVALUATION_POOL: 2}
+"""Slots per pool on an embedded (laptop) instance: one training stage at a time, two evaluations."""
 RL_PLACEMENT = {"learners", "actors"}
 """RL knobs that say where work runs, not what it computes: left out of the fingerprint."""
 SPREAD_STAGES = ("pretrain", "sft")
@@ -43,6 +49,11 @@ class Placement:
     """GPUs per node."""
     roles: Mapping[str, Any] = field(default_factory=dict)
     """Stage-specific: RL's `learners` and `actors` ranks, and the `backend` they meet over."""
+
+
+def pool_of(kind: str) -> str | None:
+    """The concurrency pool a stage kind takes a slot of (None: it runs unbounded)."""
+    return TRAINING_POOL if kind in TRAINING_STAGES else None
 
 
 def placement(experiment: Experiment, kind: str) -> Placement:

@@ -1,0 +1,66 @@
+"""The instance's concurrency pools: how many training stages and evaluation runs go at once on this machine.
+
+Pools rather than run-level tag concurrency limits (QueuedRunCoordinator + a `factory/pool` tag): a run of an
+experiment holds its data stages, training stages and evaluations together, and a pool bounds the training steps
+themselves, so a second experiment's data stages go on while its training waits, and the waiting step says
+why in the UI ("blocked by pool training"). Pools also hold for in-process runs (`factory run`), which never pass
+through a run queue: one in-process run takes one slot at a time, so it never waits on itself.
+
+dagster.yaml can only hold the limit of a pool nobody configured (`concurrency: pools: default_limit`, written by
+`factory.cli.dagster_home`); a pool's own limit lives in the instance's storage. `python -m assets.pools` (run by
+`factory ui` before the daemon starts) gives each pool its limit once, from `POOL_LIMITS` or `FACTORY_POOL_<NAME>`;
+a limit set since (`dagster instance concurrency set training 4`, the UI) stays, unless the variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from dagster import DagsterInstance
+
+from factory.config.stages import POOL_LIMITS
+from factory.errors import ConfigError
+
+POOL_ENV_PREFIX = "FACTORY_POOL_"
+
+
+def pool_limits(environ: Mapping[str, str]) -> tuple[dict[str, int], set[str]]:
+    """Slots per pool, and the pools whose limit `FACTORY_POOL_<NAME>` sets explicitly."""
+    limits, explicit = dict(POOL_LIMITS), set()
+    for pool in POOL_LIMITS:
+        value = environ.get(POOL_ENV_PREFIX + pool.upper())
+        if value is None:
+            continue
+        if not value.isdigit():
+            raise ConfigError(f"{POOL_ENV_PREFIX}{pool.upper()}={value!r}: a pool's limit is a whole number of slots (0 stops it)")
+        limits[pool], explicit = int(value), explicit | {pool}
+    return limits, explicit
+
+
+def apply_pool_limits(instance: DagsterInstance, limits: Mapping[str, int], explicit: set[str] = frozenset()) -> dict[str, int]:
+    """Give each pool its limit where the instance has none yet (or where `explicit` says so); the limits now held."""
+    storage = instance.event_log_storage
+    configured = storage.get_concurrency_keys()
+    for pool, slots in limits.items():
+        if pool in explicit or pool not in configured:
+            storage.set_concurrency_slots(pool, slots)
+    return {pool: storage.get_concurrency_info(pool).slot_count for pool in limits}
+
+
+def main() -> int:
+    """Apply the pool limits to $DAGSTER_HOME's instance and print them."""
+    try:
+        limits, explicit = pool_limits(os.environ)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with DagsterInstance.get() as instance:
+        held = apply_pool_limits(instance, limits, explicit)
+    print("pools: " + ", ".join(f"{pool} {slots} at a time" for pool, slots in held.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

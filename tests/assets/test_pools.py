@@ -1,0 +1,77 @@
+"""Run queues that fit the machine: training stages and evaluations take slots of the instance's pools."""
+
+import threading
+import time
+
+import pytest
+from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter, asset, materialize
+
+from assets.definitions import defs
+from assets.pools import apply_pool_limits, pool_limits
+from factory.cli import dagster_home
+from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, STAGES, TRAINING_POOL, TRAINING_STAGES
+from factory.errors import ConfigError
+
+
+def test_training_stages_and_evaluations_declare_their_pools():
+    graph = defs.resolve_asset_graph()
+    pools = {kind: graph.get(AssetKey(kind)).pools for kind in STAGES}
+    assert pools == {kind: {TRAINING_POOL} if kind in TRAINING_STAGES else set() for kind in STAGES}
+    assert graph.get(AssetKey("evaluations")).pools == {EVALUATION_POOL}
+
+
+@pytest.fixture
+def embedded(tmp_path, monkeypatch):
+    monkeypatch.delenv("FACTORY_DATABASE_URL", raising=False)
+    with DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
+        yield instance
+
+
+def test_the_embedded_instance_trains_one_stage_at_a_time_and_evaluates_two(embedded):
+    assert embedded.get_concurrency_config().pool_config.default_pool_limit == 1  # from the dagster.yaml dagster_home wrote
+    assert apply_pool_limits(embedded, POOL_LIMITS) == {TRAINING_POOL: 1, EVALUATION_POOL: 2}
+    assert embedded.event_log_storage.get_concurrency_info(TRAINING_POOL).slot_count == 1
+
+
+def test_a_limit_set_on_the_instance_stays_unless_the_environment_sets_one(embedded):
+    embedded.event_log_storage.set_concurrency_slots(TRAINING_POOL, 4)  # `dagster instance concurrency set training 4`
+    assert apply_pool_limits(embedded, *pool_limits({}))[TRAINING_POOL] == 4
+    assert apply_pool_limits(embedded, *pool_limits({"FACTORY_POOL_TRAINING": "2"})) == {TRAINING_POOL: 2, EVALUATION_POOL: 2}
+    with pytest.raises(ConfigError, match="FACTORY_POOL_EVALUATION"):
+        pool_limits({"FACTORY_POOL_EVALUATION": "two"})
+
+
+@asset(pool=TRAINING_POOL)
+def first() -> int:
+    return 1
+
+
+@asset(pool=TRAINING_POOL)
+def second(first: int) -> int:
+    return first + 1
+
+
+def test_an_in_process_run_waits_for_a_slot_another_run_holds_and_never_on_itself(embedded):
+    apply_pool_limits(embedded, POOL_LIMITS)
+    assert materialize([first, second], instance=embedded).success  # two training steps, one slot: one after the other
+    storage = embedded.event_log_storage
+    assert storage.claim_concurrency_slot(TRAINING_POOL, "another-run", "pretrain").is_claimed
+    done = []
+    thread = threading.Thread(target=lambda: done.append(materialize([first], instance=embedded)), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (reasons := blocked(embedded)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reasons == [f"Step blocked by limit for pool {TRAINING_POOL}"]  # what the run's page shows on the step
+        assert not done, "the run took a slot the other run holds"
+    finally:
+        storage.free_concurrency_slots_for_run("another-run")
+    thread.join(timeout=60)
+    assert done and done[0].success
+
+
+def blocked(instance: DagsterInstance) -> list[str]:
+    """The messages of the steps waiting for a pool's slot, as the event log holds them."""
+    records = instance.get_event_records(EventRecordsFilter(DagsterEventType.ENGINE_EVENT))
+    return [r.event_log_entry.message for r in records if "blocked by limit for pool" in (r.event_log_entry.message or "")]
