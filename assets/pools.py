@@ -8,8 +8,9 @@ through a run queue: one in-process run takes one slot at a time, so it never wa
 
 dagster.yaml can only hold the limit of a pool nobody configured (`concurrency: pools: default_limit`, written by
 `factory.cli.dagster_home`); a pool's own limit lives in the instance's storage. `python -m assets.pools` (run by
-`factory ui` before the daemon starts) gives each pool its limit once, from `POOL_LIMITS` or `FACTORY_POOL_<NAME>`;
-a limit set since (`dagster instance concurrency set training 4`, the UI) stays, unless the variable is set.
+`factory ui` before the daemon starts) gives each pool its limit once, from `POOL_LIMITS`; the cluster profile's
+`pools` ($FACTORY_CLUSTER) and then `FACTORY_POOL_<NAME>` set it every time. Otherwise a limit set since
+(`dagster instance concurrency set training 4`, the UI) stays.
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from dagster import DagsterInstance
 
+from factory.config.cluster import ClusterProfile, load_profile
 from factory.config.stages import POOL_LIMITS
 from factory.errors import ConfigError
 
 POOL_ENV_PREFIX = "FACTORY_POOL_"
 
 
-def pool_limits(environ: Mapping[str, str]) -> tuple[dict[str, int], set[str]]:
-    """Slots per pool, and the pools whose limit `FACTORY_POOL_<NAME>` sets explicitly."""
-    limits, explicit = dict(POOL_LIMITS), set()
+def pool_limits(environ: Mapping[str, str], profile: ClusterProfile | None = None) -> tuple[dict[str, int], set[str]]:
+    """Slots per pool, and the pools whose limit the profile or `FACTORY_POOL_<NAME>` sets explicitly."""
+    pools = profile.pools if profile is not None else {}
+    limits, explicit = {**POOL_LIMITS, **pools}, set(pools)
     for pool in POOL_LIMITS:
         value = environ.get(POOL_ENV_PREFIX + pool.upper())
         if value is None:
@@ -52,7 +56,8 @@ def apply_pool_limits(instance: DagsterInstance, limits: Mapping[str, int], expl
 def main() -> int:
     """Apply the pool limits to $DAGSTER_HOME's instance and print them."""
     try:
-        limits, explicit = pool_limits(os.environ)
+        cluster = os.environ.get("FACTORY_CLUSTER")
+        limits, explicit = pool_limits(os.environ, load_profile(Path(cluster)) if cluster else None)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

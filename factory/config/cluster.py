@@ -11,23 +11,26 @@ A profile is YAML, kept with the deployment rather than with any experiment:
       kubeconfig: ~/.kube/config
       image_registry: registry.example.com/ml
       storage: {claim: factory-store, mount_path: /store}
+    pools: {training: 4, evaluation: 8}
 
 With one, `factory check` refuses placements that cannot be scheduled (an unknown queue, more
 nodes or GPUs than the queue has, an unknown priority class) and `image: local`, which only the
-local launcher can run, before anything is submitted.
+local launcher can run, before anything is submitted. Its `pools` say how many training stages and
+evaluations the Dagster instance that uses it runs at once (`python -m assets.pools` applies them).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from factory.config.files import read_text
 from factory.config.front_matter import parse_yaml
 from factory.config.loader import describe_validation_error
 from factory.config.section import Section
+from factory.config.stages import POOL_LIMITS
 from factory.errors import ConfigError
 
 
@@ -95,6 +98,16 @@ class ClusterProfile(Section):
     """Queues by name."""
     kubernetes: KubernetesSettings | None = None
     """The cluster the volcano launcher submits to (needed to run; `factory check --cluster` reads only the queues)."""
+    pools: dict[str, Annotated[int, Field(ge=0, le=10_000)]] = {}
+    """Slots per concurrency pool (`training`, `evaluation`): how many of its stages run at once; a pool left out
+    keeps the instance's limit."""
+
+    @field_validator("pools")
+    @classmethod
+    def _known_pools(cls, pools: dict[str, int]) -> dict[str, int]:
+        if unknown := sorted(set(pools) - set(POOL_LIMITS)):
+            raise ValueError(f"unknown pool {', '.join(unknown)}; pools are: {', '.join(POOL_LIMITS)}")
+        return pools
 
 
 def load_profile(path: Path) -> ClusterProfile:

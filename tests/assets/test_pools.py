@@ -9,6 +9,7 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFil
 from assets.definitions import defs
 from assets.pools import apply_pool_limits, pool_limits
 from factory.cli import dagster_home
+from factory.config.cluster import load_profile
 from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, STAGES, TRAINING_POOL, TRAINING_STAGES
 from factory.errors import ConfigError
 
@@ -39,6 +40,16 @@ def test_a_limit_set_on_the_instance_stays_unless_the_environment_sets_one(embed
     assert apply_pool_limits(embedded, *pool_limits({"FACTORY_POOL_TRAINING": "2"})) == {TRAINING_POOL: 2, EVALUATION_POOL: 2}
     with pytest.raises(ConfigError, match="FACTORY_POOL_EVALUATION"):
         pool_limits({"FACTORY_POOL_EVALUATION": "two"})
+
+
+def test_a_cluster_profile_says_how_many_train_at_once(embedded, tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text("queues: {default: {nodes: 4}}\npools: {training: 4}\n")
+    assert apply_pool_limits(embedded, *pool_limits({}, load_profile(path))) == {TRAINING_POOL: 4, EVALUATION_POOL: 2}
+    assert apply_pool_limits(embedded, *pool_limits({"FACTORY_POOL_TRAINING": "3"}, load_profile(path)))[TRAINING_POOL] == 3
+    path.write_text("queues: {default: {nodes: 4}}\npools:\n  gpu: 2\n")
+    with pytest.raises(ConfigError, match="profile.yaml:2: pools: unknown pool gpu"):
+        load_profile(path)
 
 
 @asset(pool=TRAINING_POOL)
