@@ -46,7 +46,8 @@ def pool_limits(environ: Mapping[str, str], profile: ClusterProfile | None = Non
 def apply_pool_limits(instance: DagsterInstance, limits: Mapping[str, int], explicit: set[str] = frozenset()) -> dict[str, int]:
     """Give each pool its limit where the instance has none yet (or where `explicit` says so); the limits now held."""
     storage = instance.event_log_storage
-    configured = storage.get_concurrency_keys()
+    # A pool a run met before any limit was set holds dagster.yaml's default_limit: that is no one's choice to keep.
+    configured = {pool.name for pool in storage.get_pool_limits() if not pool.from_default}
     for pool, slots in limits.items():
         if pool in explicit or pool not in configured:
             storage.set_concurrency_slots(pool, slots)

@@ -34,6 +34,12 @@ def test_the_embedded_instance_trains_one_stage_at_a_time_and_evaluates_two(embe
     assert embedded.event_log_storage.get_concurrency_info(TRAINING_POOL).slot_count == 1
 
 
+def test_a_pool_a_run_met_before_its_limit_was_set_gets_its_own(embedded):
+    embedded.event_log_storage.initialize_concurrency_limit_to_default(EVALUATION_POOL)  # what `factory run` does first
+    assert embedded.event_log_storage.get_concurrency_info(EVALUATION_POOL).slot_count == 1
+    assert apply_pool_limits(embedded, POOL_LIMITS)[EVALUATION_POOL] == 2
+
+
 def test_a_limit_set_on_the_instance_stays_unless_the_environment_sets_one(embedded):
     embedded.event_log_storage.set_concurrency_slots(TRAINING_POOL, 4)  # `dagster instance concurrency set training 4`
     assert apply_pool_limits(embedded, *pool_limits({}))[TRAINING_POOL] == 4
