@@ -145,7 +145,7 @@ def test_unreachable_remote_or_missing_branch_warns_and_keeps_the_cursor(tmp_pat
     assert cursor[:12] in no_branch.skip_message  # a SkipReason leaves the cursor as it was
 
 
-def test_force_push_reads_the_new_tip(tmp_path, remote):
+def test_force_push_reads_the_new_tip(tmp_path, remote, capsys):
     bare, work = remote
     instance = DagsterInstance.ephemeral()
     start = remote_tick(instance, tmp_path, bare).cursor
@@ -157,5 +157,6 @@ def test_force_push_reads_the_new_tip(tmp_path, remote):
     rewritten = push(work, "kept", "--force")
     after = remote_tick(instance, tmp_path, bare, cursor=pushed)
     assert after.cursor == rewritten
+    assert f"was rewritten (force-push): {pushed[:12]}" in capsys.readouterr().err  # the tick's warning
     assert {r.partition_key for r in after.run_requests} == {"base", "kept"}
 
