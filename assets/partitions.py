@@ -6,6 +6,9 @@ EXPERIMENTS = "experiments"
 # Runs started from git carry the commit whose experiment files they read.
 COMMIT_TAG = "factory/commit"
 SOURCE_TAG = "factory/source"
+FILE_TAG = "factory/file"  # the file's path in the repository
+MERGE_TAG = "factory/merge-commit"  # the commit that brought the file onto the branch (a pull request's merge)
+FILE_URL_TAG = "factory/file-url"  # the file at that commit on the forge, when the remote is an http(s) URL
 experiments_partitions = DynamicPartitionsDefinition(name=EXPERIMENTS)
 CHECKPOINTS = "checkpoints"
 checkpoints_partitions = DynamicPartitionsDefinition(name=CHECKPOINTS)

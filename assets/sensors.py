@@ -1,6 +1,7 @@
 """Runs from git: experiment files at HEAD become partitions and run requests."""
 
 import hashlib
+from pathlib import Path
 
 from dagster import (
     AssetKey,
@@ -13,12 +14,13 @@ from dagster import (
     sensor,
 )
 
-from assets.partitions import COMMIT_TAG, EXPERIMENTS, SOURCE_TAG, experiments_partitions
+from assets.partitions import COMMIT_TAG, EXPERIMENTS, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG, experiments_partitions
 from factory.config import STAGES, load_text
 from factory.config.loader import read_document
 from factory.errors import ConfigError
 from factory.preflight import TableLookup, check_variants
-from factory.registry.provenance import head_commit
+from factory.registry.provenance import head_commit, repo_root
+from factory.registry.remote import RemoteError, bringing_commit, file_url, is_ancestor
 from resources import ExperimentFiles, FactoryStores
 from resources.experiments import reader
 
@@ -30,16 +32,34 @@ SENSOR_INTERVAL_S = 30
     target=AssetSelection.assets(*STAGES),
     default_status=DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
-    description="New or changed experiment files at git HEAD become partitions and runs (run key = path + content hash).",
+    description="New or changed experiment files at git HEAD (of $FACTORY_GIT_REMOTE's branch when set) become partitions "
+    "and runs (run key = path + content hash); a new sensor starts after the files already there.",
 )
 def experiments_at_head(context: SensorEvaluationContext, experiments: ExperimentFiles, stores: FactoryStores) -> SensorResult | SkipReason:
     from factory.data.catalog import open_catalog
 
-    commit = head_commit(experiments.directory)
-    if commit is None:
-        return SkipReason(f"{experiments.directory} is not in a git repository with commits; nothing to run from git")
+    remote = experiments.remote_url()
+    if remote is None:
+        commit = head_commit(experiments.directory)
+        if commit is None:
+            return SkipReason(f"{experiments.directory} is not in a git repository with commits; nothing to run from git")
+    else:
+        try:
+            commit = experiments.fetch()
+        except RemoteError as e:
+            context.log.warning(str(e))
+            return SkipReason(f"{e}; nothing run, cursor kept at {(context.cursor or 'none')[:12]}")
     if context.cursor == commit:
         return SkipReason(f"HEAD is still {commit[:12]}")
+    if context.cursor is None and not experiments.runs_existing():
+        message = (f"starting from commit {commit[:12]}: files already there are not run; `factory run` runs one, "
+                   "or set FACTORY_SENSOR_RUN_EXISTING=1")
+        context.log.info(message)
+        return SensorResult(skip_reason=message, cursor=commit)
+    if remote and context.cursor and not is_ancestor(experiments.clone_dir(), context.cursor, commit):
+        context.log.warning(f"{experiments.branch_name()} of {remote} was rewritten (force-push): {context.cursor[:12]} is not "
+                            f"in the history of {commit[:12]}; reading {commit[:12]}, files unchanged since are not run again")
+    repo = experiments.clone_dir() if remote else Path(experiments.directory)
     requests, new = [], []
     texts = experiments.texts(commit)
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
@@ -62,8 +82,19 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
                     run_key=f"{path.name}@{content}#{experiment.name}",
                     partition_key=experiment.name,
                     asset_selection=[AssetKey(stage) for stage in experiment.stages()],
-                    tags={COMMIT_TAG: commit, SOURCE_TAG: path.name},
+                    tags=_tags(repo, remote, commit, path),
                 )
             )
     partitions = [experiments_partitions.build_add_request(new)] if new else []
     return SensorResult(run_requests=requests, dynamic_partitions_requests=partitions, cursor=commit)
+
+
+def _tags(repo: Path, remote: str | None, commit: str, path: Path) -> dict[str, str]:
+    """The run's tags: the commit read, the file, the commit that brought it and, on a forge, the file's URL there."""
+    root = repo.resolve() if remote else repo_root(repo)
+    name = path.resolve().relative_to(root).as_posix()
+    merge = bringing_commit(root, commit, name)
+    tags = {COMMIT_TAG: commit, SOURCE_TAG: path.name, FILE_TAG: name, MERGE_TAG: merge}
+    if remote and (url := file_url(remote, commit, name)):
+        tags[FILE_URL_TAG] = url
+    return tags

@@ -1,5 +1,6 @@
 """The experiments directory as a resource: partition key (experiment name) -> typed Experiment."""
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,9 @@ from factory.config import Experiment, load_text
 from factory.config.files import MAX_FILE_BYTES, read_text
 from factory.errors import ConfigError
 from factory.registry.provenance import files_at_commit
+from factory.registry.remote import fetch_branch
+
+REMOTE_ENV, BRANCH_ENV, RUN_EXISTING_ENV = "FACTORY_GIT_REMOTE", "FACTORY_GIT_BRANCH", "FACTORY_SENSOR_RUN_EXISTING"
 
 
 def reader(texts: dict[Path, str]) -> Callable[[Path], str]:
@@ -28,6 +32,34 @@ class ExperimentFiles(ConfigurableResource):
     """Markdown experiment files in one directory, read from the working tree or from a git commit."""
 
     directory: str = "experiments"
+    # Empty fields fall back to the environment: $FACTORY_GIT_REMOTE, $FACTORY_GIT_BRANCH (default main),
+    # $FACTORY_ROOT/sensor-clone, $FACTORY_SENSOR_RUN_EXISTING=1.
+    remote: str = ""  # a git URL or path to follow; empty: the local checkout's HEAD
+    branch: str = ""  # the remote's branch to follow
+    clone: str = ""  # the sensor's own bare clone of the remote
+    run_existing: bool = False  # a new sensor's first tick runs the files already there, instead of starting after them
+
+    def remote_url(self) -> str | None:
+        """The git remote followed, or None for the local checkout."""
+        return self.remote or os.environ.get(REMOTE_ENV) or None
+
+    def branch_name(self) -> str:
+        """The remote's branch followed."""
+        return self.branch or os.environ.get(BRANCH_ENV) or "main"
+
+    def clone_dir(self) -> Path:
+        """Where the remote is fetched to (a bare repository under the factory root)."""
+        return Path(self.clone or Path(os.environ.get("FACTORY_ROOT", ".factory")) / "sensor-clone")
+
+    def runs_existing(self) -> bool:
+        """Whether a new sensor runs the files already at the commit it starts from."""
+        return self.run_existing or os.environ.get(RUN_EXISTING_ENV, "") == "1"
+
+    def fetch(self) -> str:
+        """Fetch the followed branch into the clone; its commit (RemoteError when the remote cannot be fetched)."""
+        remote = self.remote_url()
+        assert remote is not None, "fetch() follows a remote"
+        return fetch_branch(remote, self.branch_name(), self.clone_dir())
 
     def texts(self, commit: str | None = None) -> dict[Path, str]:
         """{path: text} of every experiment file, at `commit` or in the working tree."""
@@ -37,6 +69,10 @@ class ExperimentFiles(ConfigurableResource):
                 get_dagster_logger().warning(f"skipped, cannot be read: {problem}")
             return texts
         try:
+            if self.remote_url():
+                # in the remote's repository: a relative directory as written, an absolute one by its last name
+                inside = Path(self.directory).name if Path(self.directory).is_absolute() else self.directory
+                return files_at_commit(inside, commit, max_bytes=MAX_FILE_BYTES, repo=self.clone_dir())
             return files_at_commit(self.directory, commit, max_bytes=MAX_FILE_BYTES)
         except (OSError, ValueError, subprocess.CalledProcessError) as e:
             raise Failure(description=f"cannot read {self.directory} at commit {commit}: {e}") from e

@@ -51,12 +51,21 @@ def head_commit(cwd: str | Path = ".") -> str | None:
         return None
 
 
-def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max_bytes: int | None = None) -> dict[Path, str]:
+def repo_root(cwd: str | Path) -> Path:
+    """The top directory of the git working tree that holds `cwd`."""
+    return Path(_git(Path(cwd), "rev-parse", "--show-toplevel"))
+
+
+def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max_bytes: int | None = None,
+                    repo: str | Path | None = None) -> dict[Path, str]:
     """{absolute path: text} of the regular files directly in `directory` as they are at `commit`; files larger than
-    `max_bytes` are left out unread (as are symlinks and submodules)."""
-    cwd = Path(directory)
-    root = Path(_git(cwd, "rev-parse", "--show-toplevel"))
-    prefix = Path(directory).resolve().relative_to(root).as_posix()
+    `max_bytes` are left out unread (as are symlinks and submodules). With `repo` (e.g. a bare clone), `directory` is
+    a path inside it and the paths returned are under `repo`."""
+    if repo is None:
+        root = repo_root(directory)
+        prefix = Path(directory).resolve().relative_to(root).as_posix()
+    else:
+        root, prefix = Path(repo).resolve(), Path(directory).as_posix().strip("/")
     listing = _git(root, "ls-tree", "-r", "-l", "-z", commit, "--", prefix)
     names = []
     for entry in filter(None, listing.split("\0")):

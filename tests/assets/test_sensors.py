@@ -2,10 +2,12 @@
 
 import subprocess
 
-from dagster import DagsterInstance, SkipReason, build_sensor_context
+import pytest
+from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
 from assets.sensors import experiments_at_head
 from factory.config import load
+from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG
 from resources import ExperimentFiles, FactoryStores
 
 SWEEP = """---
@@ -22,22 +24,28 @@ def git(repo, *args):
     subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True, capture_output=True)
 
 
-def tick(instance, directory, cursor=None):
-    resources = {"experiments": ExperimentFiles(directory=str(directory)), "stores": FactoryStores(root=str(directory.parent / ".factory"))}
+def tick(instance, directory, cursor=None, **files):
+    resources = {"experiments": ExperimentFiles(directory=str(directory), **files), "stores": FactoryStores(root=str(directory.parent / ".factory"))}
     context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     return experiments_at_head(context)
 
 
-def test_sensor_requests_runs_for_new_and_changed_files_at_head(tmp_path, tiny_path):
+def local_repo(tmp_path, tiny_path):
+    """A local repository whose one commit holds experiments/base.md (the tiny experiment); (repo, experiments)."""
     repo, experiments = tmp_path / "repo", tmp_path / "repo" / "experiments"
     experiments.mkdir(parents=True)
     git(repo, "init", "-q")
     (experiments / "base.md").write_text(tiny_path.read_text())
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "base")
+    return repo, experiments
+
+
+def test_sensor_requests_runs_for_new_and_changed_files_at_head(tmp_path, tiny_path):
+    repo, experiments = local_repo(tmp_path, tiny_path)
     instance = DagsterInstance.ephemeral()
 
-    first = tick(instance, experiments)
+    first = tick(instance, experiments, run_existing=True)
     [request] = first.run_requests
     assert request.partition_key == "base" and request.run_key.startswith("base.md@")
     assert {k.to_user_string() for k in request.asset_selection} == set(load(tiny_path).stages())
@@ -62,3 +70,93 @@ def test_sensor_requests_runs_for_new_and_changed_files_at_head(tmp_path, tiny_p
 
 def test_sensor_skips_outside_git(tmp_path):
     assert isinstance(tick(DagsterInstance.ephemeral(), tmp_path), SkipReason)
+
+
+def test_first_tick_starts_from_head_and_runs_nothing(tmp_path, tiny_path):
+    repo, experiments = local_repo(tmp_path, tiny_path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    first = tick(DagsterInstance.ephemeral(), experiments)
+    assert isinstance(first, SensorResult) and not first.run_requests and first.cursor == head
+    assert f"starting from commit {head[:12]}" in first.skip_reason.skip_message
+    assert "FACTORY_SENSOR_RUN_EXISTING=1" in first.skip_reason.skip_message
+
+
+@pytest.fixture
+def remote(tmp_path, tiny_path):
+    """A bare repository standing in for the remote, and a working clone that pushes to it (with base.md on main)."""
+    bare, work = tmp_path / "remote.git", tmp_path / "work"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
+    git(tmp_path, "clone", "-q", str(bare), str(work))
+    git(work, "checkout", "-q", "-b", "main")
+    (work / "experiments").mkdir()
+    (work / "experiments" / "base.md").write_text(tiny_path.read_text())
+    push(work, "base")
+    return bare, work
+
+
+def push(work, message, *extra):
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", message)
+    git(work, "push", "-q", *extra, "origin", "main")
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def remote_tick(instance, tmp_path, remote_url, cursor=None, branch="main"):
+    files = {"remote": str(remote_url), "branch": branch, "clone": str(tmp_path / ".factory" / "sensor-clone")}
+    return tick(instance, tmp_path / "checkout" / "experiments", cursor=cursor, **files)
+
+
+def test_sensor_follows_a_remote_branch(tmp_path, remote):
+    bare, work = remote
+    instance = DagsterInstance.ephemeral()
+    first = remote_tick(instance, tmp_path, bare)  # the sensor's own clone; no checkout of the user's is read
+    assert not first.run_requests and first.cursor == subprocess.run(
+        ["git", "rev-parse", "main"], cwd=bare, capture_output=True, text=True).stdout.strip()
+    assert not (tmp_path / "checkout").exists()
+
+    (work / "experiments" / "more.md").write_text("---\nextends: base.md\nseed: 7\n---\nAnother seed.\n")
+    git(work, "checkout", "-q", "-b", "feature")
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "more")
+    git(work, "checkout", "-q", "main")
+    git(work, "-c", "core.editor=true", "merge", "-q", "--no-ff", "feature", "-m", "Merge pull request #1")
+    git(work, "push", "-q", "origin", "main")
+    merge = subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True).stdout.strip()
+    second = remote_tick(instance, tmp_path, bare, cursor=first.cursor)
+    by_file = {r.tags[SOURCE_TAG]: r for r in second.run_requests}
+    assert set(by_file) == {"base.md", "more.md"}  # base.md's run key is unchanged since it was there: Dagster skips it
+    more = by_file["more.md"]
+    assert more.partition_key == "more" and second.cursor == merge
+    assert more.tags[COMMIT_TAG] == merge and more.tags[FILE_TAG] == "experiments/more.md" and more.tags[MERGE_TAG] == merge
+    assert by_file["base.md"].tags[MERGE_TAG] != merge  # base.md came with an earlier commit
+    assert FILE_URL_TAG not in more.tags  # a path remote has no web page
+    assert isinstance(remote_tick(instance, tmp_path, bare, cursor=second.cursor), SkipReason)
+
+
+def test_unreachable_remote_or_missing_branch_warns_and_keeps_the_cursor(tmp_path, remote):
+    bare, _ = remote
+    instance = DagsterInstance.ephemeral()
+    cursor = remote_tick(instance, tmp_path, bare).cursor
+    missing = remote_tick(instance, tmp_path, tmp_path / "nowhere.git", cursor=cursor)
+    assert isinstance(missing, SkipReason) and "cannot reach" in missing.skip_message and "FACTORY_GIT_REMOTE" in missing.skip_message
+    no_branch = remote_tick(instance, tmp_path, bare, cursor=cursor, branch="nope")
+    assert isinstance(no_branch, SkipReason) and "FACTORY_GIT_BRANCH" in no_branch.skip_message
+    assert cursor[:12] in no_branch.skip_message  # a SkipReason leaves the cursor as it was
+
+
+def test_force_push_reads_the_new_tip(tmp_path, remote, capsys):
+    bare, work = remote
+    instance = DagsterInstance.ephemeral()
+    start = remote_tick(instance, tmp_path, bare).cursor
+    (work / "experiments" / "gone.md").write_text("---\nextends: base.md\nseed: 3\n---\n")
+    pushed = push(work, "gone")
+    assert {r.partition_key for r in remote_tick(instance, tmp_path, bare, cursor=start).run_requests} == {"base", "gone"}
+    git(work, "reset", "-q", "--hard", "HEAD~1")
+    (work / "experiments" / "kept.md").write_text("---\nextends: base.md\nseed: 5\n---\n")
+    rewritten = push(work, "kept", "--force")
+    after = remote_tick(instance, tmp_path, bare, cursor=pushed)
+    assert after.cursor == rewritten
+    assert f"was rewritten (force-push): {pushed[:12]}" in capsys.readouterr().err  # the tick's warning
+    assert {r.partition_key for r in after.run_requests} == {"base", "kept"}
+
