@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
+EXPERIMENTS ?= experiments
 
 .PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench clean
 
@@ -48,8 +49,9 @@ mlflow: setup
 podium: setup
 	$(BIN)/factory podium
 
+# What a pull request's check runs (.github/workflows/pull-request.yml): a file that does not load fails it, by file:line.
 check: setup
-	$(BIN)/factory check experiments
+	$(BIN)/factory check $(EXPERIMENTS)
 
 # The experiment file's reference, generated from the schema's docstrings (tests/config/test_reference.py fails while the
 # committed page differs from what the schema generates).

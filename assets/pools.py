@@ -8,8 +8,9 @@ through a run queue: one in-process run takes one slot at a time, so it never wa
 
 dagster.yaml can only hold the limit of a pool nobody configured (`concurrency: pools: default_limit`, written by
 `factory.cli.dagster_home`); a pool's own limit lives in the instance's storage. `python -m assets.pools` (run by
-`factory ui` before the daemon starts) gives each pool its limit once, from `POOL_LIMITS`; the cluster profile's
-`pools` ($FACTORY_CLUSTER) and then `FACTORY_POOL_<NAME>` set it every time. Otherwise a limit set since
+`factory ui` before the daemon starts) and the experiments sensor on each tick (so a deployed instance, which nobody
+starts by hand, gets them too) give each pool its limit once, from `POOL_LIMITS`; the cluster profile's `pools`
+($FACTORY_CLUSTER) and then `FACTORY_POOL_<NAME>` set it every time. Otherwise a limit set since
 (`dagster instance concurrency set training 4`, the UI) stays.
 """
 
@@ -54,16 +55,22 @@ def apply_pool_limits(instance: DagsterInstance, limits: Mapping[str, int], expl
     return {pool: storage.get_concurrency_info(pool).slot_count for pool in limits}
 
 
+def configure_pools(instance: DagsterInstance, environ: Mapping[str, str]) -> dict[str, int]:
+    """Apply the limits of `POOL_LIMITS`, the cluster profile ($FACTORY_CLUSTER) and `FACTORY_POOL_<NAME>` to `instance`;
+    the limits now held (ConfigError when the profile or a variable is wrong)."""
+    cluster = environ.get("FACTORY_CLUSTER")
+    limits, explicit = pool_limits(environ, load_profile(Path(cluster)) if cluster else None)
+    return apply_pool_limits(instance, limits, explicit)
+
+
 def main() -> int:
     """Apply the pool limits to $DAGSTER_HOME's instance and print them."""
-    try:
-        cluster = os.environ.get("FACTORY_CLUSTER")
-        limits, explicit = pool_limits(os.environ, load_profile(Path(cluster)) if cluster else None)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     with DagsterInstance.get() as instance:
-        held = apply_pool_limits(instance, limits, explicit)
+        try:
+            held = configure_pools(instance, os.environ)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print("pools: " + ", ".join(f"{pool} {slots} at a time" for pool, slots in held.items()))
     return 0
 

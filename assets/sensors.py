@@ -1,6 +1,7 @@
 """Runs from git: experiment files at HEAD become partitions and run requests."""
 
 import hashlib
+import os
 from pathlib import Path
 
 from dagster import (
@@ -15,6 +16,7 @@ from dagster import (
 )
 
 from assets.partitions import COMMIT_TAG, EXPERIMENTS, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG, experiments_partitions
+from assets.pools import configure_pools
 from factory.config import STAGES, load_text
 from factory.config.loader import read_document
 from factory.errors import ConfigError
@@ -24,7 +26,8 @@ from factory.registry.remote import RemoteError, bringing_commit, file_url, is_a
 from resources import ExperimentFiles, FactoryStores
 from resources.experiments import reader
 
-SENSOR_INTERVAL_S = 30
+INTERVAL_ENV = "FACTORY_SENSOR_INTERVAL_S"
+SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV, "") or 30)  # seconds between ticks; read when the code location loads
 
 
 @sensor(
@@ -38,6 +41,10 @@ SENSOR_INTERVAL_S = 30
 def experiments_at_head(context: SensorEvaluationContext, experiments: ExperimentFiles, stores: FactoryStores) -> SensorResult | SkipReason:
     from factory.data.catalog import open_catalog
 
+    try:  # the instance's pools get their limits on a deployed instance too, before anything of this tick runs
+        configure_pools(context.instance, os.environ)
+    except ConfigError as e:
+        context.log.warning(f"pool limits not applied: {e}")
     remote = experiments.remote_url()
     if remote is None:
         commit = head_commit(experiments.directory)
@@ -59,7 +66,7 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
     if remote and context.cursor and not is_ancestor(experiments.clone_dir(), context.cursor, commit):
         context.log.warning(f"{experiments.branch_name()} of {remote} was rewritten (force-push): {context.cursor[:12]} is not "
                             f"in the history of {commit[:12]}; reading {commit[:12]}, files unchanged since are not run again")
-    repo = experiments.clone_dir() if remote else Path(experiments.directory)
+    root = experiments.clone_dir().resolve() if remote else repo_root(experiments.directory)
     requests, new = [], []
     texts = experiments.texts(commit)
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
@@ -67,11 +74,11 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
         try:
             variants = load_text(path, text, read=reader(texts))
         except ConfigError as e:
-            context.log.warning(f"skipped, does not load: {e}")
+            context.log.warning(f"skipped, does not load: {_in_repo(str(e), root)}")
             continue
         written = lambda path=path, text=text: read_document(path, text, chain=(), read=reader(texts)).locations  # noqa: E731
         if errors := check_variants(path, variants, tables, locations=written):  # what `factory check` refuses never runs
-            context.log.warning("skipped, refused by `factory check`:\n" + "\n".join(errors))
+            context.log.warning("skipped, refused by `factory check`:\n" + "\n".join(_in_repo(error, root) for error in errors))
             continue
         content = hashlib.sha256(text.encode()).hexdigest()[:16]
         for experiment in variants:
@@ -82,16 +89,21 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
                     run_key=f"{path.name}@{content}#{experiment.name}",
                     partition_key=experiment.name,
                     asset_selection=[AssetKey(stage) for stage in experiment.stages()],
-                    tags=_tags(repo, remote, commit, path),
+                    tags=_tags(root, remote, commit, path),
                 )
             )
     partitions = [experiments_partitions.build_add_request(new)] if new else []
     return SensorResult(run_requests=requests, dynamic_partitions_requests=partitions, cursor=commit)
 
 
-def _tags(repo: Path, remote: str | None, commit: str, path: Path) -> dict[str, str]:
+def _in_repo(message: str, root: Path) -> str:
+    """`message` with the repository's root (the sensor's clone) left out of its paths: `experiments/x.md:3`, as in the
+    pull request."""
+    return message.replace(f"{root}/", "")
+
+
+def _tags(root: Path, remote: str | None, commit: str, path: Path) -> dict[str, str]:
     """The run's tags: the commit read, the file, the commit that brought it and, on a forge, the file's URL there."""
-    root = repo.resolve() if remote else repo_root(repo)
     name = path.resolve().relative_to(root).as_posix()
     merge = bringing_commit(root, commit, name)
     tags = {COMMIT_TAG: commit, SOURCE_TAG: path.name, FILE_TAG: name, MERGE_TAG: merge}

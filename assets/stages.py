@@ -18,7 +18,7 @@ from dagster import (
 )
 
 from assets.checkpoints import CheckpointRecorder
-from assets.partitions import COMMIT_TAG, experiments_partitions
+from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, experiments_partitions
 from assets.post import ensure_task_set
 from assets.records import latest_metadata
 from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
@@ -81,6 +81,8 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
     ) -> Iterator[MaterializeResult | PipesExecutionResult | AssetCheckResult]:
         commit = context.run.tags.get(COMMIT_TAG)
         experiment = experiments.load(context.partition_key, commit=commit)
+        if source := file_at_commit(context.run.tags):  # the run's page links the file it read (run tags are not links)
+            context.add_asset_metadata({"experiment_file": source})
         if kind not in experiment.stages():
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
         try:  # the raw stage lists its sources' files here: a source gone since `factory check` is the user's to fix
@@ -120,6 +122,15 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             context.log.info(f"{kind}: {len(keys)} kept checkpoints recorded as partitions of `checkpoints`")
 
     return stage
+
+
+def file_at_commit(tags: dict[str, str]) -> MetadataValue | None:
+    """The experiment file a run from git read: a link to it at its commit on the forge, or its path and commit."""
+    if url := tags.get(FILE_URL_TAG):
+        return MetadataValue.url(url)
+    if (path := tags.get(FILE_TAG)) and (commit := tags.get(COMMIT_TAG)):
+        return MetadataValue.text(f"{path} at {commit[:12]}")
+    return None
 
 
 def placement_of(experiment: Experiment, kind: str) -> dict:

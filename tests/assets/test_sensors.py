@@ -6,6 +6,8 @@ import pytest
 from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
 from assets.sensors import experiments_at_head
+from factory.cli import dagster_home
+from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
 from factory.config import load
 from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG
 from resources import ExperimentFiles, FactoryStores
@@ -160,3 +162,14 @@ def test_force_push_reads_the_new_tip(tmp_path, remote, capsys):
     assert f"was rewritten (force-push): {pushed[:12]}" in capsys.readouterr().err  # the tick's warning
     assert {r.partition_key for r in after.run_requests} == {"base", "kept"}
 
+
+
+def test_each_tick_gives_a_deployed_instance_its_pool_limits(tmp_path, tiny_path, monkeypatch):
+    """Nobody runs `python -m assets.pools` on a deployed instance: the sensor's tick applies the limits there."""
+    monkeypatch.delenv("FACTORY_DATABASE_URL", raising=False)
+    monkeypatch.setenv("FACTORY_POOL_TRAINING", "3")
+    _, experiments = local_repo(tmp_path, tiny_path)
+    with DagsterInstance.from_config(str(dagster_home(tmp_path / "state"))) as instance:
+        tick(instance, experiments)
+        storage = instance.event_log_storage
+        assert {pool: storage.get_concurrency_info(pool).slot_count for pool in POOL_LIMITS} == {TRAINING_POOL: 3, EVALUATION_POOL: 2}

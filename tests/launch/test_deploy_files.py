@@ -39,7 +39,7 @@ DIGEST = "ab" * 32
 
 CREDENTIAL_KEY = re.compile(r"password|passwd|token|secret|credential|api_?key|private_?key", re.IGNORECASE)
 """Keys whose value would be a credential if it were written down."""
-REFERENCE_KEY = re.compile(r"SecretName$|^envSecrets$|^secretRef$|^secretKeyRef$|^imagePullSecrets$")
+REFERENCE_KEY = re.compile(r"[sS]ecretName$|^envSecrets$|^secretRef$|^secretKeyRef$|^imagePullSecrets$")
 """Keys whose value names a Secret (a reference, never the credential itself)."""
 URL_WITH_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
 IGNORED = (".git", ".venv", ".factory", ".env")
@@ -425,6 +425,22 @@ def test_the_code_location_reads_the_profile_the_readme_puts_in_a_config_map():
     assert directory == mount
     namespace = the("Namespace")["metadata"]["name"]
     assert f"kubectl -n {namespace} create configmap {config_map} --from-file={key}=.factory/kind/cluster.yaml" in README.read_text()
+
+
+def test_the_code_location_follows_a_git_remote_with_the_key_the_readme_puts_in_a_secret():
+    """The sensor fetches FACTORY_GIT_REMOTE's branch with the deploy key and host key of the Secret the README creates,
+    mounted where GIT_SSH_COMMAND reads them; the experiments directory is a path inside the repository."""
+    [deployment] = at(values(), "dagster-user-deployments", "deployments")
+    env = {e["name"]: e["value"] for e in deployment["env"]}
+    assert env["FACTORY_GIT_REMOTE"] and env["FACTORY_GIT_BRANCH"] and not env["FACTORY_EXPERIMENTS"].startswith("/")
+    [(secret, mount)] = [(v["secret"]["secretName"], m["mountPath"]) for v in deployment["volumes"] if "secret" in v
+                         for m in deployment["volumeMounts"] if m["name"] == v["name"]]
+    ssh = env["GIT_SSH_COMMAND"]
+    key, known = re.search(r"-i (\S+)", ssh).group(1), re.search(r"UserKnownHostsFile=(\S+)", ssh).group(1)
+    assert "BatchMode=yes" in ssh and {key.rpartition("/")[0], known.rpartition("/")[0]} == {mount}
+    namespace = the("Namespace")["metadata"]["name"]
+    command = f"kubectl -n {namespace} create secret generic {secret} --from-file={key.rpartition('/')[2]}="
+    assert command in README.read_text() and f"--from-file={known.rpartition('/')[2]}=" in README.read_text()
 
 
 def test_the_readmes_experiment_passes_the_check_and_the_dry_run(tmp_path):
