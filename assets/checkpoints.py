@@ -13,6 +13,7 @@ from dagster import AssetExecutionContext, AssetMaterialization, AssetSpec, Fail
 
 from assets.partitions import BENCHMARKS, CHECKPOINTS, checkpoints_partitions
 from factory.config import Experiment, StageSpec
+from factory.config.stages import TRAINING_STAGES
 from factory.config.schema import EvalConfig
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
@@ -21,7 +22,7 @@ from factory.train.records import SavedCheckpoint, partition_key, published
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,
-    deps=["pretrain", "sft", "rl"],
+    deps=list(TRAINING_STAGES),
     partitions_def=checkpoints_partitions,
     description="Every checkpoint of every training run, as it is saved: step, tokens seen, loss, learning rate, sha256 and size.",
     kinds={"torch"},

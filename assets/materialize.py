@@ -13,6 +13,7 @@ from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refu
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
 from factory.config import Experiment
 from factory.registry import ArtifactStore
+from factory.config.stages import stages_of
 
 
 def materialize_experiment(
@@ -56,7 +57,7 @@ def materialize_stages(experiment: Experiment, common: dict) -> ExecuteInProcess
     if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
         instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
     tags = {"experiment": experiment.name}
-    return materialize(EVERYTHING, selection=list(experiment.stages()), partition_key=experiment.name, tags=tags, **common)
+    return materialize(EVERYTHING, selection=list(stages_of(experiment)), partition_key=experiment.name, tags=tags, **common)
 
 
 def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None:

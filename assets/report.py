@@ -8,6 +8,7 @@ from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResu
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
 from factory.registry import git_commit
+from factory.config.stages import stages_of
 from resources import ExperimentFiles, FactoryStores
 
 
@@ -23,13 +24,13 @@ def run_report(context: AssetExecutionContext, experiments: ExperimentFiles, sto
 
     experiment = experiments.load(context.partition_key, commit=context.run.tags.get(COMMIT_TAG))
     stages = {}
-    for kind in experiment.stages():
+    for kind in stages_of(experiment):
         metadata = latest_metadata(context.instance, kind, experiment.name)
         if metadata is None:
             raise Failure(description=f"{experiment.name}: {kind} has no materialization yet; run the experiment first")
         stages[kind] = (metadata["fingerprint"], metadata.get("cache", "miss"))
     registry = stores.registry()
-    commit = latest_metadata(context.instance, experiment.stages()[-1], experiment.name).get("git_commit") or git_commit()
+    commit = latest_metadata(context.instance, stages_of(experiment)[-1], experiment.name).get("git_commit") or git_commit()
     manifest = publish_report(registry, report_inputs(registry, experiment, stages, commit))
     page = registry.path(manifest.digest) / REPORT_FILE
     return MaterializeResult(

@@ -23,6 +23,7 @@ from factory.errors import ConfigError
 from factory.preflight import TableLookup, check_variants
 from factory.registry.provenance import head_commit, repo_root
 from factory.registry.remote import RemoteError, bringing_commit, file_url, is_ancestor
+from factory.config.stages import stages_of
 from resources import ExperimentFiles, FactoryStores
 from resources.experiments import reader
 
@@ -88,7 +89,7 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
                 RunRequest(
                     run_key=f"{path.name}@{content}#{experiment.name}",
                     partition_key=experiment.name,
-                    asset_selection=[AssetKey(stage) for stage in experiment.stages()],
+                    asset_selection=[AssetKey(stage) for stage in stages_of(experiment)],
                     tags=_tags(root, remote, commit, path),
                 )
             )

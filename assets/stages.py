@@ -21,8 +21,9 @@ from assets.checkpoints import CheckpointRecorder
 from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, experiments_partitions
 from assets.post import ensure_task_set
 from assets.records import latest_metadata
-from factory.config import UPSTREAM, Experiment, StageSpec, config_hash, plan_stage, upstream_of
-from factory.config.stages import TRAINING_STAGES, placement, pool_of
+from factory.config import Experiment, StageSpec, config_hash, plan_stage, upstream_of
+from factory.config.kinds import stage_kind, stage_kinds
+from factory.config.stages import placement, pool_of, stages_of
 from factory.data.checks import CHECKS
 from factory.errors import ConfigError
 from factory.podium.links import table_links
@@ -30,26 +31,10 @@ from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
 from factory.stages.request import StageRequest
+from factory.stages.builtin import POST_TRAINING_TASKS
 from factory.train.records import CHECKPOINT_DIR
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
-DESCRIPTIONS = {
-    "raw_datasets": "Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
-    "deduped_datasets": "Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
-    "filtered_datasets": "Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
-    "blend": "The training mixture: table versions with weights and modes (finite or oversample).",
-    "tokenizer": "Byte-level BPE trained on a seeded sample of the blend's train split.",
-    "pretrain": "Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are `checkpoints` partitions.",
-    "sft": "Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its checkpoints are `checkpoints` partitions.",
-    "rl": "GRPO from code-execution feedback, starting from the SFT model: actors sample and score, learners update; checkpoints are `checkpoints` partitions.",
-    "model": "The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
-}
-KINDS = {
-    "raw_datasets": {"iceberg"}, "deduped_datasets": {"iceberg"}, "filtered_datasets": {"iceberg"}, "blend": {"iceberg"}, "tokenizer": {"tokenizers"}, "pretrain": {"torch"}, "sft": {"torch"}, "rl": {"torch"},
-    "model": {"torch"},
-}
-TRAINING = set(TRAINING_STAGES)  # stages whose artifacts hold checkpoints
-GROUPS = {"raw_datasets": "data", "deduped_datasets": "data", "filtered_datasets": "data", "blend": "data"}
 CHECK_DESCRIPTIONS = {
     "non_empty": "Every filtered dataset has documents.",
     "schema": "Every filtered dataset has the document schema.",
@@ -66,13 +51,15 @@ CHECK_SPECS = {
 def build_stage_asset(kind: str) -> AssetsDefinition:
     """The asset of one stage kind."""
 
+    declared = stage_kind(kind)
+
     @asset(
         name=kind,
         partitions_def=experiments_partitions,
-        deps=[*UPSTREAM[kind], *(["code_exec_tasks"] if kind in ("sft", "rl") else [])],
-        description=DESCRIPTIONS[kind],
-        kinds=KINDS[kind],
-        group_name=GROUPS.get(kind, "pipeline"),
+        deps=[*declared.reads, *declared.extra_inputs],
+        description=declared.description,
+        kinds=set(declared.artifact) or None,
+        group_name=declared.group,
         check_specs=CHECK_SPECS.get(kind),
         pool=pool_of(kind),  # training stages wait for a slot of the instance's `training` pool (assets/pools.py)
     )
@@ -83,7 +70,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         experiment = experiments.load(context.partition_key, commit=commit)
         if source := file_at_commit(context.run.tags):  # the run's page links the file it read (run tags are not links)
             context.add_asset_metadata({"experiment_file": source})
-        if kind not in experiment.stages():
+        if kind not in stages_of(experiment):
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
         try:  # the raw stage lists its sources' files here: a source gone since `factory check` is the user's to fix
             spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)})
@@ -93,10 +80,10 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
         provenance = Provenance(
             experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(files=[experiment.source] if experiment.source else ()), run_id=context.run_id
         )
-        if kind in ("sft", "rl"):
+        if POST_TRAINING_TASKS in declared.extra_inputs:
             ensure_task_set(context, stores, experiment)
         manifest = registry.lookup(spec.fingerprint)
-        recorder = CheckpointRecorder(context, experiment, spec, provenance.git_commit) if kind in TRAINING else None
+        recorder = CheckpointRecorder(context, experiment, spec, provenance.git_commit) if declared.checkpoints else None
         if manifest is not None:
             context.log.info(f"{kind}: cached from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}); not recomputed")
             if warnings := manifest.summary.get(WARNINGS):
@@ -168,4 +155,4 @@ def upstream_digest(context: AssetExecutionContext, name: str) -> str:
     return metadata["digest"]
 
 
-stage_assets = [build_stage_asset(kind) for kind in UPSTREAM]
+stage_assets = [build_stage_asset(kind.name) for kind in stage_kinds()]

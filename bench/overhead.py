@@ -32,8 +32,9 @@ from pathlib import Path
 from factory.config import config_hash, load, plan_stage, upstream_of
 from factory.data.catalog import CatalogConfig
 from factory.registry import ArtifactStore, Provenance
-from factory.stages import WARM_MODULES
+from factory.stages import every_warm_module
 from factory.stages.request import StageRequest
+from factory.config.stages import stages_of
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "tiny-code-lm.md"
@@ -55,7 +56,7 @@ def in_process(root: Path) -> dict[str, float]:
     catalog = CatalogConfig.local(root / "iceberg")
     provenance = Provenance(experiment=experiment.name, config_hash=config_hash(experiment), git_commit="bench")
     times, digests, fingerprints = {}, {}, {}
-    for kind in experiment.stages():
+    for kind in stages_of(experiment):
         spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
         started = time.perf_counter()
         run(StageRequest(spec=spec, registry=str(registry.root), catalog=catalog, provenance=provenance))
@@ -128,7 +129,7 @@ def fresh_process(root: Path) -> tuple[float, float, dict[str, float]]:
 
 def script(root: Path, result: Path) -> None:
     """The fresh process's side: imports first, off the clock of `wall`, then every call."""
-    for module in WARM_MODULES:
+    for module in every_warm_module():
         importlib.import_module(module)
     logging.getLogger("bench.overhead").addHandler(logging.NullHandler())
     started = time.perf_counter()

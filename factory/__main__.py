@@ -1,5 +1,21 @@
 """`python -m factory` is the `factory` command."""
 
-from factory.cli import main
+import sys
 
-main()
+from factory.config.kinds import PluginError, stage_kinds
+
+
+def main() -> None:
+    """Register the stage kinds (a broken plugin is exit 2, said in one line), then run the command."""
+    try:
+        stage_kinds()
+    except PluginError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    from factory.cli import main as command
+
+    command()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from factory.config.files import extends_roots, outside_roots, read_text
 from factory.config.front_matter import parse_yaml, split_front_matter
+from factory.config.kinds import experiment_model, plugin_hint
 from factory.config.schema import Experiment
 from factory.errors import ConfigError
 
@@ -159,10 +160,11 @@ def _validate(document: Document, raw: dict[str, Any], variant: dict[str, Any]) 
         raw["name"] = variant_name(raw["name"], variant)
         raw["variant"] = variant
     _refuse_non_finite(document.path, raw, (), locations)
+    model = experiment_model()  # the built-in sections and those of the installed stage-kind plugins
     try:
-        return Experiment.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(describe_validation_error(document.path, e, locations)) from e
+        raise ConfigError(describe_validation_error(document.path, e, locations, model)) from e
 
 
 def _refuse_non_finite(path: Path, value: Any, keys: tuple, locations: dict[tuple, Location]) -> None:
@@ -238,8 +240,11 @@ def location_of(loc: tuple, locations: dict[tuple, Location], default: Location)
 def _explain(problem: dict, loc: tuple, model: type[BaseModel]) -> str:
     kind = problem["type"]
     if kind == "extra_forbidden":
-        fields = _fields_at(model, loc[:-1]) + (["extends", "sweep"] if len(loc) == 1 and model is Experiment else [])
-        reserved = ("source", "variant") if len(loc) == 1 and model is Experiment else ()  # set by the loader, not the file
+        top = len(loc) == 1 and issubclass(model, Experiment)
+        if top and (hint := plugin_hint(str(loc[0]))):
+            return hint
+        fields = _fields_at(model, loc[:-1]) + (["extends", "sweep"] if top else [])
+        reserved = ("source", "variant") if top else ()  # set by the loader, not the file
         allowed = ", ".join(sorted(f for f in fields if f not in reserved))
         return f"unknown key; allowed here: {allowed}"
     if kind == "missing":

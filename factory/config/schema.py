@@ -424,15 +424,6 @@ class Experiment(Section):
     """Rules evaluated inside the pretraining loop (`factory.train.control`)."""
     resources: ResourcesConfig = ResourcesConfig()
 
-    def stages(self) -> tuple[str, ...]:
-        """The stages this experiment runs, in order: sections not present are not run."""
-        blends_a_dataset = any(part.dataset is not None for part in self.data.blend)
-        stages = ["raw_datasets", "deduped_datasets", "filtered_datasets"] if blends_a_dataset else []
-        stages += ["blend", "tokenizer"]
-        if self.pretrain is not None:
-            stages += ["pretrain", *(["sft"] if self.sft else []), *(["rl"] if self.rl else []), "model"]
-        return tuple(stages)
-
     @model_validator(mode="after")
     def _post_training_has_a_base(self) -> Experiment:
         for name in ("sft", "rl"):
@@ -459,3 +450,10 @@ class Experiment(Section):
         if value != "local" and not IMAGE_PATTERN.fullmatch(value):
             raise ValueError(f"expected 'local' or an image pinned by digest (name@sha256:<64 hex>), found {value!r}")
         return value
+
+
+def blended_datasets(experiment: Experiment) -> tuple[str, ...]:
+    """The datasets the blend draws from, in `data.datasets` order: the only ones the data stages compute (a dataset
+    defined but not blended is read by no stage, so it enters no fingerprint)."""
+    used = {part.dataset for part in experiment.data.blend if part.dataset is not None}
+    return tuple(name for name in experiment.data.datasets if name in used)

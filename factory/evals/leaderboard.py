@@ -24,6 +24,7 @@ from typing import Any
 from factory.errors import ConfigError
 from factory.evals.scored_on import UNRECORDED, data_of, describe, is_own_split, is_shared
 from factory.registry.store import Manifest
+from factory.config.stages import TRAINING_STAGES
 
 PRIMARY = "heldout_bpb"
 """Ranks the board and picks each experiment's best checkpoint: bits per byte on data every experiment shares."""
@@ -169,7 +170,7 @@ def stage_scores(results: Iterable[Manifest], experiment: str, benchmark: str) -
             stage = stage_of(s["checkpoint"])
             if stage not in last or s["step"] > last[stage].summary["step"]:
                 last[stage] = m
-    order = {stage: i for i, stage in enumerate(("pretrain", "sft", "rl"))}
+    order = {stage: i for i, stage in enumerate(TRAINING_STAGES)}
     return [
         StageScore(stage=stage, checkpoint=m.summary["checkpoint"], step=m.summary["step"], value=m.summary["value"], count=m.summary["count"],
                    lower_is_better=bool(m.summary["lower_is_better"]))

@@ -26,6 +26,7 @@ from factory.launch.volcano_manifest import REQUEST_PATH, JobSpec, build_job, im
 from factory.launch.volcano_rules import KUBERNETES_VERSION, RULES, validate
 from factory.registry.store import ArtifactStore
 from factory.stages.plan import PENDING
+from factory.config.stages import stages_of
 
 CPU_PER_PROCESS = 2
 MEMORY_GI_PER_PROCESS = 8
@@ -88,7 +89,7 @@ def plan_jobs(
         if problem := image_problem(experiment.image):
             raise ConfigError(f"{experiment.source or experiment.name}: image: {problem}")
         digests: dict[str, str] = {}
-        for kind in experiment.stages():
+        for kind in stages_of(experiment):
             stage = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
             cached = registry.lookup(stage.fingerprint) if registry is not None else None
             digests[kind] = cached.digest if cached is not None else PENDING + stage.fingerprint

@@ -26,8 +26,8 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
+from factory.config.stages import TRAINING_STAGES
 
-TRAINING_KINDS = ("pretrain", "sft", "rl")
 RECORD = re.compile(r"^step_(\d+)\.json$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_NEW_TOKENS = 256
@@ -73,7 +73,7 @@ def candidates(registry: ArtifactStore) -> list[Candidate]:
     by_digest = {m.digest: m for m in manifests}
     found: dict[str, Candidate] = {}
     for manifest in manifests:
-        if manifest.kind in TRAINING_KINDS:
+        if manifest.kind in TRAINING_STAGES:
             found.update((c.sha256, c) for c in _checkpoints(registry, manifest) if c.sha256 not in found)
         elif manifest.kind == "model":
             candidate = _model(registry, manifest, by_digest)

@@ -13,7 +13,8 @@ from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore
-from factory.stages import RUNNERS, runner
+from factory.config.kinds import stage_kinds
+from factory.stages import runner
 from factory.stages.context import WARNINGS, StageContext
 from factory.stages.exits import say_error, stop_on_signals
 from factory.stages.report import Reporter, exit_now, open_reporter
@@ -90,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         request = StageRequest.read(Path(args[0]))
-        if request.spec.kind not in RUNNERS:
-            say_error(f"unknown stage kind {request.spec.kind!r}; known: {', '.join(RUNNERS)}")
+        if request.spec.kind not in (known := [kind.name for kind in stage_kinds()]):
+            say_error(f"unknown stage kind {request.spec.kind!r}; known: {', '.join(known)}")
             return 2
         run(request)
     except FactoryError as e:

@@ -22,6 +22,7 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore
 from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
 from factory.train.records import POSITIONS_FILE
+from factory.config.stages import stages_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,7 +37,7 @@ class FetchedSequence:
 def stage_artifacts(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, str]:
     """Digests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
     digests: dict[str, str] = {}
-    for kind in experiment.stages():
+    for kind in stages_of(experiment):
         manifest = registry.lookup(plan_stage(experiment, kind, {n: digests[n] for n in upstream_of(experiment, kind)}).fingerprint)
         if manifest is None:
             raise ArtifactError(f"{experiment.name} has no published {kind} artifact: run `factory run {experiment.source or experiment.name}` first")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from factory.config.kinds import stage_kind
+from factory.config.section import Section
 from factory.registry.store import ArtifactStore
 from factory.stages.report import Reporter
 from factory.stages.request import StageRequest
@@ -44,6 +46,14 @@ class StageContext:
     @property
     def config(self) -> dict[str, Any]:
         return dict(self.request.spec.config)
+
+    @property
+    def section(self) -> Section | None:
+        """This stage's own section of the experiment, parsed with its kind's type (None for a kind without one)."""
+        kind = stage_kind(self.request.spec.kind)
+        if kind.config is None or kind.section not in self.request.spec.config:
+            return None
+        return kind.config.model_validate(self.request.spec.config[kind.section])
 
     def upstream(self, name: str) -> Path:
         """Directory of the upstream artifact this stage was planned with."""

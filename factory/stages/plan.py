@@ -16,6 +16,7 @@ from factory.config.schema import SourceConfig
 from factory.config.sources import SOURCES_FILE, changed_files, source_files
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
+from factory.config.stages import stages_of
 
 FILES_KEY = "files"
 """The raw stage's config key that holds each source's file digest."""
@@ -46,7 +47,7 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
     history = list(registry.manifests())  # read once: every stage's reason looks through it
     for experiment in experiments:
         digests: dict[str, str] = {}
-        for kind in experiment.stages():
+        for kind in stages_of(experiment):
             spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
             status, detail, digest = _decide(experiment, spec, registry, first_runner, history)
             digests[kind] = digest

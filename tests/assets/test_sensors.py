@@ -9,6 +9,7 @@ from assets.sensors import experiments_at_head
 from factory.cli import dagster_home
 from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
 from factory.config import load
+from factory.config.stages import stages_of
 from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG
 from resources import ExperimentFiles, FactoryStores
 
@@ -50,7 +51,7 @@ def test_sensor_requests_runs_for_new_and_changed_files_at_head(tmp_path, tiny_p
     first = tick(instance, experiments, run_existing=True)
     [request] = first.run_requests
     assert request.partition_key == "base" and request.run_key.startswith("base.md@")
-    assert {k.to_user_string() for k in request.asset_selection} == set(load(tiny_path).stages())
+    assert {k.to_user_string() for k in request.asset_selection} == set(stages_of(load(tiny_path)))
     assert first.dynamic_partitions_requests[0].partition_keys == ["base"]
     assert isinstance(tick(instance, experiments, cursor=first.cursor), SkipReason)
 

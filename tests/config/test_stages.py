@@ -11,6 +11,7 @@ import pytest
 from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, plan_stage, upstream_of
 from factory.config.fingerprint import canonical_json, code_identity, sha256_of, source_tree_hash
 from factory.errors import ConfigError
+from factory.config.stages import stages_of
 
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "tiny-code-lm.md"
 PINNED = "registry.example/factory@sha256:" + "cd" * 32
@@ -28,7 +29,7 @@ def fake_digest(name: str, salt: str = "") -> str:
 def fingerprints(experiment: Experiment, salt: str = "") -> dict[str, str]:
     """Plan every stage in order, feeding each a made-up digest per upstream artifact."""
     digests = {name: fake_digest(name, salt) for name in STAGES}
-    return {kind: plan_stage(experiment, kind, digests).fingerprint for kind in experiment.stages()}
+    return {kind: plan_stage(experiment, kind, digests).fingerprint for kind in stages_of(experiment)}
 
 
 def with_section(experiment: Experiment, section: str, **changes) -> Experiment:
@@ -45,7 +46,7 @@ def test_fingerprints_are_stable_for_the_same_experiment(tiny):
     again = load(EXPERIMENT)
     first = fingerprints(tiny)
     assert first == fingerprints(again)
-    assert len(set(first.values())) == len(tiny.stages())
+    assert len(set(first.values())) == len(stages_of(tiny))
     assert all(re.fullmatch(r"[0-9a-f]{64}", fp) for fp in first.values())
 
 
@@ -55,7 +56,7 @@ def post_trained(tiny: Experiment) -> Experiment:
 
 def test_post_training_stages_have_fingerprints_of_their_own(tiny):
     post = post_trained(tiny)
-    assert post.stages()[-4:] == ("pretrain", "sft", "rl", "model")
+    assert stages_of(post)[-4:] == ("pretrain", "sft", "rl", "model")
     assert changed(fingerprints(tiny), fingerprints(post)) == {"sft", "rl", "model"}  # pretraining is shared; the model exports rl
     sft_lr = post.model_copy(update={"sft": post.sft.model_copy(update={"lr": 1e-4})})
     assert changed(fingerprints(post), fingerprints(sft_lr)) == {"sft"}
@@ -177,7 +178,7 @@ def test_digests_a_stage_does_not_read_are_ignored(tiny):
 def test_a_blend_of_pinned_tables_needs_no_dataset_stages(tiny):
     data = tiny.data.model_validate({"datasets": {}, "blend": [{"table": "filtered.stdlib@v1"}]})
     pinned = tiny.model_copy(update={"data": data})
-    assert pinned.stages()[:2] == ("blend", "tokenizer")
+    assert stages_of(pinned)[:2] == ("blend", "tokenizer")
     spec = plan_stage(pinned, "blend", {})
     assert dict(spec.upstream) == {} and spec.config["blend"][0]["table"] == "filtered.stdlib@v1"
 
@@ -273,7 +274,7 @@ def test_a_dataset_the_blend_does_not_use_enters_no_fingerprint(tiny_path):
     wider = experiment.model_copy(update={"data": experiment.data.model_validate(data)})
     assert set(wider.data.datasets) == {*experiment.data.datasets, "notes"}
     digests: dict[str, str] = {}
-    for kind in experiment.stages():
+    for kind in stages_of(experiment):
         upstream = {name: digests[name] for name in upstream_of(experiment, kind)}
         assert plan_stage(wider, kind, upstream).fingerprint == plan_stage(experiment, kind, upstream).fingerprint, kind
         digests[kind] = plan_stage(experiment, kind, upstream).fingerprint

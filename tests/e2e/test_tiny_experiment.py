@@ -15,11 +15,12 @@ from factory.data.catalog import CatalogConfig
 from factory.podium.links import DEFAULT_URL, checkpoint_url, table_url
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_board
+from factory.config.stages import stages_of
 from tests.e2e.conftest import objects_but_reports
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-TINY_STAGES = load(REPO / "experiments" / "tiny-code-lm.md").stages()  # no sft, no rl
+TINY_STAGES = stages_of(load(REPO / "experiments" / "tiny-code-lm.md"))  # no sft, no rl
 ALL_ASSETS = (*TINY_STAGES, "leaderboard")
 NO_TELEMETRY = {"telemetry": {"enabled": False}}
 

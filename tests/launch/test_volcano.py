@@ -15,6 +15,7 @@ from factory.errors import ConfigError
 from factory.launch.volcano import RULES, JobSpec, build_job, job_manifest, job_name, label_value, validate
 from factory.launch.volcano_manifest import DNS1035_LABEL, LABEL_VALUE
 from factory.launch.volcano_rules import check_pod_templates
+from factory.config.stages import stages_of
 
 IMAGE = "registry.example/factory@sha256:" + "ab" * 32
 FINGERPRINT = "0123456789abcdef" * 4
@@ -222,7 +223,7 @@ def test_dry_run_prints_a_validated_job_for_every_stage(tiny_path, tmp_path):
     result = factory("run", str(pinned), "--launcher", "volcano", "--dry-run", "--root", str(tmp_path / "state"))
     assert result.returncode == 0, result.stderr
     jobs = list(yaml.safe_load_all(result.stdout))
-    assert [job["metadata"]["labels"]["model-factory/stage"] for job in jobs] == list(load(pinned).stages())
+    assert [job["metadata"]["labels"]["model-factory/stage"] for job in jobs] == list(stages_of(load(pinned)))
     for job in jobs:
         assert (job["apiVersion"], job["kind"], job["metadata"]["labels"]["model-factory/experiment"]) == ("batch.volcano.sh/v1alpha1", "Job", "pinned")
         validate(job)
@@ -254,7 +255,7 @@ def test_plan_prints_the_jobs_of_the_stages_that_would_run_placed_on_the_profile
     result = factory("plan", str(pinned), "--launcher", "volcano", "--cluster", str(profile), "--root", str(tmp_path / "state"))
     assert result.returncode == 0, result.stderr
     jobs = list(yaml.safe_load_all(result.stdout[result.stdout.index("apiVersion:"):]))
-    assert [job["metadata"]["labels"]["model-factory/stage"] for job in jobs] == list(load(pinned).stages())
+    assert [job["metadata"]["labels"]["model-factory/stage"] for job in jobs] == list(stages_of(load(pinned)))
     for job in jobs:
         validate(job)
         pod = job["spec"]["tasks"][0]["template"]["spec"]

@@ -11,9 +11,10 @@ from factory.config import load_text, plan_stage, upstream_of
 from factory.data.catalog import CatalogConfig
 from factory.launch import LocalLauncher, stage_argv, warm_starts
 from factory.registry import ArtifactStore, Provenance
-from factory.stages import WARM_MODULES
+from factory.stages import every_warm_module
 from factory.stages.request import StageRequest
 from factory.train.records import published
+from factory.config.stages import stages_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(sys.platform != "linux", reason="the warm interpreter forks: Linux only")]
 RECIPE = """\
@@ -41,7 +42,7 @@ def run_stages(path: Path, root: Path, monkeypatch) -> dict[str, str]:
     root.mkdir()
     registry = ArtifactStore(root / "registry")
     digests: dict[str, str] = {}
-    for kind in experiment.stages():
+    for kind in stages_of(experiment):
         spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
         request = StageRequest(spec=spec, registry=str(registry.root), catalog=CatalogConfig.local(root / "iceberg"),
                                provenance=Provenance(experiment=experiment.name, config_hash="0" * 16, git_commit="test"))
@@ -58,7 +59,7 @@ def test_forked_stages_write_the_bytes_cold_stages_write(tmp_path, monkeypatch):
     path = tmp_path / "small.md"
     path.write_text(RECIPE.format(source=source))
     cold = run_stages(path, tmp_path / "cold", monkeypatch)
-    with warm_starts(WARM_MODULES) as warm:
+    with warm_starts(every_warm_module()) as warm:
         forked = run_stages(path, tmp_path / "warm", monkeypatch)
         assert warm is not None and warm.refused is None, warm.refused  # every stage was forked
     assert cold.keys() >= {"model", "step_000003.pt", "step_000006.pt"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.stages import WARM_MODULES, warm_modules
+from factory.stages import every_warm_module, warm_modules
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "kubernetes", "matplotlib", "dagster", "mlflow", "pyiceberg")
@@ -37,4 +37,4 @@ def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
     training = warm_modules(["tokenizer", "pretrain", "model"], "none")
     assert "factory.stages.evaluate" in training and not any(m.startswith("factory.track.") for m in training)
     assert "torch" in imported("-c", code, *training)
-    assert set(warm_modules(["pretrain"], "mlflow")) < set(WARM_MODULES)
+    assert set(warm_modules(["pretrain"], "mlflow")) < set(every_warm_module())

@@ -1,0 +1,92 @@
+"""The `average` stage kind: the average of the last K kept checkpoints of an experiment's last training stage.
+
+Averaging the weights of the last few checkpoints (uniformly, or exponentially weighted towards the newest) is a
+cheap way to a better model for small-batch runs, whose weights keep jittering around a minimum. The averaged
+weights are saved as one checkpoint of this stage, so the factory evaluates them like any other and the
+leaderboard ranks them beside the checkpoints they came from.
+
+Everything the factory needs is in `AVERAGE` below; the package's `model_factory.stages` entry point names it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from factory.config.kinds import StageKind
+from factory.config.schema import Experiment
+from factory.config.section import Section
+from factory.errors import ConfigError
+from factory.stages.builtin import trained_model
+from factory.stages.context import StageContext
+
+STARTS_FROM = ("rl", "sft", "pretrain")
+"""The training stages it may average, newest first: it averages the last one the experiment runs."""
+
+
+class AverageConfig(Section):
+    """Which checkpoints to average, and how."""
+
+    last: int = Field(2, ge=2, le=100)
+    """How many of the training stage's last kept checkpoints to average (keep at least as many: `keep_last`)."""
+    method: Literal["uniform", "exponential"] = "uniform"
+    """`uniform`: every checkpoint weighs the same; `exponential`: each older one weighs `decay` times the next."""
+    decay: float = Field(0.5, gt=0, lt=1)
+    """For `exponential`: the weight of a checkpoint relative to the next newer one (`uniform` ignores it)."""
+
+
+def weights(config: AverageConfig, count: int) -> list[float]:
+    """The weight of each of `count` checkpoints, oldest first; they sum to 1."""
+    raw = [1.0] * count if config.method == "uniform" else [config.decay ** (count - 1 - i) for i in range(count)]
+    return [w / sum(raw) for w in raw]
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """Average the last `last` checkpoints of the training stage this stage reads; save the result as one checkpoint."""
+    import torch
+
+    from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
+    from factory.train.records import published
+
+    config = ctx.section
+    assert isinstance(config, AverageConfig)
+    stage = next(name for name in STARTS_FROM if name in ctx.request.spec.upstream)
+    kept = published(ctx.upstream(stage))
+    if len(kept) < config.last:
+        raise ConfigError(f"average.last is {config.last}, but {stage} kept {len(kept)} checkpoints: lower average.last or "
+                          f"raise {stage}.keep_last")
+    chosen = kept[-config.last:]
+    shares = weights(config, len(chosen))
+    total: dict[str, torch.Tensor] = {}
+    for checkpoint, share in zip(chosen, shares, strict=True):
+        model = load_checkpoint(checkpoint.path, checkpoint.sha256)["model"]
+        for name, tensor in model.items():
+            total[name] = total.get(name, torch.zeros_like(tensor, dtype=torch.float64)) + share * tensor.double()
+    averaged = {name: tensor.to(model[name].dtype) for name, tensor in total.items()}
+    newest = chosen[-1]
+    ctx.log.info("averaged %s checkpoints at steps %s (%s)", stage, ", ".join(str(c.step) for c in chosen), config.method)
+    metrics = {"tokens_seen": newest.metrics.get("tokens_seen", 0)}
+    CheckpointDir(ctx.out, RetentionPolicy(keep_last=1, best_metric=None), ctx.log).save(
+        newest.step, {"model": averaged, "step": newest.step}, metrics, final=True)
+    return {"stage": stage, "steps": [c.step for c in chosen], "weights": [round(w, 6) for w in shares], "checkpoints": 1}
+
+
+def _fingerprint(experiment: Experiment) -> dict[str, Any]:
+    """The average's recipe, and the model it averages (what evaluating its checkpoint reads)."""
+    return {**trained_model(experiment), "average": experiment.average.model_dump(mode="json")}
+
+
+AVERAGE = StageKind(
+    name="average",
+    description="The average of the last kept checkpoints of the last training stage: one checkpoint, evaluated like the "
+                "others.",
+    run=run,
+    reads=("blend", "tokenizer", "pretrain", "sft", "rl"),
+    section="average",
+    config=AverageConfig,
+    checkpoints=True,
+    fingerprint=_fingerprint,
+    present=lambda experiment: experiment.average is not None and experiment.pretrain is not None,
+    artifact=frozenset({"torch"}),
+)

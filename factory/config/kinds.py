@@ -1,0 +1,213 @@
+"""Stage kinds: what each stage of an experiment is, declared once, built in or installed as a plugin.
+
+A `StageKind` says everything the factory needs to plan, fingerprint, place, run and show one stage: its name,
+the experiment section that holds its typed config (its presence turns the stage on), the kinds it reads, whether
+it produces checkpoints, its run function and a description. The built-in kinds are declared in
+`factory.stages.builtin`; an installed package adds kinds through the entry-point group `model_factory.stages`
+(each entry point names a `StageKind`). Everything else (the stage lists, the Dagster assets, the plan, the
+experiment schema's extra sections) is derived from `stage_kinds()`.
+
+A plugin that cannot be loaded, a duplicate name, an unknown upstream kind or a section that collides with a
+built-in one is a `PluginError` naming the plugin and what to change, raised where the registry is first read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import create_model
+
+from factory.config.section import Section
+from factory.errors import ConfigError
+
+if TYPE_CHECKING:
+    from factory.config.schema import Experiment
+    from factory.stages.context import StageContext
+
+ENTRY_POINT_GROUP = "model_factory.stages"
+BUILTIN_MODULE = "factory.stages.builtin"
+"""Declares the built-in kinds as `BUILTIN_KINDS`, in the order they run."""
+BUILT_IN = "built in"
+
+
+class PluginError(ConfigError):
+    """A stage kind that cannot be registered; the message names the plugin and what to change."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Where one stage runs: never part of its fingerprint."""
+
+    nodes: int = 1
+    processes: int = 1
+    """Ranks per node."""
+    gpus: int = 0
+    """GPUs per node."""
+    roles: Mapping[str, Any] = field(default_factory=dict)
+    """Stage-specific: RL's `learners` and `actors` ranks, and the `backend` they meet over."""
+
+
+def one_rank(experiment: Experiment) -> Placement:
+    """The placement of a stage that runs as one process."""
+    return Placement()
+
+
+def as_resources_say(experiment: Experiment) -> Placement:
+    """The placement of a stage spread as the experiment's `resources` say: nodes x processes_per_node ranks."""
+    resources = experiment.resources
+    return Placement(nodes=resources.nodes, processes=resources.processes_per_node, gpus=resources.gpus)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageKind:
+    """One kind of stage. A plugin declares one in its own module and names it in the `model_factory.stages` entry points."""
+
+    name: str
+    """The stage's name: its Dagster asset, its registry kind, its place in `factory plan`."""
+    description: str
+    """What the stage computes, shown in the Dagster UI."""
+    run: str | Callable[[StageContext], dict[str, Any]]
+    """Computes the stage in the stage process: `run(ctx)` stages files under `ctx.out` and returns the summary recorded
+    in the manifest. A `module:function` string is imported only by the process that runs this kind."""
+    reads: tuple[str, ...] = ()
+    """The kinds whose artifacts it reads (those the experiment does not run are left out): its upstream."""
+    section: str | None = None
+    """The experiment file's section holding its config; the stage runs when the section is present."""
+    config: type[Section] | None = None
+    """The section's type (a frozen `Section`, a docstring per field): `factory check` validates the section with it."""
+    checkpoints: bool = False
+    """Whether its artifact holds checkpoints (`checkpoints/step_NNNNNN.*`): they become `checkpoints` partitions and
+    are evaluated. Such a stage takes a slot of the `training` pool."""
+    fingerprint: Callable[[Experiment], dict[str, Any]] | None = None
+    """The part of the experiment that changes its output (placement excluded); default: its section and the seed."""
+    present: Callable[[Experiment], bool] | None = None
+    """Whether an experiment runs this stage; default: its section is present."""
+    placement: Callable[[Experiment], Placement] = one_rank
+    """Where it runs: one process by default (`as_resources_say` spreads it over `resources`)."""
+    artifact: frozenset[str] = frozenset()
+    """What its artifact is made of, shown as the asset's kinds in the Dagster UI (`torch`, `iceberg`, ...)."""
+    group: str = "pipeline"
+    """The Dagster asset group it is shown in."""
+    extra_inputs: tuple[str, ...] = ()
+    """Assets outside the stage chain it reads (e.g. `code_exec_tasks`)."""
+    origin: str = BUILT_IN
+    """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
+
+    def runs_in(self, experiment: Experiment) -> bool:
+        """Whether `experiment` runs this stage."""
+        if self.present is not None:
+            return self.present(experiment)
+        return self.section is not None and getattr(experiment, self.section, None) is not None
+
+    def config_of(self, experiment: Experiment) -> dict[str, Any]:
+        """The part of `experiment` that changes this stage's output."""
+        if self.fingerprint is not None:
+            return self.fingerprint(experiment)
+        section = getattr(experiment, self.section) if self.section else None
+        return {**({self.section: section.model_dump(mode="json")} if section is not None else {}), "seed": experiment.seed}
+
+    def run_function(self) -> Callable[[StageContext], dict[str, Any]]:
+        """The run function, imported now when declared as `module:function`."""
+        if callable(self.run):
+            return self.run
+        module, _, name = self.run.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+@functools.cache
+def stage_kinds() -> tuple[StageKind, ...]:
+    """Every registered stage kind, upstream before downstream: the built-in ones, then each plugin's after what it reads."""
+    builtin: tuple[StageKind, ...] = importlib.import_module(BUILTIN_MODULE).BUILTIN_KINDS
+    kinds = list(builtin)
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        plugin = _load(entry)
+        _check(plugin, kinds, builtin)
+        after = max((i for i, k in enumerate(kinds) if k.name in plugin.reads), default=len(kinds) - 1)
+        kinds.insert(after + 1, plugin)
+    return tuple(kinds)
+
+
+def stage_kind(name: str) -> StageKind:
+    """The kind named `name`; a ConfigError naming the known ones otherwise."""
+    for kind in stage_kinds():
+        if kind.name == name:
+            return kind
+    raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(k.name for k in stage_kinds())}")
+
+
+def plugin_sections() -> dict[str, StageKind]:
+    """{section: kind} of the installed plugins' experiment sections."""
+    return {kind.section: kind for kind in stage_kinds() if kind.origin != BUILT_IN and kind.section}
+
+
+@functools.cache
+def experiment_model() -> type[Experiment]:
+    """The experiment file's schema: the built-in sections plus one optional section per installed plugin kind."""
+    from factory.config.schema import Experiment
+
+    sections = plugin_sections()
+    if not sections:
+        return Experiment
+    fields: dict[str, Any] = {section: (kind.config | None, None) for section, kind in sections.items()}
+    return create_model("Experiment", __base__=Experiment, __doc__=Experiment.__doc__, **fields)
+
+
+def plugin_hint(section: str) -> str | None:
+    """For a section no installed kind declares: which package of this checkout's `examples/` would declare it."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for pyproject in sorted(examples.glob("*/pyproject.toml")) if examples.is_dir() else []:
+        try:
+            project = tomllib.loads(pyproject.read_text()).get("project", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if section in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}):
+            return (f"section of the stage kind {section!r}, which is not installed: install the package that declares it "
+                    f"(pip install -e {pyproject.parent.relative_to(examples.parent)})")
+    return None
+
+
+def _load(entry: EntryPoint) -> StageKind:
+    who = _who(entry)
+    try:
+        kind = entry.load()
+    except Exception as e:  # a plugin's import can fail in any way; say which and go no further
+        raise PluginError(f"{who} failed to import ({type(e).__name__}: {e}); fix the package or uninstall it") from e
+    if not isinstance(kind, StageKind):
+        raise PluginError(f"{who} names a {type(kind).__name__}, not a StageKind; point the entry point at the kind's "
+                          "`StageKind(...)` object")
+    if kind.name != entry.name:
+        raise PluginError(f"{who} declares the stage kind {kind.name!r}: name the entry point after the kind it declares")
+    if kind.section and kind.config is None:
+        raise PluginError(f"{who}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
+    section = kind.section or (kind.name if kind.config is not None else None)  # a typed config lives under its name
+    return dataclasses.replace(kind, origin=who, section=section)
+
+
+def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, ...]) -> None:
+    from factory.config.schema import Experiment
+
+    if clash := next((k for k in kinds if k.name == plugin.name), None):
+        raise PluginError(f"{plugin.origin} declares the stage kind {plugin.name!r}, which {clash.origin} declares already; "
+                          "rename one of them")
+    if unknown := [name for name in plugin.reads if name not in {k.name for k in kinds}]:
+        raise PluginError(f"{plugin.origin}: stage kind {plugin.name!r} reads {', '.join(map(repr, unknown))}, which no stage kind "
+                          f"declares (known: {', '.join(k.name for k in kinds)}); fix `reads`")
+    if plugin.section in Experiment.model_fields:
+        raise PluginError(f"{plugin.origin}: section {plugin.section!r} of stage kind {plugin.name!r} is a built-in section of "
+                          "the experiment file; give the kind a section of its own (its name, by default)")
+    if clash := next((k for k in kinds if k.section == plugin.section and k not in builtin), None):
+        raise PluginError(f"{plugin.origin}: section {plugin.section!r} is {clash.origin}'s already; give the kind a section "
+                          "of its own")
+
+
+def _who(entry: EntryPoint) -> str:
+    package = f" of package {entry.dist.name}" if entry.dist is not None else ""
+    return f"plugin {entry.name!r} ({entry.value}{package})"

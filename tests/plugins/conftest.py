@@ -1,0 +1,40 @@
+"""Stage-kind plugins as Python finds installed packages: a `site` directory on PYTHONPATH holding a package's module and
+its `.dist-info` (entry points included), made by pip from the example package or written here for broken ones."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "checkpoint-average"
+
+
+def fake_package(site: Path, name: str, module: str, entry_points: dict[str, str]) -> Path:
+    """A package installed into `site` as pip would leave it: `module.py` and a dist-info naming its entry points."""
+    dist = site / f"{name}-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1\n")
+    lines = "".join(f"{key} = {value}\n" for key, value in entry_points.items())
+    (dist / "entry_points.txt").write_text(f"[model_factory.stages]\n{lines}")
+    (site / f"{name}.py").write_text(module)
+    return site
+
+
+def factory_with(site: Path | None, *args: str, cwd: Path = REPO, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`factory ARGS` with the packages of `site` installed (on PYTHONPATH; None: none)."""
+    env = {**os.environ, "FACTORY_TRACKER": "none"}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def example_site(tmp_path_factory) -> Path:
+    """The example plugin package, installed by pip into a directory of its own."""
+    site = tmp_path_factory.mktemp("example-site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+                    "--target", str(site), str(EXAMPLE)], check=True, capture_output=True, timeout=300)
+    return site
