@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from factory.atomic import write_atomic
 from factory.config import Experiment, load, load_file, pick_variant
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
@@ -75,9 +76,7 @@ def dagster_home(root: Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        tmp = config.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(DAGSTER_POSTGRES_YAML if postgres else DAGSTER_YAML)
-        tmp.replace(config)
+        write_atomic(config, DAGSTER_POSTGRES_YAML if postgres else DAGSTER_YAML)
     return home
 
 
@@ -289,9 +288,7 @@ def leaderboard(
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     if html is not None:
-        tmp = html.with_name(html.name + ".tmp")
-        tmp.write_text(render_html(board))
-        tmp.replace(html)
+        write_atomic(html, render_html(board))
     if as_json:
         out.print_json(json.dumps(board.to_json()))
     elif not _print_leaderboard(root, board):

@@ -21,12 +21,12 @@ import os
 import re
 import stat
 import sysconfig
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from factory.atomic import write_atomic
 from factory.config.files import data_roots, outside_roots
 from factory.config.schema import SourceConfig
 from factory.errors import ConfigError
@@ -225,10 +225,4 @@ def _write_stamps(path: Path, stamps: dict[str, list]) -> None:
     """Atomically; a cache that cannot be written only costs hashing again next time."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".stamps-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(stamps, f, separators=(",", ":"))
-            os.replace(tmp, path)
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
+        write_atomic(path, json.dumps(stamps, separators=(",", ":")), mode=0o600)

@@ -14,64 +14,17 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from factory.errors import ConfigError
+from factory.evals.base import Benchmark, EvalInputs, Score
 
-if TYPE_CHECKING:  # `factory check` reads the registry without importing torch
-    from pyiceberg.catalog import Catalog
-    from tokenizers import Tokenizer
-    from torch import nn
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EvalInputs:
-    """What a benchmark may use: the model under test, its tokenizer and the held-out data."""
-
-    model: nn.Module
-    """The checkpoint's model, in eval mode on the CPU; `model(idx)` gives logits (batch, time, vocab)."""
-    tokenizer: Tokenizer
-    eos_id: int
-    context: int
-    """The model's context length in tokens."""
-    validation_texts: Callable[[], Iterable[str]]
-    """The blend's held-out documents, always in the same order; call it again for a fresh pass."""
-    seed: int
-    batch_size: int
-    max_bytes: int
-    """Bytes of held-out text a benchmark reads at most."""
-    catalog: Catalog | None = None
-    """The Iceberg catalog, for benchmarks that read a pinned table version (e.g. the code-execution tasks)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Score:
-    """A benchmark's result: the metric, how many items it covers, and details for the report."""
-
-    value: float
-    count: int
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Benchmark:
-    """A registered benchmark."""
-
-    name: str
-    version: int
-    lower_is_better: bool
-    description: str
-    run: Callable[[EvalInputs], Score]
-    data: str = ""
-    """What it is scored on: "" for the experiment's own held-out split (so scores of experiments with other blends do not
-    compare), a pinned table version `namespace.table@tag` (its content is recorded with each score), or fixed data named in
-    words ("fixed prompts")."""
+__all__ = ["BENCHMARKS", "Benchmark", "EvalInputs", "Score", "benchmark", "known", "register", "registered"]
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SHIPPED = "factory.evals.suite"
+"""The module whose import registers the benchmarks the factory ships: loaded by name, as plugins are (it imports this registry)."""
 PLUGINS_ENV = "FACTORY_BENCHMARKS"
 """Comma-separated modules that register more benchmarks with `register` (your own, without editing the factory)."""
 
@@ -88,8 +41,7 @@ def register(benchmark: Benchmark) -> Benchmark:
 
 def _load() -> None:
     """Register the shipped benchmarks, and those of the modules named in FACTORY_BENCHMARKS."""
-    from factory.evals import suite  # noqa: F401  (the shipped benchmarks register themselves)
-
+    importlib.import_module(SHIPPED)
     for module in filter(None, (name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
             importlib.import_module(module)

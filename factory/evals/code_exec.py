@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from factory.errors import ConfigError
-from factory.evals.benchmarks import EvalInputs, Score
+from factory.evals.base import EvalInputs, Score
 from factory.evals.generate import greedy, same_length_batches
 from factory.post.format import answer, prompt
 from factory.post.sft import read_tasks

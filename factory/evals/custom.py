@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from factory.errors import ConfigError
-from factory.evals.benchmarks import Benchmark, EvalInputs, Score
+from factory.evals.base import Benchmark, EvalInputs, Score
 
 NAME = re.compile(r"custom_prompts\.(v\d+)")
 NEW_TOKENS = 48

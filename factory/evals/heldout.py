@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from factory.errors import ArtifactError, ConfigError
-from factory.evals.benchmarks import EvalInputs, Score
+from factory.evals.base import EvalInputs, Score
 
 if TYPE_CHECKING:
     import pyarrow as pa

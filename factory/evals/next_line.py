@@ -25,7 +25,7 @@ import torch
 from tokenizers import Tokenizer
 
 from factory.errors import ConfigError
-from factory.evals.benchmarks import EvalInputs, Score
+from factory.evals.base import EvalInputs, Score
 from factory.evals.generate import greedy
 
 LINES = 64

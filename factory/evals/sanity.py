@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from factory.evals.benchmarks import EvalInputs, Score
+from factory.evals.base import EvalInputs, Score
 from factory.evals.generate import same_length_batches, sample
 
 # Statement heads that end on a visible character, where the byte-level BPE ends a pre-token, so

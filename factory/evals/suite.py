@@ -5,7 +5,8 @@ Their code is imported when a benchmark runs, so reading the registry (`factory 
 
 from __future__ import annotations
 
-from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
+from factory.evals.base import Benchmark, EvalInputs, Score
+from factory.evals.benchmarks import register
 from factory.evals.heldout import REF as HELDOUT
 
 

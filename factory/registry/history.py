@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from factory.atomic import synced_temp
 from factory.errors import ConfigError
 
 TOPIC = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -38,12 +39,8 @@ class History:
     def append(self, record: Mapping[str, Any]) -> int:
         """Add a record under the next number; that number."""
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f".tmp-{os.getpid()}-{id(record)}"
-        with open(tmp, "w") as handle:
-            handle.write(json.dumps(dict(record), indent=2, sort_keys=True))
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
+        text = json.dumps(dict(record), indent=2, sort_keys=True)
+        with synced_temp(self.path / "record", text) as tmp:  # named for no record: its number is taken below
             while True:
                 seq = max((int(m.group(1)) for p in self.path.iterdir() if (m := RECORD.match(p.name))), default=0) + 1
                 try:
@@ -51,5 +48,3 @@ class History:
                     return seq
                 except FileExistsError:
                     continue
-        finally:
-            tmp.unlink(missing_ok=True)

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -30,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from factory.atomic import synced_temp
 
 LEASE_STALE_S = 120.0
 LEASE_HEARTBEAT_S = 10.0
@@ -171,24 +172,13 @@ def _record(owner: str, token: str) -> bytes:
     return json.dumps({"owner": owner, "token": token, "host": socket.gethostname(), "pid": os.getpid(), "beat": time.time()}).encode()
 
 
-def _write_temp(path: Path, data: bytes) -> str:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
-
-
 def _try_create(path: Path, owner: str, token: str) -> bool:
     """Create the lease with its content in one step (a link never replaces), so no reader sees it empty."""
-    tmp = _write_temp(path, _record(owner, token))
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
+    with synced_temp(path, _record(owner, token), mode=0o600) as tmp:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
     return True
 
 
@@ -197,12 +187,8 @@ def _heartbeat(path: Path, owner: str, token: str, stop: threading.Event, interv
         holder = read_holder(path)
         if holder is None or holder.token != token:
             return  # taken over: it is no longer ours to keep alive
-        tmp = _write_temp(path, _record(owner, token))
-        try:
+        with synced_temp(path, _record(owner, token), mode=0o600) as tmp:
             os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
 
 def _remove_if_token(path: Path, token: str) -> None:

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from factory.atomic import fsync_directory, synced_temp, write_atomic
 from factory.errors import ArtifactError
 from factory.registry.files import hash_files, make_read_only, make_writable, sha256_file, structural_damage
 from factory.registry.lease import Holder, hold, read_holder
@@ -121,7 +122,7 @@ class ArtifactStore:
     def set_ref(self, name: str, digest: str) -> None:
         """Point the named ref (like a git branch) at a published artifact, atomically."""
         self.open(digest)
-        _write_atomic(self.root / "refs" / name, digest)
+        _write_private(self.root / "refs" / name, digest)
 
     def ref(self, name: str) -> str | None:
         """The digest a named ref points at, or None."""
@@ -206,7 +207,7 @@ class ArtifactStore:
                     aside.unlink()
                 else:
                     shutil.rmtree(aside)
-            _fsync_dir(staging)
+            fsync_directory(staging)
             try:
                 os.rename(staging, target)
             except OSError as e:  # another process published the same bytes a moment ago
@@ -214,7 +215,7 @@ class ArtifactStore:
                     raise
                 shutil.rmtree(staging)
             else:
-                _fsync_dir(target.parent)
+                fsync_directory(target.parent)
                 make_read_only(target)
                 self._record_checked(digest, files)  # hashed a moment ago, in a directory only this process writes
         manifest = Manifest(
@@ -283,7 +284,7 @@ class ArtifactStore:
 
     def _write_stamps(self, digest: str, stamps: dict[str, list[int]]) -> None:
         with contextlib.suppress(OSError):  # a cache: a registry this process cannot write to is still read, by hashing
-            _write_atomic(self._stamps_path(digest), json.dumps(stamps, sort_keys=True))
+            _write_private(self._stamps_path(digest), json.dumps(stamps, sort_keys=True))
 
     def _trusted_stamps(self, digest: str) -> dict[str, list[int]]:
         """The recorded stamps that prove their file unchanged: those of files last written before the record was."""
@@ -306,36 +307,19 @@ class ArtifactStore:
     def _write_manifest(self, manifest: Manifest) -> None:
         final = self._manifest_path(manifest.fingerprint)
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=final.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(manifest.to_json(), f, indent=2, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
+        with synced_temp(final, json.dumps(manifest.to_json(), indent=2, sort_keys=True), mode=0o600) as tmp:
             try:
                 os.link(tmp, final)  # never replaces: the first manifest for a fingerprint stands
             except FileExistsError:
                 if self.lookup(manifest.fingerprint) is None:
                     os.replace(tmp, final)  # the old one pointed at a damaged artifact
-            _fsync_dir(final.parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            fsync_directory(final.parent)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Temp file, fsync, rename: readers see the old text or the new, never a torn one."""
+def _write_private(path: Path, text: str) -> None:
+    """Replace a small registry file atomically (its directory made if need be), readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    write_atomic(path, text, mode=0o600)
 
 
 def _stamp(info: os.stat_result) -> list[int]:
@@ -346,14 +330,6 @@ def _stamp(info: os.stat_result) -> list[int]:
 def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:
     listing = "\n".join(f"{name}\0{entry['sha256']}" for name, entry in sorted(files.items()))
     return hashlib.sha256(listing.encode()).hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _MANIFEST_TYPES: dict[str, type] = {"files": dict, "config": dict, "inputs": dict, "summary": dict, "version": int}

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from factory.config.kinds import stage_kind, stage_kinds
+from factory.track.base import OPENERS
 
 if TYPE_CHECKING:
     from factory.stages.context import StageContext
@@ -21,7 +22,8 @@ EVALUATE_MODULE = "factory.stages.evaluate"
 EVALUATION_MODULES = (EVALUATE_MODULE, "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line",
                       "factory.evals.code_exec", "factory.evals.sanity")
 """The evaluation process and the benchmarks it loads on first use."""
-TRACKER_MODULES = {"mlflow": "factory.track.mlflow_backend", "neptune": "factory.track.neptune_backend"}
+TRACKER_MODULES = {backend: opener.split(":")[0] for backend, opener in OPENERS.items()}
+"""Each tracking backend's module, which a training stage imports on first use."""
 
 
 def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from factory.atomic import write_atomic
 from factory.launch.local import ERROR_FILE_ENV
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,7 +38,4 @@ def say_error(message: str) -> None:
     if not path:
         print(f"error: {message}", file=sys.stderr)
         return
-    target = Path(path)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(message + "\n")
-    tmp.replace(target)
+    write_atomic(Path(path), message + "\n")

@@ -9,9 +9,10 @@ stage does not leave a second, half-finished run behind.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
@@ -27,6 +28,12 @@ ENV_BACKEND = "FACTORY_TRACKER"
 ENV_URI = "FACTORY_TRACKER_URI"
 ENV_PROJECT = "FACTORY_TRACKER_PROJECT"
 ENV_NEPTUNE_TOKEN = "NEPTUNE_API_TOKEN"
+
+OPENERS = {"mlflow": "factory.track.mlflow_backend:open_mlflow_run", "neptune": "factory.track.neptune_backend:open_neptune_run"}
+"""Each backend's open function, as `module:function`: imported only when that backend is chosen (it imports its tracking
+library, and the backend imports this module for the seam it fills)."""
+LIBRARIES = {"mlflow": ("mlflow", "mlflow-skinny"), "neptune": ("neptune_scale", "neptune-scale")}
+"""The library each backend imports, and the package that installs it."""
 
 # Safe as an MLflow filter literal, a Neptune run_id (no "/") and a directory name.
 RUN_KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=+-]{0,127}")
@@ -195,24 +202,19 @@ def open_run(config: TrackingConfig, root: Path, *, name: str, run_key: str) -> 
         raise ValueError(f"run_key must match {RUN_KEY_PATTERN.pattern}, got {run_key!r}")
     if config.backend == "none":
         return NullRun()
-    if config.backend == "mlflow":
-        try:
-            from factory.track.mlflow_backend import open_mlflow_run  # imports mlflow: only when asked for
-        except ModuleNotFoundError as e:
-            _raise_if_backend_missing(e, module="mlflow", package="mlflow-skinny")
-            raise
-        return open_mlflow_run(config, Path(root), name=name, run_key=run_key)
+    options = {"api_token": os.environ.get(ENV_NEPTUNE_TOKEN) or None} if config.backend == "neptune" else {}
+    return _opener(config.backend)(config, Path(root), name=name, run_key=run_key, **options)
+
+
+def _opener(backend: str) -> Callable[..., TrackerRun]:
+    """The backend's open function, imported now (and with it its tracking library)."""
+    module, function = OPENERS[backend].split(":")
     try:
-        from factory.track.neptune_backend import open_neptune_run  # imports neptune_scale: only when asked for
+        return getattr(importlib.import_module(module), function)
     except ModuleNotFoundError as e:
-        _raise_if_backend_missing(e, module="neptune_scale", package="neptune-scale")
+        library, package = LIBRARIES[backend]
+        if (e.name or "").split(".")[0] == library:
+            raise ConfigError(
+                f"the chosen tracker needs the {package} package: pip install {package}, or set {ENV_BACKEND}=none"
+            ) from e
         raise
-    token = os.environ.get(ENV_NEPTUNE_TOKEN) or None
-    return open_neptune_run(config, Path(root), name=name, run_key=run_key, api_token=token)
-
-
-def _raise_if_backend_missing(error: ModuleNotFoundError, *, module: str, package: str) -> None:
-    if (error.name or "").split(".")[0] == module:
-        raise ConfigError(
-            f"the chosen tracker needs the {package} package: pip install {package}, or set {ENV_BACKEND}=none"
-        ) from error

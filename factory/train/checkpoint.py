@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -32,6 +31,7 @@ from torch.distributed.checkpoint import save as dcp_save
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from factory.atomic import fsync_directory, write_atomic
 from factory.errors import ArtifactError
 from factory.train.distributed import SINGLE, World
 from factory.train.records import FILE, SHARDED, SavedCheckpoint, published
@@ -156,11 +156,11 @@ class CheckpointDir:
             torch.save(canonical(dict(state)), buffer)
             data = buffer.getvalue()
             path = self.directory / f"step_{step:06d}.pt"
-            _atomic_write(path, data)
+            write_atomic(path, data)
             sha256, size = hashlib.sha256(data).hexdigest(), len(data)
         self.bytes_written += size
         record = {"step": step, "format": SHARDED if self.sharded else FILE, "sha256": sha256, "size": size, "metrics": metrics}
-        _atomic_write(path.with_suffix(".json"), json.dumps(record, sort_keys=True).encode())
+        write_atomic(path.with_suffix(".json"), json.dumps(record, sort_keys=True).encode())
         self._retain(step)
 
     def _write_shards(self, step: int, state: Mapping[str, Any]) -> Path | None:
@@ -177,7 +177,7 @@ class CheckpointDir:
         if path.exists():  # a save of this step that lost its record: not a checkpoint
             shutil.rmtree(path)
         tmp.rename(path)
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
         return path
 
     def complete(self) -> list[SavedCheckpoint]:
@@ -216,25 +216,6 @@ class CheckpointDir:
             if path.suffix == ".tmp" or (path.suffix != ".json" and path.name not in recorded):
                 self.log.info("removing %s, left by an interrupted save", path.name)
                 _remove(path)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Temp file, fsync, rename, fsync of the directory: the file is whole or absent."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.rename(path)
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(path: Path) -> None:
