@@ -7,7 +7,7 @@ why in the UI ("blocked by pool training"). Pools also hold for in-process runs 
 through a run queue: one in-process run takes one slot at a time, so it never waits on itself.
 
 dagster.yaml can only hold the limit of a pool nobody configured (`concurrency: pools: default_limit`, written by
-`factory.cli.dagster_home`); a pool's own limit lives in the instance's storage. `python -m assets.pools` (run by
+`factory.cli.common.dagster_home`); a pool's own limit lives in the instance's storage. `python -m assets.pools` (run by
 `factory ui` before the daemon starts) and the experiments sensor on each tick (so a deployed instance, which nobody
 starts by hand, gets them too) give each pool its limit once, from `POOL_LIMITS`; the cluster profile's `pools`
 ($FACTORY_CLUSTER) and then `FACTORY_POOL_<NAME>` set it every time. Otherwise a limit set since

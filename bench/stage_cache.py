@@ -14,7 +14,7 @@ from dagster import DagsterInstance, PreviewWarning
 
 from assets.execution import failure_messages
 from assets.run import run_experiment
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "tiny-code-lm.md"
 

@@ -1,7 +1,7 @@
 """The Iceberg catalog: pyiceberg's SqlCatalog (sqlite by default, PostgreSQL for teams) with a local warehouse.
 
 `$FACTORY_DATABASE_URL` (`postgresql://user:password@host:5432/db`) is the deploy profile: the
-catalog's tables live in that database (Dagster's storage too, see `factory.cli.dagster_home`),
+catalog's tables live in that database (Dagster's storage too, see `factory.cli.common.dagster_home`),
 so several machines and concurrent runs commit to one catalog. pyiceberg is imported when a
 catalog is opened: naming one (a stage request, `factory plan`) stays light.
 """

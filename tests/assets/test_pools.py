@@ -8,7 +8,7 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFil
 
 from assets.definitions import defs
 from assets.pools import apply_pool_limits, pool_limits
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config.cluster import load_profile
 from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, STAGES, TRAINING_POOL, TRAINING_STAGES
 from factory.errors import ConfigError

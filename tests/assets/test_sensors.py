@@ -6,7 +6,7 @@ import pytest
 from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
 from assets.sensors import experiments_at_head
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
 from factory.config import load
 from factory.config.stages import stages_of

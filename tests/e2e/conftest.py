@@ -18,7 +18,7 @@ from filelock import FileLock
 
 from assets.execution import failure_messages
 from assets.run import run_experiment
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config import load
 from factory.registry import ArtifactStore
 

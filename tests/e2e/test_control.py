@@ -10,7 +10,7 @@ from dagster import AssetKey, DagsterInstance, PreviewWarning
 
 from assets.execution import failure_messages
 from assets.run import run_experiment
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config import load
 from factory.registry import ArtifactStore
 

@@ -17,7 +17,7 @@ from dagster._core.definitions.instigation_logger import get_instigation_log_rec
 from dagster._core.scheduler.instigation import InstigatorType
 
 from assets.partitions import COMMIT_TAG, FILE_TAG, MERGE_TAG
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config.stages import STAGES
 from factory.launch.group import members
 from factory.registry import ArtifactStore

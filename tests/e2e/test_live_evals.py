@@ -12,7 +12,7 @@ from dagster import AssetKey, DagsterInstance, evaluate_automation_conditions, m
 
 from assets.definitions import defs
 from assets.execution import EVERYTHING, resources_at
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.registry import ArtifactStore
 
 pytestmark = pytest.mark.e2e

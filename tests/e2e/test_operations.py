@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from assets.execution import failure_messages
 from assets.run import run_experiment
-from factory.cli import app, dagster_home
+from factory.cli import app
+from factory.cli.common import dagster_home
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore

@@ -7,7 +7,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.execution import EVERYTHING, resources_at
 from assets.partitions import CHECKPOINTS
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore
 from factory.stages.eval_request import KIND as EVALUATIONS

@@ -5,7 +5,7 @@ from dagster import DagsterInstance
 
 from assets.execution import failure_messages
 from assets.run import run_experiment
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore
 from factory.stages.plan import build_plan, counts

@@ -16,7 +16,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.execution import EVERYTHING, failure_messages, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
-from factory.cli import dagster_home
+from factory.cli.common import dagster_home
 from resources import VolcanoStageLauncher
 from tests.launch.fake_kube import FakeCluster
 
@@ -187,7 +187,7 @@ CANCEL = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from tests.launch.test_volcano_cluster import run
     root, experiments, profile = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-    from factory.cli import dagster_home
+    from factory.cli.common import dagster_home
     instance = DagsterInstance.from_config(str(dagster_home(root / "state")))
     run({"root": root, "experiments": experiments, "profile": profile, "instance": instance}, "vc-cancel")
 """)

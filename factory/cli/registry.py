@@ -1,4 +1,4 @@
-"""`factory registry verify`: the registry's damaged manifests and artifacts, registered on `factory.cli.app`."""
+"""`factory registry verify`: the registry's damaged manifests and artifacts."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
-from factory.cli import DEFAULT_ROOT, RootOption, app, out
+from factory.cli.common import DEFAULT_ROOT, RootOption, out
 from factory.registry import ArtifactStore
 from factory.registry.verify import verify
 
 registry_app = typer.Typer(no_args_is_help=True, help="The artifact registry: manifests and published artifacts.")
-app.add_typer(registry_app, name="registry")
 
 
 @registry_app.command("verify")

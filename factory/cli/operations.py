@@ -1,4 +1,4 @@
-"""`factory lineage | reproduce | promote | demote | promotions`: the operations commands, registered on `factory.cli.app`."""
+"""`factory lineage | reproduce | promote | demote | promotions`: follow an artifact's lineage, reproduce a model, move its aliases."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.tree import Tree as RichTree
 
-from factory.cli import DEFAULT_ROOT, RootOption, app, dagster_home, err, out
+from factory.cli.common import DEFAULT_ROOT, RootOption, dagster_home, err, out
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError, FactoryError
 from factory.registry import ArtifactStore
@@ -24,7 +24,6 @@ from factory.stages.promote import standing
 from factory.stages.reproduce import reproduce as reproduce_model
 
 
-@app.command()
 def lineage(
     target: Annotated[str, typer.Argument(help="An artifact digest (prefix), an experiment name (its models), or namespace.table[@tag].")],
     root: RootOption = DEFAULT_ROOT,
@@ -96,7 +95,6 @@ def _model(registry: ArtifactStore, target: str) -> Manifest:
     return found[-1]
 
 
-@app.command()
 def reproduce(
     model: Annotated[str, typer.Argument(help="A model artifact's digest (prefix), or an experiment name (its newest model).")],
     root: RootOption = DEFAULT_ROOT,
@@ -139,7 +137,6 @@ ExperimentsOption = Annotated[Path, typer.Option("--experiments", help="Where th
 AliasOption = Annotated[str, typer.Option("--as", help="The alias: production, or another name.")]
 
 
-@app.command()
 def promote(
     model: Annotated[str, typer.Argument(help="A model artifact's digest (prefix), or an experiment name (its newest model).")],
     alias: AliasOption = "production",
@@ -156,7 +153,6 @@ def promote(
     _promotion(["promote", target.digest, "--as", alias, "--reason", reason], root, experiments)
 
 
-@app.command()
 def demote(
     alias: AliasOption = "production",
     reason: Annotated[str, typer.Option(help="Why: recorded in the alias's history.")] = "",
@@ -167,7 +163,6 @@ def demote(
     _promotion(["demote", "--as", alias, "--reason", reason], root, experiments)
 
 
-@app.command()
 def promotions(alias: AliasOption = "production", root: RootOption = DEFAULT_ROOT,
                as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False) -> None:
     """What an alias names now, and every promotion and demotion before."""

@@ -1,0 +1,168 @@
+"""`factory leaderboard` and `factory evals list | backfill | compare | stages`: how checkpoints score on benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from factory.atomic import write_atomic
+from factory.cli.common import DEFAULT_ROOT, RootOption, dagster_home, err, out
+from factory.errors import ConfigError
+from factory.launch.group import run_group
+from factory.registry import ArtifactStore
+
+if TYPE_CHECKING:
+    from factory.evals.leaderboard import Board
+
+evals_app = typer.Typer(no_args_is_help=True, help="Benchmarks and evaluations of checkpoints.")
+
+
+def leaderboard(
+    root: RootOption = DEFAULT_ROOT,
+    sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: heldout_bpb, else val_bpb).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    html: Annotated[Path | None, typer.Option(help="Also write the board as a static HTML page here.")] = None,
+) -> None:
+    """Every experiment at its best checkpoint, scored on every benchmark (from the registry's evaluation results)."""
+    from factory.evals.leaderboard import render_html
+    from factory.stages.leaderboard import current_board
+
+    try:
+        board = current_board(ArtifactStore(root / "registry"), sort)
+    except ConfigError as e:
+        err.print(f"error: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if html is not None:
+        write_atomic(html, render_html(board))
+    if as_json:
+        out.print_json(json.dumps(board.to_json()))
+    elif not print_leaderboard(root, board):
+        raise typer.Exit(1)
+
+
+def print_leaderboard(root: Path, board: Board | None = None) -> bool:
+    """Print the board (the current one unless given) as a table; False, with a hint, when nothing is evaluated yet."""
+    from factory.evals.leaderboard import cell, heading, legend, ranks
+    from factory.stages.leaderboard import current_board
+
+    board = board or current_board(ArtifactStore(root / "registry"))
+    if not board.rows:
+        err.print(f"no evaluations in {root.resolve()} yet: run `factory run experiments/<name>.md` first")
+        return False
+    names = sorted(board.benchmarks)
+    table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left", caption=legend(board) or None, caption_justify="left")
+    for column in ("rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens", "commit", "tracker", "note"):
+        table.add_column(column, no_wrap=column not in ("tracker", "note"))
+    for rank, row in zip(ranks(board), board.rows, strict=True):
+        scores = [cell(board, row, n) for n in names]
+        table.add_row(rank, row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url, row.note)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return True
+
+
+@evals_app.command("list")
+def evals_list() -> None:
+    """The registered benchmarks."""
+    from factory.evals.benchmarks import registered
+
+    table = Table(title="benchmarks", title_justify="left")
+    for column in ("name", "version", "better", "description"):
+        table.add_column(column)
+    for bench in sorted(registered().values(), key=lambda b: b.name):
+        table.add_row(bench.name, str(bench.version), "lower" if bench.lower_is_better else "higher", bench.description)
+    out.print(table)
+
+
+@evals_app.command("backfill")
+def evals_backfill(
+    benchmark: Annotated[str, typer.Option(help="The registered benchmark to evaluate every recorded checkpoint on.")],
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Evaluate every checkpoint recorded so far on one benchmark (batched: many partitions per run), then the leaderboard."""
+    from factory.evals.benchmarks import known, registered
+
+    if not known(benchmark):
+        err.print(f"error: unknown benchmark {benchmark!r}; registered: {', '.join(sorted(registered()))}")
+        raise typer.Exit(2)
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
+    ended = run_group([sys.executable, "-m", "assets.backfill", "--benchmark", benchmark, "--root", str(root)], env)
+    if ended.code != 0:
+        raise typer.Exit(ended.code)
+    print_leaderboard(root)
+
+
+@evals_app.command("compare")
+def evals_compare(
+    candidate: Annotated[str, typer.Argument(help="The experiment that must be better.")],
+    baseline: Annotated[str, typer.Argument(help="The experiment it is compared with.")],
+    benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at its best checkpoint.")] = "heldout_bpb",
+    min_improvement: Annotated[float, typer.Option(help="Relative improvement required, e.g. 0.05 for 5%.")] = 0.0,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`); exit 2
+    when their scores do not compare (another version, or other data such as each one's own held-out split)."""
+    from factory.evals.scored_on import describe
+    from factory.stages.leaderboard import current_board
+
+    board = current_board(ArtifactStore(root / "registry"))
+    rows = {row.experiment: row for row in board.rows}
+    missing = [name for name in (candidate, baseline) if name not in rows or benchmark not in rows[name].scores]
+    if missing:
+        err.print(f"error: no {benchmark} results for {', '.join(missing)} in {root.resolve()}: run and evaluate them first")
+        raise typer.Exit(2)
+    if not rows[candidate].compares_with(rows[baseline], benchmark):
+        scored = "; ".join(f"{name}'s on {describe(rows[name].scored_on(benchmark))} (version {rows[name].versions.get(benchmark, '?')})"
+                           for name in (candidate, baseline))
+        err.print(f"error: {candidate} and {baseline} have {benchmark} scores that do not compare: {scored}. "
+                  "Compare on a benchmark both were scored on alike, such as heldout_bpb", markup=False, highlight=False)
+        raise typer.Exit(2)
+    new, old = rows[candidate].scores[benchmark], rows[baseline].scores[benchmark]
+    gain = ((old - new) if board.benchmarks[benchmark] else (new - old)) / max(abs(old), 1e-12)
+    verdict = "better" if gain >= min_improvement else "NOT better enough"
+    out.print(f"{candidate} {benchmark} {new:.4f} vs {baseline} {old:.4f}: {gain:+.1%} ({verdict}; required {min_improvement:+.1%})")
+    if gain < min_improvement:
+        raise typer.Exit(1)
+
+
+@evals_app.command("stages")
+def evals_stages(
+    experiment: Annotated[str, typer.Argument(help="The experiment whose training stages are compared.")],
+    benchmark: Annotated[str, typer.Option(help="The benchmark, at each stage's last evaluated checkpoint.")] = "code_exec",
+    must_improve: Annotated[list[str], typer.Option(help="A stage that must score better than the stage before it (repeatable).")] = [],  # noqa: B006
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
+    from factory.evals.leaderboard import stage_scores
+    from factory.stages.eval_request import KIND as EVALUATION_KIND
+
+    registry = ArtifactStore(root / "registry")
+    scores = stage_scores(registry.manifests(EVALUATION_KIND), experiment, benchmark)
+    if not scores:
+        err.print(f"error: no {benchmark} results for {experiment} in {root.resolve()}: run and evaluate it first")
+        raise typer.Exit(2)
+    lower = scores[0].lower_is_better
+    table = Table(title=f"{experiment}: {benchmark} ({'lower' if lower else 'higher'} is better) at each stage's last checkpoint",
+                  title_justify="left")
+    for column in ("stage", "checkpoint", "score", "items", "change"):
+        table.add_column(column)
+    failed = []
+    for before, now in zip([None, *scores], scores, strict=False):
+        change = "" if before is None else f"{now.value - before.value:+.4f}"
+        better = before is not None and (now.value < before.value if lower else now.value > before.value)
+        if now.stage in must_improve and not better:
+            failed.append(f"{now.stage} did not improve on {before.stage if before else 'nothing (it is the first stage)'}")
+        table.add_row(now.stage, now.checkpoint, f"{now.value:.4f}", str(now.count), change)
+    out.print(table)
+    if unknown := sorted(set(must_improve) - {s.stage for s in scores}):
+        err.print(f"error: no {benchmark} results for stage(s) {', '.join(unknown)} of {experiment}")
+        raise typer.Exit(2)
+    if failed:
+        err.print("; ".join(failed))
+        raise typer.Exit(1)
