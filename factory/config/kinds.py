@@ -30,7 +30,6 @@ from factory.errors import ConfigError
 
 if TYPE_CHECKING:
     from factory.config.schema import Experiment
-    from factory.stages.context import StageContext
 
 ENTRY_POINT_GROUP = "model_factory.stages"
 BUILTIN_MODULE = "factory.stages.builtin"
@@ -74,9 +73,10 @@ class StageKind:
     """The stage's name: its Dagster asset, its registry kind, its place in `factory plan`."""
     description: str
     """What the stage computes, shown in the Dagster UI."""
-    run: str | Callable[[StageContext], dict[str, Any]]
-    """Computes the stage in the stage process: `run(ctx)` stages files under `ctx.out` and returns the summary recorded
-    in the manifest. A `module:function` string is imported only by the process that runs this kind."""
+    run: str | Callable[[Any], dict[str, Any]]
+    """Computes the stage in the stage process: `run(ctx)`, given a `factory.stages.context.StageContext`, stages files
+    under `ctx.out` and returns the summary recorded in the manifest. A `module:function` string is imported only by the
+    process that runs this kind."""
     reads: tuple[str, ...] = ()
     """The kinds whose artifacts it reads (those the experiment does not run are left out): its upstream."""
     section: str | None = None
@@ -114,7 +114,7 @@ class StageKind:
         section = getattr(experiment, self.section) if self.section else None
         return {**({self.section: section.model_dump(mode="json")} if section is not None else {}), "seed": experiment.seed}
 
-    def run_function(self) -> Callable[[StageContext], dict[str, Any]]:
+    def run_function(self) -> Callable[[Any], dict[str, Any]]:
         """The run function, imported now when declared as `module:function`."""
         if callable(self.run):
             return self.run
