@@ -13,8 +13,8 @@ from dagster import AssetExecutionContext, AssetMaterialization, AssetSpec, Fail
 
 from assets.partitions import BENCHMARKS, CHECKPOINTS, checkpoints_partitions
 from factory.config import Experiment, StageSpec
-from factory.config.stages import TRAINING_STAGES
 from factory.config.schema import EvalConfig
+from factory.config.stages import TRAINING_STAGES
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.podium.links import checkpoint_url

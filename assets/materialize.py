@@ -12,8 +12,8 @@ from assets.backfill import evaluate_checkpoints, stored_checkpoints, unevaluate
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, logged_to, materialize, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
 from factory.config import Experiment
-from factory.registry import ArtifactStore
 from factory.config.stages import stages_of
+from factory.registry import ArtifactStore
 
 
 def materialize_experiment(

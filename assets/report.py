@@ -7,8 +7,8 @@ from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResu
 
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
-from factory.registry import git_commit
 from factory.config.stages import stages_of
+from factory.registry import git_commit
 from resources import ExperimentFiles, FactoryStores
 
 

@@ -19,11 +19,11 @@ from assets.partitions import COMMIT_TAG, EXPERIMENTS, FILE_TAG, FILE_URL_TAG, M
 from assets.pools import configure_pools
 from factory.config import STAGES, load_text
 from factory.config.loader import read_document
+from factory.config.stages import stages_of
 from factory.errors import ConfigError
 from factory.preflight import TableLookup, check_variants
 from factory.registry.provenance import head_commit, repo_root
 from factory.registry.remote import RemoteError, bringing_commit, file_url, is_ancestor
-from factory.config.stages import stages_of
 from resources import ExperimentFiles, FactoryStores
 from resources.experiments import reader
 

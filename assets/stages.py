@@ -28,10 +28,10 @@ from factory.data.checks import CHECKS
 from factory.errors import ConfigError
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
+from factory.stages.builtin import POST_TRAINING_TASKS
 from factory.stages.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
 from factory.stages.request import StageRequest
-from factory.stages.builtin import POST_TRAINING_TASKS
 from factory.train.records import CHECKPOINT_DIR
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 

@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from assets.backfill import evaluate_checkpoints  # noqa: E402
 from assets.evaluations import EVALS_PER_RUN  # noqa: E402
-from assets.partitions import CHECKPOINTS  # noqa: E402
 from assets.execution import EVERYTHING, failure_messages, resources_at  # noqa: E402
+from assets.partitions import CHECKPOINTS  # noqa: E402
 from factory.cli.common import dagster_home  # noqa: E402
 from factory.config.schema import ModelConfig, TokenizerConfig  # noqa: E402
 from factory.models.gpt import build_model  # noqa: E402

@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 from factory.config import config_hash, load, plan_stage, upstream_of
+from factory.config.stages import stages_of
 from factory.data.catalog import CatalogConfig
 from factory.registry import ArtifactStore, Provenance
 from factory.stages import every_warm_module
 from factory.stages.request import StageRequest
-from factory.config.stages import stages_of
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "tiny-code-lm.md"

@@ -39,6 +39,18 @@ def tiny_path() -> Path:
     return TINY
 
 
+def training_settings(kind: str = "pretrain", model: dict | None = None, shuffle_buffer_docs: int = 1024) -> dict:
+    """The settings a training stage of `kind` records (defaults but for `model` and the stream's buffer), as plain JSON."""
+    from factory.config.kinds import stage_kind
+    from factory.config.schema import Experiment, ModelConfig, StreamSettings, TrainedModel
+
+    experiment = Experiment.model_validate({"name": "t", "pretrain": {"steps": 10}, "sft": {"steps": 10}, "rl": {"steps": 4}})
+    settings = stage_kind(kind).fingerprint(experiment)
+    stream = StreamSettings(shuffle_buffer_docs=shuffle_buffer_docs, packing="best-fit", pack_window_docs=64)
+    assert isinstance(settings, TrainedModel)
+    return settings.model_copy(update={"model": ModelConfig.model_validate(model or {}), "stream": stream}).model_dump(mode="json")
+
+
 def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, value: float, step: int = 100, training: str = "run-1",
                    count: int = 64, stage: str = "pretrain", blend: str = "b" * 64, content: str = "content-0") -> None:
     """A score of `experiment`'s checkpoint at `step` (from its training run `training`, on a blend of digest `blend`), published as
@@ -47,7 +59,7 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
     from factory.evals.scored_on import table_ref
     from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, publish_score, scored_on
 
-    spec = {"kind": stage, "config": {"model": {}, "seed": 0, "stream": {}}, "upstream": {"blend": blend}, "code": training}
+    spec = {"kind": stage, "config": training_settings(stage), "upstream": {"blend": blend}, "code": training}
     checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
                                path="unused", sha256=f"{experiment}{step}{training}".ljust(64, "0"), training=spec,
                                eval={"max_bytes": 1000, "batch_size": 8}, git_commit="0" * 40)

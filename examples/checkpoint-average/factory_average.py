@@ -15,10 +15,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from factory.config.kinds import StageKind
-from factory.config.schema import Experiment
+from factory.config.schema import Experiment, TrainedModel
 from factory.config.section import Section
 from factory.errors import ConfigError
-from factory.stages.builtin import trained_model
 from factory.stages.context import StageContext
 
 STARTS_FROM = ("rl", "sft", "pretrain")
@@ -36,6 +35,13 @@ class AverageConfig(Section):
     """For `exponential`: the weight of a checkpoint relative to the next newer one (`uniform` ignores it)."""
 
 
+class AverageSettings(TrainedModel):
+    """What the stage computes from: the model it averages (its shape, seed and stream, as every kind with checkpoints
+    has) and its own section. The fingerprint hashes these; the run function reads them."""
+
+    average: AverageConfig
+
+
 def weights(config: AverageConfig, count: int) -> list[float]:
     """The weight of each of `count` checkpoints, oldest first; they sum to 1."""
     raw = [1.0] * count if config.method == "uniform" else [config.decay ** (count - 1 - i) for i in range(count)]
@@ -49,8 +55,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
     from factory.train.records import published
 
-    config = ctx.section
-    assert isinstance(config, AverageConfig)
+    config: AverageConfig = ctx.settings.average
     stage = next(name for name in STARTS_FROM if name in ctx.request.spec.upstream)
     kept = published(ctx.upstream(stage))
     if len(kept) < config.last:
@@ -72,9 +77,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     return {"stage": stage, "steps": [c.step for c in chosen], "weights": [round(w, 6) for w in shares], "checkpoints": 1}
 
 
-def _fingerprint(experiment: Experiment) -> dict[str, Any]:
+def _settings(experiment: Experiment) -> AverageSettings:
     """The average's recipe, and the model it averages (what evaluating its checkpoint reads)."""
-    return {**trained_model(experiment), "average": experiment.average.model_dump(mode="json")}
+    return AverageSettings(**TrainedModel.fields_of(experiment), average=experiment.average)
 
 
 AVERAGE = StageKind(
@@ -86,7 +91,8 @@ AVERAGE = StageKind(
     section="average",
     config=AverageConfig,
     checkpoints=True,
-    fingerprint=_fingerprint,
+    settings=AverageSettings,
+    fingerprint=_settings,
     present=lambda experiment: experiment.average is not None and experiment.pretrain is not None,
     artifact=frozenset({"torch"}),
 )

@@ -17,19 +17,17 @@ import dataclasses
 import functools
 import importlib
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import create_model
 
+from factory.config.schema import Experiment, TrainedModel
 from factory.config.section import Section
 from factory.errors import ConfigError
-
-if TYPE_CHECKING:
-    from factory.config.schema import Experiment
 
 ENTRY_POINT_GROUP = "model_factory.stages"
 BUILTIN_MODULE = "factory.stages.builtin"
@@ -65,6 +63,17 @@ def as_resources_say(experiment: Experiment) -> Placement:
     return Placement(nodes=resources.nodes, processes=resources.processes_per_node, gpus=resources.gpus)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TableNeed:
+    """A pinned table version a stage reads: where the experiment file names it, and the columns the stage needs."""
+
+    where: tuple[str | int, ...]
+    """The key path of the reference in the experiment file (its `file:line` in errors)."""
+    table: str
+    """`namespace.table@tag`."""
+    columns: tuple[str, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class StageKind:
     """One kind of stage. A plugin declares one in its own module and names it in the `model_factory.stages` entry points."""
@@ -86,8 +95,13 @@ class StageKind:
     checkpoints: bool = False
     """Whether its artifact holds checkpoints (`checkpoints/step_NNNNNN.*`): they become `checkpoints` partitions and
     are evaluated. Such a stage takes a slot of the `training` pool."""
-    fingerprint: Callable[[Experiment], dict[str, Any]] | None = None
-    """The part of the experiment that changes its output (placement excluded); default: its section and the seed."""
+    settings: type[Section] | None = None
+    """The type of its stage settings: what `fingerprint` returns, and what the stage process parses once and its run
+    function reads (`ctx.settings`). A kind with checkpoints has settings extending `TrainedModel` (its checkpoints are
+    evaluated with the model they name)."""
+    fingerprint: Callable[[Experiment], Section | dict[str, Any]] | None = None
+    """The part of the experiment that changes its output (placement excluded), as its `settings`; the fingerprint
+    hashes their canonical dump. Default: its section and the seed."""
     present: Callable[[Experiment], bool] | None = None
     """Whether an experiment runs this stage; default: its section is present."""
     placement: Callable[[Experiment], Placement] = one_rank
@@ -98,6 +112,8 @@ class StageKind:
     """The Dagster asset group it is shown in."""
     extra_inputs: tuple[str, ...] = ()
     """Assets outside the stage chain it reads (e.g. `code_exec_tasks`)."""
+    tables: Callable[[Experiment], Iterable[TableNeed]] | None = None
+    """The pinned table versions it reads, which `factory check` verifies exist with the columns it needs."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
 
@@ -108,11 +124,18 @@ class StageKind:
         return self.section is not None and getattr(experiment, self.section, None) is not None
 
     def config_of(self, experiment: Experiment) -> dict[str, Any]:
-        """The part of `experiment` that changes this stage's output."""
+        """The part of `experiment` that changes this stage's output, as plain JSON."""
         if self.fingerprint is not None:
-            return self.fingerprint(experiment)
+            value = self.fingerprint(experiment)
+            return value.model_dump(mode="json") if isinstance(value, Section) else value
         section = getattr(experiment, self.section) if self.section else None
         return {**({self.section: section.model_dump(mode="json")} if section is not None else {}), "seed": experiment.seed}
+
+    def read_settings(self, config: Mapping[str, Any]) -> Any:
+        """`config` (a stage spec's or a manifest's) parsed as this kind's settings."""
+        if self.settings is None:
+            raise ConfigError(f"stage kind {self.name!r} ({self.origin}) declares no settings type to read its config with")
+        return self.settings.model_validate(config)
 
     def run_function(self) -> Callable[[Any], dict[str, Any]]:
         """The run function, imported now when declared as `module:function`."""
@@ -151,8 +174,6 @@ def plugin_sections() -> dict[str, StageKind]:
 @functools.cache
 def experiment_model() -> type[Experiment]:
     """The experiment file's schema: the built-in sections plus one optional section per installed plugin kind."""
-    from factory.config.schema import Experiment
-
     sections = plugin_sections()
     if not sections:
         return Experiment
@@ -187,13 +208,14 @@ def _load(entry: EntryPoint) -> StageKind:
         raise PluginError(f"{who} declares the stage kind {kind.name!r}: name the entry point after the kind it declares")
     if kind.section and kind.config is None:
         raise PluginError(f"{who}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
+    if kind.checkpoints and not (kind.settings and issubclass(kind.settings, TrainedModel)):
+        raise PluginError(f"{who}: a kind with checkpoints gives `settings=` a Section extending TrainedModel (its "
+                          "checkpoints are evaluated with the model it names), built by its `fingerprint`")
     section = kind.section or (kind.name if kind.config is not None else None)  # a typed config lives under its name
     return dataclasses.replace(kind, origin=who, section=section)
 
 
 def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, ...]) -> None:
-    from factory.config.schema import Experiment
-
     if clash := next((k for k in kinds if k.name == plugin.name), None):
         raise PluginError(f"{plugin.origin} declares the stage kind {plugin.name!r}, which {clash.origin} declares already; "
                           "rename one of them")

@@ -457,3 +457,29 @@ def blended_datasets(experiment: Experiment) -> tuple[str, ...]:
     defined but not blended is read by no stage, so it enters no fingerprint)."""
     used = {part.dataset for part in experiment.data.blend if part.dataset is not None}
     return tuple(name for name in experiment.data.datasets if name in used)
+
+
+class StreamSettings(Section):
+    """How a training stage streams the blend (from the data section): part of what it is fingerprinted on."""
+
+    shuffle_buffer_docs: int
+    packing: Literal["best-fit", "next-fit"]
+    pack_window_docs: int
+
+    @classmethod
+    def of(cls, data: DataConfig) -> StreamSettings:
+        return cls(shuffle_buffer_docs=data.shuffle_buffer_docs, packing=data.packing, pack_window_docs=data.pack_window_docs)
+
+
+class TrainedModel(Section):
+    """The settings every stage kind with checkpoints has: the model's shape, the seed and how the blend streams. Its
+    checkpoints are evaluated with them (the model to build, the held-out split to read)."""
+
+    model: ModelConfig
+    seed: int
+    stream: StreamSettings
+
+    @classmethod
+    def fields_of(cls, experiment: Experiment) -> dict[str, Any]:
+        """These settings of `experiment`, as keyword arguments for a subclass."""
+        return {"model": experiment.model, "seed": experiment.seed, "stream": StreamSettings.of(experiment.data)}

@@ -8,7 +8,7 @@ from typing import Any
 
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.kinds import Placement, stage_kind, stage_kinds
-from factory.config.schema import Experiment, blended_datasets
+from factory.config.schema import Experiment
 from factory.errors import ConfigError
 
 TRAINING_POOL = "training"

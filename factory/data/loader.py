@@ -26,6 +26,7 @@ import torch
 from pyiceberg.catalog import Catalog
 from tokenizers import Tokenizer
 
+from factory.config.schema import StreamSettings
 from factory.data.blend import Blend, BlendPart, count_splits
 from factory.data.documents import split_of
 from factory.data.tables import record_batches, resolve
@@ -286,12 +287,12 @@ def fill_ratio(sequences: list[Sequence]) -> float:
 
 
 def build_loader(
-    catalog: Catalog, blend: Blend, tokenizer: Tokenizer, eos_id: int, context: int, seed: int, stream: dict[str, Any], split: str = "train"
+    catalog: Catalog, blend: Blend, tokenizer: Tokenizer, eos_id: int, context: int, seed: int, stream: StreamSettings, split: str = "train"
 ) -> BlendLoader:
     """The loader of one split of a blend (training reads `train`), from the `stream` settings of a pretrain stage."""
     documents = BlendStream(
-        catalog=catalog, blend=blend, split=split, seed=seed, buffer_docs=stream["shuffle_buffer_docs"], finite=split != "train"
+        catalog=catalog, blend=blend, split=split, seed=seed, buffer_docs=stream.shuffle_buffer_docs, finite=split != "train"
     )
     return BlendLoader(
-        stream=documents, tokenizer=tokenizer, eos_id=eos_id, context=context, packing=stream["packing"], window_docs=stream["pack_window_docs"]
+        stream=documents, tokenizer=tokenizer, eos_id=eos_id, context=context, packing=stream.packing, window_docs=stream.pack_window_docs
     )

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from factory.config.stages import TRAINING_STAGES
 from factory.errors import ConfigError
 from factory.evals.scored_on import UNRECORDED, data_of, describe, is_own_split, is_shared
 from factory.registry.store import Manifest
-from factory.config.stages import TRAINING_STAGES
 
 PRIMARY = "heldout_bpb"
 """Ranks the board and picks each experiment's best checkpoint: bits per byte on data every experiment shares."""

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from factory.config.schema import ModelConfig
+from factory.config.stages import TRAINING_STAGES
 from factory.errors import ArtifactError
 from factory.evals.generate import greedy, sample
 from factory.models.gpt import GPT
@@ -26,7 +27,6 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
-from factory.config.stages import TRAINING_STAGES
 
 RECORD = re.compile(r"^step_(\d+)\.json$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -9,11 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from factory.config.kinds import stage_kinds
 from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore
-from factory.config.kinds import stage_kinds
 from factory.stages import runner
 from factory.stages.context import WARNINGS, StageContext
 from factory.stages.exits import say_error, stop_on_signals

@@ -14,6 +14,8 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from factory.config import Experiment, plan_stage, upstream_of
+from factory.config.schema import StreamSettings
+from factory.config.stages import stages_of
 from factory.data.blend import Blend
 from factory.data.loader import PAD, LoaderState, build_loader
 from factory.data.tables import read_version, resolve
@@ -22,7 +24,6 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore
 from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
 from factory.train.records import POSITIONS_FILE
-from factory.config.stages import stages_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,9 +60,8 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
     start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
     blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / BLEND_FILE).read_text()))
     tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / TOKENIZER_FILE)
-    spec = plan_stage(experiment, "pretrain", {n: digests[n] for n in upstream_of(experiment, "pretrain")})
     loader = build_loader(
-        catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, dict(spec.config)["stream"]
+        catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, StreamSettings.of(experiment.data)
     )
     size = experiment.pretrain.batch_size  # a batch is the next `size` sequences: skip whole batches to the step
     sequences = loader.sequences(LoaderState.from_json(start["state"]))

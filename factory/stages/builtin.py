@@ -1,15 +1,25 @@
 """The built-in stage kinds, declared as a plugin declares one (`factory.config.kinds.StageKind`), in the order they run.
 
-Each kind's `fingerprint` is the part of the experiment that changes its bytes; the run functions are named as
-`module:function`, so a stage process imports only its own kind's code (a data stage never loads torch).
+Each kind's `settings` is the part of the experiment that changes its bytes, typed: its `fingerprint` builds them from
+an experiment, the fingerprint hashes their canonical dump, and the stage process parses them once (`ctx.settings`).
+The run functions are named as `module:function`, so a stage process imports only its own kind's code (a data stage
+never loads torch).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from factory.config.kinds import Placement, StageKind, as_resources_say
-from factory.config.schema import Experiment, blended_datasets
+from pydantic import SerializerFunctionWrapHandler, field_serializer, model_serializer
+
+from factory.config.control import ControlConfig
+from factory.config.kinds import Placement, StageKind, TableNeed, as_resources_say
+from factory.config.schema import (
+    TASK_COLUMNS, TASKS_REF, BlendComponent, DatasetConfig, DedupConfig, Experiment, FiltersConfig, PretrainConfig, RLConfig, SFTConfig,
+    SourceConfig, TokenizerConfig, TrainedModel, blended_datasets,
+)
+from factory.config.section import Section
 from factory.config.sources import source_files
 
 RL_PLACEMENT = {"learners", "actors"}
@@ -18,43 +28,111 @@ POST_TRAINING_TASKS = "code_exec_tasks"
 """The Dagster asset of the code-execution task table post-training reads."""
 
 
+# Each kind's settings: what its fingerprint hashes (the canonical JSON of the dump), and what its runner reads, typed.
+class RawSettings(Section):
+    """The raw stage: each blended dataset's source, and a digest of the files it reads today."""
+
+    sources: dict[str, SourceConfig]
+    files: dict[str, str]
+
+
+class DedupSettings(Section):
+    """The dedup stage: each blended dataset's duplicate removal."""
+
+    dedup: dict[str, DedupConfig]
+    seed: int
+
+
+class DatasetFilters(Section):
+    """One dataset's filters, the tag its version takes and the duplicate share its check allows."""
+
+    filters: FiltersConfig
+    tag: str | None
+    max_duplicate_share: float
+
+
+class FilterSettings(Section):
+    """The filter stage: each blended dataset's filters and checks."""
+
+    datasets: dict[str, DatasetFilters]
+
+
+class BlendSettings(Section):
+    """The blend stage: the mixture and the held-out share."""
+
+    blend: tuple[BlendComponent, ...]
+    validation_percent: int
+
+
+class TokenizerSettings(Section):
+    """The tokenizer stage: the tokenizer's recipe and how its sample is drawn."""
+
+    tokenizer: TokenizerConfig
+    seed: int
+    shuffle_buffer_docs: int
+
+
+class PretrainSettings(TrainedModel):
+    """Pretraining: the schedule, and the control rules when there are any."""
+
+    pretrain: PretrainConfig
+    control: ControlConfig | None = None
+
+    @model_serializer(mode="wrap")
+    def _control_only_when_present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dump = handler(self)
+        if self.control is None:  # recipes without rules keep the fingerprints they had before rules existed
+            dump.pop("control", None)
+        return dump
+
+
+class SFTSettings(TrainedModel):
+    """Supervised fine-tuning."""
+
+    sft: SFTConfig
+
+
+class RLSettings(TrainedModel):
+    """GRPO; where its learners and actors run is placement, not part of what it computes."""
+
+    rl: RLConfig
+
+    @field_serializer("rl")
+    def _without_placement(self, rl: RLConfig) -> dict[str, Any]:
+        return {key: value for key, value in rl.model_dump(mode="json").items() if key not in RL_PLACEMENT}
+
+
+class ModelSettings(Section):
+    """The model stage exports what it reads: no settings of its own."""
+
+
 def _blends_a_dataset(experiment: Experiment) -> bool:
     return any(part.dataset is not None for part in experiment.data.blend)
 
 
-def _datasets(experiment: Experiment) -> dict[str, Any]:
-    dump = experiment.data.model_dump(mode="json")
-    return {name: dump["datasets"][name] for name in blended_datasets(experiment)}
+def _datasets(experiment: Experiment) -> dict[str, DatasetConfig]:
+    return {name: experiment.data.datasets[name] for name in blended_datasets(experiment)}
 
 
-def _stream(experiment: Experiment) -> dict[str, Any]:
-    data = experiment.data.model_dump(mode="json")
-    return {key: data[key] for key in ("shuffle_buffer_docs", "packing", "pack_window_docs")}
-
-
-def trained_model(experiment: Experiment) -> dict[str, Any]:
-    """What every stage that trains (or makes) model weights is fingerprinted on, and what evaluating its checkpoints
-    reads: the model's shape, the seed and how the blend is streamed."""
-    return {"model": experiment.model.model_dump(mode="json"), "seed": experiment.seed, "stream": _stream(experiment)}
-
-
-def _raw(experiment: Experiment) -> dict[str, Any]:
+def _raw(experiment: Experiment) -> RawSettings:
     datasets = _datasets(experiment)
-    files = {name: source_files(experiment.data.datasets[name].source).digest for name in datasets}
-    return {"sources": {name: d["source"] for name, d in datasets.items()}, "files": files}
+    return RawSettings(sources={name: d.source for name, d in datasets.items()},
+                       files={name: source_files(d.source).digest for name, d in datasets.items()})
 
 
-def _pretrain(experiment: Experiment) -> dict[str, Any]:
-    config = {"model": experiment.model.model_dump(mode="json"), "pretrain": experiment.pretrain.model_dump(mode="json"),
-              "seed": experiment.seed, "stream": _stream(experiment)}
-    if experiment.control is not None:  # only when present, so recipes without rules keep their fingerprints
-        config["control"] = experiment.control.model_dump(mode="json")
-    return config
+def _filters(experiment: Experiment) -> FilterSettings:
+    return FilterSettings(datasets={name: DatasetFilters(filters=d.filters, tag=d.tag, max_duplicate_share=d.max_duplicate_share)
+                                    for name, d in _datasets(experiment).items()})
 
 
-def _rl(experiment: Experiment) -> dict[str, Any]:
-    rl = {key: value for key, value in experiment.rl.model_dump(mode="json").items() if key not in RL_PLACEMENT}
-    return {"model": experiment.model.model_dump(mode="json"), "rl": rl, "seed": experiment.seed, "stream": _stream(experiment)}
+def _task_table(section: str) -> Callable[[Experiment], list[TableNeed]]:
+    """Post-training reads a task table; the default one is generated by the first run that needs it, so only another
+    must exist already."""
+    def needs(experiment: Experiment) -> list[TableNeed]:
+        tasks = getattr(experiment, section).tasks
+        return [TableNeed(where=(section, "tasks"), table=tasks, columns=TASK_COLUMNS)] if tasks != TASKS_REF else []
+
+    return needs
 
 
 def _rl_placement(experiment: Experiment) -> Placement:
@@ -66,39 +144,37 @@ def _rl_placement(experiment: Experiment) -> Placement:
 
 BUILTIN_KINDS = (
     StageKind(
-        name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset, fingerprint=_raw,
+        name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset,
+        settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data",
         description="Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
-        artifact=frozenset({"iceberg"}), group="data",
     ),
     StageKind(
         name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",),
-        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}),
-        fingerprint=lambda e: {"dedup": {name: d["dedup"] for name, d in _datasets(e).items()}, "seed": e.seed},
+        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings,
+        fingerprint=lambda e: DedupSettings(dedup={name: d.dedup for name, d in _datasets(e).items()}, seed=e.seed),
         description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
     ),
     StageKind(
         name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",),
-        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}),
-        fingerprint=lambda e: {"datasets": {name: {key: d[key] for key in ("filters", "tag", "max_duplicate_share")}
-                                            for name, d in _datasets(e).items()}},
+        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
         description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
     ),
     StageKind(
         name="blend", run="factory.stages.datasets:run_blend", reads=("filtered_datasets",), present=lambda e: True,
-        group="data", artifact=frozenset({"iceberg"}),
-        fingerprint=lambda e: {"blend": e.data.model_dump(mode="json")["blend"], "validation_percent": e.data.validation_percent},
+        group="data", artifact=frozenset({"iceberg"}), settings=BlendSettings,
+        fingerprint=lambda e: BlendSettings(blend=e.data.blend, validation_percent=e.data.validation_percent),
         description="The training mixture: table versions with weights and modes (finite or oversample).",
     ),
     StageKind(
         name="tokenizer", run="factory.stages.runners:run_tokenizer", reads=("blend",), present=lambda e: True,
-        artifact=frozenset({"tokenizers"}),
-        fingerprint=lambda e: {"tokenizer": e.tokenizer.model_dump(mode="json"), "seed": e.seed,
-                               "shuffle_buffer_docs": e.data.shuffle_buffer_docs},
+        artifact=frozenset({"tokenizers"}), settings=TokenizerSettings,
+        fingerprint=lambda e: TokenizerSettings(tokenizer=e.tokenizer, seed=e.seed, shuffle_buffer_docs=e.data.shuffle_buffer_docs),
         description="Byte-level BPE trained on a seeded sample of the blend's train split.",
     ),
     StageKind(
         name="pretrain", run="factory.stages.runners:run_pretrain", reads=("blend", "tokenizer"), section="pretrain",
-        checkpoints=True, fingerprint=_pretrain, placement=as_resources_say, artifact=frozenset({"torch"}),
+        checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), settings=PretrainSettings,
+        fingerprint=lambda e: PretrainSettings(**TrainedModel.fields_of(e), pretrain=e.pretrain, control=e.control),
         description="Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are "
                     "`checkpoints` partitions.",
     ),
@@ -106,21 +182,21 @@ BUILTIN_KINDS = (
     StageKind(
         name="sft", run="factory.stages.post:run_sft", reads=("blend", "tokenizer", "pretrain"), section="sft",
         checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
-        fingerprint=lambda e: {"model": e.model.model_dump(mode="json"), "sft": e.sft.model_dump(mode="json"), "seed": e.seed,
-                               "stream": _stream(e)},
+        settings=SFTSettings, fingerprint=lambda e: SFTSettings(**TrainedModel.fields_of(e), sft=e.sft), tables=_task_table("sft"),
         description="Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its "
                     "checkpoints are `checkpoints` partitions.",
     ),
     StageKind(
         name="rl", run="factory.stages.post:run_rl", reads=("blend", "tokenizer", "pretrain", "sft"), section="rl",
-        checkpoints=True, fingerprint=_rl, placement=_rl_placement, artifact=frozenset({"torch"}),
-        extra_inputs=(POST_TRAINING_TASKS,),
+        checkpoints=True, placement=_rl_placement, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
+        settings=RLSettings, fingerprint=lambda e: RLSettings(**TrainedModel.fields_of(e), rl=e.rl), tables=_task_table("rl"),
         description="GRPO from code-execution feedback, starting from the SFT model: actors sample and score, learners "
                     "update; checkpoints are `checkpoints` partitions.",
     ),
     StageKind(
         name="model", run="factory.stages.runners:run_model", reads=("pretrain", "sft", "rl", "tokenizer"),
-        present=lambda e: e.pretrain is not None, fingerprint=lambda e: {}, artifact=frozenset({"torch"}),
+        present=lambda e: e.pretrain is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
+        artifact=frozenset({"torch"}),
         description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
     ),
 )

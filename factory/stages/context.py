@@ -6,8 +6,10 @@ data stage never imports torch.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,12 +50,20 @@ class StageContext:
         return dict(self.request.spec.config)
 
     @property
+    def settings(self) -> Any:
+        """This stage's settings, parsed once with its kind's type (`StageKind.settings`): what its runner reads."""
+        return _parsed(self.request.spec.kind, self.request.spec.config)
+
+    @property
     def section(self) -> Section | None:
-        """This stage's own section of the experiment, parsed with its kind's type (None for a kind without one)."""
+        """This stage's own section of the experiment (`StageKind.section`), typed; None for a kind without one."""
         kind = stage_kind(self.request.spec.kind)
-        if kind.config is None or kind.section not in self.request.spec.config:
+        if not kind.section:
             return None
-        return kind.config.model_validate(self.request.spec.config[kind.section])
+        if kind.settings is not None:
+            return getattr(self.settings, kind.section, None)
+        raw = self.request.spec.config.get(kind.section)  # a kind fingerprinted on its section alone (the default)
+        return kind.config.model_validate(raw) if kind.config is not None and raw is not None else None
 
     def upstream(self, name: str) -> Path:
         """Directory of the upstream artifact this stage was planned with."""
@@ -71,5 +81,16 @@ class StageContext:
         from factory.data.loader import BlendStream
 
         catalog = open_catalog(self.request.catalog)
-        buffer = self.config.get("stream", self.config)["shuffle_buffer_docs"]
-        return BlendStream(catalog=catalog, blend=self.blend(), split=split, seed=self.config["seed"], buffer_docs=buffer, finite=finite)
+        settings = self.settings  # a training stage's stream settings, or the tokenizer's own
+        buffer = settings.stream.shuffle_buffer_docs if hasattr(settings, "stream") else settings.shuffle_buffer_docs
+        return BlendStream(catalog=catalog, blend=self.blend(), split=split, seed=settings.seed, buffer_docs=buffer, finite=finite)
+
+
+@functools.cache
+def _parsed_json(kind: str, config: str) -> Any:
+    return stage_kind(kind).read_settings(json.loads(config))
+
+
+def _parsed(kind: str, config: Mapping[str, Any]) -> Any:
+    """The settings of a stage, parsed once per process."""
+    return _parsed_json(kind, json.dumps(dict(config), sort_keys=True))

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from factory.config.kinds import stage_kind
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.checks import CHECKS, CheckOutcome, check_version
 from factory.stages.context import DATASETS_FILE
@@ -52,9 +53,10 @@ def combine(per_dataset: dict[str, list[CheckOutcome]]) -> list[CheckOutcome]:
 def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
     """The dataset checks over every filtered dataset of an artifact: one outcome per check, failing if any dataset fails."""
     records = json.loads((artifact / DATASETS_FILE).read_text())
+    settings = stage_kind("filtered_datasets").read_settings(config)
     catalog = open_catalog(catalog_config)
     return combine({
-        name: check_dataset(catalog, record["table"], record["content_tag"], config["datasets"][name]["max_duplicate_share"])
+        name: check_dataset(catalog, record["table"], record["content_tag"], settings.datasets[name].max_duplicate_share)
         for name, record in records.items()
     })
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from factory.config.schema import DataConfig, DedupConfig, FiltersConfig, SourceConfig
+from factory.config.schema import DataConfig, DatasetConfig
 from factory.config.sources import SOURCES_FILE, source_files
 from factory.data.blend import build_blend
 from factory.data.catalog import open_catalog
+from factory.data.checks import CheckOutcome
 from factory.data.dedup import deduplicate
 from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
-from factory.data.checks import CheckOutcome
 from factory.data.tables import TableVersion, name_version, read_version, reject_version, resolve, write_content, write_version
 from factory.errors import StageFailed
 from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
@@ -69,10 +69,10 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
     """Ingest every dataset's source files into `raw.<name>`, the files the fingerprint names and no others."""
     catalog = open_catalog(ctx.request.catalog)
     versions, stats, listings = {}, {}, {}
-    for name, source in ctx.config["sources"].items():
-        config = SourceConfig.model_validate(source)
+    settings = ctx.settings
+    for name, config in settings.sources.items():
         listing = source_files(config)
-        if listing.digest != ctx.config["files"][name]:
+        if listing.digest != settings.files[name]:
             raise StageFailed(f"the files of dataset {name!r} under {listing.root} changed after this stage was planned; run it again")
         listings[name] = dict(listing.files)
         result = read_documents(name, config, ctx.log)
@@ -84,11 +84,11 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
 
 def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
     """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`."""
-    configs = {name: DedupConfig.model_validate(config) for name, config in ctx.config["dedup"].items()}
+    settings = ctx.settings
     catalog = open_catalog(ctx.request.catalog)
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
-        result = deduplicate(documents, configs[name], ctx.config["seed"], ctx.log)
+        result = deduplicate(documents, settings.dedup[name], settings.seed, ctx.log)
         return result.documents, {
             "rows_in": result.rows_in, "rows_out": result.rows_out, "exact_removed": result.exact_removed,
             "near_removed": result.near_removed, "removed_share": round(result.removed_share, 6),
@@ -99,21 +99,21 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
 
 def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
     """Quality filters: `dedup.<name>` -> `filtered.<name>`, checked, then tagged `v<n>` (or the configured tag) only if it passed."""
-    datasets = ctx.config["datasets"]
+    datasets = ctx.settings.datasets
     catalog = open_catalog(ctx.request.catalog)
     checks: dict[str, list[CheckOutcome]] = {}
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
-        result = apply_filters(documents, FiltersConfig.model_validate(datasets[name]["filters"]), ctx.log)
+        result = apply_filters(documents, datasets[name].filters, ctx.log)
         removed = {f"removed_{key}": count for key, count in result.removed.items()}
         return result.documents, {"rows_in": result.rows_in, "rows_out": result.rows_out, **removed}
 
     def publish(name: str, documents: pa.Table) -> TableVersion:
         # The checks decide the name: a version they refuse takes no `v<n>` (nor the configured tag), so no pin can reach it.
         version = write_content(catalog, f"filtered.{name}", documents)
-        checks[name] = check_dataset(catalog, version.table, version.content_tag, datasets[name]["max_duplicate_share"])
+        checks[name] = check_dataset(catalog, version.table, version.content_tag, datasets[name].max_duplicate_share)
         if all(outcome.passed for outcome in checks[name]):
-            return name_version(catalog, version, ctx.log, datasets[name]["tag"])
+            return name_version(catalog, version, ctx.log, datasets[name].tag)
         return reject_version(catalog, version, ctx.log)
 
     summary = _transform(ctx, "deduped_datasets", step, publish)
@@ -123,7 +123,7 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
 
 def run_blend(ctx: StageContext) -> dict[str, Any]:
     """The mixture: this experiment's filtered datasets and pinned table versions, with weights and modes."""
-    data = DataConfig.model_validate(_blend_config(ctx))
+    data = _blend_config(ctx)
     versions = load_versions(ctx, "filtered_datasets") if "filtered_datasets" in ctx.request.spec.upstream else {}
     blend = build_blend(open_catalog(ctx.request.catalog), data, versions)
     (ctx.out / BLEND_FILE).write_text(json.dumps(blend.to_json(), indent=2, sort_keys=True))
@@ -137,8 +137,9 @@ def run_blend(ctx: StageContext) -> dict[str, Any]:
     return summary
 
 
-def _blend_config(ctx: StageContext) -> dict[str, Any]:
+def _blend_config(ctx: StageContext) -> DataConfig:
     """The data section as far as the blend needs it: dataset parts are checked against the upstream versions instead."""
-    blend = ctx.config["blend"]
-    names = {part["dataset"] for part in blend if part.get("dataset")}
-    return {"blend": blend, "validation_percent": ctx.config["validation_percent"], "datasets": {name: {} for name in names}}
+    settings = ctx.settings
+    names = {part.dataset for part in settings.blend if part.dataset}
+    return DataConfig(blend=settings.blend, validation_percent=settings.validation_percent,
+                      datasets={name: DatasetConfig() for name in sorted(names)})

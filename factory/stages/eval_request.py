@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config.fingerprint import sha256_of
+from factory.config.kinds import stage_kind
 from factory.config.stages import StageSpec
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError
@@ -105,8 +106,8 @@ def scored_on(bench: Benchmark, checkpoint: CheckpointRef, content: str = "") ->
     as its evaluations read it, or the benchmark's shared data (with `content`, what its pinned table version holds)."""
     if bench.data:
         return pinned(bench.data, content) if content else bench.data
-    config = checkpoint.training["config"]
-    return own_split(checkpoint.training["upstream"]["blend"], config["seed"], config["stream"].get("shuffle_buffer_docs"),
+    settings = stage_kind(checkpoint.training["kind"]).read_settings(checkpoint.training["config"])
+    return own_split(checkpoint.training["upstream"]["blend"], settings.seed, settings.stream.shuffle_buffer_docs,
                      checkpoint.eval["max_bytes"])
 
 

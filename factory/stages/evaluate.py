@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from factory.config.schema import ModelConfig
+from factory.config.kinds import stage_kind
+from factory.config.schema import TrainedModel
 from factory.config.stages import StageSpec
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
@@ -80,21 +81,22 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
         state = load_checkpoint(path, checkpoint.sha256)
     except ArtifactError as e:
         raise ArtifactError(f"checkpoint {checkpoint.key} at {path} does not match the sha256 its partition recorded; not evaluated") from e
-    config, upstream = checkpoint.training["config"], checkpoint.training["upstream"]
-    tokenizer = load_tokenizer(registry.open(upstream["tokenizer"]) / TOKENIZER_FILE)
-    model = GPT(ModelConfig.model_validate(config["model"]), tokenizer.get_vocab_size())
+    spec = StageSpec.from_json(checkpoint.training)
+    settings: TrainedModel = stage_kind(spec.kind).read_settings(spec.config)  # the model its checkpoints hold
+    tokenizer = load_tokenizer(registry.open(spec.upstream["tokenizer"]) / TOKENIZER_FILE)
+    model = GPT(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
     model.eval()
-    blend = Blend.from_json(json.loads((registry.open(upstream["blend"]) / BLEND_FILE).read_text()))
+    blend = Blend.from_json(json.loads((registry.open(spec.upstream["blend"]) / BLEND_FILE).read_text()))
 
     def validation_texts() -> Iterator[str]:
-        stream = BlendStream(catalog=open_catalog(catalog), blend=blend, split="validation", seed=config["seed"],
-                             buffer_docs=config["stream"]["shuffle_buffer_docs"], finite=True)
+        stream = BlendStream(catalog=open_catalog(catalog), blend=blend, split="validation", seed=settings.seed,
+                             buffer_docs=settings.stream.shuffle_buffer_docs, finite=True)
         return iter(stream.texts())
 
     return EvalInputs(
         model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=model.config.context,
-        validation_texts=validation_texts, seed=config["seed"], batch_size=checkpoint.eval["batch_size"],
+        validation_texts=validation_texts, seed=settings.seed, batch_size=checkpoint.eval["batch_size"],
         max_bytes=checkpoint.eval["max_bytes"], catalog=open_catalog(catalog),
     )
 

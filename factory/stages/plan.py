@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
-from factory.config.schema import SourceConfig
+from factory.config.kinds import stage_kind
 from factory.config.sources import SOURCES_FILE, changed_files, source_files
+from factory.config.stages import stages_of
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
-from factory.config.stages import stages_of
 
 FILES_KEY = "files"
 """The raw stage's config key that holds each source's file digest."""
@@ -112,7 +112,7 @@ def source_changes(last: Manifest, spec: StageSpec, registry: ArtifactStore) -> 
         if name not in read:
             reasons.append(f"source {name}: its files differ from the last ingest's (which did not list them)")
             continue
-        now = source_files(SourceConfig.model_validate(spec.config["sources"][name])).files
+        now = source_files(stage_kind(spec.kind).read_settings(spec.config).sources[name]).files
         reasons.append(f"source {name}: {changed_files(read[name], now) or 'files changed'}")
     return reasons
 

@@ -12,7 +12,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from tokenizers import Tokenizer
 
-from factory.config.schema import ModelConfig, RLConfig, SFTConfig
+from factory.config.schema import ModelConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
 from factory.data.tables import parse_ref, resolve
@@ -29,19 +29,19 @@ from factory.train.distributed import world_from_env
 def _inputs(ctx: StageContext) -> tuple[ModelConfig, Tokenizer, int, Catalog]:
     """What both post-training stages read: the model's shape, the tokenizer and its end-of-text id, the catalog."""
     tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
-    return ModelConfig.model_validate(ctx.config["model"]), tokenizer, tokenizer.token_to_id(EOS), open_catalog(ctx.request.catalog)
+    return ctx.settings.model, tokenizer, tokenizer.token_to_id(EOS), open_catalog(ctx.request.catalog)
 
 
 def run_sft(ctx: StageContext) -> dict[str, Any]:
     """Fine-tune the pretrained model on the train split of the task table, loss on completion tokens only."""
     model_config, tokenizer, eos_id, catalog = _inputs(ctx)
-    config = SFTConfig.model_validate(ctx.config["sft"])
+    config = ctx.settings.sft
     examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
     world = world_from_env()
     ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
 
     def data(state: LoaderState | None) -> Iterator[Batch]:
-        return sft_batches(examples, config.batch_size, ctx.config["seed"], eos_id, state, world.rank, world.size)
+        return sft_batches(examples, config.batch_size, ctx.settings.seed, eos_id, state, world.rank, world.size)
 
     summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, "pretrain"))
     if not summary:
@@ -52,7 +52,7 @@ def run_sft(ctx: StageContext) -> dict[str, Any]:
 def run_rl(ctx: StageContext) -> dict[str, Any]:
     """GRPO from the SFT model (or the pretrained one when there is no sft stage) on the train split's tasks."""
     model_config, tokenizer, eos_id, catalog = _inputs(ctx)
-    config = RLConfig.model_validate(ctx.config["rl"])
+    config = ctx.settings.rl
     rows = read_tasks(catalog, config.tasks, "train")
     if len(rows) < config.prompts_per_step:
         raise ConfigError(f"{config.tasks} has {len(rows)} train tasks, fewer than rl.prompts_per_step ({config.prompts_per_step}): "
@@ -67,7 +67,7 @@ def run_rl(ctx: StageContext) -> dict[str, Any]:
     if world.is_main:
         ctx.log.info("GRPO from the %s model on %d tasks: %d learner(s), %d actor(s)", start, len(rows), roles.learners, roles.actors)
     with tracked_run(ctx, world, work) as (tracker, report):
-        result = train_rl(rows, tokenizer, eos_id, final_weights(ctx, start), model_config, config, ctx.config["seed"], roles, work,
+        result = train_rl(rows, tokenizer, eos_id, final_weights(ctx, start), model_config, config, ctx.settings.seed, roles, work,
                           ctx.log, report)
     if not world.is_main:
         return {}

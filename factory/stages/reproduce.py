@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config.fingerprint import code_identity, source_tree_hash
-from factory.config.schema import SourceConfig
+from factory.config.kinds import stage_kind
 from factory.config.sources import source_files
 from factory.config.stages import STAGES, StageSpec
 from factory.data.catalog import CatalogConfig, open_catalog
@@ -222,7 +222,8 @@ def _source_drift(manifest: Manifest, registry: ArtifactStore) -> str:
     if manifest.kind not in SOURCES or not isinstance(recorded, dict):
         return ""
     try:
-        now = {name: source_files(SourceConfig.model_validate(config)).digest for name, config in manifest.config["sources"].items()}
+        settings = stage_kind(manifest.kind).read_settings(manifest.config)
+        now = {name: source_files(config).digest for name, config in settings.sources.items()}
     except ConfigError as e:
         return str(e)
     if now == recorded:

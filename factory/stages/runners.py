@@ -18,15 +18,15 @@ from typing import Any
 import torch
 from safetensors.torch import save as save_safetensors
 
-from factory.models.export import sorted_header
 from factory.config.control import ControlConfig
+from factory.config.schema import ModelConfig, PretrainConfig
 from factory.config.stages import TRAINING_STAGES
-from factory.config.schema import ModelConfig, PretrainConfig, TokenizerConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState, build_loader
+from factory.models.export import sorted_header
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer, vocabulary_shortfall
-from factory.stages.progress import training_progress, wants_progress
 from factory.stages.context import TOKENIZER_FILE, WARNINGS, StageContext
+from factory.stages.progress import training_progress, wants_progress
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
 from factory.train.pretrain import (
@@ -41,7 +41,7 @@ RUN_FILE = "run.json"
 
 def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
     """Train a byte-level BPE on a seeded sample of the train split."""
-    config = TokenizerConfig.model_validate(ctx.config["tokenizer"])
+    config = ctx.settings.tokenizer
     sample = sample_texts(ctx.blend_stream("train", finite=True).texts(), config.sample_bytes)
     tokenizer = train_tokenizer(sample, config)
     tokenizer.save(str(ctx.out / TOKENIZER_FILE))
@@ -61,21 +61,21 @@ def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
 
 def run_pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it."""
-    model_config = ModelConfig.model_validate(ctx.config["model"])
-    config = PretrainConfig.model_validate(ctx.config["pretrain"])
+    settings = ctx.settings
+    model_config, config = settings.model, settings.pretrain
     tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
     catalog = open_catalog(ctx.request.catalog)
     eos_id = tokenizer.token_to_id(EOS)
-    loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"])
+    loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream)
     world = world_from_env()
 
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
 
-    control = ControlConfig.model_validate(ctx.config["control"]) if ctx.config.get("control") else None
+    control = settings.control
     validation: list[Batch] = []
     if control is not None:
-        held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, ctx.config["seed"], ctx.config["stream"], "validation")
+        held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream, "validation")
         validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
     return train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation)
 
@@ -108,7 +108,7 @@ def train_stage(
 
         with training_progress(label, config.steps, world.is_main and wants_progress(world.size)) as on_step:
             result = pretrain(
-                data, vocab_size, model_config, config, ctx.config["seed"], work, ctx.log, report, world,
+                data, vocab_size, model_config, config, ctx.settings.seed, work, ctx.log, report, world,
                 control=control, validation=validation, on_control=acted, on_step=on_step, init=init,
             )
     if not world.is_main:

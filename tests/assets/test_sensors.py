@@ -5,12 +5,12 @@ import subprocess
 import pytest
 from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
+from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG
 from assets.sensors import experiments_at_head
 from factory.cli.common import dagster_home
-from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
 from factory.config import load
+from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
 from factory.config.stages import stages_of
-from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG
 from resources import ExperimentFiles, FactoryStores
 
 SWEEP = """---

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, plan_stage, upstream_of
+from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, load_file, plan_stage, upstream_of
 from factory.config.fingerprint import canonical_json, code_identity, sha256_of, source_tree_hash
-from factory.errors import ConfigError
 from factory.config.stages import stages_of
+from factory.errors import ConfigError
 
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "tiny-code-lm.md"
 PINNED = "registry.example/factory@sha256:" + "cd" * 32
@@ -282,3 +282,16 @@ def test_a_dataset_the_blend_does_not_use_enters_no_fingerprint(tiny_path):
     data["blend"] = [*data["blend"], {"dataset": "notes", "weight": 1}]
     blended = experiment.model_copy(update={"data": experiment.data.model_validate(data)})
     assert plan_stage(blended, "raw_datasets", {}).fingerprint != plan_stage(experiment, "raw_datasets", {}).fingerprint
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.md")), ids=lambda p: p.stem)
+def test_each_stage_reads_its_settings_back_typed_exactly_as_they_were_fingerprinted(path):
+    """The stage process parses a spec's config with its kind's settings type: nothing is lost or added on the way."""
+    from factory.config.kinds import stage_kind
+    from factory.config.stages import stage_config
+
+    for experiment in load_file(path):
+        for kind in stages_of(experiment):
+            config = json.loads(json.dumps(stage_config(experiment, kind)))  # as the stage process receives it
+            settings = stage_kind(kind).read_settings(config)
+            assert settings.model_dump(mode="json") == config, kind

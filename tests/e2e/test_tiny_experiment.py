@@ -11,11 +11,11 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 from assets.execution import failure_messages
 from assets.run import run_experiment
 from factory.config import config_hash, load
+from factory.config.stages import stages_of
 from factory.data.catalog import CatalogConfig
 from factory.podium.links import DEFAULT_URL, checkpoint_url, table_url
 from factory.registry import ArtifactStore
 from factory.stages.leaderboard import latest_board
-from factory.config.stages import stages_of
 from tests.e2e.conftest import objects_but_reports
 
 pytestmark = pytest.mark.e2e
@@ -228,14 +228,14 @@ def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     from itertools import islice
 
     from factory.data.blend import Blend
+    from factory.config.schema import StreamSettings
     from factory.data.loader import build_loader
     from factory.models.tokenizer import EOS, load_tokenizer
 
     digests = stage_artifacts(experiment, registry, "pretrain")
     blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / "blend.json").read_text()))
     tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / "tokenizer.json")
-    stream = {"packing": experiment.data.packing, "shuffle_buffer_docs": experiment.data.shuffle_buffer_docs,
-              "pack_window_docs": experiment.data.pack_window_docs}
+    stream = StreamSettings.of(experiment.data)
     loader = build_loader(catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, stream)
     [batch] = islice(loader.batches(experiment.pretrain.batch_size), step, step + 1)
     for sequence, x, y in zip(fetched, batch.x, batch.y, strict=True):

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from factory.config import load
+from factory.config.stages import stages_of
 from factory.errors import ConfigError
 from factory.launch.volcano import RULES, JobSpec, build_job, job_manifest, job_name, label_value, validate
 from factory.launch.volcano_manifest import DNS1035_LABEL, LABEL_VALUE
 from factory.launch.volcano_rules import check_pod_templates
-from factory.config.stages import stages_of
 
 IMAGE = "registry.example/factory@sha256:" + "ab" * 32
 FINGERPRINT = "0123456789abcdef" * 4

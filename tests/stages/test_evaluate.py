@@ -20,6 +20,7 @@ from factory.registry import ArtifactStore, Provenance
 from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
 from factory.stages.evaluate import evaluate, locate_checkpoint
 from factory.stages.report import ConsoleReporter
+from tests.conftest import training_settings
 
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
 CALLS: list[int] = []
@@ -48,7 +49,7 @@ def setup(tmp_path):
     tokenizer = train_tokenizer([Path(logging.__file__).read_text()], TokenizerConfig(vocab_size=300, sample_bytes=100_000))
     upstream = {"tokenizer": publish(registry, "tokenizer", {"tokenizer.json": tokenizer.to_str().encode()}),
                 "blend": publish(registry, "blend", {"blend.json": b'{"parts": [], "validation_percent": 5}'})}
-    training = {"kind": "pretrain", "config": {"model": MODEL.model_dump(mode="json"), "seed": 0, "stream": {"shuffle_buffer_docs": 1}},
+    training = {"kind": "pretrain", "config": training_settings(model=MODEL.model_dump(mode="json"), shuffle_buffer_docs=1),
                 "upstream": upstream, "code": "test"}
     path = tmp_path / "step_000001.pt"
     torch.save({"model": build_model(MODEL, tokenizer.get_vocab_size(), seed=1).state_dict()}, path)
