@@ -2,13 +2,14 @@
 
 import sys
 
-from factory.config.kinds import PluginError, stage_kinds
+from factory.config.kinds import stage_kinds
+from factory.config.plugins import PluginError
 
 
 def main() -> None:
-    """Register the stage kinds (a broken plugin is exit 2, said in one line), then run the command."""
+    """Register the plugins' stage and source kinds (a broken plugin is exit 2, said in one line), then run the command."""
     try:
-        stage_kinds()
+        stage_kinds()  # the source kinds with them
     except PluginError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -16,6 +16,7 @@ from factory.config.cluster import ClusterProfile
 from factory.config.files import data_roots, outside_roots
 from factory.config.kinds import stage_kinds
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
+from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError
 from factory.evals.benchmarks import known, registered
 from factory.evals.custom import NAME as CUSTOM
@@ -139,7 +140,7 @@ def _semantic_problems(experiment: Experiment) -> list[Problem]:
     found: list[Problem] = []
     for name, dataset in experiment.data.datasets.items():
         source = dataset.source
-        if source.kind != "directory":
+        if not source_kind(source.kind).takes_path:
             continue
         keys = ("data", "datasets", name, "source", "path")
         if refused := outside_roots(Path(source.path or ""), data_roots()):  # before any stat: /proc, /dev and others are not data

@@ -19,13 +19,15 @@ import importlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
 from pydantic import create_model
 
+from factory.config.plugins import PluginError, load_declarations, who
 from factory.config.schema import Experiment, TrainedModel
+from factory.config.source_kinds import source_kinds
 from factory.config.section import Section
 from factory.errors import ConfigError
 
@@ -33,10 +35,6 @@ ENTRY_POINT_GROUP = "model_factory.stages"
 BUILTIN_MODULE = "factory.stages.builtin"
 """Declares the built-in kinds as `BUILTIN_KINDS`, in the order they run."""
 BUILT_IN = "built in"
-
-
-class PluginError(ConfigError):
-    """A stage kind that cannot be registered; the message names the plugin and what to change."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,11 +145,13 @@ class StageKind:
 
 @functools.cache
 def stage_kinds() -> tuple[StageKind, ...]:
-    """Every registered stage kind, upstream before downstream: the built-in ones, then each plugin's after what it reads."""
+    """Every registered stage kind, upstream before downstream: the built-in ones, then each plugin's after what it reads.
+    The source kinds are registered with them, so a broken source plugin is said wherever the stages are first read."""
+    source_kinds()
     builtin: tuple[StageKind, ...] = importlib.import_module(BUILTIN_MODULE).BUILTIN_KINDS
     kinds = list(builtin)
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        plugin = _load(entry)
+    for entry, declared in load_declarations(ENTRY_POINT_GROUP, StageKind):
+        plugin = _registered(entry, declared)
         _check(plugin, kinds, builtin)
         after = max((i for i, k in enumerate(kinds) if k.name in plugin.reads), default=len(kinds) - 1)
         kinds.insert(after + 1, plugin)
@@ -195,24 +195,15 @@ def plugin_hint(section: str) -> str | None:
     return None
 
 
-def _load(entry: EntryPoint) -> StageKind:
-    who = _who(entry)
-    try:
-        kind = entry.load()
-    except Exception as e:  # a plugin's import can fail in any way; say which and go no further
-        raise PluginError(f"{who} failed to import ({type(e).__name__}: {e}); fix the package or uninstall it") from e
-    if not isinstance(kind, StageKind):
-        raise PluginError(f"{who} names a {type(kind).__name__}, not a StageKind; point the entry point at the kind's "
-                          "`StageKind(...)` object")
-    if kind.name != entry.name:
-        raise PluginError(f"{who} declares the stage kind {kind.name!r}: name the entry point after the kind it declares")
+def _registered(entry: EntryPoint, kind: StageKind) -> StageKind:
+    """A plugin's kind as registered: named after its plugin, its typed section under its own name by default."""
     if kind.section and kind.config is None:
-        raise PluginError(f"{who}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
+        raise PluginError(f"{who(entry)}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
     if kind.checkpoints and not (kind.settings and issubclass(kind.settings, TrainedModel)):
-        raise PluginError(f"{who}: a kind with checkpoints gives `settings=` a Section extending TrainedModel (its "
+        raise PluginError(f"{who(entry)}: a kind with checkpoints gives `settings=` a Section extending TrainedModel (its "
                           "checkpoints are evaluated with the model it names), built by its `fingerprint`")
     section = kind.section or (kind.name if kind.config is not None else None)  # a typed config lives under its name
-    return dataclasses.replace(kind, origin=who, section=section)
+    return dataclasses.replace(kind, origin=who(entry), section=section)
 
 
 def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, ...]) -> None:
@@ -228,8 +219,3 @@ def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, 
     if clash := next((k for k in kinds if k.section == plugin.section and k not in builtin), None):
         raise PluginError(f"{plugin.origin}: section {plugin.section!r} is {clash.origin}'s already; give the kind a section "
                           "of its own")
-
-
-def _who(entry: EntryPoint) -> str:
-    package = f" of package {entry.dist.name}" if entry.dist is not None else ""
-    return f"plugin {entry.name!r} ({entry.value}{package})"

@@ -8,7 +8,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from factory.config.control import ControlConfig
+from factory.config.plugins import PluginError
 from factory.config.section import Section
+from factory.config.source_kinds import source_kind
+from factory.errors import ConfigError
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._=-]{0,127}$")
 IMAGE_PATTERN = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
@@ -37,10 +40,11 @@ def _table_ref(value: str) -> str:
 class SourceConfig(Section):
     """Where the raw documents of one dataset come from."""
 
-    kind: Literal["python-stdlib", "site-packages", "directory"] = "python-stdlib"
-    """The running interpreter's standard library, its installed site-packages, or a directory (`path`)."""
+    kind: str = "python-stdlib"
+    """A registered source kind: `python-stdlib` (the running interpreter's standard library), `site-packages` (its
+    installed packages), `directory` (`path`), or one a plugin package adds (`model_factory.sources`)."""
     path: str | None = None
-    """For `directory`: the directory to read, absolute or relative to the working directory."""
+    """For a kind that takes a path (`directory`): the directory to read, absolute or relative to the working directory."""
     include: tuple[str, ...] = ("**/*.py",)
     """Glob patterns, relative to the source root, of the files to read."""
     exclude: tuple[str, ...] = ()
@@ -55,12 +59,24 @@ class SourceConfig(Section):
     """Free-form extra knob: changing it ingests the source again (its files' paths and contents are part of the raw
     stage's fingerprint already, so changed files are ingested again without it)."""
 
+    @field_validator("kind")
+    @classmethod
+    def _kind_is_registered(cls, value: str) -> str:
+        try:
+            source_kind(value)
+        except PluginError:
+            raise  # a broken plugin is not this file's fault: said as such, not as a field error
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return value
+
     @model_validator(mode="after")
-    def _directory_has_path(self) -> SourceConfig:
-        if self.kind == "directory" and not self.path:
-            raise ValueError("a 'directory' source needs 'path'")
-        if self.kind != "directory" and self.path is not None:
-            raise ValueError(f"'path' is only for kind 'directory'; kind {self.kind!r} knows its own root")
+    def _path_when_the_kind_takes_one(self) -> SourceConfig:
+        takes_path = source_kind(self.kind).takes_path
+        if takes_path and not self.path:
+            raise ValueError(f"a {self.kind!r} source needs 'path'")
+        if not takes_path and self.path is not None:
+            raise ValueError(f"'path' is only for a kind that takes one (directory); kind {self.kind!r} knows its own root")
         return self
 
 

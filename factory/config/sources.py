@@ -20,7 +20,6 @@ import json
 import os
 import re
 import stat
-import sysconfig
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,10 +28,10 @@ from pathlib import Path
 from factory.atomic import write_atomic
 from factory.config.files import data_roots, outside_roots
 from factory.config.schema import SourceConfig
+from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError
 
 CACHE_DIRS = frozenset({"__pycache__"})
-INSTALLED_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
 CACHE_ENV = "FACTORY_CACHE"
 CHUNK_BYTES = 1 << 20
 GLOB_CHARS = re.compile(r"[*?\[]")
@@ -57,19 +56,13 @@ class SourceFiles:
 
 def source_root(config: SourceConfig) -> Path:
     """The directory a source reads from; a ConfigError when it is not a directory."""
-    match config.kind:
-        case "python-stdlib":
-            root = Path(sysconfig.get_paths()["stdlib"])
-        case "site-packages":
-            root = Path(sysconfig.get_paths()["purelib"])
-        case "directory":
-            assert config.path is not None, "SourceConfig requires path for kind 'directory'"
-            root = Path(config.path)
-    if config.kind == "directory" and (refused := outside_roots(root, data_roots())):
+    kind = source_kind(config.kind)
+    root = kind.root(config)
+    if kind.takes_path and (refused := outside_roots(root, data_roots())):
         raise ConfigError(f"source.path: {refused}; point source.path at a directory of data")
     if not root.is_dir():
         found = "a file" if root.is_file() else "something that is not a directory" if root.exists() else "nothing"
-        where = "source.path" if config.kind == "directory" else f"source.kind {config.kind!r} (no source.path)"
+        where = "source.path" if kind.takes_path else f"source.kind {config.kind!r} (no source.path)"
         raise ConfigError(
             f"{where}: expected a directory to read, found {found} at {root.resolve()}; "
             "point source.path at an existing directory (relative paths start at the working directory)"
@@ -120,10 +113,11 @@ def _top_directories(patterns: tuple[str, ...]) -> frozenset[str] | None:
 def matching_files(root: Path, config: SourceConfig) -> list[str]:
     """Relative posix paths of the files to read, sorted: included, not excluded, not in caches, and resolving under
     the data roots (a directory source) or under the root (a built-in one)."""
-    roots = data_roots() if config.kind == "directory" else (root.resolve(),)
+    kind = source_kind(config.kind)
+    roots = data_roots() if kind.takes_path else (root.resolve(),)
     include = [glob_pattern(p) for p in config.include]
     exclude = [glob_pattern(p) for p in config.exclude]
-    pruned = CACHE_DIRS | (INSTALLED_PACKAGE_DIRS if config.kind == "python-stdlib" else frozenset())
+    pruned = CACHE_DIRS | kind.skip_dirs
     tops = _top_directories(config.include)
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
