@@ -20,7 +20,7 @@ from resources import ExperimentFiles, FactoryStores
     group_name="pipeline",
 )
 def run_report(context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores) -> MaterializeResult:
-    from factory.stages.run_report import REPORT_FILE, publish_report, report_inputs
+    from factory.evals.run_report import REPORT_FILE, publish_report, report_inputs
 
     experiment = experiments.load(context.partition_key, commit=context.run.tags.get(COMMIT_TAG))
     stages = {}

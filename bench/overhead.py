@@ -46,9 +46,9 @@ def in_process(root: Path) -> dict[str, float]:
     from factory.stages.__main__ import run
     from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
     from factory.stages.evaluate import evaluate
-    from factory.stages.leaderboard import current_board, publish_leaderboard
+    from factory.evals.publish import current_board, publish_leaderboard
     from factory.stages.report import ConsoleReporter
-    from factory.stages.run_report import publish_report, report_inputs
+    from factory.evals.run_report import publish_report, report_inputs
     from factory.train.records import published
 
     experiment = load(EXPERIMENT)

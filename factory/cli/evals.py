@@ -32,7 +32,7 @@ def leaderboard(
 ) -> None:
     """Every experiment at its best checkpoint, scored on every benchmark (from the registry's evaluation results)."""
     from factory.evals.leaderboard import render_html
-    from factory.stages.leaderboard import current_board
+    from factory.evals.publish import current_board
 
     try:
         board = current_board(ArtifactStore(root / "registry"), sort)
@@ -50,7 +50,7 @@ def leaderboard(
 def print_leaderboard(root: Path, board: Board | None = None) -> bool:
     """Print the board (the current one unless given) as a table; False, with a hint, when nothing is evaluated yet."""
     from factory.evals.leaderboard import cell, heading, legend, ranks
-    from factory.stages.leaderboard import current_board
+    from factory.evals.publish import current_board
 
     board = board or current_board(ArtifactStore(root / "registry"))
     if not board.rows:
@@ -109,7 +109,7 @@ def evals_compare(
     """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`); exit 2
     when their scores do not compare (another version, or other data such as each one's own held-out split)."""
     from factory.evals.scored_on import describe
-    from factory.stages.leaderboard import current_board
+    from factory.evals.publish import current_board
 
     board = current_board(ArtifactStore(root / "registry"))
     rows = {row.experiment: row for row in board.rows}

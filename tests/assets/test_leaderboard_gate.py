@@ -6,7 +6,7 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, materialize
 from assets.execution import gate_refused
 from assets.leaderboard import best_model, leaderboard
 from factory.registry import ArtifactStore
-from factory.stages.leaderboard import current_best, latest_board
+from factory.evals.publish import current_best, latest_board
 from resources import FactoryStores
 from tests.conftest import publish_result
 

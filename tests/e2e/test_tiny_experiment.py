@@ -15,7 +15,7 @@ from factory.config.stages import stages_of
 from factory.data.catalog import CatalogConfig
 from factory.podium.links import DEFAULT_URL, checkpoint_url, table_url
 from factory.registry import ArtifactStore
-from factory.stages.leaderboard import latest_board
+from factory.evals.publish import latest_board
 from tests.e2e.conftest import objects_but_reports
 
 pytestmark = pytest.mark.e2e
@@ -215,7 +215,7 @@ def test_podium_links_in_the_metadata_open_the_table_and_the_checkpoint(pipeline
 def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     from factory.data.catalog import CatalogConfig, open_catalog
     from factory.data.loader import PAD
-    from factory.stages.batch import fetch_batch, stage_artifacts
+    from factory.operations.batch import fetch_batch, stage_artifacts
 
     experiment = load(pipeline["source"])
     registry = ArtifactStore(pipeline["root"] / "registry")

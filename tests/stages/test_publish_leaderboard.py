@@ -2,7 +2,7 @@
 
 from factory.evals.leaderboard import Board, Row
 from factory.registry import ArtifactStore
-from factory.stages.leaderboard import BEST_REF, current_best, latest_board, mark_best, publish_leaderboard
+from factory.evals.publish import BEST_REF, current_best, latest_board, mark_best, publish_leaderboard
 
 
 def board(name: str, bpb: float) -> Board:
