@@ -22,7 +22,7 @@ from assets.execution import resources_at
 from assets.stages import CHECK_SPECS
 from factory.errors import FactoryError
 from factory.registry import ArtifactStore
-from factory.operations.promote import demote, grounds, promote, standing
+from factory.ops.promote import demote, grounds, promote, standing
 from resources import FactoryStores
 
 

@@ -24,7 +24,7 @@ from factory.errors import ConfigError
 from factory.launch import warm_starts
 from factory.registry import ArtifactStore
 from factory.stages import warm_modules
-from factory.operations.plan import build_plan
+from factory.ops.plan import build_plan
 from factory.stages.report import exit_now
 from factory.track.base import TrackingConfig
 

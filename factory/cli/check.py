@@ -20,7 +20,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.preflight import check_files, experiment_files
 from factory.registry import ArtifactStore
-from factory.operations.plan import build_plan, counts
+from factory.ops.plan import build_plan, counts
 
 
 def check(
@@ -104,7 +104,7 @@ def diff(
     )] = None,
 ) -> None:
     """Two experiments or two artifacts side by side: config, input artifacts, code identity."""
-    from factory.operations.diff import diff_artifacts, diff_experiments, find_artifact
+    from factory.ops.diff import diff_artifacts, diff_experiments, find_artifact
 
     registry = ArtifactStore(root / "registry")
     names = variant or []

@@ -26,8 +26,8 @@ def data_batch(
     variant: Annotated[str | None, typer.Option("--variant", help="For a sweep file: the variant whose run to look into (its name).")] = None,
 ) -> None:
     """Fetch again the exact batch a training step consumed: its sequences and the documents in them."""
-    from factory.operations.batch import fetch_batch
-    from factory.operations.batch import to_json as batch_json
+    from factory.ops.batch import fetch_batch
+    from factory.ops.batch import to_json as batch_json
 
     chosen = load(experiment, variant)
     catalog = open_catalog(CatalogConfig.at(root))

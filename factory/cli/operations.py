@@ -19,9 +19,9 @@ from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError, FactoryError
 from factory.registry import ArtifactStore
 from factory.registry.store import Manifest
-from factory.operations.lineage import Lineage, TableVersion, describe
-from factory.operations.promote import standing
-from factory.operations.reproduce import reproduce as reproduce_model
+from factory.ops.lineage import Lineage, TableVersion, describe
+from factory.ops.promote import standing
+from factory.ops.reproduce import reproduce as reproduce_model
 
 
 def lineage(

@@ -26,7 +26,7 @@ from factory.errors import ConfigError
 from factory.launch.volcano_manifest import REQUEST_PATH, JobSpec, build_job, image_problem, job_name, label_value, request_config_map
 from factory.launch.volcano_rules import KUBERNETES_VERSION, RULES, validate
 from factory.registry.store import ArtifactStore
-from factory.operations.plan import PENDING
+from factory.ops.plan import PENDING
 
 CPU_PER_PROCESS = 2
 MEMORY_GI_PER_PROCESS = 8

@@ -24,7 +24,7 @@ from factory.cli.common import dagster_home
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
-from factory.operations.promote import demote, grounds
+from factory.ops.promote import demote, grounds
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from factory.cli.common import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore
 from factory.stages.eval_request import KIND as EVALUATIONS
-from factory.operations.plan import build_plan, counts
+from factory.ops.plan import build_plan, counts
 from tests.e2e.test_sweep_plan import run_all
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ from assets.run import run_experiment
 from factory.cli.common import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore
-from factory.operations.plan import build_plan, counts
+from factory.ops.plan import build_plan, counts
 
 pytestmark = pytest.mark.e2e
 SWEEP = """---

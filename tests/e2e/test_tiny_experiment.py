@@ -215,7 +215,7 @@ def test_podium_links_in_the_metadata_open_the_table_and_the_checkpoint(pipeline
 def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     from factory.data.catalog import CatalogConfig, open_catalog
     from factory.data.loader import PAD
-    from factory.operations.batch import fetch_batch, stage_artifacts
+    from factory.ops.batch import fetch_batch, stage_artifacts
 
     experiment = load(pipeline["source"])
     registry = ArtifactStore(pipeline["root"] / "registry")

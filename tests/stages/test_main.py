@@ -11,7 +11,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.registry.store import ArtifactStore, Provenance
 from factory.stages.__main__ import USAGE, main
 from factory.stages.context import DATASETS_FILE
-from factory.operations.plan import build_plan
+from factory.ops.plan import build_plan
 from factory.stages.request import StageRequest
 
 SOURCES = {f"lib/mod_{i}.py": f"def f{i}(x):\n    return x * {i}\n" for i in range(8)}

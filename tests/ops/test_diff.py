@@ -2,7 +2,7 @@
 
 from factory.config import load, plan_stage
 from factory.registry import ArtifactStore, Provenance
-from factory.operations.diff import diff_artifacts, diff_experiments
+from factory.ops.diff import diff_artifacts, diff_experiments
 
 
 def test_experiment_diff_names_the_change_and_the_shared_stages(tmp_path, tiny_path):

@@ -2,7 +2,7 @@
 
 from factory.config import load, plan_stage
 from factory.registry import ArtifactStore, Provenance
-from factory.operations.plan import build_plan, why_run
+from factory.ops.plan import build_plan, why_run
 
 
 def publish(registry, spec, experiment):

@@ -36,8 +36,8 @@ from factory.errors import ArtifactError, ConfigError
 from factory.launch.local import stage_argv
 from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.operations.lineage import Lineage
-from factory.operations.plan import FILES_KEY, source_changes
+from factory.ops.lineage import Lineage
+from factory.ops.plan import FILES_KEY, source_changes
 from factory.stages.request import StageRequest
 
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})

@@ -23,7 +23,7 @@ from factory.errors import ConfigError
 from factory.preflight import experiment_files
 from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest
-from factory.operations.reproduce import reproductions
+from factory.ops.reproduce import reproductions
 
 ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 

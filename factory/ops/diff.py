@@ -6,7 +6,7 @@ from factory.config import Experiment
 from factory.config.stages import NOT_RECIPE
 from factory.errors import ConfigError
 from factory.registry.store import ArtifactStore, Manifest
-from factory.operations.plan import build_plan, config_changes
+from factory.ops.plan import build_plan, config_changes
 
 
 def diff_experiments(a: Experiment, b: Experiment, registry: ArtifactStore) -> list[str]:
