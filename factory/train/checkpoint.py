@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,8 @@ from factory.train.distributed import SINGLE, World
 from factory.train.records import DELETED, FILE, SAVED, SHARDED, CheckpointEvent, SavedCheckpoint, published
 
 CheckpointSink = Callable[[CheckpointEvent], None]
+"""Hears of a checkpoint saved or deleted (see `CheckpointDir`)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetentionPolicy:
@@ -172,7 +174,7 @@ class CheckpointDir:
         self._tell(SAVED, SavedCheckpoint(step=step, path=path, sha256=sha256, size=size, metrics=metrics))
         self._retain(step)
 
-    def _tell(self, event: str, checkpoint: SavedCheckpoint) -> None:
+    def _tell(self, event: Literal["saved", "deleted"], checkpoint: SavedCheckpoint) -> None:
         if self.on_event is not None:
             self.on_event(CheckpointEvent(event=event, checkpoint=checkpoint))
 
