@@ -103,7 +103,7 @@ class PipesMessageTap(PipesMessageReader):
 
     @contextlib.contextmanager
     def read_messages(self, handler: PipesMessageHandler) -> Iterator[PipesParams]:
-        with self.reader.read_messages(_TappedHandler(handler, self.on_message)) as params:  # ty: ignore[invalid-argument-type]
+        with self.reader.read_messages(_TappedHandler(handler, self.on_message)) as params:  # a reader needs only what it wraps
             yield params
 
     def on_opened(self, opened_payload: Any) -> None:
@@ -138,7 +138,7 @@ class _TappedHandler:
 
     @property
     def _context(self) -> AssetExecutionContext:
-        return self.handler._context  # noqa: SLF001  (readers log through it)
+        return self.handler._context  # threaded readers log through it
 
     @property
     def received_opened_message(self) -> bool:
