@@ -1,13 +1,16 @@
 """The `checkpoints` asset: one partition per saved checkpoint, recorded as the training stage saves it.
 
 Its partitions are `<experiment>__<stage>-<step:06d>`. Nothing computes a checkpoint on its own,
-so the asset is declared, not defined: while a training stage runs, its asset watches the stage's
-checkpoint directory and reports a materialization for each checkpoint as soon as it is complete,
-so evaluations start while training goes on; once the stage publishes, each kept checkpoint is
-reported again, pointing into the immutable artifact.
+so the asset is declared, not defined: while a training stage runs, the stage sends a Pipes message
+for each checkpoint it saves (once complete) and each one retention deletes, and its asset turns
+them into a materialization or a deleted partition as they arrive, so evaluations start while
+training goes on, wherever the stage runs: nothing reads its disk. Once the stage publishes, each
+kept checkpoint is reported again, pointing into the immutable artifact.
 """
 
+import threading
 from pathlib import Path
+from typing import Any
 
 from dagster import AssetExecutionContext, AssetMaterialization, AssetSpec, Failure, MetadataValue
 
@@ -18,7 +21,7 @@ from factory.config.stages import TRAINING_STAGES
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.podium.links import checkpoint_url
-from factory.train.records import SavedCheckpoint, partition_key, published
+from factory.train.records import SAVED, CheckpointEvent, SavedCheckpoint, partition_key, published, read_checkpoint_message
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,
@@ -39,6 +42,8 @@ class CheckpointRecorder:
         self.spec = spec
         self.git_commit = git_commit
         self.recorded: dict[str, str] = {}
+        self.pending: list[CheckpointEvent] = []
+        self.lock = threading.Lock()  # messages arrive on the Pipes reader's thread
         names = experiment.eval.benchmarks if experiment.eval else ()
         for name in names:  # a typo must not become a partition every later backfill trips over
             try:
@@ -48,29 +53,62 @@ class CheckpointRecorder:
         if new := [name for name in names if not context.instance.has_dynamic_partition(BENCHMARKS, name)]:
             context.instance.add_dynamic_partitions(BENCHMARKS, new)  # before the first checkpoint, so its evaluations are due
 
-    def poll(self, directory: Path) -> None:
-        """`record` while the stage runs: a failure to write to Dagster is logged and tried again next time, never fatal."""
-        try:
-            self.record(directory)
-        except Exception as e:  # e.g. "database is locked" while the daemon writes; training must go on
-            self.context.log.warning(f"recording checkpoints failed this time, will retry: {e}")
+    def heard(self, message: Any) -> bool:
+        """Record a checkpoint message of the running stage as it arrives; False for a message of another kind.
 
-    def record(self, directory: Path, stage_digest: str | None = None) -> list[str]:
-        """Report every complete checkpoint in `directory` not yet reported from there; returns the keys in it."""
-        saved = published(directory) if directory.is_dir() else []
-        keys = [partition_key(self.experiment.name, self.spec.kind, checkpoint.step) for checkpoint in saved]
+        A failure to write to Dagster is logged and tried again with the next message, never fatal (what is still
+        pending at the end is recorded by `record`).
+        """
+        event = read_checkpoint_message(message)
+        if event is None:
+            return False
+        with self.lock:
+            self.pending.append(event)
+            try:
+                while self.pending:
+                    self.apply(self.pending[0])
+                    self.pending.pop(0)
+            except Exception as e:  # e.g. "database is locked" while the daemon writes; training must go on
+                self.context.log.warning(f"recording checkpoints failed this time, will retry with the next one: {e}")
+        return True
+
+    def apply(self, event: CheckpointEvent) -> None:
+        """A saved checkpoint becomes a partition and a materialization; a deleted one stops being a partition."""
+        if event.event == SAVED:
+            self.report([event.checkpoint], None)
+            return
+        key = self.key(event.checkpoint)
+        if self.context.instance.has_dynamic_partition(CHECKPOINTS, key):
+            self.context.instance.delete_dynamic_partition(CHECKPOINTS, key)
+        self.recorded.pop(key, None)
+        self.context.log.info(f"checkpoint {key} was deleted by the retention policy and is no longer a partition")
+
+    def record(self, directory: Path, stage_digest: str) -> list[str]:
+        """Report every checkpoint kept in the published artifact `directory`; returns their keys."""
+        with self.lock:
+            while self.pending:  # the run is over: what could not be recorded while it ran must be now
+                self.apply(self.pending.pop(0))
+            return self.report(published(directory), stage_digest)
+
+    def report(self, saved: list[SavedCheckpoint], stage_digest: str | None) -> list[str]:
+        """Partitions and materializations for `saved`, each once per place it is stored; returns their keys."""
+        keys = [self.key(checkpoint) for checkpoint in saved]
         new = [key for key in keys if key not in self.recorded and not self.context.instance.has_dynamic_partition(CHECKPOINTS, key)]
         if new:
             self.context.instance.add_dynamic_partitions(CHECKPOINTS, new)
         for key, checkpoint in zip(keys, saved, strict=True):
             if self.recorded.get(key) == str(checkpoint.path):
                 continue
-            self.recorded[key] = str(checkpoint.path)
             self.context.log_event(AssetMaterialization(asset_key=CHECKPOINTS, partition=key, metadata=self.metadata(checkpoint, stage_digest)))
+            self.recorded[key] = str(checkpoint.path)
         return keys
 
+    def key(self, checkpoint: SavedCheckpoint) -> str:
+        return partition_key(self.experiment.name, self.spec.kind, checkpoint.step)
+
     def forget_deleted(self, kept: list[str]) -> None:
-        """Remove the partitions of checkpoints recorded during training that retention deleted since."""
+        """Remove the partitions of checkpoints recorded during training that are not `kept` (a deletion message that
+        could not be recorded when it came)."""
         if gone := sorted(set(self.recorded) - set(kept)):
             for key in gone:
                 self.context.instance.delete_dynamic_partition(CHECKPOINTS, key)

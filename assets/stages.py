@@ -32,7 +32,6 @@ from factory.stages.builtin import POST_TRAINING_TASKS
 from factory.stages.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
 from factory.stages.request import StageRequest
-from factory.train.records import CHECKPOINT_DIR
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 CHECK_DESCRIPTIONS = {
@@ -95,9 +94,7 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             request = StageRequest(
                 spec=spec, registry=str(registry.root), catalog=stores.catalog(), provenance=provenance, **placement_of(experiment, kind)
             )
-            checkpoints = registry.work_path(spec.fingerprint) / CHECKPOINT_DIR
-            yield from launcher.launch(context, request, on_poll=(lambda: recorder.poll(checkpoints)) if recorder else None,
-                                       experiment=experiment)
+            yield from launcher.launch(context, request, on_message=recorder.heard if recorder else None, experiment=experiment)
             manifest = registry.lookup(spec.fingerprint)  # once, for the checks and checkpoints below
             if manifest is None:
                 raise Failure(description=f"{kind}: the stage reported success but published no artifact")

@@ -1,11 +1,18 @@
-"""Launch a stage process through Dagster Pipes: its logs and materialization flow back to the run."""
+"""Launch a stage process through Dagster Pipes: its logs and materialization flow back to the run.
+
+Pipes keeps a stage's custom messages until it ends; a stage's checkpoints cannot wait that long (their evaluations
+start while training goes on), so `PipesMessageTap` hands each custom message to a callback as it arrives, whatever
+carries it (a temp file here, the master pod's log on a cluster).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from dagster import (
     AssetExecutionContext,
@@ -14,11 +21,14 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     PipesExecutionResult,
+    PipesMessageReader,
     PipesSession,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
     open_pipes_session,
 )
+from dagster._core.pipes.context import PipesMessageHandler
+from dagster_pipes import PipesParams
 
 from factory.config import Experiment
 from factory.errors import FactoryError
@@ -27,18 +37,20 @@ from factory.stages import EVALUATE_MODULE
 from factory.stages.eval_request import EvalRequest
 from factory.stages.request import StageRequest
 
+MessageSink = Callable[[Any], bool]
+"""Hears a stage's custom message as it arrives; True when it took the message (it is then not kept for the end)."""
 
 
 class StageLauncher(ConfigurableResource):
     """Runs `python -m factory.stages` as a local child process (the embedded default)."""
 
     def launch(
-        self, context: AssetExecutionContext, request: StageRequest, on_poll: Callable[[], None] | None = None,
+        self, context: AssetExecutionContext, request: StageRequest, on_message: MessageSink | None = None,
         experiment: Experiment | None = None,
     ) -> Iterator[PipesExecutionResult]:
         """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure.
 
-        `on_poll` runs in this thread about every second while the stage runs (to record its checkpoints as they appear).
+        `on_message` hears each custom message of the stage as it arrives, on the thread reading them (its checkpoints).
         `experiment`: what the stage belongs to (a cluster launcher places it by its resources; this one needs only the request).
         """
         kind = request.spec.kind
@@ -47,25 +59,27 @@ class StageLauncher(ConfigurableResource):
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
-            yield from _run_with_pipes(context, argv, kind, on_poll)
+            yield from run_with_pipes(context, argv, kind, on_message)
 
     def evaluate(self, context: AssetExecutionContext, request: EvalRequest) -> Iterator[PipesExecutionResult]:
         """Evaluate a batch of checkpoint x benchmark pairs in one process; yield what it reported."""
         with tempfile.TemporaryDirectory(prefix="factory-evaluations-") as tmp:
             argv = [sys.executable, "-m", EVALUATE_MODULE, str(request.write(Path(tmp) / "request.json"))]
-            yield from _run_with_pipes(context, argv, "evaluations", None)
+            yield from run_with_pipes(context, argv, "evaluations", None)
 
 
-def _run_with_pipes(
-    context: AssetExecutionContext, argv: list[str], name: str, on_poll: Callable[[], None] | None
+def run_with_pipes(
+    context: AssetExecutionContext, argv: list[str], name: str, on_message: MessageSink | None
 ) -> Iterator[PipesExecutionResult]:
+    """Run `argv` as a local process talking back through Pipes (`on_message`: see `launch`); yield what it reported."""
+    reader = PipesTempFileMessageReader()
     with open_pipes_session(
         context=context,
         context_injector=PipesTempFileContextInjector(),
-        message_reader=PipesTempFileMessageReader(),
+        message_reader=PipesMessageTap(reader, on_message) if on_message else reader,
     ) as session:
         try:
-            LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name, on_poll=on_poll)
+            LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name)
         except FactoryError as e:
             raise Failure(description=str(e)) from e
     yield from pipes_results(session)
@@ -78,3 +92,58 @@ def pipes_results(session: PipesSession) -> Iterator[PipesExecutionResult]:
         if metrics and isinstance(result, MaterializeResult):
             result = result._replace(metadata={**(result.metadata or {}), "metrics": MetadataValue.json(metrics)})
         yield result
+
+
+class PipesMessageTap(PipesMessageReader):
+    """Another reader's messages, each custom message offered to `on_message` as it arrives before Pipes keeps it."""
+
+    def __init__(self, reader: PipesMessageReader, on_message: MessageSink) -> None:
+        self.reader = reader
+        self.on_message = on_message
+
+    @contextlib.contextmanager
+    def read_messages(self, handler: PipesMessageHandler) -> Iterator[PipesParams]:
+        with self.reader.read_messages(_TappedHandler(handler, self.on_message)) as params:  # a reader needs only what it wraps
+            yield params
+
+    def on_opened(self, opened_payload: Any) -> None:
+        self.reader.on_opened(opened_payload)
+
+    def on_launched(self, launched_payload: Any) -> None:
+        self.reader.on_launched(launched_payload)
+
+    @property
+    def expected_writer_count(self) -> int:
+        return self.reader.expected_writer_count
+
+    def no_messages_debug_text(self) -> str:
+        return self.reader.no_messages_debug_text()
+
+
+class _TappedHandler:
+    """The session's handler as a reader sees it, with custom messages offered to the tap first (as Dagster's own
+    composite reader wraps it)."""
+
+    def __init__(self, handler: PipesMessageHandler, on_message: MessageSink) -> None:
+        self.handler = handler
+        self.on_message = on_message
+
+    def handle_message(self, message: Any) -> None:
+        if message.get("method") == "report_custom_message" and self.on_message((message.get("params") or {}).get("payload")):
+            return
+        self.handler.handle_message(message)
+
+    def report_pipes_framework_exception(self, origin: str, exc_info: Any) -> None:
+        self.handler.report_pipes_framework_exception(origin, exc_info)
+
+    @property
+    def _context(self) -> AssetExecutionContext:
+        return self.handler._context  # threaded readers log through it
+
+    @property
+    def received_opened_message(self) -> bool:
+        return self.handler.received_opened_message
+
+    @property
+    def received_closed_message(self) -> bool:
+        return self.handler.received_closed_message

@@ -2,7 +2,8 @@
 
 dagster-k8s creates Pods and batch/v1 Jobs only; this is the Pipes client for Volcano Jobs. The Pipes context
 goes into every pod's environment; rank 0 (in the master pod) writes its messages to stdout, and they come back
-in the master's log, which `VolcanoJobs` follows. The last log lines (plain lines, and the text of Pipes log
+in the master's log, which `VolcanoJobs` follows; a checkpoint's message is recorded as its line arrives, so nothing
+reads the pods' disks. The last log lines (plain lines, and the text of Pipes log
 messages) are quoted when the stage fails.
 
 Evaluations run in the Dagster run's own process, as with the local launcher: they are small, and on a
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, PipesEnvContextInjector, PipesExecutionResult, PipesMessageReader, open_pipes_session
@@ -25,7 +26,7 @@ from factory.config import Experiment
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.errors import FactoryError
 from factory.stages.request import StageRequest
-from resources.launcher import StageLauncher, pipes_results
+from resources.launcher import MessageSink, PipesMessageTap, StageLauncher, pipes_results
 
 
 class VolcanoStageLauncher(StageLauncher):
@@ -46,7 +47,7 @@ class VolcanoStageLauncher(StageLauncher):
         return profile.kubernetes
 
     def launch(
-        self, context: AssetExecutionContext, request: StageRequest, on_poll: Callable[[], None] | None = None,
+        self, context: AssetExecutionContext, request: StageRequest, on_message: MessageSink | None = None,
         experiment: Experiment | None = None,
     ) -> Iterator[PipesExecutionResult]:
         """Submit the stage's Job, follow it through Pipes until it ends, delete it; a failed Job is a Dagster Failure."""
@@ -57,12 +58,13 @@ class VolcanoStageLauncher(StageLauncher):
 
         settings = self.settings()
         reader = PipesLogLineReader()
-        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader) as session:
+        tapped = PipesMessageTap(reader, on_message) if on_message else reader
+        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=tapped) as session:
             try:
                 spec = cluster_job_spec(experiment, request.spec, settings, env=session.get_bootstrap_env_vars())
                 jobs = VolcanoJobs(connect(settings.kubeconfig, settings.in_cluster, settings.context), settings.namespace, context.log,
                                    poll_s=settings.poll_s, schedule_timeout_s=settings.schedule_timeout_s)
-                jobs.run(job_manifest(spec), json.dumps(request.to_json()), reader.feed, on_poll)
+                jobs.run(job_manifest(spec), json.dumps(request.to_json()), reader.feed)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
         yield from pipes_results(session)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -27,7 +27,6 @@ from factory.launch.warm import WarmProcess, WarmServer
 
 STAGE_MODULE = "factory.stages"
 STDERR_TAIL_LINES = 20
-POLL_S = 1.0
 PROGRESS_ENV = "FACTORY_PROGRESS"
 """Set to 1 for a stage whose stderr ends on a terminal: it may draw a progress bar."""
 ERROR_FILE_ENV = "FACTORY_STAGE_ERROR"
@@ -81,12 +80,11 @@ def progress_env(stream: IO[str] | None = None) -> dict[str, str]:
 class LocalLauncher:
     """Runs a stage command as a child process and waits for it."""
 
-    def run(self, argv: list[str], env: Mapping[str, str], name: str, on_poll: Callable[[], None] | None = None) -> None:
+    def run(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
         """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit.
 
-        `on_poll` is called about every POLL_S seconds while the process runs, and once after it ends. Interrupted
-        while it waits (Ctrl-C, Dagster's termination), it stops the stage in order first (SIGTERM, then SIGKILL after
-        STOP_TIMEOUT_S), and the interruption goes on with what the stage said as a note.
+        Interrupted while it waits (Ctrl-C, Dagster's termination), it stops the stage in order first (SIGTERM, then
+        SIGKILL after STOP_TIMEOUT_S), and the interruption goes on with what the stage said as a note.
         """
         with tempfile.TemporaryDirectory(prefix="factory-stage-") as scratch:
             error_file = Path(scratch) / "error"
@@ -102,7 +100,7 @@ class LocalLauncher:
             pump = threading.Thread(target=_tee, args=(process.stderr, tail), daemon=True)
             pump.start()
             try:
-                code = _wait(process, on_poll)
+                code = process.wait()
             except BaseException as stopped:
                 _stop(process)
                 pump.join()
@@ -149,19 +147,6 @@ def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str])
         _told.add(_warm.refused)
         print(f"note: stages start cold from here: {_warm.refused}", file=sys.stderr)
     return process
-
-
-def _wait(process: subprocess.Popen, on_poll: Callable[[], None] | None) -> int:
-    if on_poll is None:
-        return process.wait()
-    while True:
-        try:
-            code = process.wait(timeout=POLL_S)
-        except subprocess.TimeoutExpired:
-            on_poll()
-            continue
-        on_poll()
-        return code
 
 
 class _Tail:

@@ -98,9 +98,7 @@ class VolcanoJobs:
         self.schedule_timeout_s = schedule_timeout_s
         self.clock = clock
 
-    def run(
-        self, manifest: Mapping[str, Any], request_json: str, on_line: Callable[[str], str | None], on_poll: Callable[[], None] | None = None
-    ) -> None:
+    def run(self, manifest: Mapping[str, Any], request_json: str, on_line: Callable[[str], str | None]) -> None:
         """Submit the Job with its request, stream the master's log to `on_line`, return when it completed.
 
         `on_line` returns what the line says to a person (None: nothing, e.g. a Pipes message): the tail quoted on failure.
@@ -113,7 +111,7 @@ class VolcanoJobs:
         try:  # from before the submission: an interrupt may come at any point
             self.submit(manifest, request_json)
             follower.start()
-            self._watch(name, manifest, on_poll, tail)
+            self._watch(name, manifest, tail)
             follower.finish()
         finally:
             follower.stop()
@@ -181,7 +179,7 @@ class VolcanoJobs:
         found = self._call(f"list the pods of {name}", self.core.list_namespaced_pod, self.namespace, label_selector=f"{JOB_LABEL}={name}")
         return list(found.items)
 
-    def _watch(self, name: str, manifest: Mapping[str, Any], on_poll: Callable[[], None] | None, tail: collections.deque[str]) -> None:
+    def _watch(self, name: str, manifest: Mapping[str, Any], tail: collections.deque[str]) -> None:
         queued_since, said, last_failure = self.clock(), "", ""
         while True:
             state = self.state(name)
@@ -209,8 +207,6 @@ class VolcanoJobs:
                     f"{state.waiting or state.message or 'the scheduler gave no reason'}. Ask for fewer nodes or GPUs (resources), "
                     "use another queue, or raise kubernetes.schedule_timeout_s"
                 )
-            if on_poll is not None:
-                on_poll()
             time.sleep(self.poll_s)
 
     def _wait_gone(self, name: str, timeout_s: float = 60.0) -> None:

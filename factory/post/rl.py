@@ -42,7 +42,7 @@ from factory.post.grpo import entropy, group_advantages, grpo_loss, token_logpro
 from factory.post.rewards import rewards
 from factory.post.sandbox import Limits, Sandbox
 from factory.post.weightsync import Roles, SyncStats, WeightSync
-from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy
 from factory.train.pretrain import build_optimizer, truncate_log
 from factory.train.records import CHECKPOINT_DIR, METRICS_FILE
 
@@ -162,8 +162,10 @@ def completion_logits(network: torch.nn.Module, group: Group) -> torch.Tensor:
 def train_rl(
     task_rows: list[dict], tokenizer: Tokenizer, eos_id: int, init: dict[str, torch.Tensor], model_config: ModelConfig,
     config: RLConfig, seed: int, roles: Roles, work_dir: Path, log: logging.Logger, on_metrics: MetricSink | None = None,
+    on_checkpoint: CheckpointSink | None = None,
 ) -> RLResult:
-    """Run (or resume) GRPO from `init`; checkpoints and metrics go to `work_dir` (learner 0 writes them)."""
+    """Run (or resume) GRPO from `init`; checkpoints and metrics go to `work_dir` (learner 0 writes them and tells
+    `on_checkpoint` of each checkpoint saved and deleted)."""
     vocab = tokenizer.get_vocab_size()
     model = build_model(model_config, vocab, seed)
     model.load_state_dict(init)
@@ -172,7 +174,8 @@ def train_rl(
     sync = WeightSync(roles, list(model.named_parameters()))
     main = roles.rank == 0
     optimizer = build_optimizer(model, config)
-    checkpoints = CheckpointDir(work_dir / CHECKPOINT_DIR, RetentionPolicy(keep_last=config.keep_last, best_metric=None), log)
+    checkpoints = CheckpointDir(work_dir / CHECKPOINT_DIR, RetentionPolicy(keep_last=config.keep_last, best_metric=None), log,
+                                on_event=on_checkpoint if main else None)
     if main:
         work_dir.mkdir(parents=True, exist_ok=True)
         checkpoints.drop_incomplete()

@@ -8,46 +8,64 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, PipesContext, open_dagster_pipes
 
+from factory.train.records import CheckpointEvent, checkpoint_message
+
 
 class Reporter(Protocol):
-    """The stage's voice: a logger, metrics and the final materialization."""
+    """The stage's voice: a logger, metrics, checkpoints as they are saved and deleted, and the final materialization."""
 
     log: logging.Logger
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """Report training metrics at a step."""
 
+    def checkpoint(self, event: CheckpointEvent) -> None:
+        """Report a checkpoint just saved (its record written) or deleted by retention."""
+
     def materialized(self, metadata: dict[str, Any], data_version: str) -> None:
         """Report the published artifact."""
 
 
 class _PipesLogHandler(logging.Handler):
-    def __init__(self, pipes: PipesContext) -> None:
+    def __init__(self, pipes: PipesContext, lock: threading.Lock) -> None:
         super().__init__()
         self.pipes = pipes
+        self.sending = lock
 
     def emit(self, record: logging.LogRecord) -> None:
         level = "warning" if record.levelno >= logging.WARNING else "info"
-        getattr(self.pipes.log, level)(self.format(record))
+        with self.sending:
+            getattr(self.pipes.log, level)(self.format(record))
 
 
 class PipesReporter:
-    """Reports through Dagster Pipes: logs and materializations appear in the Dagster run."""
+    """Reports through Dagster Pipes: logs and materializations appear in the Dagster run, each checkpoint as it is saved.
 
-    def __init__(self, pipes: PipesContext, log: logging.Logger) -> None:
+    An asynchronous checkpoint save reports from its own thread: one lock keeps each message whole on the channel.
+    """
+
+    def __init__(self, pipes: PipesContext, log: logging.Logger, lock: threading.Lock) -> None:
         self.pipes = pipes
         self.log = log
+        self.sending = lock
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        self.pipes.report_custom_message({"step": step, **values})
+        with self.sending:
+            self.pipes.report_custom_message({"step": step, **values})
+
+    def checkpoint(self, event: CheckpointEvent) -> None:
+        with self.sending:
+            self.pipes.report_custom_message(checkpoint_message(event))
 
     def materialized(self, metadata: dict[str, Any], data_version: str) -> None:
-        self.pipes.report_asset_materialization(metadata=metadata, data_version=data_version)
+        with self.sending:
+            self.pipes.report_asset_materialization(metadata=metadata, data_version=data_version)
 
 
 class ConsoleReporter:
@@ -58,6 +76,9 @@ class ConsoleReporter:
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         pass  # the trainer already logs each report
+
+    def checkpoint(self, event: CheckpointEvent) -> None:
+        pass  # on disk, in the work directory; the artifact lists the kept ones
 
     def materialized(self, metadata: dict[str, Any], data_version: str) -> None:
         print(json.dumps({"data_version": data_version, "metadata": metadata}, indent=2, default=str))
@@ -77,8 +98,9 @@ def open_reporter(name: str) -> Iterator[Reporter]:
         with _handler(log, stderr):
             yield ConsoleReporter(log)
         return
-    with open_dagster_pipes() as pipes, _handler(log, _PipesLogHandler(pipes)):
-        yield PipesReporter(pipes, log)
+    lock = threading.Lock()
+    with open_dagster_pipes() as pipes, _handler(log, _PipesLogHandler(pipes, lock)):
+        yield PipesReporter(pipes, log, lock)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ that `torch.distributed.checkpoint` writes with every rank writing its share; ei
 was cut short and does not exist; one whose bytes no longer match the checksum is skipped with a
 warning in favour of an older one. The sha256 of a directory is that of its listing of file names
 and file digests. Saves can run on a background thread: the state is copied first, so training
-goes on while the disk works.
+goes on while the disk works. Rank 0 tells a sink of each checkpoint once its record is written,
+and of each one retention deletes: the stage reports them to the orchestrator as they happen.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import shutil
 import sys
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,11 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from factory.atomic import fsync_directory, write_atomic
 from factory.errors import ArtifactError
 from factory.train.distributed import SINGLE, World
-from factory.train.records import FILE, SHARDED, SavedCheckpoint, published
+from factory.train.records import DELETED, FILE, SAVED, SHARDED, CheckpointEvent, SavedCheckpoint, published
+
+CheckpointSink = Callable[[CheckpointEvent], None]
+"""Hears of a checkpoint saved or deleted (see `CheckpointDir`)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetentionPolicy:
@@ -103,10 +108,15 @@ class CheckpointDir:
 
     def __init__(
         self, directory: Path, policy: RetentionPolicy, log: logging.Logger, asynchronous: bool = False, sharded: bool = False,
-        world: World = SINGLE,
+        world: World = SINGLE, on_event: CheckpointSink | None = None,
     ) -> None:
-        """Sharded: every rank of `world` calls `save` (rank 0 alone otherwise); they write their shares of one directory."""
+        """Sharded: every rank of `world` calls `save` (rank 0 alone otherwise); they write their shares of one directory.
+
+        `on_event` hears, on rank 0, of every checkpoint saved (after its record) and deleted by retention; it may be called
+        from the background thread of an asynchronous save.
+        """
         self.directory = directory
+        self.on_event = on_event if world.is_main else None
         self.policy = policy
         self.log = log
         self.asynchronous = asynchronous
@@ -161,7 +171,12 @@ class CheckpointDir:
         self.bytes_written += size
         record = {"step": step, "format": SHARDED if self.sharded else FILE, "sha256": sha256, "size": size, "metrics": metrics}
         write_atomic(path.with_suffix(".json"), json.dumps(record, sort_keys=True).encode())
+        self._tell(SAVED, SavedCheckpoint(step=step, path=path, sha256=sha256, size=size, metrics=metrics))
         self._retain(step)
+
+    def _tell(self, event: Literal["saved", "deleted"], checkpoint: SavedCheckpoint) -> None:
+        if self.on_event is not None:
+            self.on_event(CheckpointEvent(event=event, checkpoint=checkpoint))
 
     def _write_shards(self, step: int, state: Mapping[str, Any]) -> Path | None:
         """Every rank writes its share into a temp directory; rank 0 renames it into place once all are on disk and returns it."""
@@ -207,6 +222,7 @@ class CheckpointDir:
             if checkpoint.step not in keep:
                 checkpoint.path.with_suffix(".json").unlink(missing_ok=True)  # the record first: never a record without bytes
                 _remove(checkpoint.path)
+                self._tell(DELETED, checkpoint)
                 self.log.info("deleted checkpoint %s by policy (keep last %d, best by %s)", checkpoint.name, self.policy.keep_last, metric)
 
     def drop_incomplete(self) -> None:

@@ -25,7 +25,7 @@ from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
 from factory.models.gpt import GPT, build_model
-from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
+from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
@@ -104,6 +104,7 @@ def pretrain(
     on_control: ControlSink | None = None,
     on_step: StepSink | None = None,
     init: Mapping[str, torch.Tensor] | None = None,
+    on_checkpoint: CheckpointSink | None = None,
 ) -> TrainResult:
     """Train (or resume training) a model; checkpoints, metrics and data positions go to `work_dir`.
 
@@ -112,7 +113,8 @@ def pretrain(
     With a `control` section, its rules run at every event (`validation`: the whole batches an
     in-loop evaluation scores) and every action they take is appended to `control.jsonl`.
     `on_step` hears of every step (steps done, loss, tokens/s): a progress bar. `init`: the weights
-    a fresh run starts from (fine-tuning), instead of the seeded initialisation.
+    a fresh run starts from (fine-tuning), instead of the seeded initialisation. `on_checkpoint` hears of every
+    checkpoint saved and deleted (rank 0).
     """
     device = world.device
     keep_freed_memory()  # before the model: its buffers and every step's come from a heap that is no longer trimmed
@@ -123,7 +125,8 @@ def pretrain(
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
     checkpoints = CheckpointDir(
-        work_dir / CHECKPOINT_DIR, policy, log, asynchronous=config.async_checkpoints, sharded=config.checkpoint_format == "sharded", world=world
+        work_dir / CHECKPOINT_DIR, policy, log, asynchronous=config.async_checkpoints, sharded=config.checkpoint_format == "sharded", world=world,
+        on_event=on_checkpoint,
     )
     controller = Controller(control, config.steps) if control is not None else None
     if control is not None and not validation and (control.eval_every or controller.uses_evaluations):

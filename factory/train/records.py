@@ -1,8 +1,10 @@
 """What a training run leaves on disk, read without torch: the checkpoint records and the logs beside them.
 
 A checkpoint `step_<n>.pt` (or the directory `step_<n>/`, sharded) exists once its record
-`step_<n>.json` (step, format, sha256, size, metrics) is written, last. The orchestrator turns
-records into `checkpoints` partitions and the run report plots the logs; neither loads weights.
+`step_<n>.json` (step, format, sha256, size, metrics) is written, last. The stage tells the
+orchestrator of each one saved or deleted in a message (`checkpoint_message`), which it turns into
+`checkpoints` partitions without reading the stage's disk; the run report plots the logs; neither
+loads weights.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
@@ -18,6 +21,9 @@ POSITIONS_FILE = "data_positions.jsonl"
 CONTROL_FILE = "control.jsonl"
 NAME = re.compile(r"^step_(\d{6,})\.json$")
 FILE, SHARDED = "file", "sharded"
+SAVED, DELETED = "saved", "deleted"
+MESSAGE_KIND = "checkpoint"
+"""The `kind` of a checkpoint message, among the stage's other messages (metrics)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,6 +39,30 @@ class SavedCheckpoint:
     @property
     def name(self) -> str:
         return self.path.name
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointEvent:
+    """A checkpoint just saved (complete, its record written) or just deleted by retention, as the stage reports it."""
+
+    event: Literal["saved", "deleted"]
+    checkpoint: SavedCheckpoint
+
+
+def checkpoint_message(event: CheckpointEvent) -> dict[str, Any]:
+    """The JSON message a stage sends about one checkpoint: what it is and where it is now."""
+    saved = event.checkpoint
+    return {"kind": MESSAGE_KIND, "event": event.event, "step": saved.step, "path": str(saved.path), "sha256": saved.sha256,
+            "size": saved.size, "metrics": dict(saved.metrics)}
+
+
+def read_checkpoint_message(message: Any) -> CheckpointEvent | None:
+    """The checkpoint event a message carries; None for a message of another kind."""
+    if not isinstance(message, dict) or message.get("kind") != MESSAGE_KIND or message.get("event") not in (SAVED, DELETED):
+        return None
+    checkpoint = SavedCheckpoint(step=int(message["step"]), path=Path(message["path"]), sha256=message["sha256"],
+                                 size=int(message["size"]), metrics=dict(message.get("metrics", {})))
+    return CheckpointEvent(event=message["event"], checkpoint=checkpoint)
 
 
 def partition_key(experiment: str, stage: str, step: int) -> str:

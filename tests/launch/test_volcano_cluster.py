@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, materialize
 
 from assets.execution import EVERYTHING, failure_messages, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
@@ -138,6 +138,9 @@ def test_every_stage_runs_as_a_volcano_job_and_reports_through_pipes(site):
     assert pretrain["summary/ranks"].value == 2, "two pods, one rank each: one torchrun world"
     keys = site["instance"].get_dynamic_partitions(CHECKPOINTS)
     assert "vc-ok__pretrain-000006" in keys
+    stored = [record.asset_materialization.metadata["stored"].value for record in site["instance"].fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(CHECKPOINTS), asset_partitions=["vc-ok__pretrain-000006"]), limit=10).records]
+    assert "training (may be deleted by retention)" in stored, "the checkpoint's message came back in the master pod's log"
     text = logs(site, result)
     assert "submitted Volcano Job" in text and "Running" in text
 
