@@ -27,16 +27,13 @@ from pydantic import create_model
 
 from factory.config.schema import Experiment, TrainedModel
 from factory.config.section import Section
-from factory.errors import ConfigError
+from factory.config.plugins import load_declaration, plugin_name, resolve
+from factory.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "model_factory.stages"
 BUILTIN_MODULE = "factory.stages.builtin"
 """Declares the built-in kinds as `BUILTIN_KINDS`, in the order they run."""
 BUILT_IN = "built in"
-
-
-class PluginError(ConfigError):
-    """A stage kind that cannot be registered; the message names the plugin and what to change."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,10 +136,7 @@ class StageKind:
 
     def run_function(self) -> Callable[[Any], dict[str, Any]]:
         """The run function, imported now when declared as `module:function`."""
-        if callable(self.run):
-            return self.run
-        module, _, name = self.run.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(self.run)
 
 
 @functools.cache
@@ -196,16 +190,8 @@ def plugin_hint(section: str) -> str | None:
 
 
 def _load(entry: EntryPoint) -> StageKind:
-    who = _who(entry)
-    try:
-        kind = entry.load()
-    except Exception as e:  # a plugin's import can fail in any way; say which and go no further
-        raise PluginError(f"{who} failed to import ({type(e).__name__}: {e}); fix the package or uninstall it") from e
-    if not isinstance(kind, StageKind):
-        raise PluginError(f"{who} names a {type(kind).__name__}, not a StageKind; point the entry point at the kind's "
-                          "`StageKind(...)` object")
-    if kind.name != entry.name:
-        raise PluginError(f"{who} declares the stage kind {kind.name!r}: name the entry point after the kind it declares")
+    who = plugin_name(entry)
+    kind = load_declaration(entry, StageKind, "stage kind")
     if kind.section and kind.config is None:
         raise PluginError(f"{who}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
     if kind.checkpoints and not (kind.settings and issubclass(kind.settings, TrainedModel)):
@@ -229,7 +215,3 @@ def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, 
         raise PluginError(f"{plugin.origin}: section {plugin.section!r} is {clash.origin}'s already; give the kind a section "
                           "of its own")
 
-
-def _who(entry: EntryPoint) -> str:
-    package = f" of package {entry.dist.name}" if entry.dist is not None else ""
-    return f"plugin {entry.name!r} ({entry.value}{package})"

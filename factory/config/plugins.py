@@ -1,0 +1,41 @@
+"""Loading one plugin declaration from an installed package's entry point, the same way for every registry."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import EntryPoint
+from typing import Any, TypeVar
+
+from factory.errors import PluginError
+
+Declaration = TypeVar("Declaration")
+
+
+def plugin_name(entry: EntryPoint) -> str:
+    """How errors name a plugin: its entry point, what it points at, and the package that declares it."""
+    package = f" of package {entry.dist.name}" if entry.dist is not None else ""
+    return f"plugin {entry.name!r} ({entry.value}{package})"
+
+
+def load_declaration(entry: EntryPoint, declared: type[Declaration], noun: str) -> Declaration:
+    """The `declared` object `entry` names, named after it; a PluginError naming the plugin otherwise."""
+    who = plugin_name(entry)
+    try:
+        value = entry.load()
+    except Exception as e:  # a plugin's import can fail in any way; say which and go no further
+        raise PluginError(f"{who} failed to import ({type(e).__name__}: {e}); fix the package or uninstall it") from e
+    if not isinstance(value, declared):
+        raise PluginError(f"{who} names a {type(value).__name__}, not a {declared.__name__}; point the entry point at the "
+                          f"{noun}'s `{declared.__name__}(...)` object")
+    if value.name != entry.name:
+        raise PluginError(f"{who} declares the {noun} {value.name!r}: name the entry point after the {noun} it declares")
+    return value
+
+
+def resolve(function: str | Callable[..., Any]) -> Callable[..., Any]:
+    """A declaration's function, imported now when named as `module:function`."""
+    if callable(function):
+        return function
+    module, _, name = function.partition(":")
+    return getattr(importlib.import_module(module), name)
