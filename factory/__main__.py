@@ -2,13 +2,16 @@
 
 import sys
 
-from factory.config.kinds import PluginError, stage_kinds
+from factory.config.architectures import architectures
+from factory.config.kinds import stage_kinds
+from factory.errors import PluginError
 
 
 def main() -> None:
-    """Register the stage kinds (a broken plugin is exit 2, said in one line), then run the command."""
+    """Register the stage kinds and model architectures (a broken plugin is exit 2, said in one line), then run the command."""
     try:
         stage_kinds()
+        architectures()
     except PluginError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
