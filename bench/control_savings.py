@@ -34,7 +34,7 @@ from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
 from factory.train.pretrain import CHECKPOINT_DIR, load_weights, pretrain
 from factory.train.step import validation_loss
-from factory.models.gpt import GPT
+from factory.models.build import new_model
 
 LOG = logging.getLogger("bench.control")
 POLICY = Path(__file__).resolve().parents[1] / "experiments" / "tiny-code-lm-controlled.md"
@@ -102,7 +102,7 @@ def train_one(
     started = time.process_time()
     result = pretrain(data, 256, MODEL, config, 0, work, LOG, control=control, validation=validation)
     cpu_s = time.process_time() - started
-    model = GPT(MODEL, 256)
+    model = new_model(MODEL, 256)
     model.load_state_dict(load_weights(work / CHECKPOINT_DIR / result.checkpoints[-1]))
     return Outcome(steps=result.steps_computed, cpu_s=cpu_s, checkpoint_bytes=result.checkpoint_bytes,
                    final_loss=validation_loss(model, test, None, torch.device("cpu")), stopped_by=result.stopped_by)

@@ -28,7 +28,7 @@ from assets.execution import EVERYTHING, failure_messages, resources_at  # noqa:
 from assets.partitions import CHECKPOINTS  # noqa: E402
 from factory.cli.common import dagster_home  # noqa: E402
 from factory.config.schema import ModelConfig, TokenizerConfig  # noqa: E402
-from factory.models.gpt import build_model  # noqa: E402
+from factory.models.build import build_model  # noqa: E402
 from factory.models.tokenizer import train_tokenizer  # noqa: E402
 from factory.registry import ArtifactStore, Provenance  # noqa: E402
 

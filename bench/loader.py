@@ -34,7 +34,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.ingest import read_documents
 from factory.data.loader import PAD, Batch, BlendLoader, BlendStream, PartReader, fill_ratio
 from factory.data.tables import TableVersion, write_version
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.models.tokenizer import EOS, sample_texts, train_tokenizer
 from factory.train.pretrain import build_optimizer
 

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import PAD, Batch, LoaderState
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.train.heap import keep_freed_memory
 from factory.train.pretrain import build_optimizer, lr_at, pretrain
 

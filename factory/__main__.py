@@ -2,14 +2,17 @@
 
 import sys
 
+from factory.config.architectures import architectures
 from factory.config.kinds import stage_kinds
-from factory.config.plugins import PluginError
+from factory.errors import PluginError
 
 
 def main() -> None:
-    """Register the plugins' stage and source kinds (a broken plugin is exit 2, said in one line), then run the command."""
+    """Register the plugins: stage kinds (with the source kinds) and model architectures (a broken plugin is exit 2, said
+    in one line), then run the command."""
     try:
         stage_kinds()  # the source kinds with them
+        architectures()
     except PluginError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

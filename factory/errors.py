@@ -13,6 +13,10 @@ class ConfigError(FactoryError):
     exit_code = 2
 
 
+class PluginError(ConfigError):
+    """A plugin (a stage kind, a model architecture) that cannot be registered; the message names the plugin and what to change."""
+
+
 class ArtifactError(FactoryError):
     """An artifact is missing, incomplete or does not match its manifest."""
 

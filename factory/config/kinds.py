@@ -25,11 +25,11 @@ from typing import Any
 
 from pydantic import create_model
 
-from factory.config.plugins import PluginError, load_declarations, who
+from factory.config.plugins import load_declarations, plugin_name, resolve
 from factory.config.schema import Experiment, TrainedModel
-from factory.config.source_kinds import source_kinds
 from factory.config.section import Section
-from factory.errors import ConfigError
+from factory.config.source_kinds import source_kinds
+from factory.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "model_factory.stages"
 BUILTIN_MODULE = "factory.stages.builtin"
@@ -137,10 +137,7 @@ class StageKind:
 
     def run_function(self) -> Callable[[Any], dict[str, Any]]:
         """The run function, imported now when declared as `module:function`."""
-        if callable(self.run):
-            return self.run
-        module, _, name = self.run.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(self.run)
 
 
 @functools.cache
@@ -150,7 +147,7 @@ def stage_kinds() -> tuple[StageKind, ...]:
     source_kinds()
     builtin: tuple[StageKind, ...] = importlib.import_module(BUILTIN_MODULE).BUILTIN_KINDS
     kinds = list(builtin)
-    for entry, declared in load_declarations(ENTRY_POINT_GROUP, StageKind):
+    for entry, declared in load_declarations(ENTRY_POINT_GROUP, StageKind, "stage kind"):
         plugin = _registered(entry, declared)
         _check(plugin, kinds, builtin)
         after = max((i for i, k in enumerate(kinds) if k.name in plugin.reads), default=len(kinds) - 1)
@@ -198,12 +195,12 @@ def plugin_hint(section: str) -> str | None:
 def _registered(entry: EntryPoint, kind: StageKind) -> StageKind:
     """A plugin's kind as registered: named after its plugin, its typed section under its own name by default."""
     if kind.section and kind.config is None:
-        raise PluginError(f"{who(entry)}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
+        raise PluginError(f"{plugin_name(entry)}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
     if kind.checkpoints and not (kind.settings and issubclass(kind.settings, TrainedModel)):
-        raise PluginError(f"{who(entry)}: a kind with checkpoints gives `settings=` a Section extending TrainedModel (its "
+        raise PluginError(f"{plugin_name(entry)}: a kind with checkpoints gives `settings=` a Section extending TrainedModel (its "
                           "checkpoints are evaluated with the model it names), built by its `fingerprint`")
     section = kind.section or (kind.name if kind.config is not None else None)  # a typed config lives under its name
-    return dataclasses.replace(kind, origin=who(entry), section=section)
+    return dataclasses.replace(kind, origin=plugin_name(entry), section=section)
 
 
 def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, ...]) -> None:

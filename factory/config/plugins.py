@@ -1,40 +1,48 @@
-"""Loading what installed packages declare through an entry-point group: each entry point names one declaration object
-(a `StageKind`, a `SourceKind`, ...). Whatever cannot be loaded is a `PluginError` that names the plugin and its package
-and says what to change; nothing of a broken plugin is used."""
+"""Loading the declarations installed packages make through entry-point groups (`model_factory.stages`, `.sources`,
+`.models`), the same way for every registry: each entry point names one declaration object, named after it.
+Whatever cannot be loaded is a `PluginError` naming the plugin and its package and saying what to change."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from factory.errors import ConfigError
+from factory.errors import PluginError
 
-T = TypeVar("T")
-
-
-class PluginError(ConfigError):
-    """A plugin that cannot be registered; the message names the plugin and what to change."""
+Declaration = TypeVar("Declaration")
 
 
-def who(entry: EntryPoint) -> str:
-    """How a plugin is named in messages: its entry point, what it points at and its package."""
+def plugin_name(entry: EntryPoint) -> str:
+    """How errors name a plugin: its entry point, what it points at, and the package that declares it."""
     package = f" of package {entry.dist.name}" if entry.dist is not None else ""
     return f"plugin {entry.name!r} ({entry.value}{package})"
 
 
-def load_declarations(group: str, declared: type[T]) -> list[tuple[EntryPoint, T]]:
-    """Every entry point of `group`, by name, loaded: each must name a `declared` whose `name` is the entry point's."""
-    found = []
-    for entry in sorted(entry_points(group=group), key=lambda e: e.name):
-        try:
-            value = entry.load()
-        except Exception as e:  # a plugin's import can fail in any way; say which and go no further
-            raise PluginError(f"{who(entry)} failed to import ({type(e).__name__}: {e}); fix the package or uninstall it") from e
-        if not isinstance(value, declared):
-            raise PluginError(f"{who(entry)} names a {type(value).__name__}, not a {declared.__name__}; point the entry point "
-                              f"at the `{declared.__name__}(...)` object")
-        if getattr(value, "name", None) != entry.name:
-            raise PluginError(f"{who(entry)} declares {declared.__name__} {getattr(value, 'name', None)!r}: name the entry point "
-                              "after what it declares")
-        found.append((entry, value))
-    return found
+def load_declaration(entry: EntryPoint, declared: type[Declaration], noun: str) -> Declaration:
+    """The `declared` object `entry` names, named after it; a PluginError naming the plugin otherwise."""
+    who = plugin_name(entry)
+    try:
+        value = entry.load()
+    except Exception as e:  # a plugin's import can fail in any way; say which and go no further
+        raise PluginError(f"{who} failed to import ({type(e).__name__}: {e}); fix the package or uninstall it") from e
+    if not isinstance(value, declared):
+        raise PluginError(f"{who} names a {type(value).__name__}, not a {declared.__name__}; point the entry point at the "
+                          f"{noun}'s `{declared.__name__}(...)` object")
+    if value.name != entry.name:
+        raise PluginError(f"{who} declares the {noun} {value.name!r}: name the entry point after the {noun} it declares")
+    return value
+
+
+def load_declarations(group: str, declared: type[Declaration], noun: str) -> list[tuple[EntryPoint, Declaration]]:
+    """Every entry point of `group`, by name, with the declaration it names."""
+    return [(entry, load_declaration(entry, declared, noun)) for entry in sorted(entry_points(group=group), key=lambda e: e.name)]
+
+
+def resolve(function: str | Callable[..., Any]) -> Callable[..., Any]:
+    """A declaration's function, imported now when named as `module:function`."""
+    if callable(function):
+        return function
+    module, _, name = function.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
+from factory.config.architectures import DEFAULT_ARCH, architectures, unknown_architecture
 from factory.config.control import ControlConfig
-from factory.config.plugins import PluginError
 from factory.config.section import Section
 from factory.config.source_kinds import source_kind
-from factory.errors import ConfigError
+from factory.errors import ConfigError, PluginError
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._=-]{0,127}$")
 IMAGE_PATTERN = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
@@ -208,8 +208,10 @@ class TokenizerConfig(Section):
 
 
 class ModelConfig(Section):
-    """The GPT's shape: a decoder-only transformer."""
+    """The model: its architecture and shape."""
 
+    arch: str = DEFAULT_ARCH
+    """The model architecture: `gpt` (a decoder-only transformer), or one an installed plugin registers."""
     n_layer: int = Field(4, ge=1, le=128)
     """Transformer blocks."""
     n_head: int = Field(4, ge=1, le=128)
@@ -224,6 +226,20 @@ class ModelConfig(Section):
     """Share the input embedding with the output projection."""
     positions: Literal["learned", "rotary"] = "learned"
     """Learned position embeddings (GPT-2), or rotary embeddings applied to queries and keys (RoPE)."""
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, arch: str) -> str:
+        if arch not in {a.name for a in architectures()}:
+            raise ValueError(unknown_architecture(arch))
+        return arch
+
+    @model_serializer(mode="wrap")
+    def _arch_only_when_not_gpt(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dump = handler(self)
+        if self.arch == DEFAULT_ARCH:  # recipes of the default architecture keep the fingerprints they had before others existed
+            dump.pop("arch", None)
+        return dump
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:

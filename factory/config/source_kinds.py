@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from factory.config.plugins import PluginError, load_declarations, who
-from factory.errors import ConfigError
+from factory.config.plugins import load_declarations, plugin_name
+from factory.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "model_factory.sources"
 BUILT_IN = "built in"
@@ -59,11 +59,11 @@ BUILTIN_SOURCES = (
 def source_kinds() -> dict[str, SourceKind]:
     """Every registered source kind by name: the built-in ones, then the plugins'."""
     kinds = {kind.name: kind for kind in BUILTIN_SOURCES}
-    for entry, declared in load_declarations(ENTRY_POINT_GROUP, SourceKind):
+    for entry, declared in load_declarations(ENTRY_POINT_GROUP, SourceKind, "source kind"):
         if (clash := kinds.get(declared.name)) is not None:
-            raise PluginError(f"{who(entry)} declares the source kind {declared.name!r}, which {clash.origin} declares already; "
+            raise PluginError(f"{plugin_name(entry)} declares the source kind {declared.name!r}, which {clash.origin} declares already; "
                               "rename one of them")
-        kinds[declared.name] = SourceKind(**{**declared.__dict__, "origin": who(entry)})
+        kinds[declared.name] = SourceKind(**{**declared.__dict__, "origin": plugin_name(entry)})
     return kinds
 
 

@@ -1,8 +1,38 @@
-"""Exported weights that hash the same every time: safetensors with a sorted header."""
+"""Exported weights that hash the same every time: `model.pt`, and safetensors with a sorted header."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+MODEL_WEIGHTS = "model.pt"
+MODEL_SAFETENSORS = "model.safetensors"
+
+
+def export_gpt(weights: Mapping[str, torch.Tensor], directory: Path) -> None:
+    """A GPT's weights as `model.pt` and `model.safetensors`; a tied output projection is the embedding, so the
+    safetensors file stores it once and says so in its metadata."""
+    torch.save(weights, directory / MODEL_WEIGHTS)
+    tied = "lm_head.weight" in weights and weights["lm_head.weight"].data_ptr() == weights["wte.weight"].data_ptr()
+    stored = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
+    data = save_safetensors(stored, metadata={"tied_embeddings": str(tied).lower(), "format": "pt"})
+    (directory / MODEL_SAFETENSORS).write_bytes(sorted_header(data))
+
+
+def export_weights(weights: Mapping[str, torch.Tensor], directory: Path) -> None:
+    """Any model's weights as `model.pt` and `model.safetensors`; a tensor sharing storage with an earlier one is stored
+    once, and the metadata's `shared` maps each name left out to the name it is stored under."""
+    torch.save(weights, directory / MODEL_WEIGHTS)
+    first: dict[int, str] = {}
+    shared = {name: first.setdefault(tensor.data_ptr(), name) for name, tensor in weights.items()}
+    shared = {name: kept for name, kept in shared.items() if name != kept}
+    stored = {k: v.contiguous() for k, v in weights.items() if k not in shared}
+    data = save_safetensors(stored, metadata={"format": "pt", "shared": json.dumps(shared, sort_keys=True)})
+    (directory / MODEL_SAFETENSORS).write_bytes(sorted_header(data))
 
 
 def sorted_header(data: bytes) -> bytes:

@@ -121,12 +121,3 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_f(x))
 
-
-def build_model(config: ModelConfig, vocab_size: int, seed: int) -> GPT:
-    """A freshly initialised model; the same seed gives the same weights."""
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return GPT(config, vocab_size)
-    finally:
-        torch.random.set_rng_state(generator_state)

@@ -22,7 +22,7 @@ from factory.config.schema import ModelConfig
 from factory.config.stages import TRAINING_STAGES
 from factory.errors import ArtifactError
 from factory.evals.generate import greedy, sample
-from factory.models.gpt import GPT
+from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.store import ArtifactStore, Manifest
@@ -54,6 +54,11 @@ class Candidate:
         """How the page names it."""
         where = "model" if self.stage == "model" else f"{self.stage} step {self.step}"
         return f"{self.experiment} · {where}"
+
+    @property
+    def context(self) -> int:
+        """Tokens of context its model sees."""
+        return ModelConfig.model_validate(self.model).context
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,7 +132,7 @@ class Generator:
 
     def __init__(self, registry: ArtifactStore) -> None:
         self.registry = registry
-        self._loaded: OrderedDict[str, tuple[GPT, Any]] = OrderedDict()
+        self._loaded: OrderedDict[str, tuple[torch.nn.Module, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def find(self, sha256: str) -> Candidate:
@@ -155,9 +160,9 @@ class Generator:
             prompt_ids = torch.tensor([ids], dtype=torch.long)
             started = time.perf_counter()
             if temperature > 0:
-                out = sample(model, prompt_ids, new_tokens, model.config.context, temperature, [seed])
+                out = sample(model, prompt_ids, new_tokens, candidate.context, temperature, [seed])
             else:
-                out = greedy(model, prompt_ids, new_tokens, model.config.context)
+                out = greedy(model, prompt_ids, new_tokens, candidate.context)
             seconds = time.perf_counter() - started
         tokens = out[0].tolist()
         eos = tokenizer.token_to_id(EOS)
@@ -167,14 +172,14 @@ class Generator:
         return Completion(candidate=candidate, text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens),
                           seconds=seconds, stopped_at_eos=stopped)
 
-    def _model(self, candidate: Candidate) -> tuple[GPT, Any]:
+    def _model(self, candidate: Candidate) -> tuple[torch.nn.Module, Any]:
         if candidate.sha256 in self._loaded:
             self._loaded.move_to_end(candidate.sha256)
             return self._loaded[candidate.sha256]
         try:
             state = load_checkpoint(candidate.path, candidate.sha256)  # an exported model.pt holds the weights alone
             tokenizer = load_tokenizer(candidate.tokenizer)
-            model = GPT(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
+            model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
             model.load_state_dict(state["model"] if candidate.stage != "model" else state)
         except (ArtifactError, OSError, RuntimeError, ValueError, KeyError) as e:
             raise PodiumError(f"{candidate.label} cannot be loaded: {e}") from e

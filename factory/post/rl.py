@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.schema import ModelConfig, RLConfig
 from factory.errors import ConfigError, StageFailed
-from factory.models.gpt import GPT, build_model
+from factory.models.build import build_model, count_parameters
 from factory.post.format import prompt
 from factory.post.grpo import entropy, group_advantages, grpo_loss, token_logprobs
 from factory.post.rewards import rewards
@@ -100,11 +101,11 @@ def tasks_of_step(count: int, seed: int, step: int, per_step: int) -> list[int]:
 
 @torch.no_grad()
 def sample_group(
-    model: GPT, prompt_ids: list[int], seeds: Sequence[int], config: RLConfig, stops: torch.Tensor, eos_id: int
+    model: nn.Module, prompt_ids: list[int], seeds: Sequence[int], config: RLConfig, stops: torch.Tensor, eos_id: int, context: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one completion per seed: returns sequences (G, P + new), mask (G, new), log-probs (G, new)."""
+    """Sample one completion per seed, the prompt cut to the model's `context`: returns sequences (G, P + new), mask (G, new),
+    log-probs (G, new)."""
     model.eval()
-    context = model.config.context
     head = prompt_ids[-(context - config.max_new_tokens):]
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     idx = torch.tensor([head] * len(seeds), dtype=torch.int64)
@@ -125,8 +126,8 @@ def sample_group(
 
 
 def rollout(
-    model: GPT, task_rows: list[dict], tasks: Sequence[int], step: int, version: int, seed: int, config: RLConfig,
-    tokenizer: Tokenizer, stops: torch.Tensor, eos_id: int, sandbox: Sandbox,
+    model: nn.Module, task_rows: list[dict], tasks: Sequence[int], step: int, version: int, seed: int, config: RLConfig,
+    tokenizer: Tokenizer, stops: torch.Tensor, eos_id: int, sandbox: Sandbox, context: int,
 ) -> list[Group]:
     """Sample and score the groups of `tasks`."""
     started = time.perf_counter()
@@ -134,7 +135,7 @@ def rollout(
     for task in tasks:
         row = task_rows[task]
         ids = tokenizer.encode(prompt(row["function"], row["call"])).ids
-        sequences, mask, logp = sample_group(model, ids, seeds_of(seed, step, task, config.group_size), config, stops, eos_id)
+        sequences, mask, logp = sample_group(model, ids, seeds_of(seed, step, task, config.group_size), config, stops, eos_id, context)
         sampled.append((task, sequences, mask, logp))
     texts = [
         tokenizer.decode(seq[-mask.size(1):][: int(m.sum())].tolist())
@@ -214,7 +215,7 @@ def train_rl(
         groups: list[Group] = []
         if roles.is_actor or not roles.actors:
             groups = rollout(sampler_model, task_rows, tasks[sampler * share : (sampler + 1) * share], step, version, seed, config,
-                             tokenizer, stops, eos_id, sandbox)
+                             tokenizer, stops, eos_id, sandbox, model_config.context)
         if roles.size > 1:
             everyone = [None] * roles.size
             dist.all_gather_object(everyone, groups if (roles.is_actor or not roles.actors) else None)
@@ -243,11 +244,11 @@ def train_rl(
     checkpoints.wait()
     return RLResult(
         steps=config.steps, resumed_from=start, checkpoints=tuple(c.name for c in checkpoints.complete()) if main else (),
-        parameters=model.num_parameters(), seconds=time.perf_counter() - started, last=last,
+        parameters=count_parameters(model), seconds=time.perf_counter() - started, last=last,
     )
 
 
-def push(sync: WeightSync, model: GPT, sampler_model: GPT, version: int) -> SyncStats:
+def push(sync: WeightSync, model: nn.Module, sampler_model: nn.Module, version: int) -> SyncStats:
     """Hand the learners' weights to whoever samples: the actors over torch.distributed, or the learners' sampling copy."""
     if sync.roles.actors:
         return sync.push(model, version)
@@ -265,7 +266,7 @@ def _shared(roles: Roles, start: int) -> int:
 
 
 def _update(
-    network: torch.nn.Module, model: GPT, reference: GPT | None, optimizer: torch.optim.Optimizer, groups: list[Group],
+    network: torch.nn.Module, model: nn.Module, reference: nn.Module | None, optimizer: torch.optim.Optimizer, groups: list[Group],
     config: RLConfig, step: int, roles: Roles, sync: WeightSync,
 ) -> dict[str, float]:
     """`updates_per_batch` optimizer steps on this learner's groups; the mean statistics of the first."""

@@ -23,7 +23,7 @@ from factory.data.tables import content_of
 from factory.errors import ArtifactError, FactoryError
 from factory.evals.benchmarks import EvalInputs, benchmark
 from factory.evals.scored_on import table_ref
-from factory.models.gpt import GPT
+from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore, Manifest
 from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
@@ -84,7 +84,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     spec = StageSpec.from_json(checkpoint.training)
     settings: TrainedModel = stage_kind(spec.kind).read_settings(spec.config)  # the model its checkpoints hold
     tokenizer = load_tokenizer(registry.open(spec.upstream["tokenizer"]) / TOKENIZER_FILE)
-    model = GPT(settings.model, tokenizer.get_vocab_size())
+    model = new_model(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
     model.eval()
     blend = Blend.from_json(json.loads((registry.open(spec.upstream["blend"]) / BLEND_FILE).read_text()))
@@ -95,7 +95,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
         return iter(stream.texts())
 
     return EvalInputs(
-        model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=model.config.context,
+        model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=settings.model.context,
         validation_texts=validation_texts, seed=settings.seed, batch_size=checkpoint.eval["batch_size"],
         max_bytes=checkpoint.eval["max_bytes"], catalog=open_catalog(catalog),
     )

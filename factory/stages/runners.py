@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as save_safetensors
 
 from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.config.stages import TRAINING_STAGES
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState, build_loader
-from factory.models.export import sorted_header
+from factory.models.build import export_model
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer, vocabulary_shortfall
 from factory.stages.context import TOKENIZER_FILE, WARNINGS, StageContext
 from factory.stages.progress import training_progress, wants_progress
@@ -33,8 +32,6 @@ from factory.train.pretrain import (
     CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, load_weights, pretrain,
 )
 
-MODEL_WEIGHTS = "model.pt"
-MODEL_SAFETENSORS = "model.safetensors"
 MODEL_CONFIG = "config.json"
 RUN_FILE = "run.json"
 
@@ -231,13 +228,7 @@ def run_model(ctx: StageContext) -> dict[str, Any]:
     trained = [name for name in TRAINING_STAGES if name in ctx.request.spec.upstream][-1]  # the last training stage run
     checkpoints = ctx.upstream(trained)
     run = json.loads((checkpoints / RUN_FILE).read_text())
-    weights = load_weights(checkpoints / run["final"])
-    torch.save(weights, ctx.out / MODEL_WEIGHTS)
-    # The same weights for other tools; a tied output projection is the embedding, so it is stored once.
-    tied = "lm_head.weight" in weights and weights["lm_head.weight"].data_ptr() == weights["wte.weight"].data_ptr()
-    stored = {k: v.contiguous() for k, v in weights.items() if not (tied and k == "lm_head.weight")}
-    data = save_safetensors(stored, metadata={"tied_embeddings": str(tied).lower(), "format": "pt"})
-    (ctx.out / MODEL_SAFETENSORS).write_bytes(sorted_header(data))
+    export_model(ModelConfig.model_validate(run["model"]), load_weights(checkpoints / run["final"]), ctx.out)
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
     shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
     (ctx.out / MODEL_CONFIG).write_text(json.dumps(run, indent=2, sort_keys=True))

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
-from factory.models.gpt import GPT, build_model
+from factory.models.build import build_model, count_parameters
 from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
@@ -72,7 +73,7 @@ def lr_at(step: int, config: PretrainConfig) -> float:
     return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def build_optimizer(model: GPT, config: PretrainConfig | RLConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, config: PretrainConfig | RLConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms, biases); any training section with lr, betas, weight_decay."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -278,7 +279,7 @@ def pretrain(
         steps=end,
         final_loss=loss_value,
         tokens_seen=tokens_seen,
-        parameters=model.num_parameters(),
+        parameters=count_parameters(model),
         checkpoints=kept,
         seconds=time.perf_counter() - started,
         resumed_from=start,
@@ -289,7 +290,7 @@ def pretrain(
     )
 
 
-def _rewind(model: GPT, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, log: logging.Logger) -> int:
+def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, log: logging.Logger) -> int:
     """Reload the latest good checkpoint's weights and optimizer; the data goes on from where it is. Returns the step to go on from."""
     checkpoints.wait()
     found = checkpoints.latest()
@@ -331,7 +332,7 @@ def _kept(checkpoints: CheckpointDir) -> str:
 
 
 def _state(
-    model: GPT, optimizer: torch.optim.Optimizer, step: int, position: LoaderState, tokens_seen: int, world: World, controller: Controller | None
+    model: nn.Module, optimizer: torch.optim.Optimizer, step: int, position: LoaderState, tokens_seen: int, world: World, controller: Controller | None
 ) -> dict[str, Any]:
     """The full training state; every rank's RNG is gathered so each resumes its own."""
     rng = {"torch": torch.random.get_rng_state()}

@@ -48,7 +48,7 @@ def test_every_kept_checkpoint_is_evaluated_and_training_helped(pipeline):
     from dataclasses import replace
 
     from factory.evals.suite import VAL_BPB
-    from factory.models.gpt import build_model
+    from factory.models.build import build_model
     from factory.stages.evaluate import CheckpointRef, load_inputs
 
     bpb = scores(pipeline, "val_bpb")

@@ -7,7 +7,7 @@ from factory.config.schema import ModelConfig
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError
 from factory.evals.benchmarks import EvalInputs, benchmark, known
-from factory.models.gpt import GPT
+from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.generate import Generator, candidates
 from factory.data.prompts import save_prompt
@@ -19,10 +19,10 @@ def inputs_for(store, catalog) -> tuple[EvalInputs, Generator]:
     registry = ArtifactStore(store / "registry")
     candidate = sorted(candidates(registry), key=lambda c: c.experiment)[0]
     tokenizer = load_tokenizer(candidate.tokenizer)
-    model = GPT(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
+    model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
     model.load_state_dict(torch.load(candidate.path, weights_only=True)["model"])
     model.eval()
-    inputs = EvalInputs(model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=model.config.context,
+    inputs = EvalInputs(model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=candidate.context,
                         validation_texts=lambda: iter(()), seed=0, batch_size=4, max_bytes=1000, catalog=catalog)
     return inputs, Generator(registry), candidate
 

@@ -10,7 +10,7 @@ from factory.data.tables import content_of
 from factory.errors import ArtifactError
 from factory.evals.benchmarks import EvalInputs, benchmark
 from factory.evals.heldout import REF, TABLE, heldout_texts, write_heldout_corpus
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.models.tokenizer import EOS, token_byte_lengths, train_tokenizer
 from factory.post.tasks import split_of
 

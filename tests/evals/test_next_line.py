@@ -14,7 +14,7 @@ from factory.evals.benchmarks import EvalInputs
 from factory.evals.next_line import (
     LINES, MAX_NEW_TOKENS, PROMPT_TOKENS, eligible_lines, function_body_lines, next_line_exact_match, written_line,
 )
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.models.tokenizer import EOS, train_tokenizer
 
 DOCUMENT = inspect.getsource(textwrap)

@@ -11,7 +11,7 @@ from torch import nn
 from factory.config.schema import ModelConfig, TokenizerConfig
 from factory.evals.benchmarks import EvalInputs
 from factory.evals.sanity import PROMPTS, SAMPLES, python_sanity, valid_sample
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.models.tokenizer import EOS, train_tokenizer
 
 # What the scripted model writes after each prompt; the class body is broken.

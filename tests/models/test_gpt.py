@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from factory.config.schema import ModelConfig
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 
 VOCAB = 50
 CONFIG = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
@@ -76,7 +76,8 @@ def test_a_future_token_does_not_change_earlier_logits():
 
 def test_rotary_positions_replace_the_position_table_and_still_learn():
     from factory.config.schema import ModelConfig
-    from factory.models.gpt import build_model, rotate, rotary_tables
+    from factory.models.build import build_model
+    from factory.models.gpt import rotate, rotary_tables
 
     config = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16, positions="rotary")
     model = build_model(config, 50, 0)

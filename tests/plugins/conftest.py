@@ -12,13 +12,13 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "checkpoint-average"
 
 
-def fake_package(site: Path, name: str, module: str, entry_points: dict[str, str]) -> Path:
-    """A package installed into `site` as pip would leave it: `module.py` and a dist-info naming its entry points."""
+def fake_package(site: Path, name: str, module: str, entry_points: dict[str, str], group: str = "model_factory.stages") -> Path:
+    """A package installed into `site` as pip would leave it: `module.py` and a dist-info naming its entry points in `group`."""
     dist = site / f"{name}-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.1\n")
     lines = "".join(f"{key} = {value}\n" for key, value in entry_points.items())
-    (dist / "entry_points.txt").write_text(f"[model_factory.stages]\n{lines}")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{lines}")
     (site / f"{name}.py").write_text(module)
     return site
 

@@ -49,7 +49,7 @@ def test_an_entry_point_that_names_something_else_or_another_kind_is_refused(tmp
     site = fake_package(tmp_path, "odd_plugin", module, {"other": "odd_plugin:KIND", "shrink": "odd_plugin:NOT_A_KIND"})
     result = factory_with(site, "check", TINY)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "plugin 'other' (odd_plugin:KIND of package odd-plugin) declares StageKind 'shrink': name the entry point" in result.stderr
+    assert "plugin 'other' (odd_plugin:KIND of package odd-plugin) declares the stage kind 'shrink': name the entry point" in result.stderr
 
 
 def test_two_plugins_declaring_one_kind_are_refused(tmp_path):

@@ -13,7 +13,7 @@ from factory.config.schema import ModelConfig, TokenizerConfig
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.podium.browse import Browser
 from factory.data.tables import write_version
-from factory.models.gpt import GPT
+from factory.models.build import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
 
@@ -78,8 +78,7 @@ def publish_checkpoints(registry: ArtifactStore, texts: list[str]) -> None:
         tok = registry.publish(out, kind="tokenizer", fingerprint="podium-tokenizer", config={}, inputs={}, code="test",
                                provenance=provenance, summary={})
     for seed in (1, 2):
-        torch.manual_seed(seed)
-        model = GPT(ModelConfig.model_validate(MODEL), tokenizer.get_vocab_size())
+        model = build_model(ModelConfig.model_validate(MODEL), tokenizer.get_vocab_size(), seed)
         with registry.staging() as out:
             path = out / "step_000010.pt"
             torch.save({"model": model.state_dict()}, path)

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from factory.config.schema import ModelConfig, RLConfig, TokenizerConfig
 from factory.data.loader import PAD
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.post.format import completion, prompt
 from factory.post.rl import sample_group, stop_tokens, train_rl
@@ -84,8 +84,8 @@ def test_sampling_is_seeded_per_completion_and_stops_at_the_line_end():
     model = build_model(MODEL, tok.get_vocab_size(), seed=1)
     ids = tok.encode(prompt(ROWS[0]["function"], ROWS[0]["call"])).ids
     stops = stop_tokens(tok, 0)
-    together, mask, logp = sample_group(model, ids, [11, 12, 13], config(), stops, 0)
-    alone, alone_mask, alone_logp = sample_group(model, ids, [12], config(), stops, 0)
+    together, mask, logp = sample_group(model, ids, [11, 12, 13], config(), stops, 0, MODEL.context)
+    alone, alone_mask, alone_logp = sample_group(model, ids, [12], config(), stops, 0, MODEL.context)
     width = alone.size(1)
     assert torch.equal(together[1, :width], alone[0]) and torch.allclose(logp[1, : alone_logp.size(1)], alone_logp[0])
     new = together[:, len(ids):]

@@ -15,7 +15,7 @@ from torch.nn.functional import cross_entropy
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.schema import ModelConfig
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.post.weightsync import SyncStats, WeightSync, assign_shards, roles_from
 from tests.post.ranks import spawned
 

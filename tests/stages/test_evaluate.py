@@ -14,7 +14,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError
 from factory.evals.benchmarks import Benchmark, EvalInputs, Score, register
 from factory.evals.heldout import write_heldout_corpus
-from factory.models.gpt import build_model
+from factory.models.build import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
 from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
