@@ -213,6 +213,6 @@ def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, 
     if plugin.section in Experiment.model_fields:
         raise PluginError(f"{plugin.origin}: section {plugin.section!r} of stage kind {plugin.name!r} is a built-in section of "
                           "the experiment file; give the kind a section of its own (its name, by default)")
-    if clash := next((k for k in kinds if k.section == plugin.section and k not in builtin), None):
+    if plugin.section and (clash := next((k for k in kinds if k.section == plugin.section and k not in builtin), None)):
         raise PluginError(f"{plugin.origin}: section {plugin.section!r} is {clash.origin}'s already; give the kind a section "
                           "of its own")

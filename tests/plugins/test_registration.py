@@ -59,3 +59,12 @@ def test_two_plugins_declaring_one_kind_are_refused(tmp_path):
     result = factory_with(tmp_path, "check", TINY)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "declares the stage kind 'shrink', which plugin 'shrink' (" in result.stderr
+
+
+def test_two_plugins_without_sections_of_their_own_both_register(tmp_path):
+    """Kinds without a section (fingerprinted on the seed alone) do not clash over having none."""
+    for package, name in (("one_plugin", "shrink"), ("two_plugin", "grow")):
+        module = KIND.format(name=name, module=package, reads=("pretrain",), section=None).replace(", config=Config", "")
+        fake_package(tmp_path, package, module, {name: f"{package}:KIND"})
+    result = factory_with(tmp_path, "check", TINY)
+    assert result.returncode == 0, result.stderr
