@@ -23,9 +23,9 @@ from factory.config import Experiment, load_file
 from factory.errors import ConfigError
 from factory.launch import warm_starts
 from factory.registry import ArtifactStore
-from factory.stages import warm_modules
+from factory.runtime import warm_modules
 from factory.ops.plan import build_plan
-from factory.stages.report import exit_now
+from factory.runtime.report import exit_now
 from factory.track.base import TrackingConfig
 
 if TYPE_CHECKING:

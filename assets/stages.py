@@ -29,9 +29,9 @@ from factory.errors import ConfigError
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.builtin import POST_TRAINING_TASKS
-from factory.stages.context import WARNINGS
+from factory.runtime.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
-from factory.stages.request import StageRequest
+from factory.runtime.request import StageRequest
 from resources import ExperimentFiles, FactoryStores, StageLauncher
 
 CHECK_DESCRIPTIONS = {

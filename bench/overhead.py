@@ -33,8 +33,8 @@ from factory.config import config_hash, load, plan_stage, upstream_of
 from factory.config.stages import stages_of
 from factory.data.catalog import CatalogConfig
 from factory.registry import ArtifactStore, Provenance
-from factory.stages import every_warm_module
-from factory.stages.request import StageRequest
+from factory.runtime import every_warm_module
+from factory.runtime.request import StageRequest
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "tiny-code-lm.md"
@@ -43,11 +43,11 @@ STEP_EVENTS = ("STEP_START", "STEP_SUCCESS")
 
 def in_process(root: Path) -> dict[str, float]:
     """Every stage, the evaluations, the leaderboard and the report, called in this process: wall seconds of each."""
-    from factory.stages.__main__ import run
+    from factory.runtime.__main__ import run
     from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
     from factory.stages.evaluate import evaluate
     from factory.evals.publish import current_board, publish_leaderboard
-    from factory.stages.report import ConsoleReporter
+    from factory.runtime.report import ConsoleReporter
     from factory.evals.run_report import publish_report, report_inputs
     from factory.train.records import published
 

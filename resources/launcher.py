@@ -33,16 +33,16 @@ from dagster_pipes import PipesParams
 from factory.config import Experiment
 from factory.errors import FactoryError
 from factory.launch import LocalLauncher, stage_argv
-from factory.stages import EVALUATE_MODULE
+from factory.runtime import EVALUATE_MODULE
 from factory.stages.eval_request import EvalRequest
-from factory.stages.request import StageRequest
+from factory.runtime.request import StageRequest
 
 MessageSink = Callable[[Any], bool]
 """Hears a stage's custom message as it arrives; True when it took the message (it is then not kept for the end)."""
 
 
 class StageLauncher(ConfigurableResource):
-    """Runs `python -m factory.stages` as a local child process (the embedded default)."""
+    """Runs `python -m factory.runtime` as a local child process (the embedded default)."""
 
     def launch(
         self, context: AssetExecutionContext, request: StageRequest, on_message: MessageSink | None = None,

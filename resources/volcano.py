@@ -25,7 +25,7 @@ from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD, PipesParams
 from factory.config import Experiment
 from factory.config.cluster import KubernetesSettings, load_profile
 from factory.errors import FactoryError
-from factory.stages.request import StageRequest
+from factory.runtime.request import StageRequest
 from resources.launcher import MessageSink, PipesMessageTap, StageLauncher, pipes_results
 
 

@@ -18,7 +18,7 @@ from factory.config.kinds import StageKind
 from factory.config.schema import Experiment, TrainedModel
 from factory.config.section import Section
 from factory.errors import ConfigError
-from factory.stages.context import StageContext
+from factory.runtime.context import StageContext
 
 STARTS_FROM = ("rl", "sft", "pretrain")
 """The training stages it may average, newest first: it averages the last one the experiment runs."""

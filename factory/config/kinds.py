@@ -81,7 +81,7 @@ class StageKind:
     description: str
     """What the stage computes, shown in the Dagster UI."""
     run: str | Callable[[Any], dict[str, Any]]
-    """Computes the stage in the stage process: `run(ctx)`, given a `factory.stages.context.StageContext`, stages files
+    """Computes the stage in the stage process: `run(ctx)`, given a `factory.runtime.context.StageContext`, stages files
     under `ctx.out` and returns the summary recorded in the manifest. A `module:function` string is imported only by the
     process that runs this kind."""
     reads: tuple[str, ...] = ()

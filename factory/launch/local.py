@@ -25,7 +25,7 @@ from typing import IO
 from factory.errors import LaunchError, StageFailed
 from factory.launch.warm import WarmProcess, WarmServer
 
-STAGE_MODULE = "factory.stages"
+STAGE_MODULE = "factory.runtime"
 STDERR_TAIL_LINES = 20
 PROGRESS_ENV = "FACTORY_PROGRESS"
 """Set to 1 for a stage whose stderr ends on a terminal: it may draw a progress bar."""

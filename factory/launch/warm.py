@@ -1,6 +1,6 @@
 """A warm interpreter: stage processes forked from a server that imported their code once.
 
-Starting a stage as `python -m factory.stages request.json` costs seconds of imports (torch,
+Starting a stage as `python -m factory.runtime request.json` costs seconds of imports (torch,
 pyiceberg, pyarrow, mlflow) before any work, and a run starts a dozen stages. The warm server
 imports those modules once, then forks one child per stage. The child is still a process of its
 own, as the launcher and Volcano expect: its own pid, exit code, stdin/stdout/stderr, environment

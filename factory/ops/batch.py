@@ -22,7 +22,7 @@ from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore
-from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
+from factory.runtime.context import BLEND_FILE, TOKENIZER_FILE
 from factory.train.records import POSITIONS_FILE
 
 

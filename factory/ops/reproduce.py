@@ -38,7 +38,7 @@ from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.ops.lineage import Lineage
 from factory.ops.plan import FILES_KEY, source_changes
-from factory.stages.request import StageRequest
+from factory.runtime.request import StageRequest
 
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
 """Keys of JSON records that measure the run, not its result: left out when comparing files."""

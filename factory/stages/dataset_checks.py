@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import stage_kind
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.checks import CHECKS, CheckOutcome, check_version
-from factory.stages.context import DATASETS_FILE
+from factory.runtime.context import DATASETS_FILE
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -23,7 +23,7 @@ from factory.data.filters import apply_filters
 from factory.data.ingest import read_documents
 from factory.data.tables import TableVersion, name_version, read_version, reject_version, resolve, write_content, write_version
 from factory.errors import StageFailed
-from factory.stages.context import BLEND_FILE, DATASETS_FILE, StageContext
+from factory.runtime.context import BLEND_FILE, DATASETS_FILE, StageContext
 from factory.stages.dataset_checks import check_dataset, combine, record_checks
 
 

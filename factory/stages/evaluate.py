@@ -26,10 +26,10 @@ from factory.evals.scored_on import table_ref
 from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.registry.store import ArtifactStore, Manifest
-from factory.stages.context import BLEND_FILE, TOKENIZER_FILE
+from factory.runtime.context import BLEND_FILE, TOKENIZER_FILE
 from factory.stages.eval_request import KIND, CheckpointRef, EvalRequest, batch_summary, publish_score, scored_on
-from factory.stages.exits import say_error, stop_on_signals
-from factory.stages.report import Reporter, exit_now, open_reporter
+from factory.runtime.exits import say_error, stop_on_signals
+from factory.runtime.report import Reporter, exit_now, open_reporter
 from factory.train.checkpoint import load_checkpoint
 
 USAGE = "usage: python -m factory.stages.evaluate <request.json>"

@@ -21,7 +21,7 @@ from factory.models.tokenizer import EOS, load_tokenizer
 from factory.post.rl import train_rl
 from factory.post.sft import encode_examples, read_tasks, sft_batches
 from factory.post.weightsync import roles_from
-from factory.stages.context import TOKENIZER_FILE, StageContext
+from factory.runtime.context import TOKENIZER_FILE, StageContext
 from factory.stages.runners import final_weights, publish_checkpoints, tracked_run, train_stage, write_run
 from factory.train.distributed import world_from_env
 

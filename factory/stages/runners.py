@@ -24,8 +24,8 @@ from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState, build_loader
 from factory.models.build import export_model
 from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer, vocabulary_shortfall
-from factory.stages.context import TOKENIZER_FILE, WARNINGS, StageContext
-from factory.stages.progress import training_progress, wants_progress
+from factory.runtime.context import TOKENIZER_FILE, WARNINGS, StageContext
+from factory.runtime.progress import training_progress, wants_progress
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
 from factory.train.pretrain import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from dagster import DagsterInstance
 
-from factory.stages.report import open_reporter
+from factory.runtime.report import open_reporter
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy
 
 CHECKPOINTS = "checkpoints"

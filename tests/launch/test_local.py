@@ -62,7 +62,7 @@ def test_a_missing_executable_is_a_launch_error(tmp_path):
 
 def test_stage_argv_runs_the_stages_module_on_the_request():
     request = Path("/tmp/requests/corpus.json")
-    assert stage_argv(request) == [sys.executable, "-m", "factory.stages", "/tmp/requests/corpus.json"]
+    assert stage_argv(request) == [sys.executable, "-m", "factory.runtime", "/tmp/requests/corpus.json"]
     assert stage_argv(request, python="/opt/py/bin/python3")[0] == "/opt/py/bin/python3"
 
 

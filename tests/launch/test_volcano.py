@@ -20,7 +20,7 @@ from factory.launch.volcano_rules import check_pod_templates
 IMAGE = "registry.example/factory@sha256:" + "ab" * 32
 FINGERPRINT = "0123456789abcdef" * 4
 TORCHRUN_2 = ("torchrun --nnodes=$(WORLD_SIZE) --node_rank=$(RANK) --nproc_per_node=2 --master_addr=$(MASTER_ADDR) "
-              "--master_port=$(MASTER_PORT) -m factory.stages /var/run/factory/request.json")
+              "--master_port=$(MASTER_PORT) -m factory.runtime /var/run/factory/request.json")
 
 
 def job_spec(**changes) -> JobSpec:
@@ -83,7 +83,7 @@ def test_the_builder_output_passes_every_rule_and_the_schema(nodes):
 
 
 def test_a_dollar_in_the_stage_arguments_is_not_expanded_by_kubernetes():
-    manifest = job_manifest(job_spec(stage_args=("-m", "factory.stages", "/req/$(HOME).json")))
+    manifest = job_manifest(job_spec(stage_args=("-m", "factory.runtime", "/req/$(HOME).json")))
     assert container(manifest)["command"][-1] == "/req/$$(HOME).json"
 
 

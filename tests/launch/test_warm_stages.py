@@ -12,8 +12,8 @@ from factory.config.stages import stages_of
 from factory.data.catalog import CatalogConfig
 from factory.launch import LocalLauncher, stage_argv, warm_starts
 from factory.registry import ArtifactStore, Provenance
-from factory.stages import every_warm_module
-from factory.stages.request import StageRequest
+from factory.runtime import every_warm_module
+from factory.runtime.request import StageRequest
 from factory.train.records import published
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(sys.platform != "linux", reason="the warm interpreter forks: Linux only")]

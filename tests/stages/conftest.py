@@ -9,8 +9,8 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
 from factory.config import UPSTREAM, load, plan_stage
 from factory.data.catalog import CatalogConfig
 from factory.registry.store import ArtifactStore, Provenance
-from factory.stages.__main__ import main
-from factory.stages.request import StageRequest
+from factory.runtime.__main__ import main
+from factory.runtime.request import StageRequest
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError
-from factory.stages.context import DATASETS_FILE
+from factory.runtime.context import DATASETS_FILE
 from factory.stages.dataset_checks import CHECKS_FILE
 from tests.stages.conftest import run_stages
 

@@ -19,7 +19,7 @@ from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
 from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
 from factory.stages.evaluate import evaluate, locate_checkpoint
-from factory.stages.report import ConsoleReporter
+from factory.runtime.report import ConsoleReporter
 from tests.conftest import training_settings
 
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)

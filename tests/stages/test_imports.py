@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.stages import every_warm_module, warm_modules
+from factory.runtime import every_warm_module, warm_modules
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "kubernetes", "matplotlib", "dagster", "mlflow", "pyiceberg")
@@ -30,7 +30,7 @@ def test_checking_or_planning_a_file_loads_nothing_heavy(command, tiny_path, tmp
 
 def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
     data = warm_modules(["raw_datasets", "deduped_datasets", "filtered_datasets", "blend"], "mlflow")
-    assert data == ("factory.stages.__main__", "factory.stages.datasets"), "no tracker, no evaluations: nothing trains"
+    assert data == ("factory.runtime.__main__", "factory.stages.datasets"), "no tracker, no evaluations: nothing trains"
     code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
     loaded = imported("-c", code, *data)
     assert "pyiceberg" in loaded and "torch" not in loaded

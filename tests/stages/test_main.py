@@ -1,4 +1,4 @@
-"""`python -m factory.stages`: argument and request errors, and a real raw-data stage run in-process."""
+"""`python -m factory.runtime`: argument and request errors, and a real raw-data stage run in-process."""
 
 import json
 from pathlib import Path
@@ -9,10 +9,10 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
 from factory.config import Experiment, load, plan_stage
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.registry.store import ArtifactStore, Provenance
-from factory.stages.__main__ import USAGE, main
-from factory.stages.context import DATASETS_FILE
+from factory.runtime.__main__ import USAGE, main
+from factory.runtime.context import DATASETS_FILE
 from factory.ops.plan import build_plan
-from factory.stages.request import StageRequest
+from factory.runtime.request import StageRequest
 
 SOURCES = {f"lib/mod_{i}.py": f"def f{i}(x):\n    return x * {i}\n" for i in range(8)}
 

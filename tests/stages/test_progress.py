@@ -3,7 +3,7 @@
 import io
 
 from factory.launch.local import PROGRESS_ENV
-from factory.stages.progress import training_progress, wants_progress
+from factory.runtime.progress import training_progress, wants_progress
 
 
 def test_the_bar_shows_step_loss_and_throughput():

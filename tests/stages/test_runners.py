@@ -1,4 +1,4 @@
-"""Stage runners run for real through `python -m factory.stages`: what their materializations say."""
+"""Stage runners run for real through `python -m factory.runtime`: what their materializations say."""
 
 import inspect
 import json

@@ -1,4 +1,4 @@
-"""`python -m factory.stages <request.json>`: run one stage, publish its artifact, report it."""
+"""`python -m factory.runtime <request.json>`: run one stage, publish its artifact, report it."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore
-from factory.stages import runner
-from factory.stages.context import WARNINGS, StageContext
-from factory.stages.exits import say_error, stop_on_signals
-from factory.stages.report import Reporter, exit_now, open_reporter
-from factory.stages.request import StageRequest
+from factory.runtime import runner
+from factory.runtime.context import WARNINGS, StageContext
+from factory.runtime.exits import say_error, stop_on_signals
+from factory.runtime.report import Reporter, exit_now, open_reporter
+from factory.runtime.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
 
-USAGE = "usage: python -m factory.stages <request.json>"
+USAGE = "usage: python -m factory.runtime <request.json>"
 
 
 def run(request: StageRequest) -> None:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import stage_kind
 from factory.config.section import Section
 from factory.registry.store import ArtifactStore
-from factory.stages.report import Reporter
-from factory.stages.request import StageRequest
+from factory.runtime.report import Reporter
+from factory.runtime.request import StageRequest
 
 if TYPE_CHECKING:
     from factory.data.blend import Blend
