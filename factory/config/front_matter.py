@@ -100,6 +100,12 @@ def _check_depth(path: Path, front: str, first_line: int) -> None:
                     raise ConfigError(f"{path}:{line}: the front matter nests deeper than {MAX_YAML_DEPTH} levels; flatten it")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
+    except yaml.MarkedYAMLError as e:  # newer libyaml scans ahead and stops very deep flow nesting itself: said the same way
+        if "nesting depth" not in str(e.problem or ""):
+            raise
+        mark = e.problem_mark or e.context_mark
+        line = first_line + (mark.line if mark else 0)
+        raise ConfigError(f"{path}:{line}: the front matter nests deeper than {MAX_YAML_DEPTH} levels; flatten it") from e
     finally:
         events.dispose()
 
