@@ -4,7 +4,8 @@ A new checkpoint partition makes its evaluations due (the automation sensor runs
 training goes on); a new benchmark partition makes every existing checkpoint's evaluation on it
 due, which is a backfill. A run evaluates many partitions in one process (the backfill policy
 puts up to EVALS_PER_RUN partitions in a run), so a backfill over a thousand checkpoints is a few
-dozen launches, not a thousand.
+dozen launches, not a thousand. A batch is an `evaluation` stage (`factory.stages.evaluation`): the launcher runs it
+where it runs every stage (a process here, a Volcano Job on a cluster).
 """
 
 import warnings
@@ -24,6 +25,7 @@ from dagster import (
     PipesExecutionResult,
     asset,
 )
+from pydantic import ValidationError
 
 from assets.heldout import ensure_heldout_corpus
 from assets.partitions import CHECKPOINTS, evaluations_partitions
@@ -31,9 +33,10 @@ from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity
 from factory.config.stages import EVALUATION_POOL
 from factory.errors import ConfigError
-from factory.registry import ArtifactStore
 from factory.evals.benchmarks import benchmark
-from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, batch_summary
+from factory.registry import ArtifactStore
+from factory.runtime.request import StageRequest
+from factory.stages.evaluation import CheckpointRef, EvalItem, batch_provenance, batch_spec, batch_summary
 from resources import FactoryStores, StageLauncher
 
 EVALS_PER_RUN = 50
@@ -58,9 +61,8 @@ def evaluations(
     context: AssetExecutionContext, stores: FactoryStores, launcher: StageLauncher
 ) -> Iterator[PipesExecutionResult | MaterializeResult]:
     items = tuple(eval_item(context.instance, key) for key in context.partition_keys)
-    registry = stores.registry()
-    request = EvalRequest(items=items, registry=str(registry.root), catalog=stores.catalog(), code=code_identity("local"), run_id=context.run_id)
-    found = {item.partition: manifest for item in items if (manifest := registry.lookup(item.fingerprint(request.code)))}
+    registry, code = stores.registry(), code_identity("local")  # the code location's evaluator scores every experiment alike
+    found = {item.partition: manifest for item in items if (manifest := registry.lookup(item.fingerprint(code)))}
     if len(found) == len(items):  # nothing to compute: no process, no model loaded
         context.log.info(f"all {len(items)} checkpoint x benchmark pairs are evaluated already; reusing their results")
         scores, version = batch_summary(found)
@@ -68,11 +70,14 @@ def evaluations(
                                 data_version=DataVersion(version))
     else:
         ensure_heldout_corpus(context, stores, (item.benchmark for item in items if item.partition not in found))
-        context.log.info(f"evaluating {len(items) - len(found)} of {len(items)} checkpoint x benchmark pairs in one process")
-        yield from launcher.evaluate(context, request)
+        context.log.info(f"evaluating {len(items) - len(found)} of {len(items)} checkpoint x benchmark pairs in one stage")
+        spec = batch_spec(items, code)
+        request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(),
+                               provenance=batch_provenance(items, spec.config, context.run_id))
+        yield from launcher.launch(context, request)
     # One process reports one materialization for the whole batch; each partition's own score and artifact are observed here.
     for item in items:
-        if manifest := found.get(item.partition) or registry.lookup(item.fingerprint(request.code)):
+        if manifest := found.get(item.partition) or registry.lookup(item.fingerprint(code)):
             context.log_event(AssetObservation(
                 asset_key="evaluations", partition=item.partition,
                 metadata={"value": manifest.summary["value"], "count": manifest.summary["count"], "result": manifest.digest,
@@ -91,7 +96,12 @@ def eval_item(instance: DagsterInstance, key: str) -> EvalItem:
     metadata = latest_metadata(instance, CHECKPOINTS, checkpoint)
     if metadata is None or any(field not in metadata for field in CHECKPOINT_FIELDS):
         raise Failure(description=f"{key}: checkpoint {checkpoint} has no recorded materialization with its sha256; rerun its training stage")
-    ref = CheckpointRef(key=checkpoint, **{field: metadata[field] for field in CHECKPOINT_FIELDS})
+    try:
+        ref = CheckpointRef(key=checkpoint, **{field: metadata[field] for field in CHECKPOINT_FIELDS})
+    except ValidationError as e:
+        raise Failure(description=f"{key}: checkpoint {checkpoint} has a recorded materialization that does not say how to load it "
+                                  f"({e.error_count()} problems, first: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}); "
+                                  "rerun its training stage") from e
     return EvalItem(partition=key, benchmark=name, checkpoint=ref)
 
 

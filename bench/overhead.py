@@ -44,10 +44,8 @@ STEP_EVENTS = ("STEP_START", "STEP_SUCCESS")
 def in_process(root: Path) -> dict[str, float]:
     """Every stage, the evaluations, the leaderboard and the report, called in this process: wall seconds of each."""
     from factory.runtime.__main__ import run
-    from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
-    from factory.stages.evaluate import evaluate
+    from factory.stages.evaluation import CheckpointRef, EvalItem, batch_provenance, batch_spec
     from factory.evals.publish import current_board, publish_leaderboard
-    from factory.runtime.report import ConsoleReporter
     from factory.evals.run_report import publish_report, report_inputs
     from factory.train.records import published
 
@@ -72,8 +70,8 @@ def in_process(root: Path) -> dict[str, float]:
                             training=spec.to_json(), git_commit="bench",
                             eval={"max_bytes": experiment.eval.max_bytes, "batch_size": experiment.eval.batch_size})
         items += [EvalItem(partition=f"{name}|{ref.key}", benchmark=name, checkpoint=ref) for name in experiment.eval.benchmarks]
-    quiet = ConsoleReporter(logging.getLogger("bench.overhead"))
-    evaluate(EvalRequest(items=tuple(items), registry=str(registry.root), catalog=catalog, code=spec.code), quiet)
+    batch = batch_spec(tuple(items), spec.code)
+    run(StageRequest(spec=batch, registry=str(registry.root), catalog=catalog, provenance=batch_provenance(tuple(items), batch.config, "")))
     times["evaluations"] = time.perf_counter() - started
     started = time.perf_counter()
     publish_leaderboard(registry, current_board(registry), "bench")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from factory.config import Experiment, load_file
-from factory.config.cluster import ClusterProfile
+from factory.config.cluster import ClusterProfile, queue_problems
 from factory.config.files import data_roots, outside_roots
 from factory.config.kinds import stage_kinds
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
@@ -178,17 +178,7 @@ def _placement_problems(experiment: Experiment, cluster: ClusterProfile) -> list
         found.append((("image",), f"'local' runs only with the local launcher; the {cluster.launcher} launcher needs an image pinned "
                                   "by digest (name@sha256:<64 hex>)"))
     wanted = experiment.resources
-    queue = cluster.queues.get(wanted.queue)
-    if queue is None:
-        found.append((("resources", "queue"), f"unknown queue {wanted.queue!r}; the cluster has: {', '.join(sorted(cluster.queues))}"))
-    else:
-        if wanted.nodes > queue.nodes:
-            found.append((("resources", "nodes"), f"{wanted.nodes} nodes, but queue {wanted.queue!r} gives a stage at most {queue.nodes}"))
-        if wanted.gpus > queue.gpus_per_node:
-            found.append((("resources", "gpus"), f"{wanted.gpus} GPUs per node, but queue {wanted.queue!r} has {queue.gpus_per_node}"))
-        if wanted.priority is not None and wanted.priority not in queue.priorities:
-            allowed = ", ".join(queue.priorities) or "none"
-            found.append((("resources", "priority"), f"priority {wanted.priority!r} is not offered by queue {wanted.queue!r}; offered: {allowed}"))
+    found += [(("resources", field), message) for field, message in queue_problems(cluster, wanted.queue, wanted.nodes, wanted.gpus, wanted.priority)]
     if cluster.launcher == "local" and wanted.nodes > 1:
         found.append((("resources", "nodes"), f"{wanted.nodes} nodes, but the local launcher runs a stage on one machine"))
     return found

@@ -8,7 +8,6 @@ carries it (a temp file here, the master pod's log on a cluster).
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,8 +32,6 @@ from dagster_pipes import PipesParams
 from factory.config import Experiment
 from factory.errors import FactoryError
 from factory.launch import LocalLauncher, stage_argv
-from factory.runtime import EVALUATE_MODULE
-from factory.stages.eval_request import EvalRequest
 from factory.runtime.request import StageRequest
 
 MessageSink = Callable[[Any], bool]
@@ -51,7 +48,8 @@ class StageLauncher(ConfigurableResource):
         """Run the stage; yield what it reported. A failed stage becomes a Dagster Failure.
 
         `on_message` hears each custom message of the stage as it arrives, on the thread reading them (its checkpoints).
-        `experiment`: what the stage belongs to (a cluster launcher places it by its resources; this one needs only the request).
+        `experiment`: what the stage belongs to (a cluster launcher places it by its resources; this one needs only the
+        request); None for a stage of no one experiment (an evaluation batch).
         """
         kind = request.spec.kind
         with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
@@ -60,12 +58,6 @@ class StageLauncher(ConfigurableResource):
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
             yield from run_with_pipes(context, argv, kind, on_message)
-
-    def evaluate(self, context: AssetExecutionContext, request: EvalRequest) -> Iterator[PipesExecutionResult]:
-        """Evaluate a batch of checkpoint x benchmark pairs in one process; yield what it reported."""
-        with tempfile.TemporaryDirectory(prefix="factory-evaluations-") as tmp:
-            argv = [sys.executable, "-m", EVALUATE_MODULE, str(request.write(Path(tmp) / "request.json"))]
-            yield from run_with_pipes(context, argv, "evaluations", None)
 
 
 def run_with_pipes(

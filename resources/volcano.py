@@ -6,8 +6,8 @@ in the master's log, which `VolcanoJobs` follows; a checkpoint's message is reco
 reads the pods' disks. The last log lines (plain lines, and the text of Pipes log
 messages) are quoted when the stage fails.
 
-Evaluations run in the Dagster run's own process, as with the local launcher: they are small, and on a
-cluster that process is a pod of the code location's image already (K8sRunLauncher).
+An evaluation batch is a stage too (a Job of its own, never work inside the Dagster run's pod): it is placed by the
+profile's `kubernetes.evaluations`, in the code location's image.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dagster_pipes import PIPES_PROTOCOL_VERSION_FIELD, PipesParams
 
 from factory.config import Experiment
 from factory.config.cluster import KubernetesSettings, load_profile
+from factory.config.kinds import stage_kind
 from factory.errors import FactoryError
 from factory.runtime.request import StageRequest
 from resources.launcher import MessageSink, PipesMessageTap, StageLauncher, pipes_results
@@ -51,9 +52,10 @@ class VolcanoStageLauncher(StageLauncher):
         experiment: Experiment | None = None,
     ) -> Iterator[PipesExecutionResult]:
         """Submit the stage's Job, follow it through Pipes until it ends, delete it; a failed Job is a Dagster Failure."""
-        if experiment is None:
-            raise Failure(description=f"{request.spec.kind}: the volcano launcher places a stage by its experiment, and none was given")
-        from factory.launch.volcano import cluster_job_spec, job_manifest  # the Kubernetes client, only where Jobs are submitted
+        kind = stage_kind(request.spec.kind)
+        if experiment is None and kind.scope == "experiment":
+            raise Failure(description=f"{kind.name}: the volcano launcher places a stage by its experiment, and none was given")
+        from factory.launch.volcano import batch_job_spec, cluster_job_spec, job_manifest  # the Kubernetes client, only where Jobs are submitted
         from factory.launch.volcano_client import VolcanoJobs, connect
 
         settings = self.settings()
@@ -61,7 +63,9 @@ class VolcanoStageLauncher(StageLauncher):
         tapped = PipesMessageTap(reader, on_message) if on_message else reader
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=tapped) as session:
             try:
-                spec = cluster_job_spec(experiment, request.spec, settings, env=session.get_bootstrap_env_vars())
+                env = session.get_bootstrap_env_vars()
+                spec = (cluster_job_spec(experiment, request.spec, settings, env=env) if experiment is not None
+                        else batch_job_spec(request.spec, settings, os.environ.get("DAGSTER_CURRENT_IMAGE"), env=env))
                 jobs = VolcanoJobs(connect(settings.kubeconfig, settings.in_cluster, settings.context), settings.namespace, context.log,
                                    poll_s=settings.poll_s, schedule_timeout_s=settings.schedule_timeout_s)
                 jobs.run(job_manifest(spec), json.dumps(request.to_json()), reader.feed)

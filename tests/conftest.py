@@ -57,16 +57,16 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
     the evaluator does; a benchmark of a pinned table reads it as holding `content`."""
     from factory.evals.benchmarks import benchmark as registered
     from factory.evals.scored_on import table_ref
-    from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest, publish_score, scored_on
+    from factory.stages.evaluation import CheckpointRef, EvalItem, publish_score, scored_on
 
     spec = {"kind": stage, "config": training_settings(stage), "upstream": {"blend": blend}, "code": training}
     checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
                                path="unused", sha256=f"{experiment}{step}{training}".ljust(64, "0"), training=spec,
                                eval={"max_bytes": 1000, "batch_size": 8}, git_commit="0" * 40)
     item = EvalItem(partition=f"{benchmark}|{checkpoint.key}", benchmark=benchmark, checkpoint=checkpoint)
-    request = EvalRequest(items=(item,), registry=str(registry.root), catalog=None, code="local:test")
     bench = registered(benchmark)
-    publish_score(registry, request, item, bench, value, count, {}, 0.1, scored_on(bench, checkpoint, content if table_ref(bench.data) else ""))
+    publish_score(registry, item, bench, value, count, {}, 0.1, scored_on(bench, checkpoint, content if table_ref(bench.data) else ""),
+                  code="local:test")
 
 
 @pytest.fixture(scope="session")

@@ -140,7 +140,7 @@ def evals_stages(
 ) -> None:
     """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
     from factory.evals.leaderboard import stage_scores
-    from factory.stages.eval_request import KIND as EVALUATION_KIND
+    from factory.stages.evaluation import KIND as EVALUATION_KIND
 
     registry = ArtifactStore(root / "registry")
     scores = stage_scores(registry.manifests(EVALUATION_KIND), experiment, benchmark)

@@ -11,6 +11,7 @@ A profile is YAML, kept with the deployment rather than with any experiment:
       kubeconfig: ~/.kube/config
       image_registry: registry.example.com/ml
       storage: {claim: factory-store, mount_path: /store}
+      evaluations: {queue: cpu, image: registry.example.com/ml/model-factory@sha256:...}
     pools: {training: 4, evaluation: 8}
 
 With one, `factory check` refuses placements that cannot be scheduled (an unknown queue, more
@@ -62,6 +63,21 @@ class StorageSpec(Section):
     """Where it is mounted in every pod."""
 
 
+class EvaluationPlacement(Section):
+    """Where evaluation batches run: a batch scores checkpoints of any experiment with the code location's evaluator, so it
+    runs in the code location's image, not in one experiment's."""
+
+    image: str | None = None
+    """The image, pinned by digest (None: the image of the Dagster run that launches the batch, `$DAGSTER_CURRENT_IMAGE`,
+    which Dagster's Helm chart sets to the code location's)."""
+    queue: str | None = None
+    """The Volcano queue (one of the profile's `queues`); None: Volcano's own `default` queue."""
+    priority: str | None = None
+    """The PriorityClass (one of the queue's `priorities`); None: the cluster's default."""
+    gpus: int = Field(0, ge=0, le=64)
+    """GPUs for the batch's pod (scoring a large model is faster on one)."""
+
+
 class KubernetesSettings(Section):
     """How the Volcano launcher reaches the cluster and what its pods get."""
 
@@ -87,6 +103,8 @@ class KubernetesSettings(Section):
     """A stage not scheduled for this long fails with the scheduler's reason (None: wait for ever)."""
     poll_s: float = Field(2.0, gt=0, le=3600)
     """How often the launcher reads the Job's state."""
+    evaluations: EvaluationPlacement = EvaluationPlacement()
+    """Where evaluation batches run (each a Volcano Job, as every stage)."""
 
 
 class ClusterProfile(Section):
@@ -118,6 +136,29 @@ def load_profile(path: Path) -> ClusterProfile:
         raise ConfigError(f"cannot read the cluster profile: {e}") from e
     raw, lines = parse_yaml(path, text, 1)
     try:
-        return ClusterProfile.model_validate(raw)
+        profile = ClusterProfile.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(describe_validation_error(path, e, {key: (path, line) for key, line in lines.items()}, ClusterProfile)) from e
+    evaluations = profile.kubernetes.evaluations if profile.kubernetes else None
+    if evaluations and evaluations.queue and (found := queue_problems(profile, evaluations.queue, 1, evaluations.gpus, evaluations.priority)):
+        where, message = found[0]
+        field = ("kubernetes", "evaluations", where)
+        line = lines.get(field) or lines.get(field[:2]) or lines.get(field[:1]) or 1
+        raise ConfigError(f"{path}:{line}: {'.'.join(field)}: {message}")
+    return profile
+
+
+def queue_problems(profile: ClusterProfile, queue: str, nodes: int, gpus: int, priority: str | None) -> list[tuple[str, str]]:
+    """What the profile's queue `queue` cannot give a stage of `nodes` x `gpus` at `priority`, as (field, message) pairs:
+    the field is `queue`, `nodes`, `gpus` or `priority`."""
+    offered = profile.queues.get(queue)
+    if offered is None:
+        return [("queue", f"unknown queue {queue!r}; the cluster has: {', '.join(sorted(profile.queues))}")]
+    found = []
+    if nodes > offered.nodes:
+        found.append(("nodes", f"{nodes} nodes, but queue {queue!r} gives a stage at most {offered.nodes}"))
+    if gpus > offered.gpus_per_node:
+        found.append(("gpus", f"{gpus} GPUs per node, but queue {queue!r} has {offered.gpus_per_node}"))
+    if priority is not None and priority not in offered.priorities:
+        found.append(("priority", f"priority {priority!r} is not offered by queue {queue!r}; offered: {', '.join(offered.priorities) or 'none'}"))
+    return found

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import create_model
 
@@ -112,6 +112,10 @@ class StageKind:
     """Assets outside the stage chain it reads (e.g. `code_exec_tasks`)."""
     tables: Callable[[Experiment], Iterable[TableNeed]] | None = None
     """The pinned table versions it reads, which `factory check` verifies exist with the columns it needs."""
+    scope: Literal["experiment", "checkpoints"] = "experiment"
+    """`experiment`: one stage per experiment, in its chain (every plugin kind). `checkpoints`: a batch over `checkpoints`
+    partitions, outside any experiment's chain: the built-in evaluation, which the `evaluations` asset runs with the
+    batch as its settings."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
 
@@ -141,7 +145,7 @@ class StageKind:
 
 
 @functools.cache
-def stage_kinds() -> tuple[StageKind, ...]:
+def registered_kinds() -> tuple[StageKind, ...]:
     """Every registered stage kind, upstream before downstream: the built-in ones, then each plugin's after what it reads.
     The source kinds are registered with them, so a broken source plugin is said wherever the stages are first read."""
     source_kinds()
@@ -155,12 +159,17 @@ def stage_kinds() -> tuple[StageKind, ...]:
     return tuple(kinds)
 
 
+def stage_kinds() -> tuple[StageKind, ...]:
+    """The kinds of an experiment's chain (`scope` experiment), upstream first: what plans, assets and lists derive from."""
+    return tuple(kind for kind in registered_kinds() if kind.scope == "experiment")
+
+
 def stage_kind(name: str) -> StageKind:
-    """The kind named `name`; a ConfigError naming the known ones otherwise."""
-    for kind in stage_kinds():
+    """The registered kind named `name` (of any scope); a ConfigError naming the known ones otherwise."""
+    for kind in registered_kinds():
         if kind.name == name:
             return kind
-    raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(k.name for k in stage_kinds())}")
+    raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(k.name for k in registered_kinds())}")
 
 
 def plugin_sections() -> dict[str, StageKind]:
@@ -194,6 +203,9 @@ def plugin_hint(section: str) -> str | None:
 
 def _registered(entry: EntryPoint, kind: StageKind) -> StageKind:
     """A plugin's kind as registered: named after its plugin, its typed section under its own name by default."""
+    if kind.scope != "experiment":
+        raise PluginError(f"{plugin_name(entry)}: a plugin kind is a stage of an experiment (scope 'experiment'); checkpoints are "
+                          "scored by the built-in evaluation, with benchmarks (factory/evals/benchmarks.py)")
     if kind.section and kind.config is None:
         raise PluginError(f"{plugin_name(entry)}: section {kind.section!r} has no config type; give the StageKind a `config=` Section class")
     if kind.checkpoints and not (kind.settings and issubclass(kind.settings, TrainedModel)):

@@ -6,7 +6,7 @@ import json
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.evals.leaderboard import Board, Row, build_board, render_html, render_markdown
 from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.stages.eval_request import KIND as EVALUATIONS
+from factory.stages.evaluation import KIND as EVALUATIONS
 
 KIND = "leaderboard"
 BOARD_FILE = "leaderboard.json"

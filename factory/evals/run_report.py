@@ -16,7 +16,7 @@ from factory.evals.leaderboard import latest_results
 from factory.evals.scored_on import data_of, is_own_split
 from factory.evals.report import EvalPoint, ReportInputs, StageCost, render_report, report_plots
 from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.stages.eval_request import KIND as EVALUATIONS
+from factory.stages.evaluation import KIND as EVALUATIONS
 from factory.train.records import CONTROL_FILE, METRICS_FILE
 
 KIND = "run_report"

@@ -7,7 +7,8 @@ Submitting, watching and deleting a Job is `volcano_client.VolcanoJobs` (the Dag
 
 Placement is `factory.config.stages.placement` (the local launcher's too); each pod asks for
 CPU_PER_PROCESS cores and MEMORY_GI_PER_PROCESS GiB of memory per rank it runs. Every stage goes
-to the experiment's queue, at its priority.
+to the experiment's queue, at its priority; an evaluation batch, which belongs to no one experiment,
+goes where the profile's `kubernetes.evaluations` says, in the code location's image.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ CPU_PER_PROCESS = 2
 MEMORY_GI_PER_PROCESS = 8
 
 __all__ = [
-    "KUBERNETES_VERSION", "REQUEST_PATH", "RULES", "JobSpec", "build_job", "cluster_job_spec", "dry_run", "job_manifest", "job_name",
+    "KUBERNETES_VERSION", "REQUEST_PATH", "RULES", "JobSpec", "batch_job_spec", "build_job", "cluster_job_spec", "dry_run", "job_manifest", "job_name",
     "job_spec", "label_value", "plan_jobs", "render", "request_config_map", "validate", "with_registry",
 ]
 
@@ -57,14 +58,34 @@ def job_spec(experiment: Experiment, stage: StageSpec) -> JobSpec:
 
 def cluster_job_spec(experiment: Experiment, stage: StageSpec, settings: KubernetesSettings | None, env: Mapping[str, str] = {}) -> JobSpec:
     """`job_spec` placed on one cluster: its namespace, service account, registry, shared storage and Secrets, plus `env`."""
-    spec = replace(job_spec(experiment, stage), env=dict(env))
-    if settings is None:
-        return spec
+    spec = job_spec(experiment, stage)
+    return _on_cluster(spec, settings, env) if settings is not None else replace(spec, env=dict(env))
+
+
+def _on_cluster(spec: JobSpec, settings: KubernetesSettings, env: Mapping[str, str]) -> JobSpec:
     return replace(
-        spec, image=with_registry(spec.image, settings.image_registry), namespace=settings.namespace, service_account=settings.service_account,
-        env_secrets={name: (ref.secret, ref.key) for name, ref in settings.env_secrets.items()},
+        spec, env=dict(env), image=with_registry(spec.image, settings.image_registry), namespace=settings.namespace,
+        service_account=settings.service_account, env_secrets={name: (ref.secret, ref.key) for name, ref in settings.env_secrets.items()},
         storage=(settings.storage.claim, settings.storage.mount_path) if settings.storage else None, max_retry=settings.max_retry,
     )
+
+
+def batch_job_spec(stage: StageSpec, settings: KubernetesSettings, image: str | None, env: Mapping[str, str] = {}) -> JobSpec:
+    """The Job of a stage of no one experiment (an evaluation batch), placed as the profile's `kubernetes.evaluations`
+    says, in `image` when that names none (the image of the Dagster run launching it)."""
+    where = settings.evaluations
+    image = where.image or image
+    if not image:
+        raise ConfigError(f"{stage.kind}: no image to run it in: set kubernetes.evaluations.image in the cluster profile (the code "
+                          "location's image, pinned by digest), or run the code location from Dagster's Helm chart, which sets "
+                          "$DAGSTER_CURRENT_IMAGE")
+    if problem := image_problem(image):
+        raise ConfigError(f"{stage.kind}: image {image!r}: {problem}; set kubernetes.evaluations.image in the cluster profile")
+    spec = JobSpec(
+        experiment="evaluations", stage=stage.kind, fingerprint=stage.fingerprint, image=image, gpus=where.gpus,
+        cpu=str(CPU_PER_PROCESS), memory=f"{MEMORY_GI_PER_PROCESS}Gi", queue=where.queue or "default", priority=where.priority,
+    )
+    return _on_cluster(spec, settings, env)
 
 
 def with_registry(image: str, registry: str | None) -> str:

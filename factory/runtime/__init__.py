@@ -11,17 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import stage_kind, stage_kinds
+from factory.config.kinds import registered_kinds, stage_kind
 from factory.track.base import OPENERS
 
 if TYPE_CHECKING:
     from factory.runtime.context import StageContext
 
-EVALUATE_MODULE = "factory.stages.evaluate"
-"""The evaluation process: `python -m factory.stages.evaluate <request.json>`."""
-EVALUATION_MODULES = (EVALUATE_MODULE, "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line",
+EVALUATION_MODULES = ("factory.stages.scoring", "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line",
                       "factory.evals.code_exec", "factory.evals.sanity")
-"""The evaluation process and the benchmarks it loads on first use."""
+"""What an `evaluation` stage imports when it runs: its scoring and the benchmarks it loads on first use."""
 TRACKER_MODULES = {backend: opener.split(":")[0] for backend, opener in OPENERS.items()}
 """Each tracking backend's module, which a training stage imports on first use."""
 
@@ -39,7 +37,7 @@ def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
 
 def every_warm_module() -> tuple[str, ...]:
     """Everything a warm interpreter may fork: every kind's runner, the evaluations, the default tracker."""
-    return warm_modules([kind.name for kind in stage_kinds()], "mlflow")
+    return warm_modules([kind.name for kind in registered_kinds()], "mlflow")
 
 
 def runner(kind: str) -> Callable[[StageContext], dict[str, Any]]:

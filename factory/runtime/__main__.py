@@ -8,8 +8,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from factory.config.kinds import stage_kinds
+from factory.config.kinds import registered_kinds
 from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.lease import abandoned
@@ -79,7 +80,12 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
             reporter.log.warning("%s: %s", spec.kind, warnings)
         artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
         links = {name: {"raw_value": url, "type": "url"} for name, url in table_links(manifest.summary).items()}
-        reporter.materialized({**manifest.metadata(), "cache": cache, "artifact": artifact, **links}, manifest.digest)
+        reporter.materialized({**as_metadata(manifest.metadata()), "cache": cache, "artifact": artifact, **links}, manifest.digest)
+
+
+def as_metadata(values: dict[str, Any]) -> dict[str, Any]:
+    """A manifest's key/values as Pipes metadata: a mapping or a list (a kind's summary may hold one) as JSON."""
+    return {key: {"raw_value": value, "type": "json"} if isinstance(value, (dict, list, tuple)) else value for key, value in values.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         request = StageRequest.read(Path(args[0]))
-        if request.spec.kind not in (known := [kind.name for kind in stage_kinds()]):
+        if request.spec.kind not in (known := [kind.name for kind in registered_kinds()]):
             say_error(f"unknown stage kind {request.spec.kind!r}; known: {', '.join(known)}")
             return 2
         run(request)
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         say_error(str(e))
         return e.exit_code
     except KeyboardInterrupt:
-        say_error("interrupted before it finished; nothing of it was published")
+        say_error("interrupted before it finished; its artifact was not published")
         return 1
     return 0
 

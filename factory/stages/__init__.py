@@ -1,2 +1,2 @@
 """The built-in stage kinds (`builtin.py`: each a `factory.config.kinds.StageKind`) and their runners (`datasets.py`,
-`runners.py`, `post.py`), with the evaluation process (`evaluate.py`, `eval_request.py`) and the dataset checks."""
+`runners.py`, `post.py`), with the evaluation kind (`evaluation.py`, its scoring in `scoring.py`) and the dataset checks."""

@@ -21,6 +21,7 @@ from factory.config.schema import (
 )
 from factory.config.section import Section
 from factory.config.sources import source_files
+from factory.stages.evaluation import EVALUATION
 
 RL_PLACEMENT = {"learners", "actors"}
 """RL knobs that say where work runs, not what it computes: left out of the fingerprint."""
@@ -199,4 +200,5 @@ BUILTIN_KINDS = (
         artifact=frozenset({"torch"}),
         description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
     ),
+    EVALUATION,
 )

@@ -88,3 +88,17 @@ def test_the_cli_takes_the_profile_and_exits_2(tmp_path):
     assert done.returncode == 2 and "resources.nodes: 8 nodes" in done.stderr
     missing = subprocess.run([*run, "--cluster", str(tmp_path / "nope.yaml")], capture_output=True, text=True)
     assert missing.returncode == 2 and "cannot read the cluster profile" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize(("evaluations", "error"), [
+    ("{queue: gpu}", ":6: kubernetes.evaluations.queue: unknown queue 'gpu'; the cluster has: cpu, default"),
+    ("{queue: cpu, gpus: 1}", ":6: kubernetes.evaluations.gpus: 1 GPUs per node, but queue 'cpu' has 0"),
+    ("{queue: default, priority: low}", ":6: kubernetes.evaluations.priority: priority 'low' is not offered by queue 'default'"),
+])
+def test_where_evaluation_batches_run_is_checked_against_the_queues(tmp_path, evaluations, error):
+    text = PROFILE + f"kubernetes:\n  evaluations: {evaluations}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_profile(write(tmp_path, "cluster.yaml", text))
+    assert str(caught.value).startswith(f"{tmp_path / 'cluster.yaml'}{error}")
+    fits = PROFILE + "kubernetes:\n  evaluations: {queue: default, gpus: 8, priority: high}\n"
+    assert load_profile(write(tmp_path, "fits.yaml", fits)).kubernetes.evaluations.gpus == 8

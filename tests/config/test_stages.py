@@ -295,3 +295,12 @@ def test_each_stage_reads_its_settings_back_typed_exactly_as_they_were_fingerpri
             config = json.loads(json.dumps(stage_config(experiment, kind)))  # as the stage process receives it
             settings = stage_kind(kind).read_settings(config)
             assert settings.model_dump(mode="json") == config, kind
+
+
+def test_the_evaluation_kind_is_registered_but_in_no_experiments_chain(tiny):
+    from factory.config.kinds import registered_kinds, stage_kind, stage_kinds
+
+    assert stage_kind("evaluation").scope == "checkpoints" and "evaluation" in [k.name for k in registered_kinds()]
+    assert "evaluation" not in STAGES and "evaluation" not in [k.name for k in stage_kinds()]
+    with pytest.raises(ConfigError, match="has no evaluation stage"):
+        plan_stage(tiny, "evaluation", {})

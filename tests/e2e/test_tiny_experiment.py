@@ -49,7 +49,8 @@ def test_every_kept_checkpoint_is_evaluated_and_training_helped(pipeline):
 
     from factory.evals.suite import VAL_BPB
     from factory.models.build import build_model
-    from factory.stages.evaluate import CheckpointRef, load_inputs
+    from factory.stages.evaluation import CheckpointRef
+    from factory.stages.scoring import load_inputs
 
     bpb = scores(pipeline, "val_bpb")
     assert sorted(bpb) == [100, 200, 300] and sorted(scores(pipeline, "next_line")) == [100, 200, 300]
@@ -58,7 +59,7 @@ def test_every_kept_checkpoint_is_evaluated_and_training_helped(pipeline):
     # The untrained initialisation of the same seed, scored by the same benchmark on the same bytes, is far worse.
     key = f"{pipeline['name']}__pretrain-000300"
     [latest, *_] = materializations(pipeline["instance"], "checkpoints", key)
-    fields = {k: v for k, v in metadata_of(latest).items() if k in CheckpointRef.__slots__}
+    fields = {k: v for k, v in metadata_of(latest).items() if k in CheckpointRef.model_fields}
     inputs = load_inputs(ArtifactStore(pipeline["root"] / "registry"), CatalogConfig.local(pipeline["root"] / "iceberg"), CheckpointRef(key=key, **fields))
     untrained = build_model(inputs.model.config, inputs.model.vocab_size, load(pipeline["source"]).seed).eval()
     assert bpb[300] < 0.8 * VAL_BPB.run(replace(inputs, model=untrained)).value
@@ -66,11 +67,12 @@ def test_every_kept_checkpoint_is_evaluated_and_training_helped(pipeline):
 
 def test_an_evaluation_loads_exactly_the_bytes_its_checkpoint_partition_recorded(pipeline, tmp_path):
     from factory.errors import ArtifactError
-    from factory.stages.evaluate import CheckpointRef, load_inputs
+    from factory.stages.evaluation import CheckpointRef
+    from factory.stages.scoring import load_inputs
 
     key = f"{pipeline['name']}__pretrain-000300"
     [latest, *_] = materializations(pipeline["instance"], "checkpoints", key)
-    fields = {k: v for k, v in metadata_of(latest).items() if k in CheckpointRef.__slots__}
+    fields = {k: v for k, v in metadata_of(latest).items() if k in CheckpointRef.model_fields}
     impostor = tmp_path / "step_000300.pt"
     recorded = Path(fields["path"]).read_bytes()
     impostor.write_bytes(recorded[:-1] + bytes([recorded[-1] ^ 1]))  # one bit flipped

@@ -16,6 +16,7 @@ other volumes are this machine's own paths; every pod runs on 127.0.0.1. Faults 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -70,6 +71,8 @@ class FakeCluster:
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str]] = []
+        self.posted: dict[str, dict[str, Any]] = {}
+        """Each Job as it was submitted, by name (kept after the Job is deleted)."""
         self.attempts: dict[str, int] = {}
         """Gangs started per Job name."""
         self.lock = threading.RLock()
@@ -129,6 +132,7 @@ class FakeCluster:
                 body["metadata"]["uid"] = str(uuid.uuid4())
                 self.objects[(kind, ns, name)] = body
                 if kind == "jobs":
+                    self.posted[name] = copy.deepcopy(body)
                     body["status"] = {"state": {"phase": "Pending"}, "retryCount": 0}
                     threading.Thread(target=self._control, args=(ns, name), daemon=True).start()
                 return 201, body

@@ -279,3 +279,22 @@ def test_the_code_location_picks_the_volcano_launcher_from_the_profile_in_the_en
     assert isinstance(chosen, VolcanoStageLauncher) and chosen.settings().namespace == "ml" and chosen.settings().max_retry == 1
     profile.write_text("launcher: local\nqueues:\n  default: {nodes: 1}\n")
     assert type(launcher_from_env()) is StageLauncher
+
+
+def test_an_evaluation_batch_runs_in_the_code_locations_image_or_says_which_to_set():
+    from factory.config.cluster import KubernetesSettings
+    from factory.launch.volcano import batch_job_spec
+    from factory.stages.evaluation import batch_spec
+
+    stage = batch_spec((), "local:test")
+    pinned = "model-factory@sha256:" + "c" * 64
+    settings = KubernetesSettings(image_registry="registry.example.com/ml", evaluations={"queue": "cpu", "gpus": 1})
+    spec = batch_job_spec(stage, settings, pinned)  # the Dagster run's own image ($DAGSTER_CURRENT_IMAGE)
+    assert (spec.image, spec.queue, spec.gpus, spec.experiment) == (f"registry.example.com/ml/{pinned}", "cpu", 1, "evaluations")
+    assert job_manifest(spec)["spec"]["queue"] == "cpu"
+    named = KubernetesSettings(evaluations={"image": "evaluator@sha256:" + "d" * 64})
+    assert batch_job_spec(stage, named, pinned).image == "evaluator@sha256:" + "d" * 64  # the profile's choice wins
+    with pytest.raises(ConfigError, match="no image to run it in: set kubernetes.evaluations.image"):
+        batch_job_spec(stage, KubernetesSettings(), None)
+    with pytest.raises(ConfigError, match="image 'model-factory:dev'.*set kubernetes.evaluations.image"):
+        batch_job_spec(stage, KubernetesSettings(), "model-factory:dev")

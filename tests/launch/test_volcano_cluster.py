@@ -15,7 +15,7 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, materialize
 
 from assets.execution import EVERYTHING, failure_messages, resources_at
-from assets.partitions import CHECKPOINTS, EXPERIMENTS
+from assets.partitions import BENCHMARKS, CHECKPOINTS, EXPERIMENTS
 from factory.cli.common import dagster_home
 from resources import VolcanoStageLauncher
 from tests.launch.fake_kube import FakeCluster
@@ -67,7 +67,9 @@ kubernetes:
   schedule_timeout_s: 3
   poll_s: 0.2
   max_retry: 1
+  evaluations: {{queue: research, image: "model-factory@sha256:{digest}"}}
 """
+CODE_LOCATION_IMAGE = "cd" * 32
 LRS = {"vc-oom": 0.0022, "vc-pull": 0.0023, "vc-queue": 0.0024, "vc-cancel": 0.0025}
 LONGER = """---
 extends: vc-ok.md
@@ -91,7 +93,7 @@ def site(tmp_path_factory, tiny_path):
     (experiments / "vc-evict.md").write_text(LONGER)  # long enough to be evicted half way
     with FakeCluster(root / "nodes") as cluster:
         profile = root / "cluster.yaml"
-        profile.write_text(PROFILE.format(kubeconfig=cluster.kubeconfig(root / "kubeconfig")))
+        profile.write_text(PROFILE.format(kubeconfig=cluster.kubeconfig(root / "kubeconfig"), digest=CODE_LOCATION_IMAGE))
         instance = DagsterInstance.from_config(str(dagster_home(root / "state")))
         site = {"root": root, "experiments": experiments, "profile": profile, "cluster": cluster, "instance": instance}
         site["ok"] = run(site, "vc-ok")
@@ -143,6 +145,26 @@ def test_every_stage_runs_as_a_volcano_job_and_reports_through_pipes(site):
     assert "training (may be deleted by retention)" in stored, "the checkpoint's message came back in the master pod's log"
     text = logs(site, result)
     assert "submitted Volcano Job" in text and "Running" in text
+
+
+def test_an_evaluation_batch_is_a_volcano_job_in_the_code_locations_image(site):
+    cluster, instance = site["cluster"], site["instance"]
+    assert site["ok"].success
+    instance.add_dynamic_partitions(BENCHMARKS, ["val_bpb"])
+    resources = {**resources_at(site["root"] / "state", site["experiments"]), "launcher": VolcanoStageLauncher(profile=str(site["profile"]))}
+    key = "val_bpb|vc-ok__pretrain-000004"
+    first = materialize(EVERYTHING, selection=["evaluations"], partition_key=key, instance=instance, resources=resources, raise_on_error=False)
+    assert first.success, failure_messages(first)
+    [job] = [name for method, name in cluster.requests if method == "POST" and name.startswith("jobs/evaluations-evaluation-")]
+    manifest = cluster.posted[job.removeprefix("jobs/")]
+    assert manifest["spec"]["queue"] == "research"
+    images = {c["image"] for task in manifest["spec"]["tasks"] for c in task["template"]["spec"]["containers"]}
+    assert images == {f"registry.example.com/ml/model-factory@sha256:{CODE_LOCATION_IMAGE}"}
+    [batch] = [m for m in first.asset_materializations_for_node("evaluations")]
+    assert batch.metadata["summary/evaluated"].value == 1 and batch.metadata["cache"].value == "miss"
+    observed = first.asset_observations_for_node("evaluations")
+    assert [o.partition for o in observed] == [key] and observed[0].metadata["value"].value > 0
+    leaves_nothing(cluster)
 
 
 def test_an_evicted_gang_restarts_and_resumes_from_its_checkpoint(site):

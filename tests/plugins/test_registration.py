@@ -25,6 +25,7 @@ KIND = StageKind(name={name!r}, description="a test kind", run="{module}:run", r
     ("pretrain", ("blend",), "extra", "declares the stage kind 'pretrain', which built in declares already; rename one of them"),
     ("shrink", ("pretrian",), "shrink", "stage kind 'shrink' reads 'pretrian', which no stage kind declares"),
     ("shrink", ("pretrain",), "model", "section 'model' of stage kind 'shrink' is a built-in section of the experiment file"),
+    ("evaluation", (), "extra", "declares the stage kind 'evaluation', which built in declares already; rename one of them"),
 ])
 def test_a_kind_that_clashes_or_reads_an_unknown_kind_is_refused_naming_the_plugin(tmp_path, name, reads, section, said):
     site = fake_package(tmp_path, "clash_plugin", KIND.format(name=name, module="clash_plugin", reads=reads, section=section),
@@ -68,3 +69,12 @@ def test_two_plugins_without_sections_of_their_own_both_register(tmp_path):
         fake_package(tmp_path, package, module, {name: f"{package}:KIND"})
     result = factory_with(tmp_path, "check", TINY)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_plugin_kind_outside_an_experiments_chain_is_refused(tmp_path):
+    module = KIND.format(name="score", module="batch_plugin", reads=("pretrain",), section="score").replace(
+        "section='score')", "section='score', scope='checkpoints')")
+    site = fake_package(tmp_path, "batch_plugin", module, {"score": "batch_plugin:KIND"})
+    result = factory_with(site, "check", TINY)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "plugin 'score' (batch_plugin:KIND of package batch-plugin): a plugin kind is a stage of an experiment" in result.stderr

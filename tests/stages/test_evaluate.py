@@ -1,4 +1,5 @@
-"""The evaluation process: each partition with its own bytes and settings, nothing evaluated twice, missing bytes said plainly."""
+"""The `evaluation` stage, run as the stage process runs any stage: each partition with its own bytes and settings, nothing
+evaluated twice, missing bytes said plainly."""
 
 import hashlib
 import logging
@@ -17,9 +18,11 @@ from factory.evals.heldout import write_heldout_corpus
 from factory.models.build import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
-from factory.stages.eval_request import CheckpointRef, EvalItem, EvalRequest
-from factory.stages.evaluate import evaluate, locate_checkpoint
-from factory.runtime.report import ConsoleReporter
+from factory.registry.store import Manifest
+from factory.runtime.__main__ import run
+from factory.runtime.request import StageRequest
+from factory.stages.evaluation import BATCH_FILE, CheckpointRef, EvalItem, EvaluationSettings, batch_provenance, batch_spec
+from factory.stages.scoring import locate_checkpoint
 from tests.conftest import training_settings
 
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
@@ -60,16 +63,25 @@ def setup(tmp_path):
                             training=training, eval={"max_bytes": max_bytes, "batch_size": 8}, git_commit="0" * 40)
         return EvalItem(partition=f"settings_probe|{ref.key}", benchmark="settings_probe", checkpoint=ref)
 
-    def request(*items: EvalItem) -> EvalRequest:
-        return EvalRequest(items=items, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / "iceberg"), code="test")
+    def request(*items: EvalItem) -> StageRequest:
+        spec = batch_spec(items, "test")
+        return StageRequest(spec=spec, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / "iceberg"),
+                            provenance=batch_provenance(items, spec.config, "run-1"))
 
     CALLS.clear()
     return registry, item, request, training
 
 
+def evaluate(request: StageRequest) -> dict[str, Manifest]:
+    """Run the batch as the stage process does; each pair's result, by partition."""
+    run(request)
+    registry = ArtifactStore(request.registry)
+    return {item.partition: registry.lookup(item.fingerprint(request.spec.code)) for item in EvaluationSettings.model_validate(request.spec.config).items}
+
+
 def test_two_experiments_with_the_same_checkpoint_bytes_get_their_own_settings_and_results(setup):
     registry, item, request, _ = setup
-    results = evaluate(request(item("a", max_bytes=1000), item("b", max_bytes=5000)), ConsoleReporter(logging.getLogger("test")))
+    results = evaluate(request(item("a", max_bytes=1000), item("b", max_bytes=5000)))
     assert sorted(CALLS) == [1000, 5000]
     a, b = results["settings_probe|a__pretrain-000001"], results["settings_probe|b__pretrain-000001"]
     assert (a.summary["experiment"], b.summary["experiment"]) == ("a", "b") and a.fingerprint != b.fingerprint
@@ -81,7 +93,7 @@ def test_each_result_records_the_data_it_was_scored_on(setup, tmp_path):
     version = write_heldout_corpus(open_catalog(CatalogConfig.local(tmp_path / "iceberg")), logging.getLogger("test"))
     own = item("a")
     shared = EvalItem(partition=f"heldout_bpb|{own.checkpoint.key}", benchmark="heldout_bpb", checkpoint=own.checkpoint)
-    results = evaluate(request(own, shared, item("b", max_bytes=5000)), ConsoleReporter(logging.getLogger("test")))
+    results = evaluate(request(own, shared, item("b", max_bytes=5000)))
     blend = training["upstream"]["blend"]
     a, b = results[own.partition].summary["data"], results["settings_probe|b__pretrain-000001"].summary["data"]
     assert a.startswith(f"blend:{blend[:16]}+") and b.startswith(f"blend:{blend[:16]}+")  # the experiment's own held-out split...
@@ -93,9 +105,15 @@ def test_each_result_records_the_data_it_was_scored_on(setup, tmp_path):
 
 def test_an_evaluated_partition_is_never_evaluated_again(setup):
     registry, item, request, _ = setup
-    first = evaluate(request(item("a")), ConsoleReporter(logging.getLogger("test")))
-    again = evaluate(request(item("a")), ConsoleReporter(logging.getLogger("test")))
+    first = evaluate(request(item("a")))
+    again = evaluate(request(item("a")))  # the same batch: its artifact is in the registry
     assert CALLS == [1000] and again == first
+    [batch] = list(registry.manifests("evaluation"))
+    listing = (registry.path(batch.digest) / BATCH_FILE).read_text()
+    assert first["settings_probe|a__pretrain-000001"].digest in listing and batch.summary["evaluated"] == 1
+    later = evaluate(request(item("a"), item("b", max_bytes=5000)))  # another batch holding the same pair: only the new one is scored
+    assert CALLS == [1000, 5000] and later["settings_probe|a__pretrain-000001"] == first["settings_probe|a__pretrain-000001"]
+    assert len(list(registry.manifests("evaluation"))) == 2
 
 
 def test_a_fingerprint_covers_bytes_settings_and_partition_but_not_where_the_file_is(setup, tmp_path):
@@ -110,8 +128,9 @@ def test_a_fingerprint_covers_bytes_settings_and_partition_but_not_where_the_fil
 def test_deleted_checkpoints_are_named_and_the_others_still_published(setup, tmp_path):
     registry, item, request, _ = setup
     with pytest.raises(ArtifactError, match="could not evaluate 1 checkpoint .1 evaluations done.*retention policy deleted it"):
-        evaluate(request(item("a", at=tmp_path / "gone.pt"), item("b")), ConsoleReporter(logging.getLogger("test")))
+        evaluate(request(item("a", at=tmp_path / "gone.pt"), item("b")))
     assert [m.summary["experiment"] for m in registry.manifests("evaluations")] == ["b"]
+    assert list(registry.manifests("evaluation")) == []  # the batch did not finish: no artifact says it did
 
 
 def test_a_checkpoint_moved_into_its_published_training_artifact_is_found_there(setup, tmp_path):

@@ -35,6 +35,6 @@ def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
     loaded = imported("-c", code, *data)
     assert "pyiceberg" in loaded and "torch" not in loaded
     training = warm_modules(["tokenizer", "pretrain", "model"], "none")
-    assert "factory.stages.evaluate" in training and not any(m.startswith("factory.track.") for m in training)
+    assert "factory.stages.scoring" in training and not any(m.startswith("factory.track.") for m in training)
     assert "torch" in imported("-c", code, *training)
     assert set(warm_modules(["pretrain"], "mlflow")) < set(every_warm_module())

@@ -1,0 +1,166 @@
+"""The `evaluation` stage kind: checkpoints scored on benchmarks, a batch of (checkpoint, benchmark) pairs per stage.
+
+Each pair is an `evaluations` partition. Its score is an immutable artifact of its own (registry kind `evaluations`)
+whose fingerprint covers the benchmark and its version, the checkpoint's sha256, the model, seed and stream of the
+training stage that saved it, the held-out data it reads and the code: a pair already scored is never scored again,
+whichever batch it comes in. The batch itself is a stage like any other: its settings are its pairs, it runs
+through the launcher (a process here, a Volcano Job on a cluster), and it publishes a small artifact listing the
+score of each pair, so the same batch asked again is a cache hit.
+
+The kind is not part of any experiment's chain (`scope="checkpoints"`): the `evaluations` asset builds a batch
+from the partitions of its run. This module stays light; the scoring, which loads models, is
+`factory.stages.scoring`, imported when a batch runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from factory.config.fingerprint import sha256_of
+from factory.config.kinds import StageKind, stage_kind
+from factory.config.schema import TrainedModel
+from factory.config.section import Section
+from factory.config.stages import StageSpec
+from factory.evals.benchmarks import Benchmark, benchmark
+from factory.evals.scored_on import own_split, pinned
+from factory.registry.store import ArtifactStore, Manifest, Provenance
+
+if TYPE_CHECKING:
+    from factory.runtime.context import StageContext
+
+KIND = "evaluations"
+"""The registry kind of one pair's score (and the Dagster asset of the pairs)."""
+RESULT_FILE = "result.json"
+BATCH_FILE = "batch.json"
+"""In a batch's artifact: each partition's score and the digest of its result."""
+
+
+class CheckpointEval(Section):
+    """How the experiment that saved a checkpoint has it evaluated (its `eval` section, as the partition recorded it)."""
+
+    max_bytes: int
+    batch_size: int
+
+
+class CheckpointRef(Section):
+    """One `checkpoints` partition as recorded: where its bytes are and what they hash to."""
+
+    key: str
+    experiment: str
+    step: int
+    tokens_seen: int
+    path: str
+    sha256: str
+    training: dict[str, Any]
+    """The spec (`kind`, `config`, `upstream`, `code`) of the training stage that saved it."""
+    eval: CheckpointEval
+    git_commit: str
+
+    @property
+    def spec(self) -> StageSpec:
+        """The spec of the training stage that saved it."""
+        return StageSpec.from_json(self.training)
+
+    def settings(self) -> TrainedModel:
+        """The training stage's settings, typed: the model its checkpoints hold, its seed and its stream."""
+        spec = self.spec
+        return stage_kind(spec.kind).read_settings(spec.config)
+
+
+class EvalItem(Section):
+    """One `evaluations` partition: a checkpoint on a benchmark."""
+
+    partition: str
+    benchmark: str
+    checkpoint: CheckpointRef
+
+    def fingerprint(self, code: str) -> str:
+        """What decides the score (and, with the partition key, whose score it is: a copied experiment gets its own)."""
+        bench, checkpoint = benchmark(self.benchmark), self.checkpoint
+        trained = checkpoint.settings()
+        return sha256_of({
+            "kind": KIND, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
+            "checkpoint": checkpoint.sha256, "model": trained.model.model_dump(mode="json"), "seed": trained.seed,
+            "stream": trained.stream.model_dump(mode="json"), "upstream": checkpoint.spec.upstream,
+            "max_bytes": checkpoint.eval.max_bytes, "code": code,
+        })
+
+
+class EvaluationSettings(Section):
+    """A batch: the pairs it scores. The fingerprint of the batch hashes them; each pair's own fingerprint decides
+    whether it is scored."""
+
+    items: tuple[EvalItem, ...]
+
+
+def batch_spec(items: tuple[EvalItem, ...], code: str) -> StageSpec:
+    """The stage that scores `items` with the evaluation code `code`."""
+    return StageSpec(kind=EVALUATION.name, config=EvaluationSettings(items=items).model_dump(mode="json"), upstream={}, code=code)
+
+
+def batch_provenance(items: tuple[EvalItem, ...], config: Mapping[str, Any], run_id: str) -> Provenance:
+    """Who asks for a batch: the experiments of its checkpoints (and their commit, when they share one)."""
+    commits = {item.checkpoint.git_commit for item in items}
+    return Provenance(experiment=", ".join(sorted({item.checkpoint.experiment for item in items})), config_hash=sha256_of(config)[:16],
+                      git_commit=commits.pop() if len(commits) == 1 else "", run_id=run_id)
+
+
+def scored_on(bench: Benchmark, checkpoint: CheckpointRef, content: str = "") -> str:
+    """The identity of the data `bench` scores `checkpoint` on (`factory.evals.scored_on`): the experiment's own held-out split
+    as its evaluations read it, or the benchmark's shared data (with `content`, what its pinned table version holds)."""
+    if bench.data:
+        return pinned(bench.data, content) if content else bench.data
+    trained = checkpoint.settings()
+    return own_split(checkpoint.spec.upstream["blend"], trained.seed, trained.stream.shuffle_buffer_docs, checkpoint.eval.max_bytes)
+
+
+def publish_score(
+    registry: ArtifactStore, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float, data: str,
+    code: str, run_id: str = "",
+) -> Manifest:
+    """Publish one score as an immutable artifact; `data` is the identity of the data it was scored on (`scored_on`)."""
+    checkpoint = item.checkpoint
+    summary = {
+        "benchmark": bench.name, "version": bench.version, "lower_is_better": bench.lower_is_better, "value": value, "count": count,
+        "data": data,
+        "checkpoint": checkpoint.key, "experiment": checkpoint.experiment, "step": checkpoint.step, "tokens_seen": checkpoint.tokens_seen,
+        "checkpoint_sha256": checkpoint.sha256, "training": checkpoint.spec.fingerprint,
+    }
+    with registry.staging() as out:
+        (out / RESULT_FILE).write_text(json.dumps({**summary, "details": details}, indent=2, sort_keys=True, default=str))
+        return registry.publish(
+            out, kind=KIND, fingerprint=item.fingerprint(code),
+            config={"benchmark": bench.name, "version": bench.version, "max_bytes": checkpoint.eval.max_bytes},
+            inputs=dict(checkpoint.spec.upstream), code=code,
+            provenance=Provenance(experiment=checkpoint.experiment, config_hash=sha256_of(checkpoint.spec.config)[:16],
+                                  git_commit=checkpoint.git_commit, run_id=run_id),
+            summary={**summary, "seconds": round(seconds, 3)},  # the time is the manifest's, not part of the result's bytes
+        )
+
+
+def batch_summary(results: Mapping[str, Manifest]) -> tuple[dict[str, float], str]:
+    """A batch as its materialization shows it: the score of each partition, and the batch's data version (the digests
+    of its results)."""
+    scores = {partition: manifest.summary["value"] for partition, manifest in sorted(results.items())}
+    return scores, sha256_of({partition: manifest.digest for partition, manifest in sorted(results.items())})
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """Score every pair of the batch not already in the registry; the batch's artifact lists each pair's score."""
+    from factory.stages.scoring import evaluate  # loads models: only where a batch runs
+
+    settings: EvaluationSettings = ctx.settings
+    results = evaluate(settings.items, ctx.registry, ctx.request.catalog, ctx.request.spec.code, ctx.request.provenance.run_id, ctx.log)
+    scores, version = batch_summary(results)
+    listing = {partition: {"value": manifest.summary["value"], "result": manifest.digest} for partition, manifest in sorted(results.items())}
+    (ctx.out / BATCH_FILE).write_text(json.dumps(listing, indent=2, sort_keys=True))
+    return {"scores": scores, "evaluated": len(scores), "results_version": version}
+
+
+EVALUATION = StageKind(
+    name="evaluation", run=run, scope="checkpoints", settings=EvaluationSettings, artifact=frozenset({"torch"}),
+    description="Checkpoints scored on benchmarks, a batch of `evaluations` partitions per stage; each score is an immutable "
+                "artifact, never computed twice.",
+)
