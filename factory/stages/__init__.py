@@ -1,2 +1,4 @@
-"""The built-in stage kinds (`builtin.py`: each a `factory.config.kinds.StageKind`) and their runners (`datasets.py`,
-`runners.py`, `post.py`), with the evaluation process (`evaluate.py`, `eval_request.py`) and the dataset checks."""
+"""The built-in stage kinds, one module per kind as a plugin declares one (`datasets.py`: raw, deduped and filtered
+datasets; `blend.py`, `tokenizer.py`, `pretrain.py`, `sft.py`, `rl.py`, `model.py`; `builtin.py` lists them in the order
+they run), the code their run functions share (`training.py`, `versions.py`, `dataset_checks.py`; `post_training.py`:
+what sft and rl declare alike), and the evaluation process (`evaluate.py`, `eval_request.py`)."""
