@@ -12,6 +12,7 @@ import pytest
 
 from factory.runtime import every_warm_module, warm_modules
 from factory.stages.builtin import BUILTIN_KINDS
+from factory.stages.pretrain import PRETRAIN
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "kubernetes", "matplotlib", "dagster", "mlflow", "pyiceberg")
@@ -42,6 +43,7 @@ def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
     training = warm_modules(["tokenizer", "pretrain", "model"], "none")
     assert "factory.stages.evaluate" in training and not any(m.startswith("factory.track.") for m in training)
     assert "torch" in imported("-c", code, *training)
+    assert "torch" in imported("-c", code, *PRETRAIN.imports), "the kind's module is light; what its run function imports is not"
     assert set(warm_modules(["pretrain"], "mlflow")) < set(every_warm_module())
 
 
