@@ -28,7 +28,7 @@ from factory.data.checks import CHECKS
 from factory.errors import ConfigError
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
-from factory.stages.builtin import POST_TRAINING_TASKS
+from factory.stages.post_training import POST_TRAINING_TASKS
 from factory.runtime.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
 from factory.runtime.request import StageRequest

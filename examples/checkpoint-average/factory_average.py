@@ -95,4 +95,5 @@ AVERAGE = StageKind(
     fingerprint=_settings,
     present=lambda experiment: experiment.average is not None and experiment.pretrain is not None,
     artifact=frozenset({"torch"}),
+    imports=("factory.train.checkpoint", "factory.train.records"),
 )

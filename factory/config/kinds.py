@@ -112,6 +112,9 @@ class StageKind:
     """Assets outside the stage chain it reads (e.g. `code_exec_tasks`)."""
     tables: Callable[[Experiment], Iterable[TableNeed]] | None = None
     """The pinned table versions it reads, which `factory check` verifies exist with the columns it needs."""
+    imports: tuple[str, ...] = ()
+    """The modules its run function imports when it runs; a warm interpreter imports them once ahead (its own module
+    stays light, as reading the registry imports it)."""
     scope: Literal["experiment", "checkpoints"] = "experiment"
     """`experiment`: one stage per experiment, in its chain (every plugin kind). `checkpoints`: a batch over `checkpoints`
     partitions, outside any experiment's chain: the built-in evaluation, which the `evaluations` asset runs with the

@@ -2,8 +2,9 @@
 
 Each stage kind (`factory.config.kinds`) says where its code is; a process imports only its own
 stage's (a data stage never loads torch). `warm_modules` is what a warm interpreter imports once
-for the stages it forks (`factory.launch.warm`): the runners of the kinds a run computes and the
-code they load on first use (benchmarks, the tracker); `every_warm_module()`, for every kind.
+for the stages it forks (`factory.launch.warm`): the modules of the kinds a run computes, what
+their run functions import (each kind's `imports`) and the code they load on first use
+(benchmarks, the tracker); `every_warm_module()`, for every kind.
 """
 
 from __future__ import annotations
@@ -11,32 +12,42 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import registered_kinds, stage_kind
+from factory.config.kinds import StageKind, registered_kinds, stage_kind
 from factory.track.base import OPENERS
 
 if TYPE_CHECKING:
     from factory.runtime.context import StageContext
 
-EVALUATION_MODULES = ("factory.stages.scoring", "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line",
-                      "factory.evals.code_exec", "factory.evals.sanity")
-"""What an `evaluation` stage imports when it runs: its scoring and the benchmarks it loads on first use."""
+EVALUATION = "evaluation"
+"""The kind that scores checkpoints: a run that makes checkpoints warms its modules too."""
 TRACKER_MODULES = {backend: opener.split(":")[0] for backend, opener in OPENERS.items()}
 """Each tracking backend's module, which a training stage imports on first use."""
 
 
 def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
-    """What a warm interpreter imports for a run that computes these stage kinds, tracked by this backend: their
-    runners, in the order the kinds come, and when one of them makes checkpoints, the tracker's backend and the
-    evaluations."""
+    """What a warm interpreter imports for a run that computes these stage kinds, tracked by this backend: each kind's
+    run function's module and what it imports when it runs, in the order the kinds come, and when one of them makes
+    checkpoints, the tracker's backend and the evaluations."""
     declared = [stage_kind(kind) for kind in kinds]
-    runners = [kind.run.split(":")[0] if isinstance(kind.run, str) else kind.run.__module__ for kind in declared]
-    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *EVALUATION_MODULES]
+    runners = [module for kind in declared for module in _modules(kind)]
+    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *_modules(stage_kind(EVALUATION))]
     checkpoints = any(kind.checkpoints for kind in declared)
     return tuple(dict.fromkeys(["factory.runtime.__main__", *runners, *(training if checkpoints else [])]))
 
 
+def _modules(kind: StageKind) -> tuple[str, ...]:
+    """The module of a kind's run function, then what that function imports when it runs."""
+    return (_run_module(kind), *kind.imports)
+
+
+def _run_module(kind: StageKind) -> str:
+    """The module of a kind's run function."""
+    return kind.run.split(":")[0] if isinstance(kind.run, str) else kind.run.__module__
+
+
 def every_warm_module() -> tuple[str, ...]:
-    """Everything a warm interpreter may fork: every kind's runner, the evaluations, the default tracker."""
+    """Everything a warm interpreter may fork: every kind's run function and what it imports, the evaluations, the default
+    tracker."""
     return warm_modules([kind.name for kind in registered_kinds()], "mlflow")
 
 

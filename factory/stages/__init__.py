@@ -1,2 +1,4 @@
-"""The built-in stage kinds (`builtin.py`: each a `factory.config.kinds.StageKind`) and their runners (`datasets.py`,
-`runners.py`, `post.py`), with the evaluation kind (`evaluation.py`, its scoring in `scoring.py`) and the dataset checks."""
+"""The built-in stage kinds, one module per kind as a plugin declares one (`datasets.py`: raw, deduped and filtered
+datasets; `blend.py`, `tokenizer.py`, `pretrain.py`, `sft.py`, `rl.py`, `model.py`, `evaluation.py`; `builtin.py` lists
+them in the order they run), and the code their run functions share, imported when they run (`training.py`,
+`versions.py`, `dataset_checks.py`, `scoring.py`; `post_training.py`: what sft and rl declare alike)."""

@@ -1,204 +1,22 @@
-"""The built-in stage kinds, declared as a plugin declares one (`factory.config.kinds.StageKind`), in the order they run.
+"""The built-in stage kinds, in the order they run: each declared in a module of its own, as a plugin declares one.
 
-Each kind's `settings` is the part of the experiment that changes its bytes, typed: its `fingerprint` builds them from
-an experiment, the fingerprint hashes their canonical dump, and the stage process parses them once (`ctx.settings`).
-The run functions are named as `module:function`, so a stage process imports only its own kind's code (a data stage
-never loads torch).
+Every kind's module (`datasets.py` for the raw, deduped and filtered datasets, `blend.py`, `tokenizer.py`,
+`pretrain.py`, `sft.py`, `rl.py`, `model.py`, and `evaluation.py`, which scores checkpoints in batches outside any
+experiment's chain) holds its typed settings (what its fingerprint hashes and its run function
+reads, `ctx.settings`), its `StageKind` and its run function. Reading the registry imports them all, so they stay light:
+a run function imports its heavy code (torch, pyiceberg) when it runs, and its kind names that code (`imports`) for a
+warm interpreter to load once ahead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from pydantic import SerializerFunctionWrapHandler, field_serializer, model_serializer
-
-from factory.config.control import ControlConfig
-from factory.config.kinds import Placement, StageKind, TableNeed, as_resources_say
-from factory.config.schema import (
-    TASK_COLUMNS, TASKS_REF, BlendComponent, DatasetConfig, DedupConfig, Experiment, FiltersConfig, PretrainConfig, RLConfig, SFTConfig,
-    SourceConfig, TokenizerConfig, TrainedModel, blended_datasets,
-)
-from factory.config.section import Section
-from factory.config.sources import source_files
+from factory.stages.blend import BLEND
+from factory.stages.datasets import DEDUPED_DATASETS, FILTERED_DATASETS, RAW_DATASETS
 from factory.stages.evaluation import EVALUATION
+from factory.stages.model import MODEL
+from factory.stages.pretrain import PRETRAIN
+from factory.stages.rl import RL
+from factory.stages.sft import SFT
+from factory.stages.tokenizer import TOKENIZER
 
-RL_PLACEMENT = {"learners", "actors"}
-"""RL knobs that say where work runs, not what it computes: left out of the fingerprint."""
-POST_TRAINING_TASKS = "code_exec_tasks"
-"""The Dagster asset of the code-execution task table post-training reads."""
-
-
-# Each kind's settings: what its fingerprint hashes (the canonical JSON of the dump), and what its runner reads, typed.
-class RawSettings(Section):
-    """The raw stage: each blended dataset's source, and a digest of the files it reads today."""
-
-    sources: dict[str, SourceConfig]
-    files: dict[str, str]
-
-
-class DedupSettings(Section):
-    """The dedup stage: each blended dataset's duplicate removal."""
-
-    dedup: dict[str, DedupConfig]
-    seed: int
-
-
-class DatasetFilters(Section):
-    """One dataset's filters, the tag its version takes and the duplicate share its check allows."""
-
-    filters: FiltersConfig
-    tag: str | None
-    max_duplicate_share: float
-
-
-class FilterSettings(Section):
-    """The filter stage: each blended dataset's filters and checks."""
-
-    datasets: dict[str, DatasetFilters]
-
-
-class BlendSettings(Section):
-    """The blend stage: the mixture and the held-out share."""
-
-    blend: tuple[BlendComponent, ...]
-    validation_percent: int
-
-
-class TokenizerSettings(Section):
-    """The tokenizer stage: the tokenizer's recipe and how its sample is drawn."""
-
-    tokenizer: TokenizerConfig
-    seed: int
-    shuffle_buffer_docs: int
-
-
-class PretrainSettings(TrainedModel):
-    """Pretraining: the schedule, and the control rules when there are any."""
-
-    pretrain: PretrainConfig
-    control: ControlConfig | None = None
-
-    @model_serializer(mode="wrap")
-    def _control_only_when_present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dump = handler(self)
-        if self.control is None:  # recipes without rules keep the fingerprints they had before rules existed
-            dump.pop("control", None)
-        return dump
-
-
-class SFTSettings(TrainedModel):
-    """Supervised fine-tuning."""
-
-    sft: SFTConfig
-
-
-class RLSettings(TrainedModel):
-    """GRPO; where its learners and actors run is placement, not part of what it computes."""
-
-    rl: RLConfig
-
-    @field_serializer("rl")
-    def _without_placement(self, rl: RLConfig) -> dict[str, Any]:
-        return {key: value for key, value in rl.model_dump(mode="json").items() if key not in RL_PLACEMENT}
-
-
-class ModelSettings(Section):
-    """The model stage exports what it reads: no settings of its own."""
-
-
-def _blends_a_dataset(experiment: Experiment) -> bool:
-    return any(part.dataset is not None for part in experiment.data.blend)
-
-
-def _datasets(experiment: Experiment) -> dict[str, DatasetConfig]:
-    return {name: experiment.data.datasets[name] for name in blended_datasets(experiment)}
-
-
-def _raw(experiment: Experiment) -> RawSettings:
-    datasets = _datasets(experiment)
-    return RawSettings(sources={name: d.source for name, d in datasets.items()},
-                       files={name: source_files(d.source).digest for name, d in datasets.items()})
-
-
-def _filters(experiment: Experiment) -> FilterSettings:
-    return FilterSettings(datasets={name: DatasetFilters(filters=d.filters, tag=d.tag, max_duplicate_share=d.max_duplicate_share)
-                                    for name, d in _datasets(experiment).items()})
-
-
-def _task_table(section: str) -> Callable[[Experiment], list[TableNeed]]:
-    """Post-training reads a task table; the default one is generated by the first run that needs it, so only another
-    must exist already."""
-    def needs(experiment: Experiment) -> list[TableNeed]:
-        tasks = getattr(experiment, section).tasks
-        return [TableNeed(where=(section, "tasks"), table=tasks, columns=TASK_COLUMNS)] if tasks != TASKS_REF else []
-
-    return needs
-
-
-def _rl_placement(experiment: Experiment) -> Placement:
-    """RL runs its learners and actors as ranks of one node, on the CPU over gloo (sampling and the sandbox dominate at
-    the sizes it serves today)."""
-    rl = experiment.rl
-    return Placement(processes=rl.learners + rl.actors, roles={"learners": rl.learners, "actors": rl.actors, "backend": "gloo"})
-
-
-BUILTIN_KINDS = (
-    StageKind(
-        name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset,
-        settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data",
-        description="Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
-    ),
-    StageKind(
-        name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",),
-        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings,
-        fingerprint=lambda e: DedupSettings(dedup={name: d.dedup for name, d in _datasets(e).items()}, seed=e.seed),
-        description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
-    ),
-    StageKind(
-        name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",),
-        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
-        description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
-    ),
-    StageKind(
-        name="blend", run="factory.stages.datasets:run_blend", reads=("filtered_datasets",), present=lambda e: True,
-        group="data", artifact=frozenset({"iceberg"}), settings=BlendSettings,
-        fingerprint=lambda e: BlendSettings(blend=e.data.blend, validation_percent=e.data.validation_percent),
-        description="The training mixture: table versions with weights and modes (finite or oversample).",
-    ),
-    StageKind(
-        name="tokenizer", run="factory.stages.runners:run_tokenizer", reads=("blend",), present=lambda e: True,
-        artifact=frozenset({"tokenizers"}), settings=TokenizerSettings,
-        fingerprint=lambda e: TokenizerSettings(tokenizer=e.tokenizer, seed=e.seed, shuffle_buffer_docs=e.data.shuffle_buffer_docs),
-        description="Byte-level BPE trained on a seeded sample of the blend's train split.",
-    ),
-    StageKind(
-        name="pretrain", run="factory.stages.runners:run_pretrain", reads=("blend", "tokenizer"), section="pretrain",
-        checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), settings=PretrainSettings,
-        fingerprint=lambda e: PretrainSettings(**TrainedModel.fields_of(e), pretrain=e.pretrain, control=e.control),
-        description="Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are "
-                    "`checkpoints` partitions.",
-    ),
-    # Post-training reads the model it starts from; blend and tokenizer name the held-out data its evaluations read.
-    StageKind(
-        name="sft", run="factory.stages.post:run_sft", reads=("blend", "tokenizer", "pretrain"), section="sft",
-        checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
-        settings=SFTSettings, fingerprint=lambda e: SFTSettings(**TrainedModel.fields_of(e), sft=e.sft), tables=_task_table("sft"),
-        description="Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its "
-                    "checkpoints are `checkpoints` partitions.",
-    ),
-    StageKind(
-        name="rl", run="factory.stages.post:run_rl", reads=("blend", "tokenizer", "pretrain", "sft"), section="rl",
-        checkpoints=True, placement=_rl_placement, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
-        settings=RLSettings, fingerprint=lambda e: RLSettings(**TrainedModel.fields_of(e), rl=e.rl), tables=_task_table("rl"),
-        description="GRPO from code-execution feedback, starting from the SFT model: actors sample and score, learners "
-                    "update; checkpoints are `checkpoints` partitions.",
-    ),
-    StageKind(
-        name="model", run="factory.stages.runners:run_model", reads=("pretrain", "sft", "rl", "tokenizer"),
-        present=lambda e: e.pretrain is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
-        artifact=frozenset({"torch"}),
-        description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
-    ),
-    EVALUATION,
-)
+BUILTIN_KINDS = (RAW_DATASETS, DEDUPED_DATASETS, FILTERED_DATASETS, BLEND, TOKENIZER, PRETRAIN, SFT, RL, MODEL, EVALUATION)

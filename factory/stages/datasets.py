@@ -1,72 +1,90 @@
-"""Runners of the data stages: raw -> deduplicated -> filtered tables per dataset, then the blend.
+"""The dataset kinds, one family: raw -> deduplicated -> filtered tables, one Iceberg table per blended dataset.
 
-Each stage writes one Iceberg version per dataset and an artifact (`datasets.json` or
-`blend.json`) that names the versions by content tag, so the same bytes give the same artifact.
+Each kind writes one table version per dataset and `datasets.json`, naming the versions by content tag (so the
+same bytes give the same artifact); the blend (`factory.stages.blend`) reads the filtered ones. The module is read
+with the registry, so it stays light: its run functions import the data code (pyiceberg, pyarrow) when they run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from factory.config.schema import DataConfig, DatasetConfig
+from factory.config.kinds import StageKind
+from factory.config.schema import DatasetConfig, DedupConfig, Experiment, FiltersConfig, SourceConfig, blended_datasets
+from factory.config.section import Section
 from factory.config.sources import SOURCES_FILE, source_files
-from factory.data.blend import build_blend
-from factory.data.catalog import open_catalog
-from factory.data.checks import CheckOutcome
-from factory.data.dedup import deduplicate
-from factory.data.filters import apply_filters
-from factory.data.ingest import read_documents
-from factory.data.tables import TableVersion, name_version, read_version, reject_version, resolve, write_content, write_version
 from factory.errors import StageFailed
-from factory.runtime.context import BLEND_FILE, DATASETS_FILE, StageContext
-from factory.stages.dataset_checks import check_dataset, combine, record_checks
+from factory.runtime.context import StageContext
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from factory.data.checks import CheckOutcome
+    from factory.data.tables import TableVersion
+
+DATA_MODULES = ("factory.stages.versions", "factory.data.catalog", "factory.data.tables")
+"""What every dataset kind's run function imports."""
 
 
-def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:
-    """The table versions an upstream data stage published, by dataset name (snapshot ids resolved again)."""
-    records = json.loads((ctx.upstream(stage) / DATASETS_FILE).read_text())
-    catalog = open_catalog(ctx.request.catalog)
-    versions = {}
-    for name, record in records.items():
-        fields = {key: record[key] for key in ("table", "tag", "content_tag", "rows", "bytes")}
-        versions[name] = TableVersion(**fields, snapshot_id=resolve(catalog, record["table"], record["content_tag"]))
-    return versions
+class RawSettings(Section):
+    """The raw stage: each blended dataset's source, and a digest of the files it reads today."""
+
+    sources: dict[str, SourceConfig]
+    files: dict[str, str]
 
 
-def _publish_versions(ctx: StageContext, versions: dict[str, TableVersion], stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Write `datasets.json` and return the flat summary shown on the materialization."""
-    records = {name: {**{k: v for k, v in asdict(version).items() if k != "snapshot_id"}, **stats[name]} for name, version in versions.items()}
-    (ctx.out / DATASETS_FILE).write_text(json.dumps(records, indent=2, sort_keys=True))
-    summary: dict[str, Any] = {}
-    for name, version in versions.items():
-        summary[f"{name}/table"] = version.ref
-        summary[f"{name}/snapshot_id"] = version.snapshot_id
-        summary[f"{name}/rows"] = version.rows
-        summary[f"{name}/bytes"] = version.bytes
-        summary.update({f"{name}/{key}": value for key, value in stats[name].items()})
-    return summary
+class DedupSettings(Section):
+    """The dedup stage: each blended dataset's duplicate removal."""
+
+    dedup: dict[str, DedupConfig]
+    seed: int
 
 
-def _transform(
-    ctx: StageContext, upstream: str, step: Callable[[str, pa.Table], tuple[pa.Table, dict[str, Any]]],
-    publish: Callable[[str, pa.Table], TableVersion],
-) -> dict[str, Any]:
-    """Read each dataset's upstream version, apply `step`, and `publish` the result as a version."""
-    catalog = open_catalog(ctx.request.catalog)
-    versions, stats = {}, {}
-    for name, source in load_versions(ctx, upstream).items():
-        documents, stats[name] = step(name, read_version(catalog, source.table, source.snapshot_id))
-        versions[name] = publish(name, documents)
-    return _publish_versions(ctx, versions, stats)
+class DatasetFilters(Section):
+    """One dataset's filters, the tag its version takes and the duplicate share its check allows."""
+
+    filters: FiltersConfig
+    tag: str | None
+    max_duplicate_share: float
+
+
+class FilterSettings(Section):
+    """The filter stage: each blended dataset's filters and checks."""
+
+    datasets: dict[str, DatasetFilters]
+
+
+def _blends_a_dataset(experiment: Experiment) -> bool:
+    return any(part.dataset is not None for part in experiment.data.blend)
+
+
+def _datasets(experiment: Experiment) -> dict[str, DatasetConfig]:
+    return {name: experiment.data.datasets[name] for name in blended_datasets(experiment)}
+
+
+def _raw(experiment: Experiment) -> RawSettings:
+    datasets = _datasets(experiment)
+    return RawSettings(sources={name: d.source for name, d in datasets.items()},
+                       files={name: source_files(d.source).digest for name, d in datasets.items()})
+
+
+def _dedup(experiment: Experiment) -> DedupSettings:
+    return DedupSettings(dedup={name: d.dedup for name, d in _datasets(experiment).items()}, seed=experiment.seed)
+
+
+def _filters(experiment: Experiment) -> FilterSettings:
+    return FilterSettings(datasets={name: DatasetFilters(filters=d.filters, tag=d.tag, max_duplicate_share=d.max_duplicate_share)
+                                    for name, d in _datasets(experiment).items()})
 
 
 def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
     """Ingest every dataset's source files into `raw.<name>`, the files the fingerprint names and no others."""
+    from factory.data.catalog import open_catalog
+    from factory.data.ingest import read_documents
+    from factory.data.tables import write_version
+    from factory.stages.versions import publish_versions
+
     catalog = open_catalog(ctx.request.catalog)
     versions, stats, listings = {}, {}, {}
     settings = ctx.settings
@@ -79,11 +97,16 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
         versions[name] = write_version(catalog, f"raw.{name}", result.documents, ctx.log)
         stats[name] = {"files_read": result.files_read, **{f"skipped_{reason}": count for reason, count in sorted(result.skipped.items())}}
     (ctx.out / SOURCES_FILE).write_text(json.dumps(listings, indent=1, sort_keys=True))
-    return _publish_versions(ctx, versions, stats)
+    return publish_versions(ctx, versions, stats)
 
 
 def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
     """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`."""
+    from factory.data.catalog import open_catalog
+    from factory.data.dedup import deduplicate
+    from factory.data.tables import write_version
+    from factory.stages.versions import transform
+
     settings = ctx.settings
     catalog = open_catalog(ctx.request.catalog)
 
@@ -94,11 +117,17 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
             "near_removed": result.near_removed, "removed_share": round(result.removed_share, 6),
         }
 
-    return _transform(ctx, "raw_datasets", step, lambda name, documents: write_version(catalog, f"dedup.{name}", documents, ctx.log))
+    return transform(ctx, "raw_datasets", step, lambda name, documents: write_version(catalog, f"dedup.{name}", documents, ctx.log))
 
 
 def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
     """Quality filters: `dedup.<name>` -> `filtered.<name>`, checked, then tagged `v<n>` (or the configured tag) only if it passed."""
+    from factory.data.catalog import open_catalog
+    from factory.data.filters import apply_filters
+    from factory.data.tables import name_version, reject_version, write_content
+    from factory.stages.dataset_checks import check_dataset, combine, record_checks
+    from factory.stages.versions import transform
+
     datasets = ctx.settings.datasets
     catalog = open_catalog(ctx.request.catalog)
     checks: dict[str, list[CheckOutcome]] = {}
@@ -116,30 +145,26 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
             return name_version(catalog, version, ctx.log, datasets[name].tag)
         return reject_version(catalog, version, ctx.log)
 
-    summary = _transform(ctx, "deduped_datasets", step, publish)
+    summary = transform(ctx, "deduped_datasets", step, publish)
     record_checks(ctx.out, combine(checks))  # reported by the orchestrator, also when the artifact comes from the cache
     return summary
 
 
-def run_blend(ctx: StageContext) -> dict[str, Any]:
-    """The mixture: this experiment's filtered datasets and pinned table versions, with weights and modes."""
-    data = _blend_config(ctx)
-    versions = load_versions(ctx, "filtered_datasets") if "filtered_datasets" in ctx.request.spec.upstream else {}
-    blend = build_blend(open_catalog(ctx.request.catalog), data, versions)
-    (ctx.out / BLEND_FILE).write_text(json.dumps(blend.to_json(), indent=2, sort_keys=True))
-    ctx.log.info("blend of %s", ", ".join(f"{p.label} ({p.table}@{p.version}) x{w:.3f}" for p, w in zip(blend.parts, blend.weights, strict=True)))
-    summary: dict[str, Any] = {"parts": len(blend.parts), "validation_percent": blend.validation_percent}
-    for part, weight in zip(blend.parts, blend.weights, strict=True):
-        summary[f"{part.label}/version"] = f"{part.table}@{part.version}"
-        summary[f"{part.label}/share"] = round(weight, 6)
-        summary[f"{part.label}/mode"] = part.mode
-        summary[f"{part.label}/rows"] = part.rows
-    return summary
-
-
-def _blend_config(ctx: StageContext) -> DataConfig:
-    """The data section as far as the blend needs it: dataset parts are checked against the upstream versions instead."""
-    settings = ctx.settings
-    names = {part.dataset for part in settings.blend if part.dataset}
-    return DataConfig(blend=settings.blend, validation_percent=settings.validation_percent,
-                      datasets={name: DatasetConfig() for name in sorted(names)})
+RAW_DATASETS = StageKind(
+    name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset,
+    settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data",
+    imports=(*DATA_MODULES, "factory.data.ingest"),
+    description="Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
+)
+DEDUPED_DATASETS = StageKind(
+    name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",),
+    present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, fingerprint=_dedup,
+    imports=(*DATA_MODULES, "factory.data.dedup"),
+    description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
+)
+FILTERED_DATASETS = StageKind(
+    name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",),
+    present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
+    imports=(*DATA_MODULES, "factory.data.filters", "factory.stages.dataset_checks"),
+    description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
+)

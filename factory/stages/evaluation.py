@@ -161,6 +161,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 EVALUATION = StageKind(
     name="evaluation", run=run, scope="checkpoints", settings=EvaluationSettings, artifact=frozenset({"torch"}),
+    imports=("factory.stages.scoring", "factory.evals.suite", "factory.evals.bpb", "factory.evals.next_line", "factory.evals.code_exec",
+             "factory.evals.sanity"),  # the scoring and the benchmarks it loads on first use
     description="Checkpoints scored on benchmarks, a batch of `evaluations` partitions per stage; each score is an immutable "
                 "artifact, never computed twice.",
 )

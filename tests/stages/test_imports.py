@@ -2,6 +2,8 @@
 warm interpreter for a run of data stages only) loads no torch either. Read from `python -X importtime`, which lists
 every module a process imports."""
 
+import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from factory.runtime import every_warm_module, warm_modules
+from factory.stages.builtin import BUILTIN_KINDS
+from factory.stages.pretrain import PRETRAIN
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "kubernetes", "matplotlib", "dagster", "mlflow", "pyiceberg")
@@ -30,11 +34,25 @@ def test_checking_or_planning_a_file_loads_nothing_heavy(command, tiny_path, tmp
 
 def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
     data = warm_modules(["raw_datasets", "deduped_datasets", "filtered_datasets", "blend"], "mlflow")
-    assert data == ("factory.runtime.__main__", "factory.stages.datasets"), "no tracker, no evaluations: nothing trains"
+    assert data[:3] == ("factory.runtime.__main__", "factory.stages.datasets", "factory.stages.versions")
+    assert "factory.stages.blend" in data and "factory.data.dedup" in data
+    assert not any(m.startswith(("factory.track.", "factory.evals.", "factory.stages.evaluate")) for m in data), "nothing trains"
     code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
     loaded = imported("-c", code, *data)
     assert "pyiceberg" in loaded and "torch" not in loaded
     training = warm_modules(["tokenizer", "pretrain", "model"], "none")
     assert "factory.stages.scoring" in training and not any(m.startswith("factory.track.") for m in training)
     assert "torch" in imported("-c", code, *training)
+    assert "torch" in imported("-c", code, *PRETRAIN.imports), "the kind's module is light; what its run function imports is not"
     assert set(warm_modules(["pretrain"], "mlflow")) < set(every_warm_module())
+
+
+@pytest.mark.parametrize("kind", BUILTIN_KINDS, ids=lambda k: k.name)
+def test_a_warm_interpreter_imports_ahead_what_a_built_in_run_function_imports(kind):
+    """A kind's module stays light by importing its code inside its run function; its `imports` name that code, so a
+    warm interpreter loads it once. The library's config is left out: reading the registry loads it already."""
+    tree = ast.parse(inspect.getsource(kind.run_function()).lstrip())
+    inside = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert inside, "a built-in run function imports its code when it runs"
+    assert {m for m in inside if not m.startswith("factory.config.")} <= set(kind.imports)

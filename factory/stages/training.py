@@ -1,6 +1,8 @@
-"""One runner per stage kind: read upstream artifacts, call the library, stage the output files.
+"""Runner support of the training kinds (pretrain, sft, rl): the tracked training loop, and what a training artifact holds.
 
-A runner returns the summary recorded in the manifest and shown on the materialization.
+Imported by their run functions only (it loads torch): reading the stage registry never imports it. A training stage
+trains in its work directory (it outlives a killed process); rank 0 then links the kept checkpoints and logs into the
+artifact and writes `run.json`, which names the final checkpoint the stages downstream start from.
 """
 
 from __future__ import annotations
@@ -11,20 +13,17 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig
-from factory.config.stages import TRAINING_STAGES
 from factory.data.catalog import open_catalog
-from factory.data.loader import Batch, LoaderState, build_loader
-from factory.models.build import export_model
-from factory.models.tokenizer import EOS, load_tokenizer, sample_texts, train_tokenizer, vocabulary_shortfall
-from factory.runtime.context import TOKENIZER_FILE, WARNINGS, StageContext
+from factory.data.loader import Batch, LoaderState
+from factory.models.tokenizer import EOS, load_tokenizer
+from factory.runtime.context import TOKENIZER_FILE, StageContext
 from factory.runtime.progress import training_progress, wants_progress
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
@@ -32,49 +31,12 @@ from factory.train.pretrain import (
     CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, load_weights, pretrain,
 )
 
-MODEL_CONFIG = "config.json"
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from tokenizers import Tokenizer
+
 RUN_FILE = "run.json"
-
-
-def run_tokenizer(ctx: StageContext) -> dict[str, Any]:
-    """Train a byte-level BPE on a seeded sample of the train split."""
-    config = ctx.settings.tokenizer
-    sample = sample_texts(ctx.blend_stream("train", finite=True).texts(), config.sample_bytes)
-    tokenizer = train_tokenizer(sample, config)
-    tokenizer.save(str(ctx.out / TOKENIZER_FILE))
-    sample_bytes = sum(len(t.encode()) for t in sample)
-    sample_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(sample[:200]))
-    ctx.log.info("trained a %d-token vocabulary on %d files (%d bytes)", tokenizer.get_vocab_size(), len(sample), sample_bytes)
-    summary: dict[str, Any] = {
-        "vocab_size": tokenizer.get_vocab_size(),
-        "sample_files": len(sample),
-        "sample_bytes": sample_bytes,
-        "bytes_per_token": round(sum(len(t.encode()) for t in sample[:200]) / max(1, sample_tokens), 4),
-    }
-    if shortfall := vocabulary_shortfall(tokenizer.get_vocab_size(), config, sample_bytes):
-        summary[WARNINGS] = shortfall
-    return summary
-
-
-def run_pretrain(ctx: StageContext) -> dict[str, Any]:
-    """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it."""
-    settings = ctx.settings
-    model_config, config = settings.model, settings.pretrain
-    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
-    catalog = open_catalog(ctx.request.catalog)
-    eos_id = tokenizer.token_to_id(EOS)
-    loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream)
-    world = world_from_env()
-
-    def data(state: LoaderState | None) -> Iterator[Batch]:
-        return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
-
-    control = settings.control
-    validation: list[Batch] = []
-    if control is not None:
-        held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream, "validation")
-        validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
-    return train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation)
+"""What a training artifact holds (`write_run`): the model's shape, its checkpoints and which one is final."""
 
 
 def train_stage(
@@ -223,15 +185,7 @@ def open_tracker(ctx: StageContext) -> TrackerRun:
     return tracker
 
 
-def run_model(ctx: StageContext) -> dict[str, Any]:
-    """Export the final weights with their config and tokenizer: a self-contained model."""
-    trained = [name for name in TRAINING_STAGES if name in ctx.request.spec.upstream][-1]  # the last training stage run
-    checkpoints = ctx.upstream(trained)
-    run = json.loads((checkpoints / RUN_FILE).read_text())
-    export_model(ModelConfig.model_validate(run["model"]), load_weights(checkpoints / run["final"]), ctx.out)
-    tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
-    shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
-    (ctx.out / MODEL_CONFIG).write_text(json.dumps(run, indent=2, sort_keys=True))
-    return {"parameters": run["parameters"], "tokens_seen": run["tokens_seen"], "vocab_size": run["vocab_size"]}
-
-
+def post_training_inputs(ctx: StageContext) -> tuple[ModelConfig, Tokenizer, int, Catalog]:
+    """What both post-training stages read: the model's shape, the tokenizer and its end-of-text id, the catalog."""
+    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    return ctx.settings.model, tokenizer, tokenizer.token_to_id(EOS), open_catalog(ctx.request.catalog)

@@ -1,0 +1,60 @@
+"""The `sft` kind: supervised fine-tuning of the pretrained model on code-execution pairs, loss on completions only.
+
+It starts from the final weights of `pretrain` and writes checkpoints as pretraining does, so they are `checkpoints`
+partitions and get evaluated. Light to import: its run function imports torch and the training loop when it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from factory.config.kinds import StageKind, as_resources_say
+from factory.config.schema import Experiment, SFTConfig, TrainedModel
+from factory.runtime.context import StageContext
+from factory.stages.post_training import POST_TRAINING_READS, POST_TRAINING_TASKS, task_table
+
+if TYPE_CHECKING:
+    from factory.data.loader import Batch, LoaderState
+
+
+class SFTSettings(TrainedModel):
+    """Supervised fine-tuning."""
+
+    sft: SFTConfig
+
+
+def _settings(experiment: Experiment) -> SFTSettings:
+    return SFTSettings(**TrainedModel.fields_of(experiment), sft=experiment.sft)
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """Fine-tune the pretrained model on the train split of the task table, loss on completion tokens only."""
+    from factory.data.tables import parse_ref, resolve
+    from factory.post.sft import encode_examples, read_tasks, sft_batches
+    from factory.stages.training import final_weights, post_training_inputs, train_stage
+    from factory.train.distributed import world_from_env
+
+    model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
+    config = ctx.settings.sft
+    examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
+    world = world_from_env()
+    ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
+
+    def data(state: LoaderState | None) -> Iterator[Batch]:
+        return sft_batches(examples, config.batch_size, ctx.settings.seed, eos_id, state, world.rank, world.size)
+
+    summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, "pretrain"))
+    if not summary:
+        return summary
+    return {**summary, "pairs": len(examples), "tasks": config.tasks, "tasks_snapshot": resolve(catalog, *parse_ref(config.tasks))}
+
+
+SFT = StageKind(
+    name="sft", run="factory.stages.sft:run", reads=POST_TRAINING_READS, section="sft",
+    checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
+    settings=SFTSettings, fingerprint=_settings, tables=task_table("sft"),
+    imports=("factory.data.tables", "factory.post.sft", "factory.stages.training", "factory.train.distributed"),
+    description="Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its "
+                "checkpoints are `checkpoints` partitions.",
+)
