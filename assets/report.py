@@ -7,6 +7,7 @@ from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResu
 
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
+from factory.config.kinds import model_kind
 from factory.config.stages import stages_of
 from factory.registry import git_commit
 from resources import ExperimentFiles, FactoryStores
@@ -14,7 +15,7 @@ from resources import ExperimentFiles, FactoryStores
 
 @asset(
     partitions_def=experiments_partitions,
-    deps=["model", "leaderboard"],
+    deps=[model_kind().name, "leaderboard"],
     description="The experiment's run report: loss and eval-vs-step curves, control decisions, cost per stage, cache hits, lineage, config and reasoning.",
     kinds={"html"},
     group_name="pipeline",

@@ -90,7 +90,7 @@ def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest], regis
         return "never computed for this experiment"
     last = previous[-1]
     reasons = config_changes(last.config, spec.config)
-    if spec.kind == "raw_datasets" and registry is not None:
+    if stage_kind(spec.kind).reads_sources and registry is not None:
         reasons = [*source_changes(last, spec, registry), *(r for r in reasons if not r.startswith(FILES_KEY + "."))]
     for name, digest in spec.upstream.items():
         if last.inputs.get(name) != digest:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import stage_kind
+from factory.config.kinds import BLEND, provider, stage_kind
 from factory.config.section import Section
 from factory.registry.store import ArtifactStore
 from factory.runtime.report import Reporter
@@ -73,7 +73,7 @@ class StageContext:
         """The upstream blend this stage reads."""
         from factory.data.blend import Blend
 
-        return Blend.from_json(json.loads((self.upstream("blend") / BLEND_FILE).read_text()))
+        return Blend.from_json(json.loads((self.upstream(provider(BLEND).name) / BLEND_FILE).read_text()))
 
     def blend_stream(self, split: str, finite: bool = False) -> BlendStream:
         """Documents of one split of the upstream blend, in the seeded order training sees them."""

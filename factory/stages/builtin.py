@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import SerializerFunctionWrapHandler, field_serializer, model_serializer
 
 from factory.config.control import ControlConfig
-from factory.config.kinds import Placement, StageKind, TableNeed, as_resources_say
+from factory.config.kinds import BLEND, TOKENIZER, MetricsPlot, Placement, StageKind, TableNeed, as_resources_say
 from factory.config.schema import (
     TASK_COLUMNS, TASKS_REF, BlendComponent, DatasetConfig, DedupConfig, Experiment, FiltersConfig, PretrainConfig, RLConfig, SFTConfig,
     SourceConfig, TokenizerConfig, TrainedModel, blended_datasets,
@@ -145,29 +145,30 @@ def _rl_placement(experiment: Experiment) -> Placement:
 BUILTIN_KINDS = (
     StageKind(
         name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset,
-        settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data",
+        settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data", writes_tables=True, reads_sources=True,
         description="Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
     ),
     StageKind(
         name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",),
-        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings,
+        present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, writes_tables=True,
         fingerprint=lambda e: DedupSettings(dedup={name: d.dedup for name, d in _datasets(e).items()}, seed=e.seed),
         description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
     ),
     StageKind(
         name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",),
         present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
+        writes_tables=True, dataset_checks=True,
         description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
     ),
     StageKind(
         name="blend", run="factory.stages.datasets:run_blend", reads=("filtered_datasets",), present=lambda e: True,
-        group="data", artifact=frozenset({"iceberg"}), settings=BlendSettings,
+        group="data", artifact=frozenset({"iceberg"}), settings=BlendSettings, provides=BLEND,
         fingerprint=lambda e: BlendSettings(blend=e.data.blend, validation_percent=e.data.validation_percent),
         description="The training mixture: table versions with weights and modes (finite or oversample).",
     ),
     StageKind(
         name="tokenizer", run="factory.stages.runners:run_tokenizer", reads=("blend",), present=lambda e: True,
-        artifact=frozenset({"tokenizers"}), settings=TokenizerSettings,
+        artifact=frozenset({"tokenizers"}), settings=TokenizerSettings, provides=TOKENIZER,
         fingerprint=lambda e: TokenizerSettings(tokenizer=e.tokenizer, seed=e.seed, shuffle_buffer_docs=e.data.shuffle_buffer_docs),
         description="Byte-level BPE trained on a seeded sample of the blend's train split.",
     ),
@@ -175,6 +176,7 @@ BUILTIN_KINDS = (
         name="pretrain", run="factory.stages.runners:run_pretrain", reads=("blend", "tokenizer"), section="pretrain",
         checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), settings=PretrainSettings,
         fingerprint=lambda e: PretrainSettings(**TrainedModel.fields_of(e), pretrain=e.pretrain, control=e.control),
+        main_training=True, plot=MetricsPlot(title="Training", file="training.png", alt="training loss"),
         description="Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are "
                     "`checkpoints` partitions.",
     ),
@@ -183,6 +185,7 @@ BUILTIN_KINDS = (
         name="sft", run="factory.stages.post:run_sft", reads=("blend", "tokenizer", "pretrain"), section="sft",
         checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
         settings=SFTSettings, fingerprint=lambda e: SFTSettings(**TrainedModel.fields_of(e), sft=e.sft), tables=_task_table("sft"),
+        plot=MetricsPlot(title="Fine-tuning (SFT)", file="sft.png", alt="SFT loss"),
         description="Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its "
                     "checkpoints are `checkpoints` partitions.",
     ),
@@ -190,13 +193,14 @@ BUILTIN_KINDS = (
         name="rl", run="factory.stages.post:run_rl", reads=("blend", "tokenizer", "pretrain", "sft"), section="rl",
         checkpoints=True, placement=_rl_placement, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
         settings=RLSettings, fingerprint=lambda e: RLSettings(**TrainedModel.fields_of(e), rl=e.rl), tables=_task_table("rl"),
+        plot=MetricsPlot(title="Reinforcement learning", file="rl.png", alt="RL rewards", curves="rewards"),
         description="GRPO from code-execution feedback, starting from the SFT model: actors sample and score, learners "
                     "update; checkpoints are `checkpoints` partitions.",
     ),
     StageKind(
         name="model", run="factory.stages.runners:run_model", reads=("pretrain", "sft", "rl", "tokenizer"),
         present=lambda e: e.pretrain is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
-        artifact=frozenset({"torch"}),
+        artifact=frozenset({"torch"}), exports_model=True,
         description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
     ),
 )
