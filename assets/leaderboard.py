@@ -25,7 +25,8 @@ from dagster import (
 
 from factory.evals.leaderboard import REGRESSION_TOLERANCE, held_back
 from factory.registry import git_commit
-from factory.evals.publish import HTML_FILE, current_best, current_board, latest_board, mark_best, publish_leaderboard
+from factory.evals.publish import current_best, current_board, latest_board, mark_best, publish_leaderboard
+from factory.registry.layout import HTML_FILE
 from resources import FactoryStores
 
 # Refresh whenever an evaluation changes (runs started by the automation sensor included).

@@ -20,6 +20,7 @@ from dagster import (
 
 from assets.execution import resources_at
 from assets.stages import CHECK_SPECS
+from factory.config.kinds import model_kind
 from factory.errors import FactoryError
 from factory.registry import ArtifactStore
 from factory.ops.promote import demote, grounds, promote, standing
@@ -36,7 +37,7 @@ class PromotionConfig(Config):
 
 
 @asset(
-    deps=["model"],
+    deps=[model_kind().name],
     description="The model an alias (production) names, from the registry's promotion history: who promoted it, why, and what allowed it.",
     kinds={"torch"},
     group_name="pipeline",
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     instance = DagsterInstance.get()
     try:
         if args.action == "promote":
-            model = next((m for m in registry.manifests("model") if m.digest == args.model), None)
+            model = next((m for m in registry.manifests(model_kind().name) if m.digest == args.model), None)
             if model is None:
                 print(f"error: no model artifact {args.model}", file=sys.stderr)
                 return 2

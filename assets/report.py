@@ -7,6 +7,7 @@ from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResu
 
 from assets.partitions import COMMIT_TAG, experiments_partitions
 from assets.records import latest_metadata
+from factory.config.kinds import model_kind
 from factory.config.stages import stages_of
 from factory.registry import git_commit
 from resources import ExperimentFiles, FactoryStores
@@ -14,13 +15,14 @@ from resources import ExperimentFiles, FactoryStores
 
 @asset(
     partitions_def=experiments_partitions,
-    deps=["model", "leaderboard"],
+    deps=[model_kind().name, "leaderboard"],
     description="The experiment's run report: loss and eval-vs-step curves, control decisions, cost per stage, cache hits, lineage, config and reasoning.",
     kinds={"html"},
     group_name="pipeline",
 )
 def run_report(context: AssetExecutionContext, experiments: ExperimentFiles, stores: FactoryStores) -> MaterializeResult:
-    from factory.evals.run_report import REPORT_FILE, publish_report, report_inputs
+    from factory.evals.run_report import publish_report, report_inputs
+    from factory.registry.layout import REPORT_FILE
 
     experiment = experiments.load(context.partition_key, commit=context.run.tags.get(COMMIT_TAG))
     stages = {}

@@ -39,11 +39,10 @@ CHECK_DESCRIPTIONS = {
     "schema": "Every filtered dataset has the document schema.",
     "duplicate_share": "Every filtered dataset's share of exact duplicates is within its bound.",
 }
-# Checks on the filtered datasets block everything downstream (blend, tokenizer, training) when they fail.
+# The dataset checks block everything downstream (blend, tokenizer, training) when they fail.
 CHECK_SPECS = {
-    "filtered_datasets": [
-        AssetCheckSpec(name, asset="filtered_datasets", blocking=True, description=CHECK_DESCRIPTIONS[name]) for name in CHECKS
-    ],
+    kind.name: [AssetCheckSpec(name, asset=kind.name, blocking=True, description=CHECK_DESCRIPTIONS[name]) for name in CHECKS]
+    for kind in stage_kinds() if kind.dataset_checks
 }
 
 

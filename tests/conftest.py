@@ -57,7 +57,8 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
     the evaluator does; a benchmark of a pinned table reads it as holding `content`."""
     from factory.evals.benchmarks import benchmark as registered
     from factory.evals.scored_on import table_ref
-    from factory.stages.evaluation import CheckpointRef, EvalItem, publish_score, scored_on
+    from factory.stages.evaluation import CheckpointRef, EvalItem
+    from factory.stages.scoring import publish_score, scored_on
 
     spec = {"kind": stage, "config": training_settings(stage), "upstream": {"blend": blend}, "code": training}
     checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,

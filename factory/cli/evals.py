@@ -140,10 +140,10 @@ def evals_stages(
 ) -> None:
     """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
     from factory.evals.leaderboard import stage_scores
-    from factory.stages.evaluation import KIND as EVALUATION_KIND
+    from factory.evals.base import EVALUATIONS
 
     registry = ArtifactStore(root / "registry")
-    scores = stage_scores(registry.manifests(EVALUATION_KIND), experiment, benchmark)
+    scores = stage_scores(registry.manifests(EVALUATIONS), experiment, benchmark)
     if not scores:
         err.print(f"error: no {benchmark} results for {experiment} in {root.resolve()}: run and evaluate it first")
         raise typer.Exit(2)

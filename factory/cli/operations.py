@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.tree import Tree as RichTree
 
 from factory.cli.common import DEFAULT_ROOT, RootOption, dagster_home, err, out
+from factory.config.kinds import model_kind
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError, FactoryError
 from factory.registry import ArtifactStore
@@ -36,13 +37,14 @@ def lineage(
     except ConfigError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
+    exported = model_kind().name
     if found and isinstance(found[0], TableVersion):
         answer = [{"table": v.ref, "content_tag": v.content_tag, "written_by": [graph.upstream(m.digest) for m in graph.writers(v)],
                    "downstream": [graph.downstream(m.digest) for m in graph.writers(v)],
-                   "models": [describe(m) for w in graph.writers(v) for m in graph.descendants(w.digest, "model")]} for v in found]
+                   "models": [describe(m) for w in graph.writers(v) for m in graph.descendants(w.digest, exported)]} for v in found]
     else:
         answer = [{"artifact": describe(m), "upstream": graph.upstream(m.digest), "downstream": graph.downstream(m.digest),
-                   "models": [describe(d) for d in graph.descendants(m.digest, "model")]} for m in found]
+                   "models": [describe(d) for d in graph.descendants(m.digest, exported)]} for m in found]
     if as_json:
         out.print_json(json.dumps(answer))
         return
@@ -85,7 +87,7 @@ def _lineage_tree(node: dict, key: str, title: str) -> RichTree:
 def _model(registry: ArtifactStore, target: str) -> Manifest:
     """The model a digest prefix or an experiment name (its newest model) names; exit 2 when there is none."""
     try:
-        found = [m for m in Lineage(registry).find(target) if isinstance(m, Manifest) and m.kind == "model"]
+        found = [m for m in Lineage(registry).find(target) if isinstance(m, Manifest) and m.kind == model_kind().name]
     except ConfigError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None

@@ -5,7 +5,10 @@ the experiment section that holds its typed config (its presence turns the stage
 it produces checkpoints, its run function and a description. The built-in kinds are declared in
 `factory.stages.builtin`; an installed package adds kinds through the entry-point group `model_factory.stages`
 (each entry point names a `StageKind`). Everything else (the stage lists, the Dagster assets, the plan, the
-experiment schema's extra sections) is derived from `stage_kinds()`.
+experiment schema's extra sections) is derived from `stage_kinds()`. What other modules need of particular kinds (the
+exported model, the blend and the tokenizer, the kinds that write table versions, check them or read source files, the
+main training, the report's training plots) are roles the kinds declare, so a plugin kind can take one and no module outside
+a kind's own names it.
 
 A plugin that cannot be loaded, a duplicate name, an unknown upstream kind or a section that collides with a
 built-in one is a `PluginError` naming the plugin and what to change, raised where the registry is first read.
@@ -35,6 +38,12 @@ ENTRY_POINT_GROUP = "model_factory.stages"
 BUILTIN_MODULE = "factory.stages.builtin"
 """Declares the built-in kinds as `BUILTIN_KINDS`, in the order they run."""
 BUILT_IN = "built in"
+BLEND = "blend"
+"""The role of the artifact that holds the training mixture (`blend.json`), read by training and evaluation."""
+TOKENIZER = "tokenizer"
+"""The role of the artifact that holds the tokenizer (`tokenizer.json`) training and generation encode with."""
+EXPORTS_MODEL = "exports the model"
+MAIN_TRAINING = "is the main training"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,6 +79,20 @@ class TableNeed:
     table: str
     """`namespace.table@tag`."""
     columns: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricsPlot:
+    """How the run report draws the metrics log (`metrics.jsonl`) of a kind with checkpoints, in a section of its own."""
+
+    title: str
+    """The section's heading."""
+    file: str
+    """The PNG's file name in the report artifact."""
+    alt: str
+    """The image's alternative text."""
+    curves: Literal["loss", "rewards"] = "loss"
+    """`loss`: the training (and eval) loss against step; `rewards`: RL's mean reward, pass and format rates, and KL."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +142,28 @@ class StageKind:
     """`experiment`: one stage per experiment, in its chain (every plugin kind). `checkpoints`: a batch over `checkpoints`
     partitions, outside any experiment's chain: the built-in evaluation, which the `evaluations` asset runs with the
     batch as its settings."""
+    exports_model: bool = False
+    """Whether its artifact is the experiment's exported model: what `factory lineage EXPERIMENT` answers, what is reproduced,
+    promoted and served by Podium, and what the run report and the promoted model wait on. One kind at most."""
+    writes_tables: bool = False
+    """Whether it writes Iceberg table versions and lists them in its artifact's `datasets.json`: lineage joins table
+    versions to artifacts through them."""
+    dataset_checks: bool = False
+    """Whether it runs the blocking dataset checks (`factory.data.checks.CHECKS`) on the table versions it writes and
+    keeps their outcomes in its artifact (`checks.json`): each is a blocking Dagster asset check of its asset, and a failure
+    blocks everything downstream."""
+    reads_sources: bool = False
+    """Whether it reads source files from outside the registry: its settings hold the `sources` and their `files` digest,
+    which `factory plan` and `factory reproduce` compare with the files there today."""
+    provides: str | None = None
+    """The shared input its artifact holds for the stages downstream: `BLEND` (the training mixture) or `TOKENIZER`. One
+    kind at most provides each."""
+    main_training: bool = False
+    """Whether it is the experiment's main training (pretraining on the blend): its tracker run is the one the run report
+    and the leaderboard link, the report's summary and control decisions read its logs, and `factory data batch` replays
+    its loader. One kind at most."""
+    plot: MetricsPlot | None = None
+    """How the run report draws its metrics log; a kind with checkpoints and none is drawn as a loss curve under its name."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
 
@@ -145,6 +190,18 @@ class StageKind:
     def run_function(self) -> Callable[[Any], dict[str, Any]]:
         """The run function, imported now when declared as `module:function`."""
         return resolve(self.run)
+
+    def metrics_plot(self) -> MetricsPlot | None:
+        """How the run report draws its metrics log: its `plot`, a loss curve under its name for another kind with
+        checkpoints, None for a kind without."""
+        if self.plot is not None or not self.checkpoints:
+            return self.plot
+        return MetricsPlot(title=self.name, file=f"{self.name}.png", alt=f"{self.name} loss")
+
+    def unique_roles(self) -> set[str]:
+        """The roles it holds that one kind at most may hold, as phrases (`exports the model`)."""
+        return ({EXPORTS_MODEL} if self.exports_model else set()) | ({MAIN_TRAINING} if self.main_training else set()) | (
+            {_provides(self.provides)} if self.provides else set())
 
 
 @functools.cache
@@ -173,6 +230,32 @@ def stage_kind(name: str) -> StageKind:
         if kind.name == name:
             return kind
     raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(k.name for k in registered_kinds())}")
+
+
+def model_kind() -> StageKind:
+    """The kind whose artifact is the experiment's exported model."""
+    return _holder(EXPORTS_MODEL)
+
+
+def main_training_kind() -> StageKind:
+    """The kind that is the experiment's main training (pretraining)."""
+    return _holder(MAIN_TRAINING)
+
+
+def provider(role: str) -> StageKind:
+    """The kind whose artifact provides `role` (`BLEND` or `TOKENIZER`) to the stages downstream."""
+    return _holder(_provides(role))
+
+
+def _provides(role: str) -> str:
+    return f"provides the {role}"
+
+
+def _holder(role: str) -> StageKind:
+    found = next((kind for kind in stage_kinds() if role in kind.unique_roles()), None)
+    if found is None:
+        raise ConfigError(f"no registered stage kind {role} (kinds: {', '.join(k.name for k in stage_kinds())})")
+    return found
 
 
 def plugin_sections() -> dict[str, StageKind]:
@@ -225,6 +308,10 @@ def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, 
     if unknown := [name for name in plugin.reads if name not in {k.name for k in kinds}]:
         raise PluginError(f"{plugin.origin}: stage kind {plugin.name!r} reads {', '.join(map(repr, unknown))}, which no stage kind "
                           f"declares (known: {', '.join(k.name for k in kinds)}); fix `reads`")
+    for role in plugin.unique_roles():
+        if holder := next((k for k in kinds if role in k.unique_roles()), None):
+            raise PluginError(f"{plugin.origin}: stage kind {plugin.name!r} {role}, as {holder.name!r} ({holder.origin}) does "
+                              "already; one kind at most may: drop the role from the plugin's kind")
     if plugin.section in Experiment.model_fields:
         raise PluginError(f"{plugin.origin}: section {plugin.section!r} of stage kind {plugin.name!r} is a built-in section of "
                           "the experiment file; give the kind a section of its own (its name, by default)")

@@ -35,8 +35,6 @@ CACHE_DIRS = frozenset({"__pycache__"})
 CACHE_ENV = "FACTORY_CACHE"
 CHUNK_BYTES = 1 << 20
 GLOB_CHARS = re.compile(r"[*?\[]")
-SOURCES_FILE = "sources.json"
-"""In the raw stage's artifact: the listing of the files each source read (path -> sha256), which plans compare against."""
 SHOWN_FILES = 5
 """Changed files named per kind of change in a plan's reason; the rest are counted."""
 

@@ -17,16 +17,20 @@ EVALUATION_POOL = "evaluation"
 """The concurrency pool of evaluation runs."""
 POOL_LIMITS = {TRAINING_POOL: 1, EVALUATION_POOL: 2}
 """Slots per pool on an embedded (laptop) instance: one training stage at a time, two evaluations."""
+PENDING = "pending:"
+"""Stands for the digest of an upstream artifact not computed yet, before its fingerprint, when a plan looks ahead."""
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
 NOT_RECIPE = {"name", "description", "source", "variant", "nondeterministic"}
 _DERIVED = {
     "STAGES": lambda kinds: tuple(k.name for k in kinds),
     "UPSTREAM": lambda kinds: {k.name: k.reads for k in kinds},
     "TRAINING_STAGES": lambda kinds: tuple(k.name for k in kinds if k.checkpoints),
+    "DATA_STAGES": lambda kinds: tuple(k.name for k in kinds if k.writes_tables),
 }
 """Lists derived from the registered stage kinds (`factory.config.kinds`), read as this module's attributes when first
 used (so a broken plugin is reported where a command can say so): `STAGES` (every kind, upstream first), `UPSTREAM`
-(kind -> the kinds it reads) and `TRAINING_STAGES` (the kinds with checkpoints)."""
+(kind -> the kinds it reads), `TRAINING_STAGES` (the kinds with checkpoints) and `DATA_STAGES` (the kinds that write table
+versions)."""
 HASHED_WHEN_ABSENT = ("pretrain",)
 """Sections in the config hash even when absent (recipes had them from the start); other stage sections are left out
 when absent, so recipes written before a kind existed keep their hash."""

@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # `factory check` reads the registry without importing torch
     from torch import nn
 
 
+EVALUATIONS = "evaluations"
+"""The registry kind of one checkpoint's score on one benchmark (and the Dagster asset of those pairs)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvalInputs:
     """What a benchmark may use: the model under test, its tokenizer and the held-out data."""

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import json
 from factory.config.fingerprint import code_identity, sha256_of
+from factory.config.kinds import main_training_kind
+from factory.evals.base import EVALUATIONS
 from factory.evals.leaderboard import Board, Row, build_board, render_html, render_markdown
+from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.stages.evaluation import KIND as EVALUATIONS
 
 KIND = "leaderboard"
-BOARD_FILE = "leaderboard.json"
-MARKDOWN_FILE = "leaderboard.md"
-HTML_FILE = "leaderboard.html"
 BEST_REF = "best-model"
 """The registry ref of the current best model (a published leaderboard row)."""
-BEST_FILE = "best.json"
 
 
 def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
-    """Every experiment's best checkpoint from the evaluation results in the registry, with links to its tracker run."""
+    """Every experiment's best checkpoint from the evaluation results in the registry, with links to its main training's
+    tracker run."""
     urls: dict[str, tuple[str, str]] = {}
-    for manifest in registry.manifests("pretrain"):
+    for manifest in registry.manifests(main_training_kind().name):
         url = manifest.summary.get("tracker_url", "")
         if url and manifest.created >= urls.get(manifest.experiment, ("", ""))[0]:
             urls[manifest.experiment] = (manifest.created, url)

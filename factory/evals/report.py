@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from factory.config.kinds import MetricsPlot
+
 FIGSIZE_IN = (8.0, 4.0)
 DPI = 100
 LOSS_COLOUR = "#1f77b4"
@@ -62,6 +64,16 @@ class StageCost:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingCurve:
+    """The metrics log of one stage with checkpoints, drawn in a section of its own as its kind's plot says."""
+
+    plot: MetricsPlot
+    rows: Sequence[Mapping[str, Any]] = ()
+    """Metrics rows: "step" and some of loss, lr, grad_norm, tokens_per_second, eval_loss (RL: reward_mean, pass_rate,
+    format_rate, kl, ...); none when the experiment has no such stage."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReportInputs:
     """Everything the report shows."""
 
@@ -71,11 +83,10 @@ class ReportInputs:
     """The experiment file's Markdown body: the reasoning."""
     config_yaml: str = ""
     training: Sequence[Mapping[str, Any]] = ()
-    """Training metrics rows: "step" and some of loss, lr, grad_norm, tokens_per_second, eval_loss."""
-    fine_tuning: Sequence[Mapping[str, Any]] = ()
-    """SFT metrics rows (as training's), when the experiment fine-tunes."""
-    rl: Sequence[Mapping[str, Any]] = ()
-    """RL metrics rows: "step" and reward_mean, pass_rate, format_rate, kl, ..."""
+    """The main training's metrics rows, which the summary reads: "step" and some of loss, lr, grad_norm,
+    tokens_per_second, eval_loss."""
+    curves: Sequence[TrainingCurve] = ()
+    """A section per kind with checkpoints, in the order the stages run."""
     evaluations: Sequence[EvalPoint] = ()
     stages: Sequence[StageCost] = ()
     control: Sequence[Mapping[str, Any]] = ()
@@ -128,14 +139,14 @@ def plot_benchmark(points: Sequence[EvalPoint], benchmark: str) -> bytes:
 
 
 def report_plots(inputs: ReportInputs) -> dict[str, bytes]:
-    """Every plot the report shows, as PNG bytes by file name: training.png, sft.png, rl.png and <benchmark>.png."""
+    """Every plot the report shows, as PNG bytes by file name: each training curve's file and <benchmark>.png."""
     plots = {}
-    if has_loss(inputs.training):  # a run that diverged to NaN has no curve to draw
-        plots["training.png"] = plot_training(inputs.training)
-    if has_loss(inputs.fine_tuning):
-        plots["sft.png"] = plot_training(inputs.fine_tuning)
-    if has_rewards(inputs.rl):
-        plots["rl.png"] = plot_rl(inputs.rl)
+    for curve in inputs.curves:
+        if curve.plot.curves == "rewards":
+            if has_rewards(curve.rows):
+                plots[curve.plot.file] = plot_rl(curve.rows)
+        elif has_loss(curve.rows):  # a run that diverged to NaN has no curve to draw
+            plots[curve.plot.file] = plot_training(curve.rows)
     for name in sorted({point.benchmark for point in inputs.evaluations}):
         plots[f"{name}.png"] = plot_benchmark(inputs.evaluations, name)
     return plots
@@ -150,9 +161,7 @@ def render_report(inputs: ReportInputs, plots: Mapping[str, bytes] | None = None
         f"<h1>{_e(title)}</h1>",
         _section("Links", _links(inputs)),
         _section("Summary", _summary(inputs)),
-        _section("Training", _img(plots["training.png"], "training loss") if "training.png" in plots else ""),
-        _section("Fine-tuning (SFT)", _img(plots["sft.png"], "SFT loss") if "sft.png" in plots else ""),
-        _section("Reinforcement learning", _img(plots["rl.png"], "RL rewards") if "rl.png" in plots else ""),
+        *(_section(c.plot.title, _img(plots[c.plot.file], c.plot.alt) if c.plot.file in plots else "") for c in inputs.curves),
         _section("Benchmarks", _benchmarks(inputs.evaluations, plots)),
         _section("Evaluations", _evaluations(inputs.evaluations)),
         _section("Control decisions", _control(inputs.control)),

@@ -11,22 +11,22 @@ from pathlib import Path
 import yaml
 
 from factory.config.fingerprint import code_identity, sha256_of
+from factory.config.kinds import main_training_kind, stage_kinds
 from factory.config.schema import Experiment
+from factory.evals.base import EVALUATIONS
 from factory.evals.leaderboard import latest_results
 from factory.evals.scored_on import data_of, is_own_split
-from factory.evals.report import EvalPoint, ReportInputs, StageCost, render_report, report_plots
+from factory.evals.report import EvalPoint, ReportInputs, StageCost, TrainingCurve, render_report, report_plots
+from factory.registry.layout import CONTROL_FILE, METRICS_FILE, REPORT_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance
-from factory.stages.evaluation import KIND as EVALUATIONS
-from factory.train.records import CONTROL_FILE, METRICS_FILE
 
 KIND = "run_report"
-REPORT_FILE = "report.html"
 
 
 def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mapping[str, tuple[str, str]], git_commit: str) -> ReportInputs:
     """What the report shows; `stages` maps each stage the experiment ran to (its fingerprint, "hit" or "miss")."""
     manifests = {kind: registry.lookup(fingerprint) for kind, (fingerprint, _) in stages.items()}
-    training = manifests.get("pretrain")
+    training = manifests.get(main_training_kind().name)
     links = {"config commit": git_commit}
     if training is not None and training.summary.get("tracker_url"):
         links["tracker run"] = training.summary["tracker_url"]
@@ -35,9 +35,9 @@ def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mappi
         git_commit=git_commit,
         body_markdown=experiment.description,
         config_yaml=yaml.safe_dump(experiment.model_dump(mode="json", exclude={"name", "description", "source"}), sort_keys=False),
-        training=_jsonl(registry.path(training.digest) / METRICS_FILE) if training else [],
-        fine_tuning=_metrics(registry, manifests.get("sft")),
-        rl=_metrics(registry, manifests.get("rl")),
+        training=_metrics(registry, training),
+        curves=[TrainingCurve(plot=kind.metrics_plot(), rows=_metrics(registry, manifests.get(kind.name)))
+                for kind in stage_kinds() if kind.checkpoints],
         evaluations=[_point(m) for m in latest_results(registry.manifests(EVALUATIONS)) if m.summary["experiment"] == experiment.name],
         stages=[_cost(kind, manifests[kind], cache) for kind, (_, cache) in stages.items()],
         control=_jsonl(registry.path(training.digest) / CONTROL_FILE) if training else [],

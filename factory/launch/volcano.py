@@ -22,12 +22,11 @@ import yaml
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.config.cluster import KubernetesSettings
 from factory.config.stages import placement
-from factory.config.stages import stages_of
+from factory.config.stages import PENDING, stages_of
 from factory.errors import ConfigError
 from factory.launch.volcano_manifest import REQUEST_PATH, JobSpec, build_job, image_problem, job_name, label_value, request_config_map
 from factory.launch.volcano_rules import KUBERNETES_VERSION, RULES, validate
 from factory.registry.store import ArtifactStore
-from factory.ops.plan import PENDING
 
 CPU_PER_PROCESS = 2
 MEMORY_GI_PER_PROCESS = 8

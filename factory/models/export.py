@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as save_safetensors
 
-MODEL_WEIGHTS = "model.pt"
-MODEL_SAFETENSORS = "model.safetensors"
+from factory.registry.layout import MODEL_SAFETENSORS, MODEL_WEIGHTS
 
 
 def export_gpt(weights: Mapping[str, torch.Tensor], directory: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from factory.config import Experiment, plan_stage, upstream_of
+from factory.config.kinds import BLEND, TOKENIZER, main_training_kind, provider
 from factory.config.schema import StreamSettings
 from factory.config.stages import stages_of
 from factory.data.blend import Blend
@@ -21,9 +22,8 @@ from factory.data.loader import PAD, LoaderState, build_loader
 from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
 from factory.models.tokenizer import EOS, load_tokenizer
+from factory.registry.layout import BLEND_FILE, POSITIONS_FILE, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore
-from factory.runtime.context import BLEND_FILE, TOKENIZER_FILE
-from factory.train.records import POSITIONS_FILE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,12 +54,13 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
         raise ConfigError(f"{experiment.name} has no pretrain section, so no training batches")
     if not 0 <= step < experiment.pretrain.steps:
         raise ConfigError(f"step {step} is outside the run: {experiment.name} trains steps 0..{experiment.pretrain.steps - 1}")
-    digests = stage_artifacts(experiment, registry, "pretrain")
-    checkpoints = registry.open(digests["pretrain"])
+    training = main_training_kind().name
+    digests = stage_artifacts(experiment, registry, training)
+    checkpoints = registry.open(digests[training])
     positions = [json.loads(line) for line in (checkpoints / POSITIONS_FILE).read_text().splitlines() if line]
     start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
-    blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / BLEND_FILE).read_text()))
-    tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / TOKENIZER_FILE)
+    blend = Blend.from_json(json.loads((registry.open(digests[provider(BLEND).name]) / BLEND_FILE).read_text()))
+    tokenizer = load_tokenizer(registry.open(digests[provider(TOKENIZER).name]) / TOKENIZER_FILE)
     loader = build_loader(
         catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, StreamSettings.of(experiment.data)
     )

@@ -1,11 +1,10 @@
 """Lineage from the registry's manifests: what an artifact or a table version came from, and what came of it.
 
 Every manifest names its inputs by digest, so artifacts form a graph. Table versions join it
-through the data stages: `raw_datasets`, `deduped_datasets` and `filtered_datasets` record the
-versions they wrote (`datasets.json`), a blend the versions it draws from, and post-training
-stages the task table they pin. The answers are the ones the Dagster UI gives, read from the
-registry alone: which models were trained on a dataset version, and which data and code made a
-model.
+through the stage kinds that write them (`writes_tables`: the data stages record the versions they
+wrote in `datasets.json`), the blend (the versions it draws from), and post-training stages (the
+task table they pin). The answers are the ones the Dagster UI gives, read from the registry alone:
+which models were trained on a dataset version, and which data and code made a model.
 """
 
 from __future__ import annotations
@@ -16,10 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from factory.config import stages
+from factory.config.kinds import BLEND, model_kind, provider
 from factory.errors import ConfigError
+from factory.registry.layout import BLEND_FILE, DATASETS_FILE
 from factory.registry.store import ArtifactStore, Manifest
 
-DATA_STAGES = ("raw_datasets", "deduped_datasets", "filtered_datasets")
 REPORTS = ("run_report",)
 """Kinds that describe a run rather than take part in lineage: left out of the trees."""
 HEX = re.compile(r"^[0-9a-f]{6,64}$")
@@ -56,7 +57,7 @@ class Lineage:
             for digest in manifest.inputs.values():
                 if digest in self.manifests:
                     self.children.setdefault(digest, []).append(manifest.digest)
-        self.written = {digest: self._written(m) for digest, m in self.manifests.items() if m.kind in DATA_STAGES}
+        self.written = {digest: self._written(m) for digest, m in self.manifests.items() if m.kind in stages.DATA_STAGES}
 
     def find(self, query: str) -> list[Manifest] | list[TableVersion]:
         """The artifacts a digest (prefix) or experiment names, or the table versions `namespace.table[@tag]` names."""
@@ -70,7 +71,7 @@ class Lineage:
         if HEX.match(query):
             found = [m for digest, m in self.manifests.items() if digest.startswith(query)]
         else:  # an experiment: its models
-            found = [m for m in self.manifests.values() if m.experiment == query and m.kind == "model"]
+            found = [m for m in self.manifests.values() if m.experiment == query and m.kind == model_kind().name]
         if not found:
             raise ConfigError(f"nothing in the registry is {query!r}: give an artifact digest (or its first 12 digits), "
                               "an experiment name with a model, or namespace.table[@tag]")
@@ -127,13 +128,13 @@ class Lineage:
         return node
 
     def _written(self, manifest: Manifest) -> list[TableVersion]:
-        records = _json(self.registry.path(manifest.digest) / "datasets.json") or {}
+        records = _json(self.registry.path(manifest.digest) / DATASETS_FILE) or {}
         return [TableVersion(table=r["table"], tag=r["tag"], content_tag=r["content_tag"]) for r in records.values()]
 
     def read(self, manifest: Manifest) -> list[TableVersion]:
         """Table versions a stage read straight from the catalog: a blend's parts, a post-training stage's tasks."""
-        if manifest.kind == "blend":
-            parts = (_json(self.registry.path(manifest.digest) / "blend.json") or {}).get("parts", [])
+        if manifest.kind == provider(BLEND).name:
+            parts = (_json(self.registry.path(manifest.digest) / BLEND_FILE) or {}).get("parts", [])
             return [TableVersion(table=p["table"], tag=p.get("version") or p["tag"], content_tag=p["tag"]) for p in parts]
         tasks = manifest.config.get(manifest.kind, {}).get("tasks") if isinstance(manifest.config.get(manifest.kind), dict) else None
         if tasks and "@" in tasks:

@@ -13,15 +13,14 @@ from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.config.kinds import stage_kind
-from factory.config.sources import SOURCES_FILE, changed_files, source_files
-from factory.config.stages import stages_of
+from factory.config.sources import changed_files, source_files
+from factory.config.stages import PENDING, stages_of
+from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
 
 FILES_KEY = "files"
 """The raw stage's config key that holds each source's file digest."""
-
-PENDING = "pending:"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,7 +89,7 @@ def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest], regis
         return "never computed for this experiment"
     last = previous[-1]
     reasons = config_changes(last.config, spec.config)
-    if spec.kind == "raw_datasets" and registry is not None:
+    if stage_kind(spec.kind).reads_sources and registry is not None:
         reasons = [*source_changes(last, spec, registry), *(r for r in reasons if not r.startswith(FILES_KEY + "."))]
     for name, digest in spec.upstream.items():
         if last.inputs.get(name) != digest:

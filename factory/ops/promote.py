@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config import load_file
+from factory.config.kinds import model_kind
 from factory.config.stages import config_hash
 from factory.errors import ConfigError
 from factory.preflight import experiment_files
@@ -89,7 +90,7 @@ def _stated_nondeterminism(model: Manifest, experiments: Path) -> str | None:
 
 def promote(registry: ArtifactStore, model: Manifest, alias: str, reason: str, allowed_by: str, checks: str) -> int:
     """Record a promotion; its number in the alias's history."""
-    if model.kind != "model":
+    if model.kind != model_kind().name:
         raise ConfigError(f"{model.digest[:12]} is a {model.kind} artifact; only models are promoted")
     return history(registry, alias).append({
         "action": "promote", "model": model.digest, "experiment": model.experiment, "git_commit": model.git_commit,

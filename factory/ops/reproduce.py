@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config.fingerprint import code_identity, source_tree_hash
-from factory.config.kinds import stage_kind
+from factory.config.kinds import model_kind, stage_kind
 from factory.config.sources import source_files
 from factory.config.stages import STAGES, StageSpec
 from factory.data.catalog import CatalogConfig, open_catalog
@@ -42,8 +42,6 @@ from factory.runtime.request import StageRequest
 
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
 """Keys of JSON records that measure the run, not its result: left out when comparing files."""
-SOURCES = ("raw_datasets",)
-"""Stages that read data from outside the registry (files on disk), which may have changed since."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,7 +94,7 @@ def reproduce(
     repo: Path | None = None,
 ) -> Reproduction:
     """Run the model's lineage again in scratch stores and compare it stage by stage; the outcome is recorded."""
-    if model.kind != "model":
+    if model.kind != model_kind().name:
         raise ConfigError(f"{model.digest[:12]} is a {model.kind} artifact; reproduce takes a model (factory lineage shows which)")
     graph = Lineage(registry)
     lineage = [m for m in graph.ancestors(model.digest) if m.kind in STAGES]
@@ -219,7 +217,7 @@ def _source_drift(manifest: Manifest, registry: ArtifactStore) -> str:
     """For a stage that reads sources outside the registry, which of their files changed since it ran ('' when none did,
     or when the stage recorded no listing)."""
     recorded = manifest.config.get(FILES_KEY)
-    if manifest.kind not in SOURCES or not isinstance(recorded, dict):
+    if not stage_kind(manifest.kind).reads_sources or not isinstance(recorded, dict):
         return ""
     try:
         settings = stage_kind(manifest.kind).read_settings(manifest.config)
@@ -262,7 +260,7 @@ def _compare(
         reason = f"code: {source.differs}; files that differ: {shown}"
     elif changed:
         reason = f"data: its input{'s' if len(changed) > 1 else ''} {', '.join(changed)} reproduced with other bytes; files that differ: {shown}"
-    elif recorded.kind in SOURCES:
+    elif stage_kind(recorded.kind).reads_sources:
         reason = f"data: it reads the datasets' sources from outside the registry, and they changed since; files that differ: {shown}"
     else:
         reason = f"nondeterminism: the same code, config and inputs gave other bytes in {shown}"

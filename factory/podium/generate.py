@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from factory.config.kinds import TOKENIZER, model_kind, provider
 from factory.config.schema import ModelConfig
 from factory.config.stages import TRAINING_STAGES
 from factory.errors import ArtifactError
@@ -25,6 +26,7 @@ from factory.evals.generate import greedy, sample
 from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.errors import NotFound, PodiumError
+from factory.registry.layout import MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
 
@@ -42,7 +44,7 @@ class Candidate:
     sha256: str
     experiment: str
     stage: str
-    """pretrain, sft, rl, or model for an exported model."""
+    """The kind of the stage that saved it: one with checkpoints, or the kind of the exported model."""
     step: int
     path: Path
     model: dict[str, Any]
@@ -50,9 +52,14 @@ class Candidate:
     created: str
 
     @property
+    def exported(self) -> bool:
+        """Whether it is an exported model (its weights alone) rather than a checkpoint."""
+        return self.stage == model_kind().name
+
+    @property
     def label(self) -> str:
         """How the page names it."""
-        where = "model" if self.stage == "model" else f"{self.stage} step {self.step}"
+        where = "model" if self.exported else f"{self.stage} step {self.step}"
         return f"{self.experiment} · {where}"
 
     @property
@@ -80,7 +87,7 @@ def candidates(registry: ArtifactStore) -> list[Candidate]:
     for manifest in manifests:
         if manifest.kind in TRAINING_STAGES:
             found.update((c.sha256, c) for c in _checkpoints(registry, manifest) if c.sha256 not in found)
-        elif manifest.kind == "model":
+        elif manifest.kind == model_kind().name:
             candidate = _model(registry, manifest, by_digest)
             if candidate is not None and candidate.sha256 not in found:
                 found[candidate.sha256] = candidate
@@ -89,7 +96,7 @@ def candidates(registry: ArtifactStore) -> list[Candidate]:
 
 def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]:
     base = registry.path(manifest.digest)
-    tokenizer = manifest.inputs.get("tokenizer")
+    tokenizer = manifest.inputs.get(provider(TOKENIZER).name)
     if tokenizer is None or "model" not in manifest.config:
         return []
     out = []
@@ -107,23 +114,23 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
             continue
         out.append(Candidate(
             sha256=record["sha256"], experiment=manifest.experiment, stage=manifest.kind, step=int(match.group(1)), path=path,
-            model=dict(manifest.config["model"]), tokenizer=registry.path(tokenizer) / "tokenizer.json", created=manifest.created,
+            model=dict(manifest.config["model"]), tokenizer=registry.path(tokenizer) / TOKENIZER_FILE, created=manifest.created,
         ))
     return out
 
 
 def _model(registry: ArtifactStore, manifest: Manifest, by_digest: dict[str, Manifest]) -> Candidate | None:
     base = registry.path(manifest.digest)
-    weights = manifest.files.get("model.pt")
+    weights = manifest.files.get(MODEL_WEIGHTS)
     try:
-        config = json.loads((base / "config.json").read_text())
+        config = json.loads((base / MODEL_CONFIG).read_text())
     except (OSError, ValueError):
         return None
     if weights is None or "model" not in config:
         return None
     return Candidate(
-        sha256=str(weights["sha256"]), experiment=manifest.experiment, stage="model", step=int(config.get("steps", 0)),
-        path=base / "model.pt", model=dict(config["model"]), tokenizer=base / "tokenizer.json", created=manifest.created,
+        sha256=str(weights["sha256"]), experiment=manifest.experiment, stage=manifest.kind, step=int(config.get("steps", 0)),
+        path=base / MODEL_WEIGHTS, model=dict(config["model"]), tokenizer=base / TOKENIZER_FILE, created=manifest.created,
     )
 
 
@@ -180,7 +187,7 @@ class Generator:
             state = load_checkpoint(candidate.path, candidate.sha256)  # an exported model.pt holds the weights alone
             tokenizer = load_tokenizer(candidate.tokenizer)
             model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
-            model.load_state_dict(state["model"] if candidate.stage != "model" else state)
+            model.load_state_dict(state if candidate.exported else state["model"])
         except (ArtifactError, OSError, RuntimeError, ValueError, KeyError) as e:
             raise PodiumError(f"{candidate.label} cannot be loaded: {e}") from e
         model.eval()

@@ -43,9 +43,10 @@ from factory.post.grpo import entropy, group_advantages, grpo_loss, token_logpro
 from factory.post.rewards import rewards
 from factory.post.sandbox import Limits, Sandbox
 from factory.post.weightsync import Roles, SyncStats, WeightSync
+from factory.registry.layout import METRICS_FILE
 from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy
 from factory.train.pretrain import build_optimizer, truncate_log
-from factory.train.records import CHECKPOINT_DIR, METRICS_FILE
+from factory.train.records import CHECKPOINT_DIR
 
 MetricSink = Callable[[int, dict[str, float]], None]
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import stage_kind
+from factory.config.kinds import BLEND, provider, stage_kind
 from factory.config.section import Section
+from factory.registry.layout import BLEND_FILE
 from factory.registry.store import ArtifactStore
 from factory.runtime.report import Reporter
 from factory.runtime.request import StageRequest
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
     from factory.data.blend import Blend
     from factory.data.loader import BlendStream
 
-DATASETS_FILE = "datasets.json"
-BLEND_FILE = "blend.json"
-TOKENIZER_FILE = "tokenizer.json"
 # The summary key of what a stage warns about (what to change): logged as a warning and shown on the materialization,
 # also when the artifact comes from the cache.
 WARNINGS = "warnings"
@@ -73,7 +71,7 @@ class StageContext:
         """The upstream blend this stage reads."""
         from factory.data.blend import Blend
 
-        return Blend.from_json(json.loads((self.upstream("blend") / BLEND_FILE).read_text()))
+        return Blend.from_json(json.loads((self.upstream(provider(BLEND).name) / BLEND_FILE).read_text()))
 
     def blend_stream(self, split: str, finite: bool = False) -> BlendStream:
         """Documents of one split of the upstream blend, in the seeded order training sees them."""

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from factory.config.kinds import BLEND as BLEND_ROLE
 from factory.config.kinds import StageKind
 from factory.config.schema import BlendComponent, DataConfig, DatasetConfig, Experiment
 from factory.config.section import Section
-from factory.runtime.context import BLEND_FILE, StageContext
+from factory.registry.layout import BLEND_FILE
+from factory.runtime.context import StageContext
 
 
 class BlendSettings(Section):
@@ -56,7 +58,7 @@ def _blend_config(ctx: StageContext) -> DataConfig:
 
 
 BLEND = StageKind(
-    name="blend", run="factory.stages.blend:run", reads=("filtered_datasets",), present=lambda e: True,
+    name="blend", run="factory.stages.blend:run", reads=("filtered_datasets",), present=lambda e: True, provides=BLEND_ROLE,
     group="data", artifact=frozenset({"iceberg"}), settings=BlendSettings, fingerprint=_settings,
     imports=("factory.data.blend", "factory.data.catalog", "factory.stages.versions"),
     description="The training mixture: table versions with weights and modes (finite or oversample).",

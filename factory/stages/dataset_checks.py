@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import stage_kind
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.checks import CHECKS, CheckOutcome, check_version
-from factory.runtime.context import DATASETS_FILE
+from factory.registry.layout import CHECKS_FILE, DATASETS_FILE
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
-
-CHECKS_FILE = "checks.json"
 
 
 def check_dataset(catalog: Catalog, table: str, tag: str, max_duplicate_share: float) -> list[CheckOutcome]:

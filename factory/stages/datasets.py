@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import StageKind
 from factory.config.schema import DatasetConfig, DedupConfig, Experiment, FiltersConfig, SourceConfig, blended_datasets
 from factory.config.section import Section
-from factory.config.sources import SOURCES_FILE, source_files
+from factory.config.sources import source_files
 from factory.errors import StageFailed
+from factory.registry.layout import SOURCES_FILE
 from factory.runtime.context import StageContext
 
 if TYPE_CHECKING:
@@ -151,19 +152,20 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
 
 
 RAW_DATASETS = StageKind(
-    name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset,
+    name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset, writes_tables=True, reads_sources=True,
     settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data",
     imports=(*DATA_MODULES, "factory.data.ingest"),
     description="Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
 )
 DEDUPED_DATASETS = StageKind(
-    name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",),
+    name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",), writes_tables=True,
     present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, fingerprint=_dedup,
     imports=(*DATA_MODULES, "factory.data.dedup"),
     description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
 )
 FILTERED_DATASETS = StageKind(
-    name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",),
+    name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",), writes_tables=True,
+    dataset_checks=True,
     present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
     imports=(*DATA_MODULES, "factory.data.filters", "factory.stages.dataset_checks"),
     description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",

@@ -23,18 +23,13 @@ from factory.config.kinds import StageKind, stage_kind
 from factory.config.schema import TrainedModel
 from factory.config.section import Section
 from factory.config.stages import StageSpec
-from factory.evals.benchmarks import Benchmark, benchmark
-from factory.evals.scored_on import own_split, pinned
-from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.evals.base import EVALUATIONS
+from factory.evals.benchmarks import benchmark
+from factory.registry.layout import BATCH_FILE
+from factory.registry.store import Manifest, Provenance
 
 if TYPE_CHECKING:
     from factory.runtime.context import StageContext
-
-KIND = "evaluations"
-"""The registry kind of one pair's score (and the Dagster asset of the pairs)."""
-RESULT_FILE = "result.json"
-BATCH_FILE = "batch.json"
-"""In a batch's artifact: each partition's score and the digest of its result."""
 
 
 class CheckpointEval(Section):
@@ -81,7 +76,7 @@ class EvalItem(Section):
         bench, checkpoint = benchmark(self.benchmark), self.checkpoint
         trained = checkpoint.settings()
         return sha256_of({
-            "kind": KIND, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
+            "kind": EVALUATIONS, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
             "checkpoint": checkpoint.sha256, "model": trained.model.model_dump(mode="json"), "seed": trained.seed,
             "stream": trained.stream.model_dump(mode="json"), "upstream": checkpoint.spec.upstream,
             "max_bytes": checkpoint.eval.max_bytes, "code": code,
@@ -105,39 +100,6 @@ def batch_provenance(items: tuple[EvalItem, ...], config: Mapping[str, Any], run
     commits = {item.checkpoint.git_commit for item in items}
     return Provenance(experiment=", ".join(sorted({item.checkpoint.experiment for item in items})), config_hash=sha256_of(config)[:16],
                       git_commit=commits.pop() if len(commits) == 1 else "", run_id=run_id)
-
-
-def scored_on(bench: Benchmark, checkpoint: CheckpointRef, content: str = "") -> str:
-    """The identity of the data `bench` scores `checkpoint` on (`factory.evals.scored_on`): the experiment's own held-out split
-    as its evaluations read it, or the benchmark's shared data (with `content`, what its pinned table version holds)."""
-    if bench.data:
-        return pinned(bench.data, content) if content else bench.data
-    trained = checkpoint.settings()
-    return own_split(checkpoint.spec.upstream["blend"], trained.seed, trained.stream.shuffle_buffer_docs, checkpoint.eval.max_bytes)
-
-
-def publish_score(
-    registry: ArtifactStore, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float, data: str,
-    code: str, run_id: str = "",
-) -> Manifest:
-    """Publish one score as an immutable artifact; `data` is the identity of the data it was scored on (`scored_on`)."""
-    checkpoint = item.checkpoint
-    summary = {
-        "benchmark": bench.name, "version": bench.version, "lower_is_better": bench.lower_is_better, "value": value, "count": count,
-        "data": data,
-        "checkpoint": checkpoint.key, "experiment": checkpoint.experiment, "step": checkpoint.step, "tokens_seen": checkpoint.tokens_seen,
-        "checkpoint_sha256": checkpoint.sha256, "training": checkpoint.spec.fingerprint,
-    }
-    with registry.staging() as out:
-        (out / RESULT_FILE).write_text(json.dumps({**summary, "details": details}, indent=2, sort_keys=True, default=str))
-        return registry.publish(
-            out, kind=KIND, fingerprint=item.fingerprint(code),
-            config={"benchmark": bench.name, "version": bench.version, "max_bytes": checkpoint.eval.max_bytes},
-            inputs=dict(checkpoint.spec.upstream), code=code,
-            provenance=Provenance(experiment=checkpoint.experiment, config_hash=sha256_of(checkpoint.spec.config)[:16],
-                                  git_commit=checkpoint.git_commit, run_id=run_id),
-            summary={**summary, "seconds": round(seconds, 3)},  # the time is the manifest's, not part of the result's bytes
-        )
 
 
 def batch_summary(results: Mapping[str, Manifest]) -> tuple[dict[str, float], str]:

@@ -13,10 +13,8 @@ from typing import Any
 from factory.config.kinds import StageKind
 from factory.config.schema import ModelConfig
 from factory.config.section import Section
-from factory.runtime.context import TOKENIZER_FILE, StageContext
-
-MODEL_CONFIG = "config.json"
-"""The exported model's shape and training record: the `run.json` of the training stage it comes from."""
+from factory.registry.layout import MODEL_CONFIG, RUN_FILE, TOKENIZER_FILE
+from factory.runtime.context import StageContext
 
 
 class ModelSettings(Section):
@@ -27,7 +25,6 @@ def run(ctx: StageContext) -> dict[str, Any]:
     """Export the final weights with their config and tokenizer: a self-contained model."""
     from factory.config.stages import TRAINING_STAGES  # derived from the registry: read when it runs, not while it is built
     from factory.models.build import export_model
-    from factory.stages.training import RUN_FILE
     from factory.train.pretrain import load_weights
 
     trained = [name for name in TRAINING_STAGES if name in ctx.request.spec.upstream][-1]  # the last training stage run
@@ -41,7 +38,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 MODEL = StageKind(
-    name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"),
+    name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
     present=lambda e: e.pretrain is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
     artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.stages.training", "factory.train.pretrain"),
     description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from factory.config.control import ControlConfig
-from factory.config.kinds import StageKind, as_resources_say
+from factory.config.kinds import MetricsPlot, StageKind, as_resources_say
 from factory.config.schema import Experiment, PretrainConfig, TrainedModel
-from factory.runtime.context import TOKENIZER_FILE, StageContext
+from factory.registry.layout import TOKENIZER_FILE
+from factory.runtime.context import StageContext
 
 if TYPE_CHECKING:
     from factory.data.loader import Batch, LoaderState
@@ -66,7 +67,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 PRETRAIN = StageKind(
-    name="pretrain", run="factory.stages.pretrain:run", reads=("blend", "tokenizer"), section="pretrain",
+    name="pretrain", run="factory.stages.pretrain:run", reads=("blend", "tokenizer"), section="pretrain", main_training=True,
+    plot=MetricsPlot(title="Training", file="training.png", alt="training loss"),
     checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), settings=PretrainSettings, fingerprint=_settings,
     imports=("factory.data.catalog", "factory.data.loader", "factory.models.tokenizer", "factory.stages.training",
              "factory.train.distributed"),

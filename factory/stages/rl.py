@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import field_serializer
 
-from factory.config.kinds import Placement, StageKind
+from factory.config.kinds import MetricsPlot, Placement, StageKind
 from factory.config.schema import Experiment, RLConfig, TrainedModel
 from factory.errors import ConfigError
 from factory.runtime.context import StageContext
@@ -82,6 +82,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 RL = StageKind(
     name="rl", run="factory.stages.rl:run", reads=(*POST_TRAINING_READS, "sft"), section="rl",
+    plot=MetricsPlot(title="Reinforcement learning", file="rl.png", alt="RL rewards", curves="rewards"),
     checkpoints=True, placement=_placement, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
     settings=RLSettings, fingerprint=_settings, tables=task_table("rl"),
     imports=("factory.post.rl", "factory.post.sft", "factory.post.weightsync", "factory.stages.training", "factory.train.distributed"),

@@ -11,20 +11,26 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from factory.config.fingerprint import sha256_of
+from factory.config.kinds import BLEND, TOKENIZER, provider
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import BlendStream
 from factory.data.tables import content_of
 from factory.errors import ArtifactError
-from factory.evals.benchmarks import EvalInputs, benchmark
-from factory.evals.scored_on import table_ref
+from factory.evals.base import EVALUATIONS
+from factory.evals.benchmarks import Benchmark, EvalInputs, benchmark
+from factory.evals.scored_on import own_split, pinned, table_ref
 from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
-from factory.registry.store import ArtifactStore, Manifest
-from factory.runtime.context import BLEND_FILE, TOKENIZER_FILE
-from factory.stages.evaluation import CheckpointRef, EvalItem, publish_score, scored_on
+from factory.registry.layout import BLEND_FILE, RESULT_FILE, TOKENIZER_FILE
+from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.train.checkpoint import load_checkpoint
+
+if TYPE_CHECKING:  # the kind's module imports this one when a batch runs
+    from factory.stages.evaluation import CheckpointRef, EvalItem
 
 
 def evaluate(
@@ -69,6 +75,40 @@ def evaluate(
     return results
 
 
+def scored_on(bench: Benchmark, checkpoint: CheckpointRef, content: str = "") -> str:
+    """The identity of the data `bench` scores `checkpoint` on (`factory.evals.scored_on`): the experiment's own held-out split
+    as its evaluations read it, or the benchmark's shared data (with `content`, what its pinned table version holds)."""
+    if bench.data:
+        return pinned(bench.data, content) if content else bench.data
+    trained = checkpoint.settings()
+    return own_split(checkpoint.spec.upstream[provider(BLEND).name], trained.seed, trained.stream.shuffle_buffer_docs, checkpoint.eval.max_bytes)
+
+
+def publish_score(
+    registry: ArtifactStore, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float, data: str,
+    code: str, run_id: str = "",
+) -> Manifest:
+    """Publish one score as an immutable artifact (registry kind `evaluations`); `data` is the identity of the data it was
+    scored on (`scored_on`)."""
+    checkpoint = item.checkpoint
+    summary = {
+        "benchmark": bench.name, "version": bench.version, "lower_is_better": bench.lower_is_better, "value": value, "count": count,
+        "data": data,
+        "checkpoint": checkpoint.key, "experiment": checkpoint.experiment, "step": checkpoint.step, "tokens_seen": checkpoint.tokens_seen,
+        "checkpoint_sha256": checkpoint.sha256, "training": checkpoint.spec.fingerprint,
+    }
+    with registry.staging() as out:
+        (out / RESULT_FILE).write_text(json.dumps({**summary, "details": details}, indent=2, sort_keys=True, default=str))
+        return registry.publish(
+            out, kind=EVALUATIONS, fingerprint=item.fingerprint(code),
+            config={"benchmark": bench.name, "version": bench.version, "max_bytes": checkpoint.eval.max_bytes},
+            inputs=dict(checkpoint.spec.upstream), code=code,
+            provenance=Provenance(experiment=checkpoint.experiment, config_hash=sha256_of(checkpoint.spec.config)[:16],
+                                  git_commit=checkpoint.git_commit, run_id=run_id),
+            summary={**summary, "seconds": round(seconds, 3)},  # the time is the manifest's, not part of the result's bytes
+        )
+
+
 def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: CheckpointRef) -> EvalInputs:
     """The checkpoint's model, loaded from bytes that match its recorded sha256, with its tokenizer and held-out data."""
     path = locate_checkpoint(registry, checkpoint)
@@ -77,11 +117,11 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     except ArtifactError as e:
         raise ArtifactError(f"checkpoint {checkpoint.key} at {path} does not match the sha256 its partition recorded; not evaluated") from e
     spec, settings = checkpoint.spec, checkpoint.settings()  # the model its checkpoints hold
-    tokenizer = load_tokenizer(registry.open(spec.upstream["tokenizer"]) / TOKENIZER_FILE)
+    tokenizer = load_tokenizer(registry.open(spec.upstream[provider(TOKENIZER).name]) / TOKENIZER_FILE)
     model = new_model(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
     model.eval()
-    blend = Blend.from_json(json.loads((registry.open(spec.upstream["blend"]) / BLEND_FILE).read_text()))
+    blend = Blend.from_json(json.loads((registry.open(spec.upstream[provider(BLEND).name]) / BLEND_FILE).read_text()))
 
     def validation_texts() -> Iterator[str]:
         stream = BlendStream(catalog=open_catalog(catalog), blend=blend, split="validation", seed=settings.seed,

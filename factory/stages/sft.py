@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import StageKind, as_resources_say
+from factory.config.kinds import MetricsPlot, StageKind, as_resources_say
 from factory.config.schema import Experiment, SFTConfig, TrainedModel
 from factory.runtime.context import StageContext
 from factory.stages.post_training import POST_TRAINING_READS, POST_TRAINING_TASKS, task_table
@@ -52,6 +52,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 SFT = StageKind(
     name="sft", run="factory.stages.sft:run", reads=POST_TRAINING_READS, section="sft",
+    plot=MetricsPlot(title="Fine-tuning (SFT)", file="sft.png", alt="SFT loss"),
     checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
     settings=SFTSettings, fingerprint=_settings, tables=task_table("sft"),
     imports=("factory.data.tables", "factory.post.sft", "factory.stages.training", "factory.train.distributed"),

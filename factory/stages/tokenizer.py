@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from factory.config.kinds import TOKENIZER as TOKENIZER_ROLE
 from factory.config.kinds import StageKind
 from factory.config.schema import Experiment, TokenizerConfig
 from factory.config.section import Section
-from factory.runtime.context import TOKENIZER_FILE, WARNINGS, StageContext
+from factory.registry.layout import TOKENIZER_FILE
+from factory.runtime.context import WARNINGS, StageContext
 
 
 class TokenizerSettings(Section):
@@ -48,7 +50,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 TOKENIZER = StageKind(
-    name="tokenizer", run="factory.stages.tokenizer:run", reads=("blend",), present=lambda e: True,
+    name="tokenizer", run="factory.stages.tokenizer:run", reads=("blend",), present=lambda e: True, provides=TOKENIZER_ROLE,
     artifact=frozenset({"tokenizers"}), settings=TokenizerSettings, fingerprint=_settings,
     imports=("factory.models.tokenizer", "factory.data.loader"),  # the loader: the blend stream it samples
     description="Byte-level BPE trained on a seeded sample of the blend's train split.",

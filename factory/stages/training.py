@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from factory.config.control import ControlConfig
+from factory.config.kinds import TOKENIZER, provider
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
 from factory.models.tokenizer import EOS, load_tokenizer
-from factory.runtime.context import TOKENIZER_FILE, StageContext
+from factory.registry.layout import RUN_FILE, TOKENIZER_FILE
+from factory.runtime.context import StageContext
 from factory.runtime.progress import training_progress, wants_progress
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
@@ -34,9 +36,6 @@ from factory.train.pretrain import (
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from tokenizers import Tokenizer
-
-RUN_FILE = "run.json"
-"""What a training artifact holds (`write_run`): the model's shape, its checkpoints and which one is final."""
 
 
 def train_stage(
@@ -187,5 +186,5 @@ def open_tracker(ctx: StageContext) -> TrackerRun:
 
 def post_training_inputs(ctx: StageContext) -> tuple[ModelConfig, Tokenizer, int, Catalog]:
     """What both post-training stages read: the model's shape, the tokenizer and its end-of-text id, the catalog."""
-    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    tokenizer = load_tokenizer(ctx.upstream(provider(TOKENIZER).name) / TOKENIZER_FILE)
     return ctx.settings.model, tokenizer, tokenizer.token_to_id(EOS), open_catalog(ctx.request.catalog)

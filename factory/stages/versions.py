@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from factory.data.catalog import open_catalog
 from factory.data.tables import TableVersion, read_version, resolve
-from factory.runtime.context import DATASETS_FILE, StageContext
+from factory.registry.layout import DATASETS_FILE
+from factory.runtime.context import StageContext
 
 
 def load_versions(ctx: StageContext, stage: str) -> dict[str, TableVersion]:

@@ -26,11 +26,12 @@ from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
 from factory.models.build import build_model, count_parameters
+from factory.registry.layout import CONTROL_FILE, METRICS_FILE, POSITIONS_FILE
 from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
-from factory.train.records import CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE
+from factory.train.records import CHECKPOINT_DIR
 from factory.train.step import gradients, memory_mb, validation_loss
 
 MetricSink = Callable[[int, dict[str, float]], None]

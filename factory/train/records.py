@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 CHECKPOINT_DIR = "checkpoints"
-METRICS_FILE = "metrics.jsonl"
-POSITIONS_FILE = "data_positions.jsonl"
-CONTROL_FILE = "control.jsonl"
 NAME = re.compile(r"^step_(\d{6,})\.json$")
 FILE, SHARDED = "file", "sharded"
 SAVED, DELETED = "saved", "deleted"

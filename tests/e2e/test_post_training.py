@@ -10,7 +10,7 @@ from assets.partitions import CHECKPOINTS
 from factory.cli.common import dagster_home
 from factory.config import load_file
 from factory.registry import ArtifactStore
-from factory.stages.evaluation import KIND as EVALUATIONS
+from factory.evals.base import EVALUATIONS
 from factory.ops.plan import build_plan, counts
 from tests.e2e.test_sweep_plan import run_all
 

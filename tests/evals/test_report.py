@@ -10,6 +10,7 @@ import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
+from factory.config.kinds import StageKind, stage_kinds
 from factory.evals.report import (
     BEST_COLOUR,
     EVAL_LOSS_COLOUR,
@@ -18,6 +19,7 @@ from factory.evals.report import (
     EvalPoint,
     ReportInputs,
     StageCost,
+    TrainingCurve,
     _benchmark_axes,
     plot_benchmark,
     plot_rl,
@@ -27,6 +29,11 @@ from factory.evals.report import (
 
 FALLING = [{"step": step, "loss": 8.0 - 0.02 * step, "lr": 3e-3} for step in range(0, 301, 10)]
 EVALS = [{"step": step, "eval_loss": 7.0 - 0.015 * step} for step in (100, 200, 300)]
+
+
+def curves(**rows: list) -> tuple[TrainingCurve, ...]:
+    """A section per kind with checkpoints, as the run report gives them, with the metrics rows given by kind."""
+    return tuple(TrainingCurve(plot=kind.metrics_plot(), rows=rows.get(kind.name, ())) for kind in stage_kinds() if kind.checkpoints)
 
 
 def point(benchmark: str, step: int, value: float, lower: bool, stage: str = "pretrain") -> EvalPoint:
@@ -169,6 +176,7 @@ FULL = ReportInputs(
     body_markdown="# Why\n\nSmall on purpose, `n_layer: 2`.\n\n- **Data.** stdlib\n  and more\n- <script>alert(1)</script>\n",
     config_yaml="model:\n  n_layer: 2\nnote: <b>bold</b>\n",
     training=FALLING + EVALS,
+    curves=curves(pretrain=FALLING + EVALS),
     evaluations=BPB + RISING,
     stages=STAGES,
     control=CONTROL,
@@ -227,7 +235,7 @@ def test_report_is_the_same_bytes_each_time():
 
 
 def test_empty_sections_say_none():
-    page = render_report(ReportInputs(experiment="fresh", git_commit="abc"))
+    page = render_report(ReportInputs(experiment="fresh", git_commit="abc", curves=curves()))
     assert page.count("<em>none</em>") == 10  # training, sft, rl, benchmarks, evaluations, control, stages, lineage, config, reasoning
     assert "data:image/png" not in page
     assert "<h2>Control decisions</h2>\n<p><em>none</em></p>" in page
@@ -249,8 +257,16 @@ def test_rl_plot_draws_rising_rewards_and_the_kl():
 
 
 def test_report_shows_post_training_only_when_there_was_some():
-    page = render_report(dataclasses.replace(FULL, fine_tuning=FALLING, rl=RL_ROWS))
+    page = render_report(dataclasses.replace(FULL, curves=curves(pretrain=FALLING + EVALS, sft=FALLING, rl=RL_ROWS)))
     assert "<h2>Fine-tuning (SFT)</h2>" in page and "<h2>Reinforcement learning</h2>" in page
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert base64.b64decode(images[1]) == plot_training(FALLING) and base64.b64decode(images[2]) == plot_rl(RL_ROWS)
     assert "Reinforcement learning</h2>\n<p><em>none</em>" in render_report(FULL)
+
+
+def test_a_plugin_kind_with_checkpoints_gets_a_loss_section_under_its_name():
+    average = StageKind(name="average", description="", run=lambda ctx: {}, checkpoints=True)
+    page = render_report(ReportInputs(experiment="tiny", git_commit="abc", curves=(TrainingCurve(plot=average.metrics_plot(), rows=FALLING),)))
+    assert "<h2>average</h2>\n<img alt=\"average loss\"" in page
+    assert base64.b64decode(re.findall(r'src="data:image/png;base64,([^"]+)"', page)[0]) == plot_training(FALLING)
+    assert StageKind(name="export", description="", run=lambda ctx: {}).metrics_plot() is None  # no checkpoints, no section

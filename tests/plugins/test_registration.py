@@ -78,3 +78,16 @@ def test_a_plugin_kind_outside_an_experiments_chain_is_refused(tmp_path):
     result = factory_with(site, "check", TINY)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "plugin 'score' (batch_plugin:KIND of package batch-plugin): a plugin kind is a stage of an experiment" in result.stderr
+
+
+@pytest.mark.parametrize(("role", "said"), [
+    ("exports_model=True", "stage kind 'shrink' exports the model, as 'model' (built in) does already"),
+    ("provides='tokenizer'", "stage kind 'shrink' provides the tokenizer, as 'tokenizer' (built in) does already"),
+])
+def test_a_plugin_that_claims_a_role_one_kind_holds_is_refused(tmp_path, role, said):
+    module = KIND.format(name="shrink", module="role_plugin", reads=("pretrain",), section="shrink").replace(
+        "section='shrink')", f"section='shrink', {role})")
+    site = fake_package(tmp_path, "role_plugin", module, {"shrink": "role_plugin:KIND"})
+    result = factory_with(site, "check", TINY)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "plugin 'shrink' (role_plugin:KIND of package role-plugin)" in result.stderr and said in result.stderr, result.stderr

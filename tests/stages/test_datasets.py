@@ -8,8 +8,7 @@ import pytest
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError
-from factory.runtime.context import DATASETS_FILE
-from factory.stages.dataset_checks import CHECKS_FILE
+from factory.registry.layout import CHECKS_FILE, DATASETS_FILE
 from tests.stages.conftest import run_stages
 
 TWINS = {"a.py": "x = 1\n", "b.py": "x = 1\n", "c.py": "y = 2\n"}  # one exact duplicate in three: over the bound of 0

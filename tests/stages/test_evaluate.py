@@ -18,10 +18,11 @@ from factory.evals.heldout import write_heldout_corpus
 from factory.models.build import build_model
 from factory.models.tokenizer import train_tokenizer
 from factory.registry import ArtifactStore, Provenance
+from factory.registry.layout import BATCH_FILE
 from factory.registry.store import Manifest
 from factory.runtime.__main__ import run
 from factory.runtime.request import StageRequest
-from factory.stages.evaluation import BATCH_FILE, CheckpointRef, EvalItem, EvaluationSettings, batch_provenance, batch_spec
+from factory.stages.evaluation import CheckpointRef, EvalItem, EvaluationSettings, batch_provenance, batch_spec
 from factory.stages.scoring import locate_checkpoint
 from tests.conftest import training_settings
 

@@ -8,9 +8,9 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
 
 from factory.config import Experiment, load, plan_stage
 from factory.data.catalog import CatalogConfig, open_catalog
+from factory.registry.layout import DATASETS_FILE
 from factory.registry.store import ArtifactStore, Provenance
 from factory.runtime.__main__ import USAGE, main
-from factory.runtime.context import DATASETS_FILE
 from factory.ops.plan import build_plan
 from factory.runtime.request import StageRequest
 
