@@ -139,7 +139,7 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
 
 def check_results(spec: StageSpec, artifact: Path, stores: FactoryStores) -> Iterator[AssetCheckResult]:
     """The blocking dataset checks of the artifact just materialized, as the stage recorded them in it."""
-    for outcome in recorded_checks(stores.catalog(), artifact, dict(spec.config)):
+    for outcome in recorded_checks(stores.catalog(), artifact, spec.kind, dict(spec.config)):
         yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)
 
 

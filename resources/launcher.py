@@ -31,9 +31,13 @@ from dagster_pipes import PipesParams
 
 from factory.config import Experiment
 from factory.errors import FactoryError
+from factory.config.stages import pool_of
 from factory.launch import LocalLauncher, stage_argv
+from factory.launch.slots import pool_slot
 from factory.runtime.request import StageRequest
 
+SLOTS_DIR = "pool-slots"
+"""Under the instance's directory: the slot files of each pool (`machine_slot`)."""
 MessageSink = Callable[[Any], bool]
 """Hears a stage's custom message as it arrives; True when it took the message (it is then not kept for the end)."""
 
@@ -52,12 +56,27 @@ class StageLauncher(ConfigurableResource):
         request); None for a stage of no one experiment (an evaluation batch).
         """
         kind = request.spec.kind
-        with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp, machine_slot(context, pool_of(kind)):
             try:
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
             yield from run_with_pipes(context, argv, kind, on_message)
+
+
+@contextlib.contextmanager
+def machine_slot(context: AssetExecutionContext, pool: str | None) -> Iterator[None]:
+    """Hold a slot of `pool` on this machine (`factory.launch.slots`) while a stage of it runs, as many as the instance's
+    limit of the pool; nothing for a stage of no pool, or a pool the instance does not limit."""
+    storage = context.instance.event_log_storage
+    limits = {limit.name: limit.limit for limit in storage.get_pool_limits()} if pool and storage.supports_global_concurrency_limits else {}
+    if pool not in limits:
+        yield
+        return
+    where = Path(context.instance.root_directory) / SLOTS_DIR
+    waiting = lambda: context.log.info(f"waiting for a slot of pool {pool} on this machine ({limits[pool]} at a time)")  # noqa: E731
+    with pool_slot(where, pool, limits[pool], waiting):
+        yield
 
 
 def run_with_pipes(

@@ -18,8 +18,6 @@ from factory.track.base import OPENERS
 if TYPE_CHECKING:
     from factory.runtime.context import StageContext
 
-EVALUATION = "evaluation"
-"""The kind that scores checkpoints: a run that makes checkpoints warms its modules too."""
 TRACKER_MODULES = {backend: opener.split(":")[0] for backend, opener in OPENERS.items()}
 """Each tracking backend's module, which a training stage imports on first use."""
 
@@ -30,7 +28,8 @@ def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
     checkpoints, the tracker's backend and the evaluations."""
     declared = [stage_kind(kind) for kind in kinds]
     runners = [module for kind in declared for module in _modules(kind)]
-    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *_modules(stage_kind(EVALUATION))]
+    scoring = [module for kind in registered_kinds() if kind.scope == "checkpoints" for module in _modules(kind)]
+    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *scoring]
     checkpoints = any(kind.checkpoints for kind in declared)
     return tuple(dict.fromkeys(["factory.runtime.__main__", *runners, *(training if checkpoints else [])]))
 

@@ -48,10 +48,11 @@ def combine(per_dataset: dict[str, list[CheckOutcome]]) -> list[CheckOutcome]:
     return outcomes
 
 
-def check_filtered(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
-    """The dataset checks over every filtered dataset of an artifact: one outcome per check, failing if any dataset fails."""
+def check_filtered(catalog_config: CatalogConfig, artifact: Path, kind: str, config: dict[str, Any]) -> list[CheckOutcome]:
+    """The dataset checks over every dataset of an artifact of `kind` (one that runs them, `StageKind.dataset_checks`): one
+    outcome per check, failing if any dataset fails."""
     records = json.loads((artifact / DATASETS_FILE).read_text())
-    settings = stage_kind("filtered_datasets").read_settings(config)
+    settings = stage_kind(kind).read_settings(config)
     catalog = open_catalog(catalog_config)
     return combine({
         name: check_dataset(catalog, record["table"], record["content_tag"], settings.datasets[name].max_duplicate_share)
@@ -64,9 +65,9 @@ def record_checks(artifact: Path, outcomes: list[CheckOutcome]) -> None:
     (artifact / CHECKS_FILE).write_text(json.dumps([dataclasses.asdict(outcome) for outcome in outcomes], indent=2, sort_keys=True))
 
 
-def recorded_checks(catalog_config: CatalogConfig, artifact: Path, config: dict[str, Any]) -> list[CheckOutcome]:
-    """The outcomes a published artifact keeps (run again for one published before artifacts kept them)."""
+def recorded_checks(catalog_config: CatalogConfig, artifact: Path, kind: str, config: dict[str, Any]) -> list[CheckOutcome]:
+    """The outcomes a published artifact of `kind` keeps (run again for one published before artifacts kept them)."""
     path = artifact / CHECKS_FILE
     if not path.exists():
-        return check_filtered(catalog_config, artifact, config)
+        return check_filtered(catalog_config, artifact, kind, config)
     return [CheckOutcome(**outcome) for outcome in json.loads(path.read_text())]

@@ -135,6 +135,21 @@ def click_if_shown(page, button: str) -> None:
         pass
 
 
+def pick_partition(page, dialog, name: str) -> None:
+    """Choose `name` in the launch dialog's partition selector. The selector's list re-renders while partitions load, and
+    an entry found during a re-render is detached before it can be clicked: reopen the list and try again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(4):
+        dialog.get_by_text("Select a partition or create one").click()
+        try:
+            page.locator(".dagster-popover").get_by_text(name, exact=True).first.click(timeout=10_000)
+            return
+        except PlaywrightTimeout:
+            page.keyboard.press("Escape")
+    raise AssertionError(f"partition {name} could not be picked in the launch dialog")
+
+
 @pytest.mark.browser
 def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evaluations(browser_page, pipeline):
     from playwright.sync_api import expect
@@ -156,8 +171,7 @@ def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evalua
     page.get_by_role("button", name="Materialize…").click()
     click_if_shown(page, "Confirm")
     dialog = page.locator(".bp5-dialog")
-    dialog.get_by_text("Select a partition or create one").click()
-    page.locator(".dagster-popover").get_by_text(pipeline["name"], exact=True).first.click()
+    pick_partition(page, dialog, pipeline["name"])
     page.keyboard.press("Escape")
     dialog.get_by_role("button", name="Launch 1 run").click()
     page.get_by_role("link", name="View", exact=True).first.click()
