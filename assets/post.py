@@ -59,7 +59,7 @@ def ensure_task_set(context: AssetExecutionContext, stores: FactoryStores, exper
     from factory.data.catalog import open_catalog
     from factory.data.tables import missing_refs, parse_ref
 
-    refs = {section.tasks for section in (experiment.sft, experiment.rl) if section is not None}
+    refs = {section.tasks for section in (experiment.sft, experiment.rl) if section is not None and getattr(section, "data", None) is None}
     ours = sorted(ref for ref in refs if parse_ref(ref)[0] == TABLE)
     if not ours or not missing_refs(open_catalog(stores.catalog()), ours):
         return

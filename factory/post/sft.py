@@ -1,8 +1,9 @@
-"""Supervised fine-tuning data: prompt/completion pairs as batches whose loss counts completion tokens only.
+"""Supervised fine-tuning data: tokenized examples as batches whose loss counts completion tokens only.
 
-The pairs are a split of a code-execution task table. Each example is the prompt's tokens then
-the completion's (encoded apart, so the prompt is exactly what the benchmark shows the model) and
-the end-of-text token; targets inside the prompt are PAD, which the loss ignores. Epochs go
+The examples are a split of a code-execution task table, or the rows of any table rendered by a chat
+template (`factory.post.chat`). Each example is its text segments' tokens (encoded apart, so a prompt
+is exactly what the benchmark shows the model), each completion followed by the end-of-text token;
+targets outside completions are PAD, which the loss ignores. Epochs go
 through the examples in a seeded order, a fresh order each epoch; the position in the stream is
 the number of examples consumed, so a resumed run sees the batches an uninterrupted one would.
 """
@@ -25,11 +26,16 @@ from factory.post.format import completion, prompt
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Example:
-    """One tokenized pair: `ids` = prompt then completion; the first `prompt_tokens` are the prompt."""
+    """One tokenized example: `ids`, and for each whether the loss counts it (a completion's or an assistant turn's)."""
 
     id: str
     ids: tuple[int, ...]
-    prompt_tokens: int
+    trained: tuple[bool, ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """How many tokens come before the first one the loss counts."""
+        return self.trained.index(True)
 
 
 def read_tasks(catalog: Catalog, ref: str, split: str) -> list[dict]:
@@ -46,19 +52,38 @@ def read_tasks(catalog: Catalog, ref: str, split: str) -> list[dict]:
     return rows
 
 
+def encode_segments(key: str, segments: list[tuple[str, bool]], tokenizer: Tokenizer, eos_id: int, context: int) -> Example | None:
+    """Tokenize an example's text segments apart (a prompt is exactly what a reader of it shows the model), each trained
+    one followed by the end-of-text token; an example longer than the context keeps its end. None when its last trained
+    segment leaves no room for a token before it."""
+    ids: list[int] = []
+    trained: list[bool] = []
+    last = 0
+    for text, counts in segments:
+        piece = tokenizer.encode(text).ids + ([eos_id] if counts else [])
+        if counts:
+            last = len(ids)
+        ids += piece
+        trained += [counts] * len(piece)
+    if not any(trained) or len(ids) - last >= context + 1:
+        return None  # an answer longer than the context teaches nothing the model could write
+    keep = min(len(ids), context + 1)
+    return Example(id=key, ids=tuple(ids[-keep:]), trained=tuple(trained[-keep:]))
+
+
 def encode_examples(rows: list[dict], tokenizer: Tokenizer, eos_id: int, context: int) -> list[Example]:
-    """Tokenize the pairs; a prompt longer than the context keeps its end (as the benchmark cuts it)."""
-    examples = []
-    for row in rows:
-        head = tokenizer.encode(prompt(row["function"], row["call"])).ids
-        tail = tokenizer.encode(completion(row["expected"])).ids + [eos_id]
-        room = context + 1 - len(tail)
-        if room < 1:
-            continue  # an output longer than the context teaches nothing the model could write
-        head = head[-room:]
-        examples.append(Example(id=row["id"], ids=tuple(head + tail), prompt_tokens=len(head)))
+    """Tokenize the task pairs; a prompt longer than the context keeps its end (as the benchmark cuts it)."""
+    encoded = (
+        encode_segments(row["id"], [(prompt(row["function"], row["call"]), False), (completion(row["expected"]), True)], tokenizer, eos_id, context)
+        for row in rows
+    )
+    return fitting([e for e in encoded if e is not None], context)
+
+
+def fitting(examples: list[Example], context: int) -> list[Example]:
+    """The examples, refused when none fits the context."""
     if not examples:
-        raise ConfigError(f"no task fits a context of {context} tokens: raise model.context")
+        raise ConfigError(f"no example fits a context of {context} tokens: raise model.context")
     return examples
 
 
@@ -78,7 +103,7 @@ def collate(examples: list[Example], eos_id: int) -> tuple[torch.Tensor, torch.T
         ids = torch.tensor(example.ids, dtype=torch.int64)
         n = len(ids) - 1
         x[row, :n] = ids[:-1]
-        y[row, example.prompt_tokens - 1 : n] = ids[example.prompt_tokens :]
+        y[row, :n] = torch.where(torch.tensor(example.trained[1:]), ids[1:], PAD)
     return x, y
 
 
@@ -101,7 +126,7 @@ def sft_batches(
         consumed += batch_size
         mine = picked[rank * per_rank : (rank + 1) * per_rank]
         x, y = collate(mine, eos_id)
-        completion_tokens = sum(len(e.ids) - e.prompt_tokens for e in picked)
+        completion_tokens = sum(sum(e.trained) for e in picked)
         yield Batch(
             x=x, y=y, documents=tuple((e.id,) for e in mine), state=LoaderState(slot=consumed), real_tokens=int((y != PAD).sum()),
             global_tokens=completion_tokens,

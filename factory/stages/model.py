@@ -1,5 +1,5 @@
 """The `model` kind: the final weights of the last training stage (rl, sft or pretrain), exported with their config and
-tokenizer as a self-contained model.
+tokenizer (and the chat template of an sft on a table) as a self-contained model.
 
 Light to import: its run function imports torch and the exporter when it runs.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from factory.config.kinds import StageKind
 from factory.config.schema import ModelConfig
 from factory.config.section import Section
-from factory.registry.layout import MODEL_CONFIG, RUN_FILE, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, RUN_FILE, TOKENIZER_FILE
 from factory.runtime.context import StageContext
 
 
@@ -22,7 +22,7 @@ class ModelSettings(Section):
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """Export the final weights with their config and tokenizer: a self-contained model."""
+    """Export the final weights with their config, tokenizer and chat template (when sft had one): a self-contained model."""
     from factory.config.stages import TRAINING_STAGES  # derived from the registry: read when it runs, not while it is built
     from factory.models.build import export_model
     from factory.train.pretrain import load_weights
@@ -34,6 +34,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
     shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
     (ctx.out / MODEL_CONFIG).write_text(json.dumps(record, indent=2, sort_keys=True))
+    if "sft" in ctx.request.spec.upstream and (template := ctx.upstream("sft") / CHAT_TEMPLATE_FILE).is_file():
+        shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)  # prompts the model as it was fine-tuned
     return {"parameters": record["parameters"], "tokens_seen": record["tokens_seen"], "vocab_size": record["vocab_size"]}
 
 

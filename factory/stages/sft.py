@@ -1,4 +1,5 @@
-"""The `sft` kind: supervised fine-tuning of the pretrained model on code-execution pairs, loss on completions only.
+"""The `sft` kind: supervised fine-tuning of the pretrained model on code-execution pairs or on any table version
+(`sft.data`, rendered by its chat template), loss on completions only.
 
 It starts from the final weights of `pretrain` and writes checkpoints as pretraining does, so they are `checkpoints`
 partitions and get evaluated. Light to import: its run function imports torch and the training loop when it runs.
@@ -9,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import MetricsPlot, StageKind, as_resources_say
+from factory.config.kinds import MetricsPlot, StageKind, TableNeed, as_resources_say
 from factory.config.schema import Experiment, SFTConfig, TrainedModel
+from factory.registry.layout import CHAT_TEMPLATE_FILE
 from factory.runtime.context import StageContext
 from factory.stages.post_training import POST_TRAINING_READS, POST_TRAINING_TASKS, task_table
 
@@ -29,7 +31,8 @@ def _settings(experiment: Experiment) -> SFTSettings:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """Fine-tune the pretrained model on the train split of the task table, loss on completion tokens only."""
+    """Fine-tune the pretrained model on the train split of the task table, or on the rows of `sft.data` rendered by its
+    chat template; the loss counts completion (assistant) tokens only."""
     from factory.data.tables import parse_ref, resolve
     from factory.post.sft import encode_examples, read_tasks, sft_batches
     from factory.stages.training import final_weights, post_training_inputs, train_stage
@@ -37,9 +40,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
     config = ctx.settings.sft
-    examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
+    if config.data is None:
+        examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
+        read = {"tasks": config.tasks, "tasks_snapshot": resolve(catalog, *parse_ref(config.tasks))}
+        ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
+    else:
+        from factory.post.chat import chat_examples, read_rows
+
+        snapshot, rows = read_rows(catalog, config.data)
+        examples = chat_examples(rows, config.data, tokenizer, eos_id, model_config.context)
+        read = {"data": config.data.table, "data_snapshot": snapshot}
+        ctx.log.info("fine-tuning on %d of %d rows of %s (%s)", len(examples), len(rows), config.data.table, config.data.format)
     world = world_from_env()
-    ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
 
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return sft_batches(examples, config.batch_size, ctx.settings.seed, eos_id, state, world.rank, world.size)
@@ -47,15 +59,25 @@ def run(ctx: StageContext) -> dict[str, Any]:
     summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, "pretrain"))
     if not summary:
         return summary
-    return {**summary, "pairs": len(examples), "tasks": config.tasks, "tasks_snapshot": resolve(catalog, *parse_ref(config.tasks))}
+    if config.data is not None:  # the template the model was taught with: exported with it
+        (ctx.out / CHAT_TEMPLATE_FILE).write_text(config.data.template)
+    return {**summary, "pairs": len(examples), **read}
+
+
+def _tables(experiment: Experiment) -> list[TableNeed]:
+    """The table version `sft.data` pins with its mapped columns, or the task table (as `rl` reads it)."""
+    data = experiment.sft.data if experiment.sft is not None else None
+    if data is None:
+        return task_table("sft")(experiment)
+    return [TableNeed(where=("sft", "data", "table"), table=data.table, columns=data.columns)]
 
 
 SFT = StageKind(
     name="sft", run="factory.stages.sft:run", reads=POST_TRAINING_READS, section="sft",
     plot=MetricsPlot(title="Fine-tuning (SFT)", file="sft.png", alt="SFT loss"),
     checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
-    settings=SFTSettings, fingerprint=_settings, tables=task_table("sft"),
-    imports=("factory.data.tables", "factory.post.sft", "factory.stages.training", "factory.train.distributed"),
-    description="Supervised fine-tuning of the pretrained model on code-execution pairs (loss on completions only); its "
+    settings=SFTSettings, fingerprint=_settings, tables=_tables,
+    imports=("factory.data.tables", "factory.post.chat", "factory.post.sft", "factory.stages.training", "factory.train.distributed"),
+    description="Supervised fine-tuning of the pretrained model on code-execution pairs or any table (loss on completions only); its "
                 "checkpoints are `checkpoints` partitions.",
 )
