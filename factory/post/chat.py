@@ -18,7 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, EqualTo
 from tokenizers import Tokenizer
 
-from factory.config.schema import SFTData
+from factory.config.sft_data import SFTData
 from factory.data.tables import parse_ref, resolve_pin
 from factory.errors import ArtifactError, ConfigError
 from factory.post.sft import Example, encode_segments, fitting

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from factory.config.schema import SFTData
+from factory.config.sft_data import SFTData
 from factory.errors import ConfigError
 from factory.post.chat import compile_template, conversation, segments
 

@@ -1,0 +1,92 @@
+"""The `sft.data` section: any pinned table version to fine-tune on, its column mapping and its chat template."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from factory.config.section import Section
+from factory.config.table_refs import table_ref
+
+
+DEFAULT_CHAT_TEMPLATES = {
+    "prompt_completion": "{% for message in messages %}{{ message.content }}{% endfor %}",
+    "messages": "{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+}
+"""The chat template of each `sft.data.format` when none is given."""
+
+
+def template_problem(template: str) -> str | None:
+    """Why a Jinja2 template does not parse (with its line), or None when it does."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # the environment it is rendered in
+
+    try:
+        ImmutableSandboxedEnvironment().parse(template)
+    except TemplateSyntaxError as e:
+        return f"the template does not parse: line {e.lineno} of the template: {e.message}"
+    return None
+
+
+class SFTData(Section):
+    """Any pinned table version to fine-tune on: which columns hold the examples and how they are rendered into text.
+
+    Each row becomes a conversation (`messages`: the row's list of `{role, content}` turns; `prompt_completion`: a
+    `user` turn of the prompt and an `assistant` turn of the completion). The chat template renders it; the loss counts
+    the text of the assistant turns only (each followed by the end-of-text token): the text up to an assistant turn is
+    the template rendered with the turns before it and `add_generation_prompt` true, the turn's text is what rendering
+    it with the turn adds to that.
+    """
+
+    table: str
+    """The table version, pinned as `namespace.table@tag` (it must exist with the mapped columns: `factory check` verifies)."""
+    format: Literal["prompt_completion", "messages"] = "prompt_completion"
+    """`prompt_completion`: a prompt column and a completion column of text; `messages`: one column of chat turns."""
+    prompt: str = "prompt"
+    """For `prompt_completion`: the column of prompt text."""
+    completion: str = "completion"
+    """For `prompt_completion`: the column of completion text (the text the loss counts)."""
+    messages: str = "messages"
+    """For `messages`: the column of turns, a list of `{role, content}` records or a JSON string of one; the loss counts
+    the turns whose role is `assistant`."""
+    split: str | None = None
+    """A column that selects the training rows with `split_value` (null: every row trains)."""
+    split_value: str = "train"
+    """The value of the `split` column of the rows that train."""
+    chat_template: str | None = None
+    """A Jinja2 template that renders `messages` (a list of `{role, content}`) and `add_generation_prompt` into text; it is
+    copied next to the checkpoints and into the exported model. Null: for `prompt_completion`, the turns' text joined
+    with nothing between (prompt then completion); for `messages`, `<|role|>` and a newline before each turn's text, a
+    newline after it, and `<|assistant|>` and a newline as the generation prompt."""
+
+    @field_validator("table")
+    @classmethod
+    def _table_is_a_ref(cls, value: str) -> str:
+        return table_ref(value)
+
+    @field_validator("prompt", "completion", "messages", "split")
+    @classmethod
+    def _column_is_named(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("expected a column name, found an empty string")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_parses(cls, value: str | None) -> str | None:
+        if value is not None and (problem := template_problem(value)):
+            raise ValueError(f"{problem}; fix the template's Jinja2 syntax")
+        return value
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns the table must have: the mapped ones of the format, and the split column."""
+        mapped = (self.prompt, self.completion) if self.format == "prompt_completion" else (self.messages,)
+        return (*mapped, *((self.split,) if self.split is not None else ()))
+
+    @property
+    def template(self) -> str:
+        """The chat template the examples are rendered with: the given one, or the format's default."""
+        return self.chat_template if self.chat_template is not None else DEFAULT_CHAT_TEMPLATES[self.format]
