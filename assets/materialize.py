@@ -11,8 +11,10 @@ from rich.table import Table
 from assets.backfill import evaluate_checkpoints, stored_checkpoints, unevaluated
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, logged_to, materialize, resources_at
 from assets.partitions import CHECKPOINTS, EXPERIMENTS
+from assets.stages import base_tags
 from factory.config import Experiment
 from factory.config.stages import stages_of
+from factory.ops.bases import resolve
 from factory.registry import ArtifactStore
 
 
@@ -56,7 +58,8 @@ def materialize_stages(experiment: Experiment, common: dict) -> ExecuteInProcess
     instance: DagsterInstance = common["instance"]
     if not instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
         instance.add_dynamic_partitions(EXPERIMENTS, [experiment.name])
-    tags = {"experiment": experiment.name}
+    base = resolve(experiment, common["resources"]["stores"].registry())  # pinned once: every stage of the run starts from it
+    tags = {"experiment": experiment.name, **base_tags(base)}
     return materialize(EVERYTHING, selection=list(stages_of(experiment)), partition_key=experiment.name, tags=tags, **common)
 
 

@@ -9,6 +9,10 @@ SOURCE_TAG = "factory/source"
 FILE_TAG = "factory/file"  # the file's path in the repository
 MERGE_TAG = "factory/merge-commit"  # the commit that brought the file onto the branch (a pull request's merge)
 FILE_URL_TAG = "factory/file-url"  # the file at that commit on the forge, when the remote is an http(s) URL
+# A run of an experiment that starts from a model made elsewhere carries what its `from` resolved to when it was planned,
+# so that every stage of the run starts from that model, wherever an alias moves meanwhile.
+FROM_TAG = "factory/from"
+FROM_DIGEST_TAG = "factory/from-digest"
 experiments_partitions = DynamicPartitionsDefinition(name=EXPERIMENTS)
 CHECKPOINTS = "checkpoints"
 checkpoints_partitions = DynamicPartitionsDefinition(name=CHECKPOINTS)

@@ -24,6 +24,7 @@ from factory.errors import ConfigError
 from factory.launch import warm_starts
 from factory.registry import ArtifactStore
 from factory.runtime import warm_modules
+from factory.ops.bases import Base, resolve
 from factory.ops.plan import build_plan
 from factory.runtime.report import exit_now
 from factory.track.base import TrackingConfig
@@ -45,7 +46,19 @@ def run_experiment(
         from assets.materialize import materialize_experiment
 
         with contextlib.nullcontext(instance) if instance is not None else DagsterInstance.get() as opened:
+            for base in pending_bases(experiments, root):  # another experiment's model it starts from is made first
+                print(f"{base.section}.from names {base.ref.text}, not computed yet: running {base.file} first", file=sys.stderr)
+                result = run_experiment(base.file, root, opened, quiet, log)
+                if not result.success:
+                    return result
             return materialize_experiment(path, experiments, root, opened, quiet, log)
+
+
+def pending_bases(experiments: list[Experiment], root: Path) -> list[Base]:
+    """The other experiments' models these start from that are not computed yet, one per file."""
+    registry = ArtifactStore(root / "registry")
+    bases = [base for experiment in experiments if (base := resolve(experiment, registry)) is not None and base.pending]
+    return list({base.file: base for base in bases}.values())
 
 
 @contextlib.contextmanager

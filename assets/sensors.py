@@ -17,10 +17,12 @@ from dagster import (
 
 from assets.partitions import COMMIT_TAG, EXPERIMENTS, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOURCE_TAG, experiments_partitions
 from assets.pools import configure_pools
+from assets.stages import base_tags
 from factory.config import STAGES, load_text
 from factory.config.loader import read_document
 from factory.config.stages import stages_of
 from factory.errors import ConfigError
+from factory.ops.bases import resolve
 from factory.preflight import TableLookup, check_variants
 from factory.registry.provenance import head_commit, repo_root
 from factory.registry.remote import RemoteError, bringing_commit, file_url, is_ancestor
@@ -71,6 +73,7 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
     requests, new = [], []
     texts = experiments.texts(commit)
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
+    registry, read = stores.registry(), reader(texts)
     for path, text in texts.items():
         try:
             variants = load_text(path, text, read=reader(texts))
@@ -78,11 +81,16 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
             context.log.warning(f"skipped, does not load: {_in_repo(str(e), root)}")
             continue
         written = lambda path=path, text=text: read_document(path, text, chain=(), read=reader(texts)).locations  # noqa: E731
-        if errors := check_variants(path, variants, tables, locations=written):  # what `factory check` refuses never runs
+        if errors := check_variants(path, variants, tables, locations=written, bases=lambda e: resolve(e, registry, read=read)):
             context.log.warning("skipped, refused by `factory check`:\n" + "\n".join(_in_repo(error, root) for error in errors))
             continue
-        content = hashlib.sha256(text.encode()).hexdigest()[:16]
+        content = hashlib.sha256(text.encode()).hexdigest()[:16]  # what `factory check` refuses never runs (above)
         for experiment in variants:
+            base = resolve(experiment, registry, read=read)
+            if base is not None and base.pending:  # its run would fail at once: the model it starts from is not made yet
+                context.log.warning(f"skipped {experiment.name}: {base.section}.from: {base.said}; once that model is made, "
+                                    f"`factory run {_in_repo(str(path), root)}` runs it (or a change to the file does)")
+                continue
             if experiment.name not in new and not context.instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
                 new.append(experiment.name)
             requests.append(
@@ -90,7 +98,7 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
                     run_key=f"{path.name}@{content}#{experiment.name}",
                     partition_key=experiment.name,
                     asset_selection=[AssetKey(stage) for stage in stages_of(experiment)],
-                    tags=_tags(root, remote, commit, path),
+                    tags={**_tags(root, remote, commit, path), **base_tags(base)},
                 )
             )
     partitions = [experiments_partitions.build_add_request(new)] if new else []

@@ -3,6 +3,7 @@
 
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 from dagster import (
     AssetCheckResult,
@@ -18,14 +19,15 @@ from dagster import (
 )
 
 from assets.checkpoints import CheckpointRecorder
-from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, experiments_partitions
+from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, FROM_DIGEST_TAG, FROM_TAG, experiments_partitions
 from assets.post import ensure_task_set
 from assets.records import latest_metadata
 from factory.config import Experiment, StageSpec, config_hash, plan_stage, upstream_of
-from factory.config.kinds import stage_kind, stage_kinds
-from factory.config.stages import placement, pool_of, stages_of
+from factory.config.kinds import model_kind, stage_kind, stage_kinds
+from factory.config.stages import BASE, placement, pool_of, stages_of
 from factory.data.checks import CHECKS
 from factory.errors import ConfigError
+from factory.ops.bases import Base, bound_with, resolve
 from factory.podium.links import table_links
 from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
 from factory.stages.post_training import POST_TRAINING_TASKS
@@ -70,14 +72,19 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             context.add_asset_metadata({"experiment_file": source})
         if kind not in stages_of(experiment):
             raise Failure(description=f"{experiment.name} has no {kind} stage: its file has no section for it")
+        registry = stores.registry()
+        experiment, base = starting_point(context, experiments, registry, experiment, commit)
         try:  # the raw stage lists its sources' files here: a source gone since `factory check` is the user's to fix
-            spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)})
+            spec = plan_stage(experiment, kind, {name: upstream_digest(context, name) for name in upstream_of(experiment, kind)
+                                                 if name not in experiment.bound})
         except ConfigError as e:
             raise Failure(description=f"{kind}: {e}") from None
-        registry = stores.registry()
         provenance = Provenance(
-            experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(files=[experiment.source] if experiment.source else ()), run_id=context.run_id
+            experiment=experiment.name, config_hash=config_hash(experiment), git_commit=commit or git_commit(files=[experiment.source] if experiment.source else ()), run_id=context.run_id,
+            base=base.record() if base is not None else {},
         )
+        if base is not None and BASE in spec.upstream:  # the run's page links the model it starts from
+            context.add_asset_metadata(base_links(base, registry))
         if POST_TRAINING_TASKS in declared.extra_inputs:
             ensure_task_set(context, stores, experiment)
         manifest = registry.lookup(spec.fingerprint)
@@ -114,6 +121,39 @@ def file_at_commit(tags: dict[str, str]) -> MetadataValue | None:
     if (path := tags.get(FILE_TAG)) and (commit := tags.get(COMMIT_TAG)):
         return MetadataValue.text(f"{path} at {commit[:12]}")
     return None
+
+
+def starting_point(
+    context: AssetExecutionContext, experiments: ExperimentFiles, registry: ArtifactStore, experiment: Experiment, commit: str | None
+) -> tuple[Experiment, Base | None]:
+    """The experiment with its `from` resolved as its run was planned (the run's tags pin the model), and what it
+    resolved to; unchanged, and None, for an experiment that starts from its own pretraining."""
+    if experiment.base is None:
+        return experiment, None
+    tags = context.run.tags
+    pins = {tags[FROM_TAG]: tags[FROM_DIGEST_TAG]} if FROM_TAG in tags and FROM_DIGEST_TAG in tags else None
+    try:
+        base = resolve(experiment, registry, read=experiments.reader(commit), pins=pins)
+    except ConfigError as e:
+        raise Failure(description=str(e)) from None
+    if base.pending:
+        raise Failure(description=f"{experiment.source}: {base.section}.from: {base.said}; `factory run {experiment.source}` runs "
+                                  f"{base.file} first")
+    return bound_with(experiment, base), base
+
+
+def base_tags(base: Base | None) -> dict[str, str]:
+    """The tags that pin a run to the model its experiment's `from` resolved to when it was planned."""
+    return {FROM_TAG: base.ref.text, FROM_DIGEST_TAG: base.digest} if base is not None and not base.pending else {}
+
+
+def base_links(base: Base, registry: ArtifactStore) -> dict[str, MetadataValue]:
+    """The model a stage starts from, on its materialization: how `from` resolved, the base experiment's `model` partition
+    in the UI and the artifact."""
+    links = {"starts_from": MetadataValue.text(base.said), "base_model": MetadataValue.path(str(registry.path(base.digest)))}
+    if base.experiment:
+        links["base_experiment"] = MetadataValue.url(f"/assets/{model_kind().name}?partition={quote(base.experiment)}")
+    return links
 
 
 def placement_of(experiment: Experiment, kind: str) -> dict:

@@ -25,6 +25,8 @@ from factory.train.control import problems as control_problems
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+Resolver = Callable[[Experiment], object]
+"""Resolves an experiment's `from`, raising a located ConfigError when it cannot."""
 Problem = tuple[tuple, str]
 """The keys of the field at fault and what is wrong with it."""
 
@@ -55,11 +57,12 @@ def experiment_files(paths: Iterable[Path]) -> list[Path]:
 
 def check_files(
     files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS, catalog: Callable[[], Catalog] | None = None,
-    cluster: ClusterProfile | None = None,
+    cluster: ClusterProfile | None = None, bases: Resolver | None = None,
 ) -> list[FileReport]:
     """Check every file; names must be unique across all of them. Pinned `table@tag`s are looked up in
     `catalog` (opened only when some file pins one; each reference checked once). With a `cluster`
-    profile, placements must fit its queues and images must be pinned for a cluster launcher."""
+    profile, placements must fit its queues and images must be pinned for a cluster launcher. `bases` resolves a
+    file's `from` (`factory.ops.bases.resolve` against the registry): what it cannot resolve is an error."""
     reports, owners = [], {}
     tables = TableLookup(catalog) if catalog is not None else None
     for path in files:
@@ -68,7 +71,7 @@ def check_files(
         except ConfigError as e:
             reports.append(FileReport(path=str(path), errors=str(e).splitlines()))
             continue
-        errors = check_variants(path, variants, tables, cluster)
+        errors = check_variants(path, variants, tables, cluster, bases=bases)
         for experiment in variants:
             owner = owners.setdefault(experiment.name, path)
             if owner != path:
@@ -80,11 +83,12 @@ def check_files(
 
 def check_variants(
     path: Path, variants: list[Experiment], tables: TableLookup | None = None, cluster: ClusterProfile | None = None,
-    locations: Callable[[], dict[tuple, Location]] | None = None,
+    locations: Callable[[], dict[tuple, Location]] | None = None, bases: Resolver | None = None,
 ) -> list[str]:
     """Every error `factory check` knows for the variants of one file, each as `file:line: field: message`.
 
-    `locations` gives where each key was written (default: read from `path`; the sensor passes the file at a commit)."""
+    `locations` gives where each key was written (default: read from `path`; the sensor passes the file at a commit);
+    `bases` resolves each variant's `from` (its errors are located already)."""
     where = locations or (lambda: key_locations(path))
     found = [problem for experiment in variants for problem in _semantic_problems(experiment)]
     found += [problem for experiment in variants for problem in _control_problems(experiment)]
@@ -92,7 +96,19 @@ def check_variants(
         found += [problem for experiment in variants for problem in _placement_problems(experiment, cluster)]
     if tables is not None:
         found += _table_problems(variants, tables)
-    return _located(path, list(dict.fromkeys(found)), where)
+    errors = _located(path, list(dict.fromkeys(found)), where)
+    return errors + list(dict.fromkeys(problem for experiment in variants for problem in _base_problems(experiment, bases)))
+
+
+def _base_problems(experiment: Experiment, bases: Resolver | None) -> list[str]:
+    """Why the experiment's `from` cannot be resolved (empty when it can, or without a resolver)."""
+    if bases is None or experiment.base is None:
+        return []
+    try:
+        bases(experiment)
+    except ConfigError as e:
+        return str(e).splitlines()
+    return []
 
 
 class TableLookup:
@@ -151,7 +167,7 @@ def _semantic_problems(experiment: Experiment) -> list[Problem]:
         for name in experiment.eval.benchmarks:
             if not known(name):
                 found.append((("eval", "benchmarks"), f"unknown benchmark {name!r}; registered: {', '.join(sorted(registered()))}"))
-    if experiment.eval is not None and experiment.pretrain is None:
+    if experiment.eval is not None and experiment.pretrain is None and experiment.base is None:
         found.append((("eval",), "there is no pretrain section, so there is no model to evaluate"))
     return found
 

@@ -88,6 +88,10 @@ class ExperimentFiles(ConfigurableResource):
                 unreadable.append(str(e))
         return texts, unreadable
 
+    def reader(self, commit: str | None) -> Callable[[Path], str] | None:
+        """What reads the files another file names (`extends`, `from`) as this one was read: at `commit`, or (None) from disk."""
+        return reader(self.texts(commit)) if commit else None
+
     def load(self, name: str, commit: str | None = None) -> Experiment:
         """The experiment (or sweep variant) named `name`; a clear Dagster Failure when missing or malformed."""
         texts, broken = self.readable_texts() if commit is None else (self.texts(commit), [])

@@ -20,6 +20,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.preflight import check_files, experiment_files
 from factory.registry import ArtifactStore
+from factory.ops.bases import resolve
 from factory.ops.plan import build_plan, counts
 
 
@@ -42,7 +43,9 @@ def check(
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from e
-    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile)
+    registry = ArtifactStore(root / "registry")
+    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile,
+                          bases=lambda experiment: resolve(experiment, registry))
     if as_json:
         print(json.dumps({"ok": all(r.ok for r in reports), "files": [r.to_json() for r in reports]}, indent=2))
     else:
@@ -116,7 +119,7 @@ def diff(
     elif names:
         raise ConfigError("--variant picks a variant of a sweep file, but A and B are not both experiment files")
     else:
-        lines = diff_artifacts(find_artifact(registry, a), find_artifact(registry, b))
+        lines = diff_artifacts(find_artifact(registry, a), find_artifact(registry, b), registry)
     for line in lines:
         out.print(line, markup=False, highlight=False)
 

@@ -58,11 +58,11 @@ def print_leaderboard(root: Path, board: Board | None = None) -> bool:
         return False
     names = sorted(board.benchmarks)
     table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left", caption=legend(board) or None, caption_justify="left")
-    for column in ("rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens", "commit", "tracker", "note"):
+    for column in ("rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens", "commit", "tracker", "base", "note"):
         table.add_column(column, no_wrap=column not in ("tracker", "note"))
     for rank, row in zip(ranks(board), board.rows, strict=True):
         scores = [cell(board, row, n) for n in names]
-        table.add_row(rank, row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url, row.note)
+        table.add_row(rank, row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url, row.base, row.note)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return True
 

@@ -44,7 +44,8 @@ def lineage(
                    "models": [describe(m) for w in graph.writers(v) for m in graph.descendants(w.digest, exported)]} for v in found]
     else:
         answer = [{"artifact": describe(m), "upstream": graph.upstream(m.digest), "downstream": graph.downstream(m.digest),
-                   "models": [describe(d) for d in graph.descendants(m.digest, exported)]} for m in found]
+                   "models": [describe(d) for d in graph.descendants(m.digest, exported)], "bases": graph.bases(m.digest),
+                   "fine_tuned": graph.fine_tuned(m.digest)} for m in found]
     if as_json:
         out.print_json(json.dumps(answer))
         return
@@ -62,6 +63,13 @@ def lineage(
             wide.print(_lineage_tree(tree, "to", "made from it"))
         models = ", ".join(f"{m['experiment']} ({m['digest'][:12]})" for m in item["models"]) or "none yet"
         out.print(f"models trained on it: {models}", highlight=False)
+        for base in item.get("bases", []):
+            out.print(f"  {base['by']} ({base['stage']}) started from {base['kind']} {base['digest'][:12]} of {base['experiment']}"
+                      + (f", named {base['named']}" if base["named"] else ""), highlight=False)
+        for model in item.get("fine_tuned", []):
+            data = ", ".join(model["data"]) or "no table"
+            out.print(f"  fine-tuned from it: {model['experiment']} ({model['digest'][:12]}) by {', '.join(model['stages'])} on {data}",
+                      highlight=False)
 
 
 def _lineage_tree(node: dict, key: str, title: str) -> RichTree:

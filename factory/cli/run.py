@@ -22,8 +22,9 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.launch.group import run_group
 from factory.launch.local import progress_env
+from factory.ops.bases import resolve
 from factory.preflight import check_files
-from factory.registry import git_commit
+from factory.registry import ArtifactStore, git_commit
 from factory.registry.provenance import file_state
 
 
@@ -76,7 +77,9 @@ def preflight(experiment: Path, variants: list[Experiment], root: Path, launcher
     if launcher == "volcano":
         _submittable(variants, cluster)
     profile = load_profile(cluster) if cluster is not None else None
-    [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile)
+    registry = ArtifactStore(root / "registry")
+    [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile,
+                           bases=lambda variant: resolve(variant, registry))
     for warning in report.warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False)
     if not report.ok:

@@ -26,6 +26,8 @@ from factory.config.schema import Experiment
 from factory.errors import ConfigError
 
 NOT_INHERITED = ("name", "sweep")
+RESERVED = ("source", "variant", "bound")
+"""Experiment fields set by the loader (and `bound` by resolving `from`), never by the file."""
 DEFAULT_MAX_VARIANTS = 256
 MAX_EXTENDS_DEPTH = 16
 """Files on one `extends` chain (each read, parsed and merged once per file that extends it)."""
@@ -70,7 +72,7 @@ def load_text(path: Path, text: str, max_variants: int = DEFAULT_MAX_VARIANTS, r
     """Like `load_file`, for the text of `path` given directly; `read` fetches files it extends (e.g. at a git commit)."""
     document = read_document(path, text, chain=(), read=read or _read)
     raw = dict(document.raw)
-    for reserved in ("source", "variant"):
+    for reserved in RESERVED:
         if reserved in raw:
             where, line = document.locations[(reserved,)]
             raise ConfigError(f"{where}:{line}: {reserved}: set by the loader, not by the file; remove it")
@@ -244,7 +246,7 @@ def _explain(problem: dict, loc: tuple, model: type[BaseModel]) -> str:
         if top and (hint := plugin_hint(str(loc[0]))):
             return hint
         fields = _fields_at(model, loc[:-1]) + (["extends", "sweep"] if top else [])
-        reserved = ("source", "variant") if top else ()  # set by the loader, not the file
+        reserved = RESERVED if top else ()  # set by the loader, not the file
         allowed = ", ".join(sorted(f for f in fields if f not in reserved))
         return f"unknown key; allowed here: {allowed}"
     if kind == "missing":

@@ -93,7 +93,7 @@ def section_markdown(path: str, model: type[BaseModel]) -> str:
     lines += ["| field | type | default | bounds | description |", "|---|---|---|---|---|"]
     for name, field in model.model_fields.items():
         default = describe_default(field) if field.is_required() else _code(describe_default(field))
-        cells = (f"`{_join(path, name)}`", _code(describe_type(field.annotation)), default,
+        cells = (f"`{_join(path, field.alias or name)}`", _code(describe_type(field.annotation)), default,  # `from`, as files write it
                  describe_bounds(field), describe_field(field))
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"

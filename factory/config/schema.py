@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
+from pydantic import (
+    ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator, model_serializer, model_validator,
+)
 
 from factory.config.architectures import DEFAULT_ARCH, architectures, unknown_architecture
+from factory.config.base_refs import FORMS, BaseRef, base_ref
 from factory.config.control import ControlConfig
 from factory.config.section import Section
 from factory.config.sft_data import SFTData
@@ -303,6 +306,13 @@ class SFTConfig(PretrainConfig):
     (schedule, clipping, accumulation, checkpoints, precision) means the same here.
     """
 
+    model_config = ConfigDict(serialize_by_alias=True)  # `from`, as the file writes it
+
+    from_: BaseRef = None
+    """Start from a model made elsewhere instead of this file's pretraining: `experiments/<file>.md#model` (read at the
+    same commit; `<file>.md@<variant>#model` for one variant of a sweep), `alias:<name>` (what the alias names when the
+    file is planned) or `model@<sha256>`. The file then has no data, tokenizer or pretrain of its own: it uses the base
+    model's tokenizer, shape and held-out data."""
     lr: float = Field(3e-4, gt=0, le=1.0)
     """Peak learning rate of AdamW (lower than pretraining's: the model already knows code)."""
     keep_best_by: Literal["loss"] | None = None
@@ -323,11 +333,18 @@ class SFTConfig(PretrainConfig):
             raise ValueError("give either 'tasks' (a code-execution task table) or 'data' (any table), not both")
         return self
 
+    @field_validator("from_")
+    @classmethod
+    def _from_is_a_ref(cls, value: str | None) -> str | None:
+        return base_ref(value)
+
     @model_serializer(mode="wrap")
     def _data_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         dump = handler(self)
         if self.data is None:  # recipes on the task table keep the fingerprints they had before `data` existed
             dump.pop("data", None)
+        if self.from_ is None:  # and those that start from this file's pretraining, theirs
+            dump.pop("from", None)
         return dump
 
 
@@ -341,6 +358,10 @@ class RLConfig(Section):
     penalty to the starting (reference) model.
     """
 
+    model_config = ConfigDict(serialize_by_alias=True)  # `from`, as the file writes it
+
+    from_: BaseRef = None
+    """Start from a model made elsewhere instead of this file's sft (or pretraining): as `sft.from`."""
     steps: int = Field(ge=1, le=MAX_STEPS)
     """Policy updates."""
     prompts_per_step: int = Field(8, ge=1, le=MAX_BATCH)
@@ -390,6 +411,18 @@ class RLConfig(Section):
     @classmethod
     def _tasks_is_a_ref(cls, value: str) -> str:
         return table_ref(value)
+
+    @field_validator("from_")
+    @classmethod
+    def _from_is_a_ref(cls, value: str | None) -> str | None:
+        return base_ref(value)
+
+    @model_serializer(mode="wrap")
+    def _from_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dump = handler(self)
+        if self.from_ is None:  # recipes that start from this file's own models keep their fingerprints
+            dump.pop("from", None)
+        return dump
 
     @model_validator(mode="after")
     def _knobs_fit(self) -> RLConfig:
@@ -462,12 +495,43 @@ class Experiment(Section):
     control: ControlConfig | None = None
     """Rules evaluated inside the pretraining loop (`factory.train.control`)."""
     resources: ResourcesConfig = ResourcesConfig()
+    bound: dict[str, str] = {}
+    """What the file's `from` resolved to when it was planned: the digests of the base model and of the blend and
+    tokenizer it was trained with, by the name of the input they stand for (set by `factory.ops.bases.bind`)."""
+
+    @property
+    def base(self) -> tuple[str, str] | None:
+        """(section, reference) of the post-training stage that starts from a model made elsewhere, if one does."""
+        for section in ("sft", "rl"):
+            config = getattr(self, section)
+            if config is not None and config.from_ is not None:
+                return section, config.from_
+        return None
+
+    @field_validator("sft", "rl")
+    @classmethod
+    def _post_training_has_a_base(cls, value: SFTConfig | RLConfig | None, info: ValidationInfo) -> SFTConfig | RLConfig | None:
+        """A post-training stage starts from this file's pretraining (or sft), or from a model its `from` names: one of them."""
+        if value is None:
+            return value
+        pretrain, sft = info.data.get("pretrain"), info.data.get("sft") if info.field_name == "rl" else None
+        if value.from_ is None:
+            if pretrain is None and (sft is None or sft.from_ is None):
+                raise ValueError(f"'{info.field_name}' fine-tunes a model: add a 'pretrain' section, or start from a model made "
+                                 f"elsewhere with '{info.field_name}.from' ({FORMS})")
+            return value
+        if sft is not None:
+            raise ValueError("rl.from: rl starts from this file's sft; give 'from' to sft instead (the first post-training stage)")
+        if pretrain is not None:
+            raise ValueError(f"{info.field_name}.from: the file starts from {value.from_}, so its pretrain trains nothing it uses; "
+                             "remove 'pretrain' (or 'from')")
+        if info.data.get("tokenizer", TokenizerConfig()) != TokenizerConfig():
+            raise ValueError(f"{info.field_name}.from: the file starts from {value.from_} and uses that model's tokenizer; remove the "
+                             "'tokenizer' section")
+        return value
 
     @model_validator(mode="after")
-    def _post_training_has_a_base(self) -> Experiment:
-        for name in ("sft", "rl"):
-            if getattr(self, name) is not None and self.pretrain is None:
-                raise ValueError(f"'{name}' fine-tunes the pretrained model: add a 'pretrain' section")
+    def _room_for_the_prompt(self) -> Experiment:
         if self.rl is not None and self.rl.max_new_tokens > self.model.context // 2:
             raise ValueError(f"rl.max_new_tokens ({self.rl.max_new_tokens}) must leave room for the prompt: at most half of "
                              f"model.context ({self.model.context})")
@@ -494,6 +558,8 @@ class Experiment(Section):
 def blended_datasets(experiment: Experiment) -> tuple[str, ...]:
     """The datasets the blend draws from, in `data.datasets` order: the only ones the data stages compute (a dataset
     defined but not blended is read by no stage, so it enters no fingerprint)."""
+    if experiment.base is not None:  # it trains on no blend: the base model's is its held-out data
+        return ()
     used = {part.dataset for part in experiment.data.blend if part.dataset is not None}
     return tuple(name for name in experiment.data.datasets if name in used)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from factory.config.fingerprint import code_identity, sha256_of
-from factory.config.kinds import Placement, stage_kind, stage_kinds
+from factory.config.kinds import BLEND, TOKENIZER, Placement, provider, stage_kind, stage_kinds
 from factory.config.schema import Experiment
 from factory.errors import ConfigError
 
@@ -20,7 +20,7 @@ POOL_LIMITS = {TRAINING_POOL: 1, EVALUATION_POOL: 2}
 PENDING = "pending:"
 """Stands for the digest of an upstream artifact not computed yet, before its fingerprint, when a plan looks ahead."""
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.
-NOT_RECIPE = {"name", "description", "source", "variant", "nondeterministic"}
+NOT_RECIPE = {"name", "description", "source", "variant", "nondeterministic", "bound"}
 _DERIVED = {
     "STAGES": lambda kinds: tuple(k.name for k in kinds),
     "UPSTREAM": lambda kinds: {k.name: k.reads for k in kinds},
@@ -31,6 +31,8 @@ _DERIVED = {
 used (so a broken plugin is reported where a command can say so): `STAGES` (every kind, upstream first), `UPSTREAM`
 (kind -> the kinds it reads), `TRAINING_STAGES` (the kinds with checkpoints) and `DATA_STAGES` (the kinds that write table
 versions)."""
+BASE = "base"
+"""The input of the stage that starts from a model made elsewhere (`sft.from`, `rl.from`): that model's digest."""
 HASHED_WHEN_ABSENT = ("pretrain",)
 """Sections in the config hash even when absent (recipes had them from the start); other stage sections are left out
 when absent, so recipes written before a kind existed keep their hash."""
@@ -87,9 +89,19 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
 
 
 def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:
-    """The stages this stage of this experiment reads: upstream stages the experiment does not run are left out."""
+    """The inputs this stage of this experiment reads: the stages it reads that the experiment runs, and, in a file that
+    starts from a model made elsewhere, that model (`base`, for the stage that starts from it) and the inputs it stands
+    in for (the blend and tokenizer the base model was trained with)."""
     stages = stages_of(experiment)
-    return tuple(name for name in stage_kind(kind).reads if name in stages)
+    inherited = inherited_inputs() if experiment.base is not None else ()
+    names = tuple(name for name in stage_kind(kind).reads if name in stages or name in inherited)
+    return (BASE, *names) if experiment.base is not None and experiment.base[0] == kind else names
+
+
+def inherited_inputs() -> tuple[str, ...]:
+    """What a file that starts from a model made elsewhere reads of that model's lineage instead of making its own: the
+    blend (the held-out data its evaluations read) and the tokenizer."""
+    return provider(BLEND).name, provider(TOKENIZER).name
 
 
 def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -> StageSpec:
@@ -98,9 +110,11 @@ def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -
     if kind not in stages_of(experiment):
         raise ConfigError(f"{experiment.name} has no {kind} stage: its file has no section for it")
     needed = upstream_of(experiment, kind)
+    upstream = {**experiment.bound, **upstream}
     missing = [name for name in needed if name not in upstream]
     if missing:
-        raise ConfigError(f"stage {kind!r} needs the digests of {', '.join(missing)} before it can be planned")
+        bind = " (its `from` is resolved by factory.ops.bases.bind)" if experiment.base and set(missing) & {BASE, *inherited_inputs()} else ""
+        raise ConfigError(f"stage {kind!r} needs the digests of {', '.join(missing)} before it can be planned{bind}")
     return StageSpec(
         kind=kind,
         config=stage_config(experiment, kind),

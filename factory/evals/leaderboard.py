@@ -13,6 +13,8 @@ cell scored on other data than the rest of its column is marked.
 
 from __future__ import annotations
 
+import dataclasses
+
 import html
 import json
 import logging
@@ -70,6 +72,8 @@ class Row:
     """False when the row has no score on the sort benchmark comparable with the ranked rows'."""
     note: str = ""
     """Why the row is not ranked."""
+    base: str = ""
+    """The model the experiment started from when made elsewhere (`from`, and the model's digest); empty for its own."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -178,7 +182,10 @@ def stage_scores(results: Iterable[Manifest], experiment: str, benchmark: str) -
     ]
 
 
-def build_board(results: Iterable[Manifest], tracker_urls: Mapping[str, str] | None = None, sort: str | None = None) -> Board:
+def build_board(
+    results: Iterable[Manifest], tracker_urls: Mapping[str, str] | None = None, sort: str | None = None,
+    bases: Mapping[str, str] | None = None,
+) -> Board:
     """Rank experiments by `sort` (default: the primary benchmark), each at its best checkpoint; rows whose `sort` score is on
     other data than most rows' follow the ranked ones, unranked."""
     results = latest_results(results)
@@ -196,7 +203,8 @@ def build_board(results: Iterable[Manifest], tracker_urls: Mapping[str, str] | N
             for name, checkpoints in by_experiment.items()}
     ranked_on = _common_data((experiment, row[sort]) for experiment, row in best.items() if sort in row)
     urls = tracker_urls or {}
-    rows = [_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on) for name, results_ in best.items()]
+    rows = [dataclasses.replace(_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on), base=(bases or {}).get(name, ""))
+            for name, results_ in best.items()]
     rows.sort(key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))
     place = {row.experiment: i for i, row in enumerate(rows)}  # the other columns' ties go to the data of the higher-placed row
     columns = {name: _common_data(((e, row[name]) for e, row in best.items() if name in row), place) for name in benchmarks}
@@ -321,25 +329,26 @@ def _short(commit: str) -> str:
 def render_markdown(board: Board) -> str:
     """A Markdown table of the board, in rank order."""
     names = sorted(board.benchmarks)
-    columns = ["rank", "experiment", "best checkpoint", *(heading(board, name) for name in names), "tokens seen", "commit", "tracker", "note"]
+    columns = ["rank", "experiment", "best checkpoint", *(heading(board, name) for name in names), "tokens seen", "commit", "tracker", "base",
+               "note"]
     lines = [
         "| " + " | ".join(columns) + " |",
-        "|---:|---|---|" + "---:|" * len(names) + "---:|---|---|---|",
+        "|---:|---|---|" + "---:|" * len(names) + "---:|---|---|---|---|",
     ]
     for rank, row in zip(ranks(board), board.rows, strict=True):
         scores = " | ".join(cell(board, row, name) for name in names)
         tracker = f"[run]({row.tracker_url})" if row.tracker_url else ""
         lines.append(f"| {rank} | {row.experiment} | {row.checkpoint} | {scores} | {row.tokens_seen:,} | {_short(row.git_commit)} | {tracker} "
-                     f"| {row.note} |")
+                     f"| {row.base} | {row.note} |")
     if not board.rows:
-        lines.append("| | no evaluations yet | |" + " |" * len(names) + " | | | |")
+        lines.append("| | no evaluations yet | |" + " |" * len(names) + " | | | | |")
     return "\n".join(lines) + (f"\n\n{note}" if (note := legend(board)) else "")
 
 
 def render_html(board: Board) -> str:
     """A static, self-contained HTML page of the board; clicking a column header sorts by it."""
     names = sorted(board.benchmarks)
-    headers = ["rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens seen", "commit", "tracker", "note"]
+    headers = ["rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens seen", "commit", "tracker", "base", "note"]
     body = []
     for rank, row in zip(ranks(board), board.rows, strict=True):
         cells = [f'<td data-v="{rank if row.ranked else ""}">{rank}</td>', f"<td>{html.escape(row.experiment)}</td>",
@@ -350,7 +359,7 @@ def render_html(board: Board) -> str:
             cells.append(f'<td data-v="{value}"{other}>{html.escape(cell(board, row, name))}</td>' if value is not None else '<td data-v="">–</td>')
         link = f'<a href="{html.escape(row.tracker_url)}">run</a>' if row.tracker_url else ""
         cells += [f'<td data-v="{row.tokens_seen}">{row.tokens_seen:,}</td>', f"<td><code>{html.escape(_short(row.git_commit))}</code></td>",
-                  f"<td>{link}</td>", f"<td>{html.escape(row.note)}</td>"]
+                  f"<td>{link}</td>", f"<td>{html.escape(row.base)}</td>", f"<td>{html.escape(row.note)}</td>"]
         body.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     return HTML_PAGE.format(head=head, body="\n".join(body) or f'<tr><td colspan="{len(headers)}">no evaluations yet</td></tr>',

@@ -23,7 +23,8 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
         url = manifest.summary.get("tracker_url", "")
         if url and manifest.created >= urls.get(manifest.experiment, ("", ""))[0]:
             urls[manifest.experiment] = (manifest.created, url)
-    return build_board(registry.manifests(EVALUATIONS), {name: url for name, (_, url) in urls.items()}, sort)
+    bases = {m.experiment: f"{m.base['from']} ({m.base['model'][:12]})" for m in registry.manifests() if m.base.get("from") and m.base.get("model")}
+    return build_board(registry.manifests(EVALUATIONS), {name: url for name, (_, url) in urls.items()}, sort, bases)
 
 
 def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> tuple[Manifest, str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from factory.config import stages
 from factory.config.kinds import BLEND, model_kind, provider
+from factory.config.stages import BASE
 from factory.errors import ConfigError
 from factory.registry.layout import BLEND_FILE, DATASETS_FILE
 from factory.registry.store import ArtifactStore, Manifest
@@ -114,6 +115,27 @@ class Lineage:
 
         yield from visit(digest)
 
+    def bases(self, digest: str) -> list[dict[str, Any]]:
+        """The models this artifact was made from through `from:`, nearest first, across experiments: each with how the
+        experiment that started from it named it (`experiments/base.md#model`, `alias:production`, a digest)."""
+        chain: list[dict[str, Any]] = []
+        for manifest in reversed(list(self.ancestors(digest))):  # downstream first: the nearest start comes first
+            if BASE in manifest.inputs and manifest.inputs[BASE] in self.manifests:
+                base = self.manifests[manifest.inputs[BASE]]
+                chain.append({**describe(base), "named": manifest.base.get("from", ""), "by": manifest.experiment,
+                              "stage": manifest.kind})
+        return chain
+
+    def fine_tuned(self, digest: str) -> list[dict[str, Any]]:
+        """Every model made from this one (directly or in rounds), with the data versions its training stages read."""
+        below = {m.digest for m in self.descendants(digest)}
+        found = []
+        for model in self.descendants(digest, model_kind().name):
+            trained = [m for m in self.ancestors(model.digest) if m.digest in below and m.kind in stages.TRAINING_STAGES]
+            found.append({**describe(model), "data": list(dict.fromkeys(v.ref for m in trained for v in self.read(m))),
+                          "stages": [f"{m.kind} ({m.experiment})" for m in trained]})
+        return found
+
     def _tree(self, digest: str, next_of: Any, seen: set[str], *, with_tables: bool) -> dict[str, Any]:
         manifest = self.manifests[digest]
         node = describe(manifest)
@@ -136,9 +158,12 @@ class Lineage:
         if manifest.kind == provider(BLEND).name:
             parts = (_json(self.registry.path(manifest.digest) / BLEND_FILE) or {}).get("parts", [])
             return [TableVersion(table=p["table"], tag=p.get("version") or p["tag"], content_tag=p["tag"]) for p in parts]
-        tasks = manifest.config.get(manifest.kind, {}).get("tasks") if isinstance(manifest.config.get(manifest.kind), dict) else None
-        if tasks and "@" in tasks:
-            table, _, tag = tasks.partition("@")
+        section = manifest.config.get(manifest.kind)
+        section = section if isinstance(section, dict) else {}
+        data = section.get("data") if isinstance(section.get("data"), dict) else {}
+        ref = data.get("table") or section.get("tasks")  # sft on a table (`sft.data`), or a post-training stage's task set
+        if isinstance(ref, str) and "@" in ref:
+            table, _, tag = ref.partition("@")
             return [TableVersion(table=table, tag=tag, content_tag=tag)]
         return []
 

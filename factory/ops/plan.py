@@ -14,10 +14,12 @@ from typing import Any
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.config.kinds import stage_kind
 from factory.config.sources import changed_files, source_files
-from factory.config.stages import PENDING, stages_of
+from factory.config.base_refs import ALIAS_PREFIX
+from factory.config.stages import BASE, PENDING, stages_of
 from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
+from factory.ops.bases import bound_with, resolve
 
 FILES_KEY = "files"
 """The raw stage's config key that holds each source's file digest."""
@@ -40,15 +42,21 @@ class StagePlan:
 
 
 def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> list[StagePlan]:
-    """Plan every stage of every experiment against what the registry already holds."""
+    """Plan every stage of every experiment against what the registry already holds. An experiment that starts from a
+    model made elsewhere is planned from what its `from` names now (`factory.ops.bases`), unless it is bound already;
+    the stage that starts from it says so."""
     plans: list[StagePlan] = []
     first_runner: dict[str, str] = {}
     history = list(registry.manifests())  # read once: every stage's reason looks through it
     for experiment in experiments:
-        digests: dict[str, str] = {}
+        base = resolve(experiment, registry) if experiment.base is not None and not experiment.bound else None
+        experiment = bound_with(experiment, base)
+        digests: dict[str, str] = dict(experiment.bound)
         for kind in stages_of(experiment):
             spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
             status, detail, digest = _decide(experiment, spec, registry, first_runner, history)
+            if BASE in spec.upstream and base is not None:
+                detail = f"{kind} starts from {base.said}; {detail}"
             digests[kind] = digest
             plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail))
     return plans
@@ -78,10 +86,12 @@ def _decide(
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, history, registry) + note, pending
+    return "run", why_run(experiment.name, spec, history, registry, experiment.base[1] if experiment.base else None) + note, pending
 
 
-def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest], registry: ArtifactStore | None = None) -> str:
+def why_run(
+    experiment: str, spec: StageSpec, history: Iterable[Manifest], registry: ArtifactStore | None = None, base_ref: str | None = None,
+) -> str:
     """What changed since this experiment last produced this stage (or that it never did); for the raw stage, which
     source files were added, changed or removed (the `registry` holds the listing the last run read)."""
     previous = sorted((m for m in history if m.kind == spec.kind and m.experiment == experiment), key=lambda m: m.created)
@@ -93,10 +103,22 @@ def why_run(experiment: str, spec: StageSpec, history: Iterable[Manifest], regis
         reasons = [*source_changes(last, spec, registry), *(r for r in reasons if not r.startswith(FILES_KEY + "."))]
     for name, digest in spec.upstream.items():
         if last.inputs.get(name) != digest:
-            reasons.append(f"input {name} changed" + (" (not computed yet)" if digest.startswith(PENDING) else ""))
+            reasons.append(base_moved(last, digest, base_ref) if name == BASE else
+                           f"input {name} changed" + (" (not computed yet)" if digest.startswith(PENDING) else ""))
     if last.code != spec.code:
         reasons.append(f"code changed ({last.code[:22]} -> {spec.code[:22]})")
     return "; ".join(reasons) or "its last artifact is missing or damaged"
+
+
+def base_moved(last: Manifest, digest: str, base_ref: str | None) -> str:
+    """Why the model a stage starts from is another than last time: the alias it names moved, or it names another."""
+    before, now = last.inputs.get(BASE, "(none)")[:12], digest.removeprefix(PENDING)[:12]
+    written = last.base.get("from", "")
+    if written and written == base_ref and written.startswith(ALIAS_PREFIX):
+        return f"alias {written.removeprefix(ALIAS_PREFIX)} moved from {before} to {now}"
+    if written and written == base_ref:
+        return f"{written} is another model now: {before} -> {now}"
+    return f"the base model changed from {before} to {now}" + (f" (from: {written} -> {base_ref})" if written else "")
 
 
 def source_changes(last: Manifest, spec: StageSpec, registry: ArtifactStore) -> list[str]:

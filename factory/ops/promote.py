@@ -12,49 +12,28 @@ from __future__ import annotations
 
 import datetime
 import getpass
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from factory.config import load_file
 from factory.config.kinds import model_kind
 from factory.config.stages import config_hash
 from factory.errors import ConfigError
 from factory.preflight import experiment_files
+from factory.registry import aliases
+from factory.registry.aliases import Standing
 from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest
 from factory.ops.reproduce import reproductions
 
-ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Standing:
-    """What an alias names now, and its history."""
-
-    alias: str
-    model: str | None
-    records: list[dict[str, Any]]
-
 
 def history(registry: ArtifactStore, alias: str) -> History:
     """The append-only history of an alias."""
-    if not ALIAS.match(alias):
-        raise ConfigError(f"{alias!r} is not an alias name: lower-case letters, digits, '_' and '-' (e.g. production)")
-    return History(registry.root, f"promotions/{alias}")
+    return aliases.history(registry.root, alias)
 
 
 def standing(registry: ArtifactStore, alias: str) -> Standing:
     """The model an alias names after its whole history (promotions push, demotions pop)."""
-    records = history(registry, alias).records()
-    stack: list[str] = []
-    for record in records:
-        if record["action"] == "promote":
-            stack.append(record["model"])
-        elif stack:
-            stack.pop()
-    return Standing(alias=alias, model=stack[-1] if stack else None, records=records)
+    return aliases.standing(registry.root, alias)
 
 
 def grounds(registry: ArtifactStore, model: Manifest, experiments: Path) -> tuple[str | None, list[str]]:

@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,9 @@ class Manifest:
     summary: Mapping[str, Any]
     run_id: str = ""
     version: int = MANIFEST_VERSION
+    base: Mapping[str, Any] = field(default_factory=dict)
+    """For an experiment that starts from a model made elsewhere: its `from` and the model it resolved to when the run
+    was planned (section, from, model, experiment, said)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -78,6 +81,7 @@ class Manifest:
             "produced_by_run": self.run_id or "outside Dagster",
             "created": self.created,
             "inputs": ", ".join(f"{name}={digest[:12]}" for name, digest in sorted(self.inputs.items())) or "none",
+            **({"starts_from": self.base["said"]} if self.base.get("said") else {}),
             **{f"summary/{key}": value for key, value in sorted(self.summary.items())},
         }
 
@@ -90,6 +94,8 @@ class Provenance:
     config_hash: str
     git_commit: str
     run_id: str = ""
+    base: Mapping[str, Any] = field(default_factory=dict)
+    """What the experiment's `from` resolved to (`factory.ops.bases.Base.record`); empty when it starts from its own."""
 
 
 class ArtifactStore:
@@ -232,6 +238,7 @@ class ArtifactStore:
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             summary=dict(summary),
             run_id=provenance.run_id,
+            base=dict(provenance.base),
         )
         self._write_manifest(manifest)
         return self.lookup(fingerprint) or manifest
@@ -332,7 +339,9 @@ def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:
     return hashlib.sha256(listing.encode()).hexdigest()
 
 
-_MANIFEST_TYPES: dict[str, type] = {"files": dict, "config": dict, "inputs": dict, "summary": dict, "version": int}
+_MANIFEST_TYPES: dict[str, type] = {"files": dict, "config": dict, "inputs": dict, "summary": dict, "version": int, "base": dict}
+_OPTIONAL = ("run_id", "version", "base")
+"""Keys that manifests written before them lack."""
 _TYPE_NAMES = {dict: "an object", int: "an integer", str: "a string"}
 
 
@@ -340,7 +349,7 @@ def _parse_manifest(data: Any) -> Manifest:
     """A Manifest from parsed JSON, checking every key is present and of its type (TypeError names what is wrong)."""
     if not isinstance(data, dict):
         raise TypeError(f"expected a JSON object, found {type(data).__name__}")
-    missing = [f.name for f in fields(Manifest) if f.name not in data and f.name not in ("run_id", "version")]
+    missing = [f.name for f in fields(Manifest) if f.name not in data and f.name not in _OPTIONAL]
     if missing:
         raise TypeError(f"missing keys: {', '.join(missing)}")
     for f in fields(Manifest):

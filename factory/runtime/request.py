@@ -39,6 +39,7 @@ class StageRequest:
                 "config_hash": self.provenance.config_hash,
                 "git_commit": self.provenance.git_commit,
                 "run_id": self.provenance.run_id,
+                "base": dict(self.provenance.base),
             },
             "processes": self.processes,
             "nodes": self.nodes,

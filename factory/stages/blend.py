@@ -58,7 +58,7 @@ def _blend_config(ctx: StageContext) -> DataConfig:
 
 
 BLEND = StageKind(
-    name="blend", run="factory.stages.blend:run", reads=("filtered_datasets",), present=lambda e: True, provides=BLEND_ROLE,
+    name="blend", run="factory.stages.blend:run", reads=("filtered_datasets",), present=lambda e: e.base is None, provides=BLEND_ROLE,
     group="data", artifact=frozenset({"iceberg"}), settings=BlendSettings, fingerprint=_settings,
     imports=("factory.data.blend", "factory.data.catalog", "factory.stages.versions"),
     description="The training mixture: table versions with weights and modes (finite or oversample).",

@@ -57,7 +57,7 @@ class FilterSettings(Section):
 
 
 def _blends_a_dataset(experiment: Experiment) -> bool:
-    return any(part.dataset is not None for part in experiment.data.blend)
+    return bool(blended_datasets(experiment))
 
 
 def _datasets(experiment: Experiment) -> dict[str, DatasetConfig]:

@@ -34,14 +34,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
     shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
     (ctx.out / MODEL_CONFIG).write_text(json.dumps(record, indent=2, sort_keys=True))
-    if "sft" in ctx.request.spec.upstream and (template := ctx.upstream("sft") / CHAT_TEMPLATE_FILE).is_file():
-        shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)  # prompts the model as it was fine-tuned
+    if (template := checkpoints / CHAT_TEMPLATE_FILE).is_file():  # prompts the model as it was fine-tuned
+        shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)
     return {"parameters": record["parameters"], "tokens_seen": record["tokens_seen"], "vocab_size": record["vocab_size"]}
 
 
 MODEL = StageKind(
     name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
-    present=lambda e: e.pretrain is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
+    present=lambda e: e.pretrain is not None or e.base is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
     artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.stages.training", "factory.train.pretrain"),
     description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
 )

@@ -18,6 +18,8 @@ from factory.stages.post_training import POST_TRAINING_READS, POST_TRAINING_TASK
 
 RL_PLACEMENT = {"learners", "actors"}
 """RL knobs that say where work runs, not what it computes: left out of the fingerprint."""
+NOT_COMPUTED = {*RL_PLACEMENT, "from"}
+"""Left out of the fingerprint: placement, and how the file named the model it starts from (its digest is an input)."""
 
 
 class RLSettings(TrainedModel):
@@ -27,7 +29,7 @@ class RLSettings(TrainedModel):
 
     @field_serializer("rl")
     def _without_placement(self, rl: RLConfig) -> dict[str, Any]:
-        return {key: value for key, value in rl.model_dump(mode="json").items() if key not in RL_PLACEMENT}
+        return {key: value for key, value in rl.model_dump(mode="json").items() if key not in NOT_COMPUTED}
 
 
 def _settings(experiment: Experiment) -> RLSettings:
@@ -46,7 +48,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     from factory.post.rl import train_rl
     from factory.post.sft import read_tasks
     from factory.post.weightsync import roles_from
-    from factory.stages.training import final_weights, post_training_inputs, publish_checkpoints, tracked_run, write_run
+    from factory.stages.training import (
+        carry_chat_template, final_weights, post_training_inputs, publish_checkpoints, starts_from, tracked_run, write_run,
+    )
     from factory.train.distributed import world_from_env
 
     model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
@@ -60,7 +64,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if learners + actors != world.size:
         raise ConfigError(f"rl asks for {learners} learner(s) and {actors} actor(s), but the stage was started with {world.size} ranks")
     roles = roles_from(world.rank, learners, actors)
-    start = "sft" if "sft" in ctx.request.spec.upstream else "pretrain"
+    start = starts_from(ctx, "sft", "pretrain")
     work = ctx.registry.work(ctx.request.spec.fingerprint)
     if world.is_main:
         ctx.log.info("GRPO from the %s model on %d tasks: %d learner(s), %d actor(s)", start, len(rows), roles.learners, roles.actors)
@@ -70,6 +74,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if not world.is_main:
         return {}
     publish_checkpoints(ctx, work, result.checkpoints)
+    carry_chat_template(ctx, start)
     write_run(ctx, model_config, tokenizer.get_vocab_size(), steps=result.steps, tokens_seen=0, parameters=result.parameters,
               checkpoints=result.checkpoints)
     last = {f"last_{key}": value for key, value in result.last.items() if key != "step"}

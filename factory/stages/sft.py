@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from pydantic import field_serializer
+
 from factory.config.kinds import MetricsPlot, StageKind, TableNeed, as_resources_say
 from factory.config.schema import Experiment, SFTConfig, TrainedModel
 from factory.registry.layout import CHAT_TEMPLATE_FILE
@@ -21,9 +23,13 @@ if TYPE_CHECKING:
 
 
 class SFTSettings(TrainedModel):
-    """Supervised fine-tuning."""
+    """Supervised fine-tuning; the model it starts from is its input (`base`), not how the file named it (`from`)."""
 
     sft: SFTConfig
+
+    @field_serializer("sft")
+    def _without_from(self, sft: SFTConfig) -> dict[str, Any]:
+        return {key: value for key, value in sft.model_dump(mode="json").items() if key != "from"}
 
 
 def _settings(experiment: Experiment) -> SFTSettings:
@@ -35,7 +41,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     chat template; the loss counts completion (assistant) tokens only."""
     from factory.data.tables import parse_ref, resolve
     from factory.post.sft import encode_examples, read_tasks, sft_batches
-    from factory.stages.training import final_weights, post_training_inputs, train_stage
+    from factory.stages.training import carry_chat_template, final_weights, post_training_inputs, starts_from, train_stage
     from factory.train.distributed import world_from_env
 
     model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
@@ -56,12 +62,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return sft_batches(examples, config.batch_size, ctx.settings.seed, eos_id, state, world.rank, world.size)
 
-    summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, "pretrain"))
+    start = starts_from(ctx, "pretrain")
+    summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, start))
     if not summary:
         return summary
     if config.data is not None:  # the template the model was taught with: exported with it
         (ctx.out / CHAT_TEMPLATE_FILE).write_text(config.data.template)
-    return {**summary, "pairs": len(examples), **read}
+    carry_chat_template(ctx, start)
+    return {**summary, "started_from": start, "pairs": len(examples), **read}
 
 
 def _tables(experiment: Experiment) -> list[TableNeed]:

@@ -50,7 +50,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 TOKENIZER = StageKind(
-    name="tokenizer", run="factory.stages.tokenizer:run", reads=("blend",), present=lambda e: True, provides=TOKENIZER_ROLE,
+    name="tokenizer", run="factory.stages.tokenizer:run", reads=("blend",), present=lambda e: e.base is None, provides=TOKENIZER_ROLE,
     artifact=frozenset({"tokenizers"}), settings=TokenizerSettings, fingerprint=_settings,
     imports=("factory.models.tokenizer", "factory.data.loader"),  # the loader: the blend stream it samples
     description="Byte-level BPE trained on a seeded sample of the blend's train split.",

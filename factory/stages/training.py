@@ -20,11 +20,12 @@ import torch
 
 from factory.config.control import ControlConfig
 from factory.config.kinds import TOKENIZER, provider
+from factory.config.stages import BASE
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
 from factory.models.tokenizer import EOS, load_tokenizer
-from factory.registry.layout import RUN_FILE, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE, TOKENIZER_FILE
 from factory.runtime.context import StageContext
 from factory.runtime.progress import training_progress, wants_progress
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
@@ -144,10 +145,27 @@ def write_run(
 
 
 def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
-    """The final weights of an upstream training stage."""
+    """The final weights of an upstream training stage, or of the model made elsewhere it starts from (`base`)."""
+    if stage == BASE:
+        return load_weights(ctx.upstream(BASE) / MODEL_WEIGHTS)
     checkpoints = ctx.upstream(stage)
     run = json.loads((checkpoints / RUN_FILE).read_text())
     return load_weights(checkpoints / run["final"])
+
+
+def starts_from(ctx: StageContext, *stages: str) -> str:
+    """The input a post-training stage starts from: the model made elsewhere its `from` names, else the first of `stages`
+    this experiment runs (`sft`, then `pretrain`, for rl)."""
+    upstream = ctx.request.spec.upstream
+    return next(name for name in (BASE, *stages) if name in upstream)
+
+
+def carry_chat_template(ctx: StageContext, start: str) -> None:
+    """Keep the chat template the starting model was fine-tuned with next to this stage's checkpoints (the model stage
+    exports the last training stage's), unless the stage wrote its own."""
+    template = ctx.upstream(start) / CHAT_TEMPLATE_FILE
+    if template.is_file() and not (ctx.out / CHAT_TEMPLATE_FILE).exists():
+        shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)
 
 
 def describe_action(record: dict[str, Any]) -> str:
