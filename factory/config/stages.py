@@ -89,7 +89,7 @@ def stage_config(experiment: Experiment, kind: str) -> dict[str, Any]:
 def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:
     """The stages this stage of this experiment reads: upstream stages the experiment does not run are left out."""
     stages = stages_of(experiment)
-    return tuple(name for name in stage_kind(kind).reads if name in stages)
+    return tuple(name for name in stage_kind(kind).reads_of(experiment) if name in stages)
 
 
 def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -> StageSpec:
