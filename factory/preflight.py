@@ -18,6 +18,7 @@ from factory.config.kinds import stage_kinds
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError
+from factory.stages.datasets import computed_datasets
 from factory.evals.benchmarks import known, registered
 from factory.evals.custom import NAME as CUSTOM
 from factory.train.control import problems as control_problems
@@ -163,6 +164,7 @@ def _semantic_problems(experiment: Experiment) -> list[Problem]:
             found.append((keys, f"{refused}; point it at a directory of data"))
         elif not Path(source.path or "").is_dir():
             found.append((keys, f"{source.path!r} is not a directory here"))
+    found += _sft_dataset_problems(experiment)
     if experiment.eval is not None:
         for name in experiment.eval.benchmarks:
             if not known(name):
@@ -172,6 +174,23 @@ def _semantic_problems(experiment: Experiment) -> list[Problem]:
     return found
 
 
+def _sft_dataset_problems(experiment: Experiment) -> list[Problem]:
+    """`sft.data.dataset` must name a dataset of the file whose source keeps the columns `sft.data` maps."""
+    data = experiment.sft.data if experiment.sft is not None else None
+    if data is None or data.dataset is None:
+        return []
+    keys = ("sft", "data", "dataset")
+    dataset = experiment.data.datasets.get(data.dataset)
+    if dataset is None:
+        return [(keys, f"names no dataset of this file (its datasets: {', '.join(experiment.data.datasets) or 'none'}); define it "
+                       "under data.datasets or pin a table with sft.data.table")]
+    kept = dataset.source.columns
+    if missing := [name for name in data.columns if name not in kept]:
+        return [(keys, f"dataset {data.dataset!r} keeps no column {', '.join(map(repr, missing))} (its source.columns: "
+                       f"{', '.join(kept) or 'none'}); add them to data.datasets.{data.dataset}.source.columns or map kept ones")]
+    return []
+
+
 def _warnings(path: Path, experiment: Experiment) -> list[str]:
     """Settings that run but probably do not do what was meant, as `file:line: field: message`."""
     found: list[Problem] = []
@@ -179,9 +198,9 @@ def _warnings(path: Path, experiment: Experiment) -> list[str]:
         if part.weight == 0 and part.dataset is not None:
             found.append((("data", "blend", index, "weight"), f"weight 0: dataset {part.dataset!r} is still ingested, deduplicated and "
                                                               "filtered, but training never draws from it; remove the part or give it a weight"))
-    blended = {part.dataset for part in experiment.data.blend}
+    read = computed_datasets(experiment)
     for name in experiment.data.datasets:
-        if name not in blended:
+        if name not in read:
             found.append((("data", "datasets", name), f"dataset {name!r} is not in data.blend: no stage reads it, so it is not ingested; "
                                                       "add it to the blend to train on it"))
     return _located(path, found, lambda: key_locations(path))

@@ -109,6 +109,9 @@ class StageKind:
     process that runs this kind."""
     reads: tuple[str, ...] = ()
     """The kinds whose artifacts it reads (those the experiment does not run are left out): its upstream."""
+    reads_in: Callable[[Experiment], Iterable[str]] | None = None
+    """Which of `reads` an experiment's stage reads, when that depends on its config (default: all of them); one left
+    out is no part of its fingerprint."""
     section: str | None = None
     """The experiment file's section holding its config; the stage runs when the section is present."""
     config: type[Section] | None = None
@@ -172,6 +175,11 @@ class StageKind:
         if self.present is not None:
             return self.present(experiment)
         return self.section is not None and getattr(experiment, self.section, None) is not None
+
+    def reads_of(self, experiment: Experiment) -> tuple[str, ...]:
+        """The kinds of `reads` this experiment's stage reads, before leaving out those the experiment does not run."""
+        wanted = set(self.reads_in(experiment)) if self.reads_in is not None else set(self.reads)
+        return tuple(name for name in self.reads if name in wanted)
 
     def config_of(self, experiment: Experiment) -> dict[str, Any]:
         """The part of `experiment` that changes this stage's output, as plain JSON."""

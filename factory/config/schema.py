@@ -12,10 +12,10 @@ from pydantic import (
 from factory.config.architectures import DEFAULT_ARCH, architectures, unknown_architecture
 from factory.config.base_refs import FORMS, BaseRef, base_ref
 from factory.config.control import ControlConfig
-from factory.config.section import Section
+from factory.config.section import GrownSection, Section
 from factory.config.sft_data import SFTData
 from factory.config.source_kinds import source_kind
-from factory.config.table_refs import TABLE_PART, TAG_PATTERN, table_ref
+from factory.config.table_refs import DOCUMENT_COLUMNS, TABLE_PART, TAG_PATTERN, table_ref
 from factory.errors import ConfigError, PluginError
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._=-]{0,127}$")
@@ -31,8 +31,10 @@ MAX_RANKS = 100_000
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
-class SourceConfig(Section):
+class SourceConfig(GrownSection):
     """Where the raw documents of one dataset come from."""
+
+    UNSET_LEFT_OUT = ("columns",)
 
     kind: str = "python-stdlib"
     """A registered source kind: `python-stdlib` (the running interpreter's standard library), `site-packages` (its
@@ -43,10 +45,18 @@ class SourceConfig(Section):
     """Glob patterns, relative to the source root, of the files to read."""
     exclude: tuple[str, ...] = ()
     """Glob patterns of files to leave out (caches are always left out)."""
-    format: Literal["text", "jsonl"] = "text"
-    """`text`: one document per file; `jsonl`: one document per line, its text in `text_field`."""
+    format: Literal["text", "jsonl", "parquet"] = "text"
+    """`text`: one document per file; `jsonl`: one document per line; `parquet`: one document per row (read with pyarrow).
+    A record's text is in `text_field`, or is rendered from the `columns` it keeps."""
     text_field: str = "text"
-    """For `jsonl`: the key that holds the document text; the other keys become metadata."""
+    """For `jsonl` and `parquet` without `columns`: the key that holds the document text; the other keys become metadata."""
+    columns: tuple[str, ...] = ()
+    """For `jsonl` and `parquet`: keys of each record kept as columns of the dataset's tables (what `sft.data` maps), such
+    as `[messages]` or `[prompt, completion]`. A value is text, or a list of `{role, content}` turns (stored as their
+    JSON). The document's text, which dedup and the filters read, is the kept values joined in this order (turns: their
+    contents joined by newlines); the other keys become metadata. A record missing a kept key, or holding another type,
+    is skipped and counted. Empty: the text is in `text_field`. A dataset that keeps columns is left out of the default
+    blend."""
     max_file_bytes: int = Field(1_000_000, gt=0, le=MAX_BYTES)
     """Files larger than this are left out (generated tables, not code)."""
     revision: str = ""
@@ -64,6 +74,17 @@ class SourceConfig(Section):
             raise ValueError(str(e)) from None
         return value
 
+    @field_validator("columns")
+    @classmethod
+    def _columns_are_new_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not TABLE_PART.fullmatch(name) or name in DOCUMENT_COLUMNS:
+                raise ValueError(f"column {name!r}: use lower_snake_case names other than the document's own "
+                                 f"({', '.join(DOCUMENT_COLUMNS)})")
+        if len(set(value)) != len(value):
+            raise ValueError(f"columns {list(value)} name a column twice")
+        return value
+
     @model_validator(mode="after")
     def _path_when_the_kind_takes_one(self) -> SourceConfig:
         takes_path = source_kind(self.kind).takes_path
@@ -71,6 +92,8 @@ class SourceConfig(Section):
             raise ValueError(f"a {self.kind!r} source needs 'path'")
         if not takes_path and self.path is not None:
             raise ValueError(f"'path' is only for a kind that takes one (directory); kind {self.kind!r} knows its own root")
+        if self.columns and self.format == "text":
+            raise ValueError("'columns' are keys of records: give format 'jsonl' or 'parquet'")
         return self
 
 
@@ -155,7 +178,7 @@ class DataConfig(Section):
     datasets: dict[str, DatasetConfig] = {"stdlib": DatasetConfig()}
     """Datasets by name (lower_snake_case); each becomes tables `raw.<name>`, `dedup.<name>`, `filtered.<name>`."""
     blend: tuple[BlendComponent, ...] = ()
-    """The training mixture (default: every dataset, equal weights)."""
+    """The training mixture (default: every dataset that keeps no row `columns`, equal weights)."""
     validation_percent: int = Field(5, ge=1, le=50)
     """Share of documents (by hash of id) held out for validation."""
     packing: Literal["best-fit", "next-fit"] = "best-fit"
@@ -178,7 +201,11 @@ class DataConfig(Section):
         if not self.blend:
             if not self.datasets:
                 raise ValueError("define at least one dataset under 'datasets' or a 'blend' of pinned tables")
-            object.__setattr__(self, "blend", tuple(BlendComponent(dataset=name) for name in self.datasets))
+            documents = [name for name, dataset in self.datasets.items() if not dataset.source.columns]  # rows are for sft.data
+            if not documents:
+                raise ValueError("every dataset keeps row columns (for sft.data), so the default blend is empty: name the "
+                                 "datasets or pinned tables to pretrain on in 'blend'")
+            object.__setattr__(self, "blend", tuple(BlendComponent(dataset=name) for name in documents))
         for part in self.blend:
             if part.dataset is not None and part.dataset not in self.datasets:
                 known = ", ".join(sorted(self.datasets)) or "none"

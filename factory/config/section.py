@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 
 class Section(BaseModel):
     """Base of every config section: frozen, strict about unknown keys, finite numbers only (`.inf` and `.nan` are refused)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+
+class GrownSection(Section):
+    """A section with fields added after recipes were written: each of `UNSET_LEFT_OUT` is left out of the dump (and so of
+    every fingerprint and config hash) while it is unset (None or empty), so recipes without it keep their fingerprints."""
+
+    UNSET_LEFT_OUT: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.UNSET_LEFT_OUT:
+            if getattr(self, name) in (None, ()):
+                data.pop(name, None)
+        return data

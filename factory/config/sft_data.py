@@ -1,12 +1,13 @@
-"""The `sft.data` section: any pinned table version to fine-tune on, its column mapping and its chat template."""
+"""The `sft.data` section: any pinned table version (or a dataset of the file) to fine-tune on, its column mapping and its
+chat template."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
-from factory.config.section import Section
+from factory.config.section import GrownSection
 from factory.config.table_refs import table_ref
 
 
@@ -30,7 +31,7 @@ def template_problem(template: str) -> str | None:
     return None
 
 
-class SFTData(Section):
+class SFTData(GrownSection):
     """Any pinned table version to fine-tune on: which columns hold the examples and how they are rendered into text.
 
     Each row becomes a conversation (`messages`: the row's list of `{role, content}` turns; `prompt_completion`: a
@@ -40,8 +41,14 @@ class SFTData(Section):
     it with the turn adds to that.
     """
 
-    table: str
+    UNSET_LEFT_OUT = ("dataset",)
+
+    table: str | None = None
     """The table version, pinned as `namespace.table@tag` (it must exist with the mapped columns: `factory check` verifies)."""
+    dataset: str | None = None
+    """Instead of `table`: a dataset of this file's `data.datasets`, read at the version its `filtered_datasets` stage
+    writes (its source must keep the mapped columns: `factory check` verifies). The data stages compute it also when it
+    is not blended."""
     format: Literal["prompt_completion", "messages"] = "prompt_completion"
     """`prompt_completion`: a prompt column and a completion column of text; `messages`: one column of chat turns."""
     prompt: str = "prompt"
@@ -63,8 +70,14 @@ class SFTData(Section):
 
     @field_validator("table")
     @classmethod
-    def _table_is_a_ref(cls, value: str) -> str:
-        return table_ref(value)
+    def _table_is_a_ref(cls, value: str | None) -> str | None:
+        return table_ref(value) if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> SFTData:
+        if (self.table is None) == (self.dataset is None):
+            raise ValueError("give exactly one of 'table' ('namespace.table@tag') or 'dataset' (defined in data.datasets)")
+        return self
 
     @field_validator("prompt", "completion", "messages", "split")
     @classmethod
@@ -85,6 +98,11 @@ class SFTData(Section):
         """The columns the table must have: the mapped ones of the format, and the split column."""
         mapped = (self.prompt, self.completion) if self.format == "prompt_completion" else (self.messages,)
         return (*mapped, *((self.split,) if self.split is not None else ()))
+
+    @property
+    def label(self) -> str:
+        """What the rows are read from, as messages name it."""
+        return self.table if self.table is not None else f"dataset {self.dataset!r}"
 
     @property
     def template(self) -> str:

@@ -94,7 +94,7 @@ def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:
     in for (the blend and tokenizer the base model was trained with)."""
     stages = stages_of(experiment)
     inherited = inherited_inputs() if experiment.base is not None else ()
-    names = tuple(name for name in stage_kind(kind).reads if name in stages or name in inherited)
+    names = tuple(name for name in stage_kind(kind).reads_of(experiment) if name in stages or name in inherited)
     return (BASE, *names) if experiment.base is not None and experiment.base[0] == kind else names
 
 

@@ -1,4 +1,4 @@
-"""Pinned table versions as experiment files name them: `namespace.table@tag`."""
+"""Pinned table versions as experiment files name them (`namespace.table@tag`), and the columns of a dataset table."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import re
 
 TABLE_PART = re.compile(r"^[a-z_][a-z0-9_]*$")
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DOCUMENT_COLUMNS = ("id", "source", "path", "text", "bytes", "sha256", "metadata")
+"""The columns of every dataset table (`factory.data.documents`), ahead of the columns a source keeps."""
 
 
 def table_ref(value: str) -> str:

@@ -25,19 +25,16 @@ class CheckOutcome:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def check_version(catalog: Catalog, table_name: str, tag: str, max_duplicate_share: float) -> list[CheckOutcome]:
-    """Run every check of `CHECKS` on `table_name@tag`."""
+def check_version(catalog: Catalog, table_name: str, tag: str, max_duplicate_share: float, columns: tuple[str, ...] = ()) -> list[CheckOutcome]:
+    """Run every check of `CHECKS` on `table_name@tag`, a document table that keeps the record `columns` of its source."""
     import pyarrow.compute as pc
 
-    from factory.data.documents import SCHEMA
-    from factory.data.tables import read_version, resolve
+    from factory.data.documents import document_schemas
+    from factory.data.tables import read_version, resolve, version_schema
 
     snapshot_id = resolve(catalog, table_name, tag)
-    table = catalog.load_table(table_name)
-    snapshot = table.snapshot_by_id(snapshot_id)
-    schema = table.schemas()[snapshot.schema_id if snapshot and snapshot.schema_id is not None else table.metadata.current_schema_id]
-    expected = [(f.name, str(f.field_type), f.required) for f in SCHEMA.fields]
-    found = [(f.name, str(f.field_type), f.required) for f in schema.fields]
+    expected = [(f.name, str(f.field_type), f.required) for f in document_schemas(columns)[1].fields]
+    found = [(f.name, str(f.field_type), f.required) for f in version_schema(catalog.load_table(table_name), snapshot_id).fields]
     if "sha256" in [name for name, _, _ in found]:
         digests = read_version(catalog, table_name, snapshot_id, ("sha256",))["sha256"]
         rows, distinct = len(digests), pc.count_distinct(digests).as_py()
@@ -54,7 +51,8 @@ def check_version(catalog: Catalog, table_name: str, tag: str, max_duplicate_sha
         ),
         CheckOutcome(
             name="schema", passed=found == expected, metadata={"columns": [name for name, _, _ in found]},
-            description=f"{ref} has the document schema" if found == expected else f"{ref} columns {found} differ from {expected}",
+            description=f"{ref} has the document schema" + (f" and the kept columns {', '.join(columns)}" if columns else "")
+            if found == expected else _schema_difference(ref, found, expected, columns),
         ),
         CheckOutcome(
             name="duplicate_share", passed=share <= max_duplicate_share,
@@ -63,3 +61,12 @@ def check_version(catalog: Catalog, table_name: str, tag: str, max_duplicate_sha
             + ("" if share <= max_duplicate_share else "; turn on dedup.exact or raise max_duplicate_share"),
         ),
     ]
+
+
+def _schema_difference(ref: str, found: list[tuple[str, str, bool]], expected: list[tuple[str, str, bool]], columns: tuple[str, ...]) -> str:
+    """What a version's schema lacks or has in place of the document schema with its kept columns."""
+    names = [name for name, _, _ in found]
+    if missing := [name for name in columns if name not in names]:
+        return (f"{ref} has no column {', '.join(map(repr, missing))}, which its source keeps (source.columns); its columns: "
+                f"{', '.join(names)}; ingest the dataset again with records that hold them")
+    return f"{ref} columns {found} differ from {expected}"

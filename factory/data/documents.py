@@ -1,4 +1,5 @@
-"""The one document schema every dataset table shares, and the deterministic train/validation split."""
+"""The document schema every dataset table shares (and the record columns a source may keep), and the deterministic
+train/validation split."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
+from factory.config.table_refs import DOCUMENT_COLUMNS
+
 SPLITS = ("train", "validation")
-COLUMNS = ("id", "source", "path", "text", "bytes", "sha256", "metadata")
+COLUMNS = DOCUMENT_COLUMNS
 SCHEMA = Schema(
     NestedField(1, "id", StringType(), required=True),
     NestedField(2, "source", StringType(), required=True),
@@ -30,6 +33,21 @@ ARROW_SCHEMA = pa.schema(
         pa.field("metadata", pa.string(), nullable=False),
     ]
 )
+
+
+def document_schemas(kept: tuple[str, ...] = ()) -> tuple[pa.Schema, Schema]:
+    """The Arrow and Iceberg schemas of a dataset table: the document columns, then the record columns a source keeps
+    (required text: turns are stored as their JSON)."""
+    if not kept:
+        return ARROW_SCHEMA, SCHEMA
+    extra = [pa.field(name, pa.large_string(), nullable=False) for name in kept]
+    fields = [NestedField(len(COLUMNS) + i, name, StringType(), required=True) for i, name in enumerate(kept, start=1)]
+    return pa.schema([*ARROW_SCHEMA, *extra]), Schema(*SCHEMA.fields, *fields)
+
+
+def kept_columns(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The columns of a dataset table beyond the document's own: the record columns its source keeps."""
+    return tuple(name for name in names if name not in COLUMNS)
 
 
 def doc_id(source: str, path: str) -> str:

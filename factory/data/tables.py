@@ -21,9 +21,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from factory.data.documents import ARROW_SCHEMA, COLUMNS, SCHEMA
+from factory.data.documents import COLUMNS, document_schemas, kept_columns
 from factory.errors import ArtifactError, ConfigError
 
 VERSION_TAG = re.compile(r"^v(\d+)$")
@@ -91,17 +92,19 @@ def write_version(
 ) -> TableVersion:
     """Publish `documents` as a version of `table_name` (creating it), named `tag` or `v<n>`; identical content reuses its snapshot.
 
-    Rows are documents unless `schema` says otherwise; any schema needs the `id`, `sha256` and `bytes` columns.
+    Rows are documents (with the record columns their source keeps) unless `schema` says otherwise; any schema needs the
+    `id`, `sha256` and `bytes` columns.
     """
     return name_version(catalog, write_content(catalog, table_name, documents, schema), log, tag)
 
 
 def write_content(catalog: Catalog, table_name: str, documents: pa.Table, schema: pa.Schema | None = None) -> TableVersion:
     """Publish `documents` as a snapshot tagged by content only: a version without a name yet (checks decide whether it gets one)."""
-    documents = documents.select(list(schema.names if schema else COLUMNS)).cast(schema or ARROW_SCHEMA).sort_by("id")
+    arrow, iceberg = (schema, schema) if schema is not None else document_schemas(kept_columns(documents.column_names))
+    documents = documents.select(list(arrow.names)).cast(arrow).sort_by("id")
     sha = content_sha256(documents)
     ensure_namespace(catalog, table_name.split(".")[0])
-    table = catalog.create_table_if_not_exists(table_name, schema=schema or SCHEMA)
+    table = catalog.create_table_if_not_exists(table_name, schema=iceberg)
     snapshot_id = _committed(catalog, table_name, table, lambda t: _write(t, documents, sha))
     return TableVersion(
         table=table_name, snapshot_id=snapshot_id, tag=content_tag(sha), content_tag=content_tag(sha), rows=documents.num_rows,
@@ -254,15 +257,20 @@ def version_problems(catalog: Catalog, ref: str, columns: Iterable[str] = ()) ->
         snapshot_id = resolve_pin(catalog, table_name, tag)
     except (ArtifactError, ConfigError) as e:
         return [str(e)]
-    table = catalog.load_table(table_name)
-    snapshot = table.snapshot_by_id(snapshot_id)
-    schema = table.schemas().get(snapshot.schema_id, table.schema()) if snapshot is not None and snapshot.schema_id is not None else table.schema()
-    have = [field.name for field in schema.fields]
+    have = [field.name for field in version_schema(catalog.load_table(table_name), snapshot_id).fields]
     missing = [name for name in columns if name not in have]
     if not missing:
         return []
     return [f"{ref} has no column {', '.join(repr(name) for name in missing)} (it has {', '.join(have)}); "
             f"pin a version written with {', '.join(columns)}"]
+
+
+def version_schema(table: Table, snapshot_id: int) -> Schema:
+    """The schema a version of a table was written with."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None or snapshot.schema_id is None:
+        return table.schema()
+    return table.schemas().get(snapshot.schema_id, table.schema())
 
 
 def read_version(catalog: Catalog, table_name: str, snapshot_id: int, columns: tuple[str, ...] = COLUMNS) -> pa.Table:
@@ -288,9 +296,8 @@ def record_batches(table: Table, snapshot_id: int, columns: tuple[str, ...]) -> 
     if any(task.delete_files for task in tasks):
         yield from scan.to_arrow_batch_reader()
         return
-    snapshot = table.snapshot_by_id(snapshot_id)
-    schema = table.schemas().get(snapshot.schema_id) if snapshot and snapshot.schema_id is not None else None
-    field_ids = {c: (schema or table.schema()).find_field(c).field_id for c in columns}
+    schema = version_schema(table, snapshot_id)
+    field_ids = {c: schema.find_field(c).field_id for c in columns}
     for task in tasks:
         filesystem, path = pafs.FileSystem.from_uri(task.file.file_path)
         with filesystem.open_input_file(path) as handle:

@@ -28,19 +28,21 @@ ASSISTANT = "assistant"
 Render = Callable[..., str]
 
 
-def read_rows(catalog: Catalog, data: SFTData) -> tuple[int, list[dict[str, Any]]]:
-    """The snapshot `data.table` names and its training rows (those of the split, or all), mapped columns only, in the
-    snapshot's order; a clear error when the version is missing or selects no row."""
-    table_name, tag = parse_ref(data.table)
+def read_rows(catalog: Catalog, data: SFTData, ref: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """The snapshot `ref` (default: `data.table`) names and its training rows (those of the split, or all), mapped columns
+    only, in the snapshot's order; a clear error when the version is missing or selects no row."""
+    ref = ref or data.table
+    assert ref is not None, "a dataset's rows are read at the version its filtered_datasets stage wrote"
+    table_name, tag = parse_ref(ref)
     try:
         snapshot = resolve_pin(catalog, table_name, tag)
     except ArtifactError as e:
-        raise ConfigError(f"sft.data.table: {e}") from e
+        raise ConfigError(f"sft.data.{'table' if data.table else 'dataset'}: {e}") from e
     where = EqualTo(data.split, data.split_value) if data.split is not None else AlwaysTrue()
     rows = catalog.load_table(table_name).scan(row_filter=where, snapshot_id=snapshot, selected_fields=data.columns).to_arrow().to_pylist()
     if not rows:
         selected = f" with {data.split} == {data.split_value!r}" if data.split is not None else ""
-        raise ConfigError(f"{data.table} has no rows{selected}: pin a version that has training rows, or change sft.data.split_value")
+        raise ConfigError(f"{ref} has no rows{selected}: pin a version that has training rows, or change sft.data.split_value")
     return snapshot, rows
 
 
@@ -103,7 +105,7 @@ def chat_examples(rows: list[dict[str, Any]], data: SFTData, tokenizer: Tokenize
     render = compile_template(data.template)
     examples = []
     for index, row in enumerate(rows):
-        name = f"row {index} of {data.table}"
+        name = f"row {index} of {data.label}"
         example = encode_segments(str(index), segments(render, conversation(row, data, name), name), tokenizer, eos_id, context)
         if example is not None:
             examples.append(example)

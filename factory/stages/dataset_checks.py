@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 
-def check_dataset(catalog: Catalog, table: str, tag: str, max_duplicate_share: float) -> list[CheckOutcome]:
-    """The checks on one filtered version; a failure also says which version of the table passed last (or that none has)."""
+def check_dataset(catalog: Catalog, table: str, tag: str, max_duplicate_share: float, columns: tuple[str, ...] = ()) -> list[CheckOutcome]:
+    """The checks on one filtered version (keeping the record `columns` of its source); a failure also says which version
+    of the table passed last (or that none has)."""
     from factory.data.tables import last_named, resolve  # pyiceberg: the orchestrator imports this module to report outcomes
 
-    outcomes = check_version(catalog, table, tag, max_duplicate_share)
+    outcomes = check_version(catalog, table, tag, max_duplicate_share, columns)
     if all(outcome.passed for outcome in outcomes):
         return outcomes
     passed = last_named(catalog, table, excluding=resolve(catalog, table, tag))
@@ -55,7 +56,8 @@ def check_filtered(catalog_config: CatalogConfig, artifact: Path, kind: str, con
     settings = stage_kind(kind).read_settings(config)
     catalog = open_catalog(catalog_config)
     return combine({
-        name: check_dataset(catalog, record["table"], record["content_tag"], settings.datasets[name].max_duplicate_share)
+        name: check_dataset(catalog, record["table"], record["content_tag"], settings.datasets[name].max_duplicate_share,
+                            settings.datasets[name].columns)
         for name, record in records.items()
     })
 

@@ -1,7 +1,7 @@
-"""The dataset kinds, one family: raw -> deduplicated -> filtered tables, one Iceberg table per blended dataset.
+"""The dataset kinds, one family: raw -> deduplicated -> filtered tables, one Iceberg table per dataset a stage reads.
 
 Each kind writes one table version per dataset and `datasets.json`, naming the versions by content tag (so the
-same bytes give the same artifact); the blend (`factory.stages.blend`) reads the filtered ones. The module is read
+same bytes give the same artifact); the blend (`factory.stages.blend`) and `sft.data.dataset` read the filtered ones. The module is read
 with the registry, so it stays light: its run functions import the data code (pyiceberg, pyarrow) when they run.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from factory.config.kinds import StageKind
 from factory.config.schema import DatasetConfig, DedupConfig, Experiment, FiltersConfig, SourceConfig, blended_datasets
-from factory.config.section import Section
+from factory.config.section import GrownSection, Section
 from factory.config.sources import source_files
 from factory.errors import StageFailed
 from factory.registry.layout import SOURCES_FILE
@@ -42,12 +42,16 @@ class DedupSettings(Section):
     seed: int
 
 
-class DatasetFilters(Section):
-    """One dataset's filters, the tag its version takes and the duplicate share its check allows."""
+class DatasetFilters(GrownSection):
+    """One dataset's filters, the tag its version takes, the duplicate share its check allows and the record columns its
+    source keeps (its schema check expects them)."""
+
+    UNSET_LEFT_OUT = ("columns",)
 
     filters: FiltersConfig
     tag: str | None
     max_duplicate_share: float
+    columns: tuple[str, ...] = ()
 
 
 class FilterSettings(Section):
@@ -56,12 +60,20 @@ class FilterSettings(Section):
     datasets: dict[str, DatasetFilters]
 
 
-def _blends_a_dataset(experiment: Experiment) -> bool:
-    return bool(blended_datasets(experiment))
+def computed_datasets(experiment: Experiment) -> tuple[str, ...]:
+    """The datasets the data stages compute, in `data.datasets` order: those the blend draws from and the one `sft.data`
+    reads (a dataset no stage reads enters no fingerprint)."""
+    data = experiment.sft.data if experiment.sft is not None else None
+    read = {*blended_datasets(experiment), *([data.dataset] if data is not None and data.dataset is not None else [])}
+    return tuple(name for name in experiment.data.datasets if name in read)
+
+
+def _computes_a_dataset(experiment: Experiment) -> bool:
+    return bool(computed_datasets(experiment))
 
 
 def _datasets(experiment: Experiment) -> dict[str, DatasetConfig]:
-    return {name: experiment.data.datasets[name] for name in blended_datasets(experiment)}
+    return {name: experiment.data.datasets[name] for name in computed_datasets(experiment)}
 
 
 def _raw(experiment: Experiment) -> RawSettings:
@@ -75,7 +87,8 @@ def _dedup(experiment: Experiment) -> DedupSettings:
 
 
 def _filters(experiment: Experiment) -> FilterSettings:
-    return FilterSettings(datasets={name: DatasetFilters(filters=d.filters, tag=d.tag, max_duplicate_share=d.max_duplicate_share)
+    return FilterSettings(datasets={name: DatasetFilters(filters=d.filters, tag=d.tag, max_duplicate_share=d.max_duplicate_share,
+                                                         columns=d.source.columns)
                                     for name, d in _datasets(experiment).items()})
 
 
@@ -141,7 +154,7 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
     def publish(name: str, documents: pa.Table) -> TableVersion:
         # The checks decide the name: a version they refuse takes no `v<n>` (nor the configured tag), so no pin can reach it.
         version = write_content(catalog, f"filtered.{name}", documents)
-        checks[name] = check_dataset(catalog, version.table, version.content_tag, datasets[name].max_duplicate_share)
+        checks[name] = check_dataset(catalog, version.table, version.content_tag, datasets[name].max_duplicate_share, datasets[name].columns)
         if all(outcome.passed for outcome in checks[name]):
             return name_version(catalog, version, ctx.log, datasets[name].tag)
         return reject_version(catalog, version, ctx.log)
@@ -152,21 +165,21 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
 
 
 RAW_DATASETS = StageKind(
-    name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_blends_a_dataset, writes_tables=True, reads_sources=True,
+    name="raw_datasets", run="factory.stages.datasets:run_raw_datasets", present=_computes_a_dataset, writes_tables=True, reads_sources=True,
     settings=RawSettings, fingerprint=_raw, artifact=frozenset({"iceberg"}), group="data",
     imports=(*DATA_MODULES, "factory.data.ingest"),
     description="Source files ingested into one Iceberg table per dataset (`raw.<name>`), each version tagged.",
 )
 DEDUPED_DATASETS = StageKind(
     name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",), writes_tables=True,
-    present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, fingerprint=_dedup,
+    present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, fingerprint=_dedup,
     imports=(*DATA_MODULES, "factory.data.dedup"),
     description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
 )
 FILTERED_DATASETS = StageKind(
     name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",), writes_tables=True,
     dataset_checks=True,
-    present=_blends_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
+    present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
     imports=(*DATA_MODULES, "factory.data.filters", "factory.stages.dataset_checks"),
     description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
 )

@@ -18,6 +18,9 @@ from factory.registry.layout import CHAT_TEMPLATE_FILE
 from factory.runtime.context import StageContext
 from factory.stages.post_training import POST_TRAINING_READS, POST_TRAINING_TASKS, task_table
 
+DATASETS_READ = "filtered_datasets"
+"""The data stage whose version of `sft.data.dataset` SFT reads."""
+
 if TYPE_CHECKING:
     from factory.data.loader import Batch, LoaderState
 
@@ -52,11 +55,13 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ctx.log.info("fine-tuning on %d prompt/completion pairs from %s (train split)", len(examples), config.tasks)
     else:
         from factory.post.chat import chat_examples, read_rows
+        from factory.stages.versions import dataset_version
 
-        snapshot, rows = read_rows(catalog, config.data)
+        ref = config.data.table or dataset_version(ctx, DATASETS_READ, str(config.data.dataset))
+        snapshot, rows = read_rows(catalog, config.data, ref)
         examples = chat_examples(rows, config.data, tokenizer, eos_id, model_config.context)
-        read = {"data": config.data.table, "data_snapshot": snapshot}
-        ctx.log.info("fine-tuning on %d of %d rows of %s (%s)", len(examples), len(rows), config.data.table, config.data.format)
+        read = {"data": ref, "data_snapshot": snapshot}
+        ctx.log.info("fine-tuning on %d of %d rows of %s (%s)", len(examples), len(rows), ref, config.data.format)
     world = world_from_env()
 
     def data(state: LoaderState | None) -> Iterator[Batch]:
@@ -73,19 +78,27 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 
 def _tables(experiment: Experiment) -> list[TableNeed]:
-    """The table version `sft.data` pins with its mapped columns, or the task table (as `rl` reads it)."""
+    """The table version `sft.data` pins with its mapped columns (none for a dataset of the file), or the task table (as
+    `rl` reads it)."""
     data = experiment.sft.data if experiment.sft is not None else None
     if data is None:
         return task_table("sft")(experiment)
-    return [TableNeed(where=("sft", "data", "table"), table=data.table, columns=data.columns)]
+    return [TableNeed(where=("sft", "data", "table"), table=data.table, columns=data.columns)] if data.table is not None else []
+
+
+def _reads(experiment: Experiment) -> tuple[str, ...]:
+    """The filtered datasets only when `sft.data` names a dataset of the file: other recipes keep their fingerprints."""
+    data = experiment.sft.data if experiment.sft is not None else None
+    return (*POST_TRAINING_READS, *([DATASETS_READ] if data is not None and data.dataset is not None else []))
 
 
 SFT = StageKind(
-    name="sft", run="factory.stages.sft:run", reads=POST_TRAINING_READS, section="sft",
+    name="sft", run="factory.stages.sft:run", reads=(*POST_TRAINING_READS, DATASETS_READ), reads_in=_reads, section="sft",
     plot=MetricsPlot(title="Fine-tuning (SFT)", file="sft.png", alt="SFT loss"),
     checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
     settings=SFTSettings, fingerprint=_settings, tables=_tables,
-    imports=("factory.data.tables", "factory.post.chat", "factory.post.sft", "factory.stages.training", "factory.train.distributed"),
+    imports=("factory.data.tables", "factory.post.chat", "factory.post.sft", "factory.stages.training", "factory.stages.versions",
+             "factory.train.distributed"),
     description="Supervised fine-tuning of the pretrained model on code-execution pairs or any table (loss on completions only); its "
                 "checkpoints are `checkpoints` partitions.",
 )

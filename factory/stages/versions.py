@@ -15,7 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from factory.data.catalog import open_catalog
-from factory.data.tables import TableVersion, read_version, resolve
+from factory.data.tables import TableVersion, read_version, resolve, version_schema
+from factory.errors import StageFailed
 from factory.registry.layout import DATASETS_FILE
 from factory.runtime.context import StageContext
 
@@ -53,7 +54,17 @@ def transform(
     catalog = open_catalog(ctx.request.catalog)
     versions, stats = {}, {}
     for name, source in load_versions(ctx, upstream).items():
-        documents, stats[name] = step(name, read_version(catalog, source.table, source.snapshot_id))
+        table = catalog.load_table(source.table)
+        columns = tuple(field.name for field in version_schema(table, source.snapshot_id).fields)  # with the kept record columns
+        documents, stats[name] = step(name, read_version(catalog, source.table, source.snapshot_id, columns))
         versions[name] = publish(name, documents)
     return publish_versions(ctx, versions, stats)
+
+
+def dataset_version(ctx: StageContext, stage: str, name: str) -> str:
+    """`table@content-tag` of the version an upstream data stage published for dataset `name`: exactly the rows it wrote."""
+    versions = load_versions(ctx, stage) if stage in ctx.request.spec.upstream else {}
+    if name not in versions:
+        raise StageFailed(f"{stage} wrote no version of dataset {name!r} (it wrote {', '.join(sorted(versions)) or 'none'})")
+    return f"{versions[name].table}@{versions[name].content_tag}"
 

@@ -12,7 +12,7 @@ LINEAGE = {
     "blend": {"filtered_datasets"},
     "tokenizer": {"blend"},
     "pretrain": {"blend", "tokenizer"},
-    "sft": {"blend", "tokenizer", "pretrain", "code_exec_tasks"},
+    "sft": {"blend", "tokenizer", "pretrain", "code_exec_tasks", "filtered_datasets"},  # the filtered datasets for sft.data.dataset
     "rl": {"blend", "tokenizer", "pretrain", "sft", "code_exec_tasks"},
     "checkpoints": {"pretrain", "sft", "rl"},
     "model": {"pretrain", "sft", "rl", "tokenizer"},

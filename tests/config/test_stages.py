@@ -187,7 +187,7 @@ def test_a_blend_of_pinned_tables_needs_no_dataset_stages(tiny):
 def test_planning_without_an_upstream_digest_is_a_config_error(tiny, kind):
     tiny = post_trained(tiny)
     digests = {name: fake_digest(name) for name in STAGES}
-    missing = UPSTREAM[kind][-1]
+    missing = upstream_of(tiny, kind)[-1]  # what this recipe's stage reads (sft reads the filtered datasets only for sft.data.dataset)
     del digests[missing]
     with pytest.raises(ConfigError, match=missing):
         plan_stage(tiny, kind, digests)

@@ -42,3 +42,23 @@ def test_a_table_with_another_schema_fails_the_schema_check(catalog):
     table.manage_snapshots().create_tag(snapshot, "v1").commit()
     found = check_version(catalog, "curated.odd", "v1", 0.0)
     assert not {o.name: o for o in found}["schema"].passed
+
+
+def test_the_schema_check_expects_the_columns_the_source_keeps(catalog):
+    chats = documents("chat", {"a.jsonl:1": "hi\nhello"}).append_column(
+        pa.field("messages", pa.large_string(), nullable=False), pa.array(['[{"role": "user", "content": "hi"}]'], pa.large_string()))
+    write_version(catalog, "filtered.chat", chats, LOG)
+    kept = outcomes_keeping(catalog, "filtered.chat", ("messages",))
+    assert kept["schema"].passed and "kept columns messages" in kept["schema"].description
+    assert not outcomes(catalog, "filtered.chat", "v1")["schema"].passed  # a column no source keeps is not the schema
+
+    write_version(catalog, "filtered.plain", documents("plain", {"a.jsonl:1": "hi"}), LOG)
+    missing = outcomes_keeping(catalog, "filtered.plain", ("messages",))["schema"]
+    assert not missing.passed
+    assert missing.description.startswith("filtered.plain@v1 has no column 'messages', which its source keeps (source.columns); "
+                                           "its columns: id, source, path, text, bytes, sha256, metadata")
+    assert outcomes_keeping(catalog, "filtered.plain", ("messages",))["non_empty"].passed
+
+
+def outcomes_keeping(catalog, table, columns):
+    return {o.name: o for o in check_version(catalog, table, "v1", 0.0, columns)}

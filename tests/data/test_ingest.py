@@ -69,7 +69,10 @@ def test_text_files_are_read_with_globs_and_bad_files_counted(tree):
         "not_utf8": 1,
         "unreadable": 0 if RUNNING_AS_ROOT else 1,
         "bad_json": 0,
+        "bad_parquet": 0,
         "empty": 1,
+        "missing_column": 0,
+        "wrong_type": 0,
     }
     row = {r["path"]: r for r in docs.to_pylist()}["pkg/mod.py"]
     text = "def f():\n    return 'caf\u00e9'\n"
@@ -155,3 +158,29 @@ def test_stdlib_root_leaves_out_installed_packages():
     assert "json/__init__.py" in paths
     assert all(p.startswith("json/") for p in paths)
     assert set(result.skipped) == set(SKIP_REASONS)
+
+
+def test_records_keep_their_columns_and_bad_ones_are_counted(tmp_path):
+    turns = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4", "weight": 1}]
+    swapped = [{"role": "assistant", "content": "2 + 2?"}, {"role": "user", "content": "4"}]
+    lines = [json.dumps({"messages": turns, "id": 7}), json.dumps({"messages": swapped}), json.dumps({"messages": "text"}),
+             json.dumps({"messages": [{"role": "user"}]}), json.dumps({"other": 1}), "{not json", json.dumps({"messages": []})]
+    write(tmp_path / "src", {"chats.jsonl": "\n".join(lines).encode(), "broken.parquet": b"PAR1 not really"})
+    result = read_documents("chat", config(tmp_path / "src", include=("*.jsonl",), format="jsonl", columns=("messages",)), LOG)
+    rows = sorted(result.documents.to_pylist(), key=lambda r: r["path"])
+    assert [r["path"] for r in rows] == ["chats.jsonl:1", "chats.jsonl:2"]
+    assert json.loads(rows[0]["messages"]) == [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]
+    assert rows[0]["text"] == rows[1]["text"] == "2 + 2?\n4" and json.loads(rows[0]["metadata"]) == {"id": 7}
+    assert rows[0]["sha256"] != rows[1]["sha256"]  # the same text with other roles is another document
+    assert {k: v for k, v in result.skipped.items() if v} == {"wrong_type": 3, "missing_column": 1, "bad_json": 1}
+
+    broken = read_documents("chat", config(tmp_path / "src", include=("*.parquet",), format="parquet", columns=("messages",)), LOG)
+    assert broken.skipped["bad_parquet"] == 1 and broken.documents.num_rows == 0
+    assert broken.documents.column_names[-1] == "messages"
+
+
+def test_columns_are_for_records_only(tmp_path):
+    with pytest.raises(ValueError, match="give format 'jsonl' or 'parquet'"):
+        config(tmp_path, columns=("messages",))
+    with pytest.raises(ValueError, match="other than the document's own"):
+        config(tmp_path, format="jsonl", columns=("text",))

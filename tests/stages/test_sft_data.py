@@ -82,12 +82,13 @@ def recipe(tmp_path: Path, data: str) -> Path:
     return path
 
 
-def run_all(tmp_path: Path, path: Path) -> dict[str, Path]:
-    """Run every stage of the file's experiment in order through the stage process; each stage's artifact directory."""
+def run_all(tmp_path: Path, path: Path, only: tuple[str, ...] | None = None) -> dict[str, Path]:
+    """Run every stage of the file's experiment (or the first ones, `only`) in order through the stage process; each
+    stage's artifact directory."""
     [experiment] = load_file(path)
     registry = ArtifactStore(tmp_path / "registry")
     digests: dict[str, str] = {}
-    for kind in [k for k in UPSTREAM if k in stages_of(experiment)]:
+    for kind in [k for k in UPSTREAM if k in stages_of(experiment) and (only is None or k in only)]:
         spec = plan_stage(experiment, kind, digests)
         request = StageRequest(spec=spec, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / "catalog"),
                                provenance=Provenance(experiment=experiment.name, config_hash="0" * 16, git_commit="test"))
