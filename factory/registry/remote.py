@@ -14,7 +14,10 @@ from factory.errors import FactoryError
 FETCH_TIMEOUT_S = 60
 TIP_REF = "refs/factory/tip"  # where the fetched branch lands in the clone; no branch is ever checked out
 _AUTH = re.compile(r"authentication failed|permission denied|could not read (username|password)|terminal prompts disabled"
-                   r"|403|401|invalid credentials|host key verification failed", re.IGNORECASE)
+                   r"|returned error: 40[13]\b|\b40[13] (forbidden|unauthorized)|invalid credentials|host key verification failed",
+                   re.IGNORECASE)
+"""What git says when a remote refuses credentials; an HTTP status only where git gives one (a bare `401` also matches a
+path such as pytest's `pytest-401` directory)."""
 
 
 class RemoteError(FactoryError):

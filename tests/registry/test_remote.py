@@ -18,6 +18,12 @@ def test_an_unreachable_remote_names_the_setting(tmp_path):
     assert (tmp_path / "clone" / "HEAD").exists()  # the sensor's bare clone, made on first use
 
 
+def test_a_path_with_401_in_it_is_not_refused_credentials(tmp_path):
+    """git names the missing repository's path: a `401` in it (pytest's `pytest-401` directory) is no HTTP status."""
+    with pytest.raises(RemoteError, match="cannot reach .*FACTORY_GIT_REMOTE"):
+        fetch_branch(str(tmp_path / "pytest-401" / "nowhere-403.git"), "main", tmp_path / "clone")
+
+
 def test_file_url_on_a_forge_leaves_credentials_out():
     url = file_url("https://user:token@github.com/org/repo.git", "abc", "experiments/x.md")
     assert url == "https://github.com/org/repo/blob/abc/experiments/x.md"
