@@ -28,7 +28,8 @@ from tokenizers import Tokenizer
 from torch.nn import functional as F
 
 from factory.config import load
-from factory.config.schema import Experiment, SourceConfig
+from factory.config.data_sections import SourceConfig
+from factory.config.schema import Experiment
 from factory.data.blend import Blend, BlendPart, count_splits
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.ingest import read_documents

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator, model_serializer, model_validator,
@@ -12,207 +12,14 @@ from pydantic import (
 from factory.config.architectures import DEFAULT_ARCH, architectures, unknown_architecture
 from factory.config.base_refs import FORMS, BaseRef, base_ref
 from factory.config.control import ControlConfig
-from factory.config.section import GrownSection, Section
+from factory.config.data_sections import DataConfig
+from factory.config.limits import MAX_BATCH, MAX_BYTES, MAX_COUNT, MAX_RANKS, MAX_STEPS, Beta
+from factory.config.section import Section
 from factory.config.sft_data import SFTData
-from factory.config.source_kinds import source_kind
-from factory.config.table_refs import DOCUMENT_COLUMNS, TABLE_PART, TAG_PATTERN, table_ref
-from factory.errors import ConfigError, PluginError
+from factory.config.table_refs import table_ref
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._=-]{0,127}$")
 IMAGE_PATTERN = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
-
-
-# Upper bounds: generous, but finite, so a value that passes `factory check` cannot overflow a stage later.
-MAX_BYTES = 1 << 40
-MAX_STEPS = 1_000_000_000
-MAX_BATCH = 1 << 20
-MAX_COUNT = 1_000_000_000
-MAX_RANKS = 100_000
-Beta = Annotated[float, Field(ge=0, lt=1)]
-
-
-class SourceConfig(GrownSection):
-    """Where the raw documents of one dataset come from."""
-
-    UNSET_LEFT_OUT = ("columns",)
-
-    kind: str = "python-stdlib"
-    """A registered source kind: `python-stdlib` (the running interpreter's standard library), `site-packages` (its
-    installed packages), `directory` (`path`), or one a plugin package adds (`model_factory.sources`)."""
-    path: str | None = None
-    """For a kind that takes a path (`directory`): the directory to read, absolute or relative to the working directory."""
-    include: tuple[str, ...] = ("**/*.py",)
-    """Glob patterns, relative to the source root, of the files to read."""
-    exclude: tuple[str, ...] = ()
-    """Glob patterns of files to leave out (caches are always left out)."""
-    format: Literal["text", "jsonl", "parquet"] = "text"
-    """`text`: one document per file; `jsonl`: one document per line; `parquet`: one document per row (read with pyarrow).
-    A record's text is in `text_field`, or is rendered from the `columns` it keeps."""
-    text_field: str = "text"
-    """For `jsonl` and `parquet` without `columns`: the key that holds the document text; the other keys become metadata."""
-    columns: tuple[str, ...] = ()
-    """For `jsonl` and `parquet`: keys of each record kept as columns of the dataset's tables (what `sft.data` maps), such
-    as `[messages]` or `[prompt, completion]`. A value is text, or a list of `{role, content}` turns (stored as their
-    JSON). The document's text, which dedup and the filters read, is the kept values joined in this order (turns: their
-    contents joined by newlines); the other keys become metadata. A record missing a kept key, or holding another type,
-    is skipped and counted. Empty: the text is in `text_field`. A dataset that keeps columns is left out of the default
-    blend."""
-    max_file_bytes: int = Field(1_000_000, gt=0, le=MAX_BYTES)
-    """Files larger than this are left out (generated tables, not code)."""
-    revision: str = ""
-    """Free-form extra knob: changing it ingests the source again (its files' paths and contents are part of the raw
-    stage's fingerprint already, so changed files are ingested again without it)."""
-
-    @field_validator("kind")
-    @classmethod
-    def _kind_is_registered(cls, value: str) -> str:
-        try:
-            source_kind(value)
-        except PluginError:
-            raise  # a broken plugin is not this file's fault: said as such, not as a field error
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
-        return value
-
-    @field_validator("columns")
-    @classmethod
-    def _columns_are_new_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not TABLE_PART.fullmatch(name) or name in DOCUMENT_COLUMNS:
-                raise ValueError(f"column {name!r}: use lower_snake_case names other than the document's own "
-                                 f"({', '.join(DOCUMENT_COLUMNS)})")
-        if len(set(value)) != len(value):
-            raise ValueError(f"columns {list(value)} name a column twice")
-        return value
-
-    @model_validator(mode="after")
-    def _path_when_the_kind_takes_one(self) -> SourceConfig:
-        takes_path = source_kind(self.kind).takes_path
-        if takes_path and not self.path:
-            raise ValueError(f"a {self.kind!r} source needs 'path'")
-        if not takes_path and self.path is not None:
-            raise ValueError(f"'path' is only for a kind that takes one (directory); kind {self.kind!r} knows its own root")
-        if self.columns and self.format == "text":
-            raise ValueError("'columns' are keys of records: give format 'jsonl' or 'parquet'")
-        return self
-
-
-class DedupConfig(Section):
-    """Duplicate removal; the first document in id order of each duplicate group is kept."""
-
-    exact: bool = True
-    """Drop documents whose bytes (sha256) equal an earlier document's."""
-    near_threshold: float | None = Field(0.85, gt=0, le=1)
-    """Estimated Jaccard similarity of token shingles above which a document is a near-duplicate (MinHash LSH); null turns it off."""
-    num_perm: int = Field(128, ge=16, le=1024)
-    """MinHash permutations: more is more precise and slower."""
-    shingle_tokens: int = Field(5, ge=1, le=64)
-    """Consecutive word tokens per shingle."""
-
-
-class FiltersConfig(Section):
-    """Quality filters; each reports how many documents it removed."""
-
-    min_bytes: int = Field(1, ge=0, le=MAX_BYTES)
-    """Documents shorter than this are dropped."""
-    max_bytes: int | None = Field(None, gt=0, le=MAX_BYTES)
-    """Documents longer than this are dropped (null: no bound)."""
-    max_line_length: int | None = Field(None, gt=0, le=MAX_BYTES)
-    """Documents with any line longer than this are dropped (minified or generated data)."""
-    min_alnum_share: float = Field(0.0, ge=0, le=1)
-    """Documents whose share of alphanumeric characters is below this are dropped."""
-    drop_generated: bool = False
-    """Drop files that say they are generated (`auto-generated`, `do not edit`, ... in the first lines)."""
-    drop_license_only: bool = False
-    """Drop files that are nothing but a license header (comments) and blank lines."""
-
-
-class DatasetConfig(Section):
-    """One dataset: ingested raw, deduplicated, filtered; each step a versioned Iceberg table."""
-
-    source: SourceConfig = SourceConfig()
-    dedup: DedupConfig = DedupConfig()
-    filters: FiltersConfig = FiltersConfig()
-    tag: str | None = None
-    """Version tag of the filtered table (default `v<n>`, the next number), given only when its checks pass; a tag names one version forever."""
-    max_duplicate_share: float = Field(0.0, ge=0, le=1)
-    """Asset check: the filtered table's share of exact duplicates must not exceed this, or training is blocked."""
-
-    @field_validator("tag")
-    @classmethod
-    def _tag_is_a_name(cls, value: str | None) -> str | None:
-        if value is not None and (not TAG_PATTERN.fullmatch(value) or value.startswith(("content-", "rejected-"))):
-            raise ValueError(f"expected a tag of letters, digits, '.', '_', '-' (not starting with 'content-' or 'rejected-'), found {value!r}")
-        return value
-
-
-class BlendComponent(Section):
-    """One part of the training mixture: a dataset of this file, or a pinned table version."""
-
-    dataset: str | None = None
-    """A dataset defined under `data.datasets`."""
-    table: str | None = None
-    """A table version pinned as `namespace.table@tag` (it must exist: `factory check` verifies)."""
-    weight: float = Field(1.0, ge=0, le=1e6)
-    """Relative share of documents drawn from this part."""
-    mode: Literal["finite", "oversample"] = "oversample"
-    """`finite`: each document at most once, then the part leaves the mix; `oversample`: repeat epochs as needed."""
-
-    @model_validator(mode="after")
-    def _one_origin(self) -> BlendComponent:
-        if (self.dataset is None) == (self.table is None):
-            raise ValueError("give exactly one of 'dataset' (defined in data.datasets) or 'table' ('namespace.table@tag')")
-        if self.table is not None:
-            table_ref(self.table)
-        return self
-
-    @property
-    def label(self) -> str:
-        """How the part is named in reports."""
-        return self.dataset or self.table or ""
-
-
-class DataConfig(Section):
-    """Datasets, the blend training streams from, and how it streams."""
-
-    datasets: dict[str, DatasetConfig] = {"stdlib": DatasetConfig()}
-    """Datasets by name (lower_snake_case); each becomes tables `raw.<name>`, `dedup.<name>`, `filtered.<name>`."""
-    blend: tuple[BlendComponent, ...] = ()
-    """The training mixture (default: every dataset that keeps no row `columns`, equal weights)."""
-    validation_percent: int = Field(5, ge=1, le=50)
-    """Share of documents (by hash of id) held out for validation."""
-    packing: Literal["best-fit", "next-fit"] = "best-fit"
-    """How documents are packed into fixed-length sequences."""
-    shuffle_buffer_docs: int = Field(1024, ge=1, le=10_000_000)
-    """Documents shuffled together as they stream in."""
-    pack_window_docs: int = Field(64, ge=1, le=1_000_000)
-    """Documents packed together: a wider window fills sequences better."""
-
-    @field_validator("datasets")
-    @classmethod
-    def _dataset_names(cls, value: dict[str, DatasetConfig]) -> dict[str, DatasetConfig]:
-        for name in value:
-            if not TABLE_PART.fullmatch(name):
-                raise ValueError(f"dataset name {name!r}: use lower_snake_case (it names Iceberg tables)")
-        return value
-
-    @model_validator(mode="after")
-    def _blend_is_valid(self) -> DataConfig:
-        if not self.blend:
-            if not self.datasets:
-                raise ValueError("define at least one dataset under 'datasets' or a 'blend' of pinned tables")
-            documents = [name for name, dataset in self.datasets.items() if not dataset.source.columns]  # rows are for sft.data
-            if not documents:
-                raise ValueError("every dataset keeps row columns (for sft.data), so the default blend is empty: name the "
-                                 "datasets or pinned tables to pretrain on in 'blend'")
-            object.__setattr__(self, "blend", tuple(BlendComponent(dataset=name) for name in documents))
-        for part in self.blend:
-            if part.dataset is not None and part.dataset not in self.datasets:
-                known = ", ".join(sorted(self.datasets)) or "none"
-                raise ValueError(f"blend names dataset {part.dataset!r}, which is not defined; datasets: {known}")
-        if sum(part.weight for part in self.blend) <= 0:
-            raise ValueError("blend weights are all zero: give at least one part a positive weight")
-        return self
 
 
 class TokenizerConfig(Section):

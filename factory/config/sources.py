@@ -27,7 +27,7 @@ from pathlib import Path
 
 from factory.atomic import write_atomic
 from factory.config.files import data_roots, outside_roots
-from factory.config.schema import SourceConfig
+from factory.config.data_sections import SourceConfig
 from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError
 

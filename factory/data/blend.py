@@ -13,7 +13,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from factory.config.fingerprint import sha256_of
-from factory.config.schema import DataConfig
+from factory.config.data_sections import DataConfig
 from factory.data.documents import SPLITS, split_of
 from factory.data.tables import REJECTED_PREFIX, TableVersion, parse_ref, resolve, resolve_pin, stream_version
 from factory.errors import ArtifactError

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from datasketch import MinHash, MinHashLSH
 
-from factory.config.schema import DedupConfig
+from factory.config.data_sections import DedupConfig
 
 TOKEN = re.compile(r"\w+")
 

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from factory.config.schema import SourceConfig
+from factory.config.data_sections import SourceConfig
 from factory.config.sources import matching_files, source_root
 from factory.data.documents import doc_id, document_schemas
 

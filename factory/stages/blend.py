@@ -12,7 +12,8 @@ from typing import Any
 
 from factory.config.kinds import BLEND as BLEND_ROLE
 from factory.config.kinds import StageKind
-from factory.config.schema import BlendComponent, DataConfig, DatasetConfig, Experiment
+from factory.config.data_sections import BlendComponent, DataConfig, DatasetConfig
+from factory.config.schema import Experiment
 from factory.config.section import Section
 from factory.registry.layout import BLEND_FILE
 from factory.runtime.context import StageContext

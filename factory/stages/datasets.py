@@ -11,7 +11,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from factory.config.kinds import StageKind
-from factory.config.schema import DatasetConfig, DedupConfig, Experiment, FiltersConfig, SourceConfig, blended_datasets
+from factory.config.data_sections import DatasetConfig, DedupConfig, FiltersConfig, SourceConfig
+from factory.config.schema import Experiment, blended_datasets
 from factory.config.section import GrownSection, Section
 from factory.config.sources import source_files
 from factory.errors import StageFailed

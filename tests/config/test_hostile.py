@@ -20,7 +20,7 @@ from factory.config import load, load_file
 from factory.config.files import DATA_ROOTS_ENV, MAX_FILE_BYTES
 from factory.config.front_matter import MAX_INT_DIGITS, MAX_YAML_DEPTH
 from factory.config.loader import MAX_EXTENDS_DEPTH
-from factory.config.schema import SourceConfig
+from factory.config.data_sections import SourceConfig
 from factory.config.sources import matching_files, source_files, source_root
 from factory.data.ingest import read_documents
 from factory.errors import ConfigError

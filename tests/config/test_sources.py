@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from factory.config.schema import SourceConfig
+from factory.config.data_sections import SourceConfig
 from factory.config.sources import CACHE_ENV, changed_files, source_files
 
 

@@ -259,7 +259,7 @@ def test_the_site_packages_identity_does_not_depend_on_where_python_starts(tmp_p
     import subprocess
     import sys
 
-    code = ("from factory.config.schema import SourceConfig; from factory.config.sources import source_files; "
+    code = ("from factory.config.data_sections import SourceConfig; from factory.config.sources import source_files; "
             "print(source_files(SourceConfig(kind='site-packages', include=('yaml/**/*.py',))).digest)")
     repo = Path(__file__).resolve().parents[2]
     here = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True).stdout

@@ -2,7 +2,7 @@
 
 import pytest
 
-from factory.config.schema import DataConfig
+from factory.config.data_sections import DataConfig
 from factory.data.blend import Blend, build_blend
 from factory.data.tables import reject_version, write_content, write_version
 from factory.errors import ArtifactError

@@ -1,6 +1,6 @@
 """Exact and near-duplicate removal with real datasketch MinHash LSH."""
 
-from factory.config.schema import DedupConfig
+from factory.config.data_sections import DedupConfig
 from factory.data.dedup import deduplicate, shingles
 from factory.data.documents import doc_id
 from tests.data.conftest import LOG, documents

@@ -1,6 +1,6 @@
 """Quality filters: each removes exactly its rows and counts them; the order of application decides the counts."""
 
-from factory.config.schema import DedupConfig, FiltersConfig, SourceConfig
+from factory.config.data_sections import DedupConfig, FiltersConfig, SourceConfig
 from factory.data.dedup import deduplicate
 from factory.data.filters import alnum_share, apply_filters
 from factory.data.ingest import read_documents

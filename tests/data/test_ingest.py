@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.config.schema import SourceConfig
+from factory.config.data_sections import SourceConfig
 from factory.data.documents import ARROW_SCHEMA, doc_id
 from factory.config.sources import glob_pattern, source_root
 from factory.data.ingest import SKIP_REASONS, read_documents

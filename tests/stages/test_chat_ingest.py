@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from factory.config import load_file, plan_stage
-from factory.config.schema import DataConfig, DatasetConfig, SourceConfig
+from factory.config.data_sections import DataConfig, DatasetConfig, SourceConfig
 from factory.config.stages import stages_of, upstream_of
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.tables import parse_ref, read_version, resolve
