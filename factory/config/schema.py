@@ -14,7 +14,7 @@ from factory.config.base_refs import FORMS, BaseRef, base_ref
 from factory.config.control import ControlConfig
 from factory.config.data_sections import DataConfig
 from factory.config.limits import MAX_BATCH, MAX_BYTES, MAX_COUNT, MAX_RANKS, MAX_STEPS, Beta
-from factory.config.section import Section
+from factory.config.section import GrownSection, Section
 from factory.config.sft_data import SFTData
 from factory.config.table_refs import table_ref
 
@@ -131,7 +131,7 @@ TASK_COLUMNS = ("id", "function", "call", "expected", "split")
 """What post-training reads of a task table: a pinned version without them is refused by `factory check`."""
 
 
-class SFTConfig(PretrainConfig):
+class SFTConfig(PretrainConfig, GrownSection):
     """Supervised fine-tuning of the pretrained model on prompt/completion pairs; the loss counts completion tokens only.
 
     The pairs are the train split of a code-execution task table: the prompt is the function and
@@ -141,6 +141,7 @@ class SFTConfig(PretrainConfig):
     """
 
     model_config = ConfigDict(serialize_by_alias=True)  # `from`, as the file writes it
+    UNSET_LEFT_OUT = ("data", "from_")  # recipes on the task table, or on this file's pretraining, keep their fingerprints
 
     from_: BaseRef = None
     """Start from a model made elsewhere instead of this file's pretraining: `experiments/<file>.md#model` (read at the
@@ -172,17 +173,8 @@ class SFTConfig(PretrainConfig):
     def _from_is_a_ref(cls, value: str | None) -> str | None:
         return base_ref(value)
 
-    @model_serializer(mode="wrap")
-    def _data_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dump = handler(self)
-        if self.data is None:  # recipes on the task table keep the fingerprints they had before `data` existed
-            dump.pop("data", None)
-        if self.from_ is None:  # and those that start from this file's pretraining, theirs
-            dump.pop("from", None)
-        return dump
 
-
-class RLConfig(Section):
+class RLConfig(GrownSection):
     """Reinforcement learning from code-execution feedback (GRPO), starting from the SFT model (or the pretrained one).
 
     Each step samples `group_size` completions for each of `prompts_per_step` train-split tasks;
@@ -193,6 +185,7 @@ class RLConfig(Section):
     """
 
     model_config = ConfigDict(serialize_by_alias=True)  # `from`, as the file writes it
+    UNSET_LEFT_OUT = ("from_",)  # recipes that start from this file's own models keep their fingerprints
 
     from_: BaseRef = None
     """Start from a model made elsewhere instead of this file's sft (or pretraining): as `sft.from`."""
@@ -250,13 +243,6 @@ class RLConfig(Section):
     @classmethod
     def _from_is_a_ref(cls, value: str | None) -> str | None:
         return base_ref(value)
-
-    @model_serializer(mode="wrap")
-    def _from_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dump = handler(self)
-        if self.from_ is None:  # recipes that start from this file's own models keep their fingerprints
-            dump.pop("from", None)
-        return dump
 
     @model_validator(mode="after")
     def _knobs_fit(self) -> RLConfig:

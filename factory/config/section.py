@@ -24,5 +24,6 @@ class GrownSection(Section):
         data = handler(self)
         for name in self.UNSET_LEFT_OUT:
             if getattr(self, name) in (None, ()):
+                data.pop(type(self).model_fields[name].alias or name, None)  # dumped by its alias (`from`) when it has one
                 data.pop(name, None)
         return data

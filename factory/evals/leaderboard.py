@@ -13,7 +13,6 @@ cell scored on other data than the rest of its column is marked.
 
 from __future__ import annotations
 
-import dataclasses
 
 import html
 import json
@@ -203,7 +202,7 @@ def build_board(
             for name, checkpoints in by_experiment.items()}
     ranked_on = _common_data((experiment, row[sort]) for experiment, row in best.items() if sort in row)
     urls = tracker_urls or {}
-    rows = [dataclasses.replace(_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on), base=(bases or {}).get(name, ""))
+    rows = [_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on, (bases or {}).get(name, ""))
             for name, results_ in best.items()]
     rows.sort(key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))
     place = {row.experiment: i for i, row in enumerate(rows)}  # the other columns' ties go to the data of the higher-placed row
@@ -241,7 +240,7 @@ def _best_checkpoint(checkpoints: Mapping[str, Mapping[str, Manifest]], primary:
     return min(comparable, key=lambda name: (sign * scored[name].summary["value"], -scored[name].summary["step"], name))  # ties: the later
 
 
-def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, sort: str, ranked_on: str) -> Row:
+def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, sort: str, ranked_on: str, base: str) -> Row:
     """One experiment at one checkpoint: its score on every benchmark, and whether it is ranked by `sort`."""
     first = next(iter(results.values()))
     data = {name: data_of(m.summary) for name, m in sorted(results.items())}
@@ -252,7 +251,7 @@ def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: 
         scores={name: m.summary["value"] for name, m in sorted(results.items())},
         counts={name: m.summary["count"] for name, m in sorted(results.items())}, checkpoints_evaluated=evaluated,
         git_commit=first.git_commit, tracker_url=url, digests={name: m.digest for name, m in sorted(results.items())},
-        data=data, versions={name: m.summary["version"] for name, m in sorted(results.items())}, ranked=not note, note=note,
+        data=data, versions={name: m.summary["version"] for name, m in sorted(results.items())}, ranked=not note, note=note, base=base,
     )
 
 

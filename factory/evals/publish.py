@@ -17,14 +17,20 @@ BEST_REF = "best-model"
 
 def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
     """Every experiment's best checkpoint from the evaluation results in the registry, with links to its main training's
-    tracker run."""
+    tracker run and the model it started from (`from:`), if made elsewhere."""
     urls: dict[str, tuple[str, str]] = {}
-    for manifest in registry.manifests(main_training_kind().name):
-        url = manifest.summary.get("tracker_url", "")
+    bases: dict[str, str] = {}
+    results = []
+    main_training = main_training_kind().name
+    for manifest in registry.manifests():  # one pass over the registry for the results, the links and the bases
+        if manifest.kind == EVALUATIONS:
+            results.append(manifest)
+        url = manifest.summary.get("tracker_url", "") if manifest.kind == main_training else ""
         if url and manifest.created >= urls.get(manifest.experiment, ("", ""))[0]:
             urls[manifest.experiment] = (manifest.created, url)
-    bases = {m.experiment: f"{m.base['from']} ({m.base['model'][:12]})" for m in registry.manifests() if m.base.get("from") and m.base.get("model")}
-    return build_board(registry.manifests(EVALUATIONS), {name: url for name, (_, url) in urls.items()}, sort, bases)
+        if manifest.base.get("from") and manifest.base.get("model"):
+            bases[manifest.experiment] = f"{manifest.base['from']} ({manifest.base['model'][:12]})"
+    return build_board(results, {name: url for name, (_, url) in urls.items()}, sort, bases)
 
 
 def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> tuple[Manifest, str]:

@@ -14,6 +14,7 @@ shape the file contradicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -191,12 +192,9 @@ def planned_digests(experiment: Experiment, registry: ArtifactStore) -> dict[str
 def _read_named(here: Path, named: str, read: Reader | None, fail: Failer) -> tuple[Path, str]:
     """The file a reference names, relative to the naming file's directory or to its repository, and its text."""
     candidates = list(dict.fromkeys([here.parent / named, _repository(here) / named, Path(named)]))
-    problems = []
     for candidate in candidates:
-        try:
+        with contextlib.suppress(ConfigError):
             return candidate, (read or read_text)(candidate)
-        except ConfigError as e:
-            problems.append(str(e))
     raise fail(f"no experiment file {named} (looked for {', '.join(str(c) for c in candidates)}); name a file of this repository")
 
 

@@ -30,17 +30,21 @@ def diff_artifacts(a: Manifest, b: Manifest, registry: ArtifactStore | None = No
     """What separates two published artifacts: kind, config, inputs, code, commit. With the `registry`, an input that
     differs is compared in turn (`input sft: …` then what separates the two sft artifacts: their base, data, knobs), down to
     `depth` inputs deep."""
+    manifests = {m.digest: m for m in registry.manifests()} if registry is not None else {}  # read once for every level
+    return _differences(a, b, manifests, depth)
+
+
+def _differences(a: Manifest, b: Manifest, manifests: dict[str, Manifest], depth: int) -> list[str]:
     lines = [] if a.kind == b.kind else [f"kind: {a.kind} -> {b.kind}"]
     lines += [f"config: {change}" for change in config_changes(a.config, b.config)]
     if a.base.get("from") != b.base.get("from"):
         lines.append(f"from: {a.base.get('from') or '(its own pretraining)'} -> {b.base.get('from') or '(its own pretraining)'}")
-    manifests = {m.digest: m for m in registry.manifests()} if registry is not None and depth > 0 else {}
     for name in sorted(a.inputs.keys() | b.inputs.keys()):
         if a.inputs.get(name) != b.inputs.get(name):
             lines.append(f"input {name}: {str(a.inputs.get(name))[:12]} -> {str(b.inputs.get(name))[:12]}")
             before, after = manifests.get(a.inputs.get(name, "")), manifests.get(b.inputs.get(name, ""))
-            if before is not None and after is not None and before.kind == after.kind:
-                lines += [f"  {line}" for line in diff_artifacts(before, after, registry, depth - 1) if not line.startswith("commit:")]
+            if depth > 0 and before is not None and after is not None and before.kind == after.kind:
+                lines += [f"  {line}" for line in _differences(before, after, manifests, depth - 1) if not line.startswith("commit:")]
     if a.code != b.code:
         lines.append(f"code: {a.code} -> {b.code}")
     if a.git_commit != b.git_commit:
