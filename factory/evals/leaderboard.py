@@ -13,7 +13,6 @@ cell scored on other data than the rest of its column is marked.
 
 from __future__ import annotations
 
-
 import html
 import json
 import logging
