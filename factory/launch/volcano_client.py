@@ -108,10 +108,15 @@ class VolcanoJobs:
         name = manifest["metadata"]["name"]
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         follower = _LogFollower(self, name, lambda line: _keep(tail, on_line(line)))
+
+        def last_lines() -> str:
+            follower.finish(FAILED_LOG_WAIT_S)  # what the master wrote before it died: the follower may still be reading it
+            return _tail(tail)
+
         try:  # from before the submission: an interrupt may come at any point
             self.submit(manifest, request_json)
             follower.start()
-            self._watch(name, manifest, tail)
+            self._watch(name, manifest, last_lines)
             follower.finish()
         finally:
             follower.stop()
@@ -179,7 +184,8 @@ class VolcanoJobs:
         found = self._call(f"list the pods of {name}", self.core.list_namespaced_pod, self.namespace, label_selector=f"{JOB_LABEL}={name}")
         return list(found.items)
 
-    def _watch(self, name: str, manifest: Mapping[str, Any], tail: collections.deque[str]) -> None:
+    def _watch(self, name: str, manifest: Mapping[str, Any], last_lines: Callable[[], str]) -> None:
+        """Wait for the Job to complete; StageFailed when it fails, quoting `last_lines()` (the master's log, read to its end)."""
         queued_since, said, last_failure = self.clock(), "", ""
         while True:
             state = self.state(name)
@@ -196,7 +202,7 @@ class VolcanoJobs:
                 why = last_failure or state.message or "no reason given"
                 restarts = f"{state.retries} restart" + ("" if state.retries == 1 else "s")
                 raise StageFailed(f"Volcano Job {name} {state.phase.lower()} after {restarts} (maxRetry "
-                                  f"{manifest['spec'].get('maxRetry')}): {why}" + _tail(tail))
+                                  f"{manifest['spec'].get('maxRetry')}): {why}" + last_lines())
             if state.phase == "Running":
                 queued_since = None
             elif queued_since is None:
@@ -247,6 +253,10 @@ class VolcanoJobs:
 
 class _Conflict(Exception):
     """The object exists already (HTTP 409)."""
+
+
+FAILED_LOG_WAIT_S = 10.0
+"""How long a failed Job's message waits for the log follower to read what the master wrote before it died."""
 
 
 class _LogFollower:
