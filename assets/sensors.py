@@ -1,6 +1,7 @@
 """Runs from git: experiment files at HEAD become partitions and run requests."""
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -39,7 +40,8 @@ SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV, "") or 30)  # seconds betwe
     default_status=DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     description="New or changed experiment files at git HEAD (of $FACTORY_GIT_REMOTE's branch when set) become partitions "
-    "and runs (run key = path + content hash); a new sensor starts after the files already there.",
+    "and runs (run key = path + content hash); a new sensor starts after the files already there. A file whose `from` names "
+    "a model not made yet waits, and is run on the first tick after that model is made.",
 )
 def experiments_at_head(context: SensorEvaluationContext, experiments: ExperimentFiles, stores: FactoryStores) -> SensorResult | SkipReason:
     from factory.data.catalog import open_catalog
@@ -59,22 +61,27 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
         except RemoteError as e:
             context.log.warning(str(e))
             return SkipReason(f"{e}; nothing run, cursor kept at {(context.cursor or 'none')[:12]}")
-    if context.cursor == commit:
+    seen, waiting = read_cursor(context.cursor)
+    if seen == commit and not waiting:
         return SkipReason(f"HEAD is still {commit[:12]}")
-    if context.cursor is None and not experiments.runs_existing():
+    if seen is None and not experiments.runs_existing():
         message = (f"starting from commit {commit[:12]}: files already there are not run; `factory run` runs one, "
                    "or set FACTORY_SENSOR_RUN_EXISTING=1")
         context.log.info(message)
         return SensorResult(skip_reason=message, cursor=commit)
-    if remote and context.cursor and not is_ancestor(experiments.clone_dir(), context.cursor, commit):
-        context.log.warning(f"{experiments.branch_name()} of {remote} was rewritten (force-push): {context.cursor[:12]} is not "
+    if remote and seen and seen != commit and not is_ancestor(experiments.clone_dir(), seen, commit):
+        context.log.warning(f"{experiments.branch_name()} of {remote} was rewritten (force-push): {seen[:12]} is not "
                             f"in the history of {commit[:12]}; reading {commit[:12]}, files unchanged since are not run again")
     root = experiments.clone_dir().resolve() if remote else repo_root(experiments.directory)
-    requests, new = [], []
+    requests, new, still = [], [], []
     texts = experiments.texts(commit)
+    # A new commit: every file is read. The same commit: only the files that wait for a base model another file makes.
+    again = seen == commit
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
     registry, read = stores.registry(), reader(texts)
     for path, text in texts.items():
+        if again and _in_repo(str(path), root) not in waiting:
+            continue
         try:
             variants = load_text(path, text, read=reader(texts))
         except ConfigError as e:
@@ -88,8 +95,9 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
         for experiment in variants:
             base = resolve(experiment, registry, read=read)
             if base is not None and base.pending:  # its run would fail at once: the model it starts from is not made yet
-                context.log.warning(f"skipped {experiment.name}: {base.section}.from: {base.said}; once that model is made, "
-                                    f"`factory run {_in_repo(str(path), root)}` runs it (or a change to the file does)")
+                if not again:
+                    context.log.info(f"{experiment.name} waits: {base.section}.from: {base.said}; it runs once that model is made")
+                still.append(_in_repo(str(path), root))
                 continue
             if experiment.name not in new and not context.instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
                 new.append(experiment.name)
@@ -102,7 +110,25 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
                 )
             )
     partitions = [experiments_partitions.build_add_request(new)] if new else []
-    return SensorResult(run_requests=requests, dynamic_partitions_requests=partitions, cursor=commit)
+    return SensorResult(run_requests=requests, dynamic_partitions_requests=partitions, cursor=write_cursor(commit, still))
+
+
+def read_cursor(cursor: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """(the commit read last, the files of it that wait for a base model): a cursor is the commit, then the waiting
+    files as a JSON list when there are any."""
+    if not cursor:
+        return None, ()
+    commit, _, rest = cursor.partition(" ")
+    try:
+        waiting = json.loads(rest) if rest else []
+    except json.JSONDecodeError:
+        waiting = []
+    return commit, tuple(str(path) for path in waiting) if isinstance(waiting, list) else ()
+
+
+def write_cursor(commit: str, waiting: list[str]) -> str:
+    """The cursor after a tick that read `commit`, left `waiting` (paths in the repository) waiting."""
+    return f"{commit} {json.dumps(sorted(set(waiting)))}" if waiting else commit
 
 
 def _in_repo(message: str, root: Path) -> str:

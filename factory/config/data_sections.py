@@ -185,14 +185,12 @@ class DataConfig(Section):
             if not self.datasets:
                 raise ValueError("define at least one dataset under 'datasets' or a 'blend' of pinned tables")
             documents = [name for name, dataset in self.datasets.items() if not dataset.source.columns]  # rows are for sft.data
-            if not documents:
-                raise ValueError("every dataset keeps row columns (for sft.data), so the default blend is empty: name the "
-                                 "datasets or pinned tables to pretrain on in 'blend'")
+            # Empty when every dataset keeps columns: the experiment refuses that unless it starts from a model made elsewhere.
             object.__setattr__(self, "blend", tuple(BlendComponent(dataset=name) for name in documents))
         for part in self.blend:
             if part.dataset is not None and part.dataset not in self.datasets:
                 known = ", ".join(sorted(self.datasets)) or "none"
                 raise ValueError(f"blend names dataset {part.dataset!r}, which is not defined; datasets: {known}")
-        if sum(part.weight for part in self.blend) <= 0:
+        if self.blend and sum(part.weight for part in self.blend) <= 0:
             raise ValueError("blend weights are all zero: give at least one part a positive weight")
         return self

@@ -351,6 +351,13 @@ class Experiment(Section):
         return value
 
     @model_validator(mode="after")
+    def _something_to_pretrain_on(self) -> Experiment:
+        if not self.data.blend and self.base is None:  # a file that starts from a base model has the base's blend
+            raise ValueError("data: every dataset keeps row columns (for sft.data), so the default blend is empty: name the "
+                             "datasets or pinned tables to pretrain on in 'data.blend'")
+        return self
+
+    @model_validator(mode="after")
     def _room_for_the_prompt(self) -> Experiment:
         if self.rl is not None and self.rl.max_new_tokens > self.model.context // 2:
             raise ValueError(f"rl.max_new_tokens ({self.rl.max_new_tokens}) must leave room for the prompt: at most half of "

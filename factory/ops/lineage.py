@@ -154,14 +154,16 @@ class Lineage:
         return [TableVersion(table=r["table"], tag=r["tag"], content_tag=r["content_tag"]) for r in records.values()]
 
     def read(self, manifest: Manifest) -> list[TableVersion]:
-        """Table versions a stage read straight from the catalog: a blend's parts, a post-training stage's tasks."""
+        """Table versions a stage read straight from the catalog: a blend's parts, a post-training stage's data or tasks."""
         if manifest.kind == provider(BLEND).name:
             parts = (_json(self.registry.path(manifest.digest) / BLEND_FILE) or {}).get("parts", [])
             return [TableVersion(table=p["table"], tag=p.get("version") or p["tag"], content_tag=p["tag"]) for p in parts]
         section = manifest.config.get(manifest.kind)
         section = section if isinstance(section, dict) else {}
         data = section.get("data") if isinstance(section.get("data"), dict) else {}
-        ref = data.get("table") or section.get("tasks")  # sft on a table (`sft.data`), or a post-training stage's task set
+        # The version sft read (its summary names a dataset's version, computed by the data stages), the table `sft.data`
+        # pins, or a post-training stage's task set.
+        ref = manifest.summary.get("data") or data.get("table") or section.get("tasks")
         if isinstance(ref, str) and "@" in ref:
             table, _, tag = ref.partition("@")
             return [TableVersion(table=table, tag=tag, content_tag=tag)]

@@ -41,6 +41,8 @@ from factory.ops.plan import FILES_KEY, source_changes
 from factory.runtime.request import StageRequest
 
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
+MEASURED_SUFFIXES = ("_seconds", "_per_second", "_mb")
+"""Keys that end so measure the run too (RL's `sync_seconds` and `rollout_seconds`, for one)."""
 """Keys of JSON records that measure the run, not its result: left out when comparing files."""
 
 
@@ -278,11 +280,16 @@ def _same_file(name: str, recorded: Manifest, again: Manifest, registry: Artifac
     return _results(registry.path(recorded.digest) / name) == _results(scratch.path(again.digest) / name)
 
 
+def measurement(key: str) -> bool:
+    """Whether a record's key measures the run (a duration, a rate, memory) rather than what it computed."""
+    return key in MEASUREMENTS or key.endswith(MEASURED_SUFFIXES)
+
+
 def _results(path: Path) -> list[Any]:
     """The JSON records of a file with the measurements of the run left out."""
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in MEASUREMENTS}
+            return {k: strip(v) for k, v in value.items() if not measurement(k)}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value

@@ -36,6 +36,7 @@ from factory.errors import FactoryError
 from factory.podium.browse import OPERATORS, PAGE_SIZES, POSITION, Browser, Filter, PageQuery
 from factory.podium.cells import Preview
 from factory.podium.errors import Busy, NotFound, PodiumError
+from factory.podium.conversation import sampled
 from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates
 from factory.podium.render import pygments_css, render_row
 from factory.podium.sql import parse_params
@@ -159,7 +160,8 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
     async def generate(request: Request) -> Response:
         form = await _text_form(request) if request.method == "POST" else request.query_params
         chosen = list(dict.fromkeys(form.getlist("ckpt")))
-        prompt, source = str(form.get("prompt", "")), str(form.get("source", ""))
+        prompt, source, reply = str(form.get("prompt", "")), str(form.get("source", "")), str(form.get("reply", ""))
+        chat = form.get("chat") == "on"
         sample = form.get("table"), form.get("snapshot"), form.get("row"), form.get("column")
         if not prompt and all(sample):
             table_name, snapshot_ref, position, column = (str(v) for v in sample)
@@ -169,6 +171,8 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
             if not isinstance(values.get(column), str):
                 raise PodiumError(f"{table_name} row {position} has no text column {column!r} to use as a prompt")
             prompt, source = values[column], f"{table_name}@{snapshot.id}#{position}/{column}"
+            if (conversation := sampled(prompt)) is not None:  # a chat row: the turns before its last reply prompt the models
+                prompt, reply, chat = conversation.prompt, conversation.reply, True
         new_tokens = _int(str(form.get("new_tokens", "48")), "new tokens")
         temperature = _float(str(form.get("temperature", "0")), "temperature")
         completions, error = [], ""
@@ -180,12 +184,13 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
             else:
                 try:
                     completions = await run_in_threadpool(
-                        lambda: [podium.generator.complete(podium.generator.find(sha), prompt, new_tokens, temperature) for sha in chosen]
+                        lambda: [podium.generator.complete(podium.generator.find(sha), prompt, new_tokens, temperature, chat=chat)
+                                 for sha in chosen]
                     )
                 except PodiumError as e:
                     error = str(e)
         return page(request, "generate.html", candidates=candidates(podium.registry), chosen=chosen, prompt=prompt, source=source,
-                    new_tokens=new_tokens, temperature=temperature, max_new_tokens=MAX_NEW_TOKENS, completions=completions,
+                    chat=chat, reply=reply, new_tokens=new_tokens, temperature=temperature, max_new_tokens=MAX_NEW_TOKENS, completions=completions,
                     error=error, saved=request.query_params.get("saved", ""), status=400 if error else 200)
 
     async def prompts(request: Request) -> Response:

@@ -25,8 +25,9 @@ from factory.errors import ArtifactError
 from factory.evals.generate import greedy, sample
 from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer
+from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
-from factory.registry.layout import MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
 
@@ -50,6 +51,8 @@ class Candidate:
     model: dict[str, Any]
     tokenizer: Path
     created: str
+    chat_template: Path | None = None
+    """The chat template it was fine-tuned with, if it was: a conversation prompts it through this."""
 
     @property
     def exported(self) -> bool:
@@ -73,6 +76,8 @@ class Completion:
     """What one candidate wrote after a prompt."""
 
     candidate: Candidate
+    prompt: str
+    """The text the candidate was prompted with (a conversation rendered through its chat template)."""
     text: str
     tokens: int
     seconds: float
@@ -115,6 +120,7 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
         out.append(Candidate(
             sha256=record["sha256"], experiment=manifest.experiment, stage=manifest.kind, step=int(match.group(1)), path=path,
             model=dict(manifest.config["model"]), tokenizer=registry.path(tokenizer) / TOKENIZER_FILE, created=manifest.created,
+            chat_template=_template(base),
         ))
     return out
 
@@ -131,7 +137,12 @@ def _model(registry: ArtifactStore, manifest: Manifest, by_digest: dict[str, Man
     return Candidate(
         sha256=str(weights["sha256"]), experiment=manifest.experiment, stage=manifest.kind, step=int(config.get("steps", 0)),
         path=base / MODEL_WEIGHTS, model=dict(config["model"]), tokenizer=base / TOKENIZER_FILE, created=manifest.created,
+        chat_template=_template(base),
     )
+
+
+def _template(directory: Path) -> Path | None:
+    return template if (template := directory / CHAT_TEMPLATE_FILE).is_file() else None
 
 
 class Generator:
@@ -151,8 +162,10 @@ class Generator:
                 return candidate
         raise NotFound(f"no published checkpoint or model has sha256 {sha256[:12]}…; it may not be published yet")
 
-    def complete(self, candidate: Candidate, prompt: str, new_tokens: int = 64, temperature: float = 0.0, seed: int = 0) -> Completion:
-        """The candidate's continuation of `prompt`: greedy, or sampled at `temperature` from `seed`."""
+    def complete(self, candidate: Candidate, prompt: str, new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
+                 chat: bool = False) -> Completion:
+        """The candidate's continuation of `prompt`: greedy, or sampled at `temperature` from `seed`. With `chat`, the
+        prompt is a conversation (turns as JSON, or text as one user turn) given through the candidate's chat template."""
         if not prompt:
             raise PodiumError("the prompt is empty: pick a sample or write a prompt")
         if len(prompt) > MAX_PROMPT_CHARS:
@@ -161,7 +174,8 @@ class Generator:
             raise PodiumError(f"new tokens must be between 1 and {MAX_NEW_TOKENS}, not {new_tokens}")
         with self._lock:  # one generation at a time: the models share the CPU
             model, tokenizer = self._model(candidate)
-            ids = tokenizer.encode(prompt).ids
+            text = rendered(prompt, candidate.chat_template) if chat else prompt
+            ids = tokenizer.encode(text).ids
             if not ids:
                 raise PodiumError("the prompt encodes to no tokens")
             prompt_ids = torch.tensor([ids], dtype=torch.long)
@@ -176,7 +190,7 @@ class Generator:
         stopped = eos in tokens
         if stopped:
             tokens = tokens[: tokens.index(eos)]
-        return Completion(candidate=candidate, text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens),
+        return Completion(candidate=candidate, prompt=text, text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens),
                           seconds=seconds, stopped_at_eos=stopped)
 
     def _model(self, candidate: Candidate) -> tuple[torch.nn.Module, Any]:

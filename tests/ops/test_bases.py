@@ -159,6 +159,16 @@ def test_a_file_that_starts_elsewhere_has_nothing_of_its_own_to_start_from(tmp_p
     assert said in str(caught.value)
 
 
+def test_only_a_file_that_starts_elsewhere_may_have_nothing_to_pretrain_on(tmp_path):
+    chats = "data:\n  datasets:\n    chat:\n      source: {kind: directory, path: rows, format: jsonl, columns: [messages]}\n"
+    path = tmp_path / "x.md"
+    path.write_text(f"---\n{chats}pretrain: {{steps: 2}}\n---\n")
+    with pytest.raises(ConfigError, match=rf"{path}:\d+: .*data: every dataset keeps row columns .* in 'data.blend'"):
+        load(path)
+    path.write_text(f"---\n{chats}sft: {{from: 'alias:production', steps: 2, data: {{dataset: chat, format: messages}}}}\n---\n")
+    assert load(path).data.blend == ()  # it trains on its chats from the base model, which has a blend of its own
+
+
 def test_a_moved_alias_plans_the_stage_again_and_says_so(tmp_path, registry):
     first, second = made_model(registry, "base", "a"), made_model(registry, "base2", "b")
     models = {m.digest: m for m in registry.manifests("model")}

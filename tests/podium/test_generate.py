@@ -1,7 +1,11 @@
 """Completions from registry checkpoints, and the links Dagster's metadata carries into Podium."""
 
+import json
+
 import pytest
 
+from factory.config.sft_data import DEFAULT_CHAT_TEMPLATES
+from factory.podium.conversation import rendered, sampled, turns_in
 from factory.podium.errors import NotFound, PodiumError
 from factory.podium.generate import Generator, candidates
 from factory.podium.links import checkpoint_url, table_links, table_url
@@ -42,3 +46,19 @@ def test_a_garbage_manifest_is_skipped_by_the_candidates_with_a_warning(store, t
     found = candidates(ArtifactStore(tmp_path / "registry"))
     assert sorted(c.experiment for c in found) == ["podium-seed1", "podium-seed2"]
     assert "garbage.json" in caplog.text
+
+
+def test_a_conversation_prompts_a_model_through_its_chat_template(tmp_path):
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"},
+             {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}]
+    row = sampled(json.dumps(turns))
+    assert row is not None and row.reply == "6" and turns_in(row.prompt) == turns[:4]
+    assert sampled("def f(x):\n    return x") is None and sampled('[{"role": "user"}]') is None  # text, and turns without content
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(DEFAULT_CHAT_TEMPLATES["messages"])
+    assert rendered(row.prompt, template).endswith("<|user|>\nAnd 3 + 3?\n<|assistant|>\n")
+    assert rendered("hello", template) == "<|user|>\nhello\n<|assistant|>\n"  # text is one user turn
+    assert rendered(row.prompt, None) == "Be brief.\n2 + 2?\n4\nAnd 3 + 3?"  # fine-tuned without a template: the turns' text
+    template.write_text("{{ messages[0].missing }}")
+    with pytest.raises(PodiumError, match="does not render the conversation"):
+        rendered("hello", template)
