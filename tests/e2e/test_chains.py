@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, SensorResult, build_sensor_context, materialize
+from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context, materialize
 from starlette.testclient import TestClient
 
 from assets.execution import EVERYTHING, resources_at
@@ -146,6 +146,10 @@ def test_a_base_an_sft_sweep_rl_and_a_second_round_build_on_each_other(tmp_path,
     assert run_all(tmp_path / "sft2.md", root, instance) == CHAT_ROUND
     last = next(m for m in registry.manifests("sft") if m.experiment == "sft2")
     assert last.inputs[BASE] == model_of(registry, rl.digest) and last.base["from"] == "rl.md#model"
+    shown = next(r.asset_materialization for r in instance.fetch_materializations(AssetKey("sft"), limit=20).records
+                 if r.asset_materialization.partition == "sft2")
+    assert shown.metadata["base_experiment"].value == "/assets/model?partition=rl"  # a link to the base's partition in the UI
+    assert shown.metadata["base_model"].value == str(registry.path(last.inputs[BASE]))
     [filtered] = [m for m in registry.manifests("filtered_datasets") if m.experiment == "sft2"]
     chats = json.loads((registry.path(filtered.digest) / DATASETS_FILE).read_text())["chat"]
     assert chats["rows"] == len(CHATS)  # the duplicate chat is gone
@@ -169,6 +173,9 @@ def test_a_base_an_sft_sweep_rl_and_a_second_round_build_on_each_other(tmp_path,
     assert all(board[e.name].base == f"alias:production ({base_model.digest[:12]})" for e in sft)
     separated = diff_artifacts(registry.lookup(fine_tuned[0].fingerprint), registry.lookup(fine_tuned[1].fingerprint), registry)
     assert any(line.startswith("config: sft.lr:") for line in separated)
+    rounds = diff_artifacts(registry.lookup(fine_tuned[0].fingerprint), registry.lookup(last.fingerprint), registry)
+    assert "from: alias:production -> rl.md#model" in rounds and any(line.startswith("input base:") for line in rounds), rounds
+    assert any(line.startswith("config: sft.data") for line in rounds), rounds  # the chats instead of the task table
 
     # Podium prompts the chat model with a row's conversation through the template it was fine-tuned with.
     podium = TestClient(create_app(root), base_url=LOCAL, headers={"origin": LOCAL})
