@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from factory.config.section import GrownSection
 from factory.config.table_refs import table_ref
@@ -28,6 +28,33 @@ def template_problem(template: str) -> str | None:
         ImmutableSandboxedEnvironment().parse(template)
     except TemplateSyntaxError as e:
         return f"the template does not parse: line {e.lineno} of the template: {e.message}"
+    return None
+
+
+SAMPLE_TURNS = {
+    "prompt_completion": [{"role": "user", "content": "2 + 2 ="}, {"role": "assistant", "content": " 4"}],
+    "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2 + 2?"},
+                 {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}],
+}
+"""A conversation of each format that a template must render before any row is read (so `factory check` refuses one
+that cannot render any conversation)."""
+
+
+def render_problem(template: str, format: str) -> str | None:
+    """Why a template that parses does not render a sample conversation of `format` (the turns before each assistant turn
+    with the generation prompt, and up to it without, as fine-tuning renders them), or None when it does."""
+    from jinja2 import StrictUndefined, TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # the environment it is rendered in
+
+    render = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True).from_string(template).render
+    turns = SAMPLE_TURNS[format]
+    for index in (i for i, turn in enumerate(turns) if turn["role"] == "assistant"):
+        for upto, generation in ((index, True), (index + 1, False)):
+            try:
+                render(messages=turns[:upto], add_generation_prompt=generation)
+            except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+                return (f"the template does not render a {format} conversation of {upto} turns ({type(e).__name__}: {e}); it "
+                        "gets 'messages' (a list of {role, content}) and 'add_generation_prompt' and nothing else")
     return None
 
 
@@ -88,9 +115,11 @@ class SFTData(GrownSection):
 
     @field_validator("chat_template")
     @classmethod
-    def _template_parses(cls, value: str | None) -> str | None:
+    def _template_renders(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and (problem := template_problem(value)):
             raise ValueError(f"{problem}; fix the template's Jinja2 syntax")
+        if value is not None and "format" in info.data and (problem := render_problem(value, info.data["format"])):
+            raise ValueError(problem)
         return value
 
     @property

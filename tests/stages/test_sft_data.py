@@ -179,9 +179,16 @@ def test_check_refuses_a_template_that_does_not_parse_with_its_line(tmp_path):
                                 "line 1 of the template: unexpected '}'")
 
 
+def test_check_refuses_a_template_that_renders_no_conversation_with_its_line(tmp_path):
+    path, errors = checked(tmp_path, "table: sft.chat@v1\nformat: messages\nchat_template: '{{ messages[0].nothing }}'")
+    assert len(errors) == 1 and errors[0].startswith(f"{path}:{line_of(path, 'chat_template')}: sft.data.chat_template: the template "
+                                                     "does not render a messages conversation of 2 turns (UndefinedError: "), errors
+
+
 def test_a_template_that_fails_on_a_row_names_the_row(tmp_path):
     write_tables(tmp_path / "catalog")
-    [experiment] = load_file(recipe(tmp_path, "table: sft.chat@v1\nformat: messages\nchat_template: '{{ messages[0].nothing }}'"))
+    template = "{% for m in messages %}{% if 'What' in m.content %}{{ nothing }}{% endif %}{{ m.content }}{% endfor %}"
+    [experiment] = load_file(recipe(tmp_path, f"table: sft.chat@v1\nformat: messages\nchat_template: \"{template}\""))
     config = experiment.sft.data
     _, rows = read_rows(open_catalog(CatalogConfig.local(tmp_path / "catalog")), config)
     tokenizer = train_tokenizer(["hello world"] * 10, TokenizerConfig(vocab_size=300))
