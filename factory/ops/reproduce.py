@@ -20,6 +20,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from factory.runtime.request import StageRequest
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
 MEASURED_SUFFIXES = ("_seconds", "_per_second", "_mb")
 """Keys that end so measure the run too (RL's `sync_seconds` and `rollout_seconds`, for one)."""
+VERSION_LABEL = re.compile(r"v\d+")
 """Keys of JSON records that measure the run, not its result: left out when comparing files."""
 
 
@@ -285,11 +287,17 @@ def measurement(key: str) -> bool:
     return key in MEASUREMENTS or key.endswith(MEASURED_SUFFIXES)
 
 
+def version_label(key: str, value: Any) -> bool:
+    """Whether a record's value is the `vN` label a catalog gave a table version: it counts the versions written before
+    (a fresh catalog starts again at v1), while the content tag beside it names what was written."""
+    return key in ("tag", "version") and isinstance(value, str) and VERSION_LABEL.fullmatch(value) is not None
+
+
 def _results(path: Path) -> list[Any]:
     """The JSON records of a file with the measurements of the run left out."""
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if not measurement(k)}
+            return {k: strip(v) for k, v in value.items() if not measurement(k) and not version_label(k, v)}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
