@@ -3,8 +3,9 @@
 1. Tokens/s of the factory trainer (`factory.train.pretrain`: checkpoints every 25 steps with
    retention, the metrics log, a metrics sink standing where Dagster Pipes sits) vs. a bare torch
    loop on the same model, batches (in memory) and optimizer. Goal: >= 0.97.
-2. The stall a checkpoint save adds to the step that saves it, synchronous vs. asynchronous, one file vs. sharded
-   (torch.distributed.checkpoint, one rank here).
+2. The time a checkpoint save blocks the step loop (timed around the save call), synchronous vs. asynchronous, one
+   file vs. sharded (torch.distributed.checkpoint, one rank here), and how much the steps overlapping an async write
+   slow down.
 
 Runs alternate (bare, factory, bare, factory, ...) and the best of each is kept, so a noisy
 neighbour hurts both sides alike.
@@ -12,11 +13,14 @@ neighbour hurts both sides alike.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -24,6 +28,7 @@ from torch.nn import functional as F
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import PAD, Batch, LoaderState
 from factory.models.build import build_model
+from factory.train.checkpoint import CheckpointDir
 from factory.train.heap import keep_freed_memory
 from factory.train.pretrain import build_optimizer, lr_at, pretrain
 
@@ -99,10 +104,32 @@ def overhead() -> None:
           f"(goal >= 0.97; {OVERHEAD_ROUNDS} rounds, alternating)")
 
 
+@contextlib.contextmanager
+def blocked_in_saves() -> Iterator[list[float]]:
+    """The seconds each mid-run `CheckpointDir.save` call holds the step loop (the final save aside), measured around the
+    call itself: what a save costs the loop, not a difference of two noisy run totals."""
+    blocked: list[float] = []
+    original = CheckpointDir.save
+
+    def timed(self: CheckpointDir, step: int, state: Any, metrics: Any, final: bool = False) -> None:
+        started = time.perf_counter()
+        original(self, step, state, metrics, final)
+        if not final:
+            blocked.append(time.perf_counter() - started)
+
+    CheckpointDir.save = timed  # type: ignore[method-assign]
+    try:
+        yield blocked
+    finally:
+        CheckpointDir.save = original  # type: ignore[method-assign]
+
+
 def stall() -> None:
-    """Per mid-run save: (run time with saves every 10 steps - run time with only the final save) / saves."""
+    """Per mid-run save: the time the loop is blocked in the save call, and, for async saves, how much slower the steps
+    that overlap the background write are than the same steps of a run without saves. Median and range over every save
+    of every round."""
     model_config = ModelConfig(n_layer=4, n_head=8, n_embd=384, context=64)
-    steps, every = 30, 10
+    steps, every, overlap = 30, 10, 3
     batches = make_batches(steps, 8, model_config.context)
     base = PretrainConfig(steps=steps, batch_size=8, lr=1e-3, checkpoint_every=0, log_every=10, keep_last=2)
     sharded = {"checkpoint_every": every, "checkpoint_format": "sharded"}
@@ -110,19 +137,28 @@ def stall() -> None:
              "async": base.model_copy(update={"checkpoint_every": every, "async_checkpoints": True}),
              "sharded sync": base.model_copy(update=sharded),
              "sharded async": base.model_copy(update={**sharded, "async_checkpoints": True})}
-    times: dict[str, list[float]] = {name: [] for name in modes}
+    blocked: dict[str, list[float]] = {name: [] for name in modes}
+    walls: dict[str, list[list[float]]] = {name: [] for name in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(ROUNDS):
             for name, config in modes.items():
-                times[name].append(factory_loop(batches, model_config, config, Path(tmp) / f"{name}{round_}")[0])
-    saves = steps // every - 1
+                with blocked_in_saves() as calls:
+                    walls[name].append(factory_loop(batches, model_config, config, Path(tmp) / f"{name}{round_}")[1])
+                blocked[name] += calls
     state_mb = sum(p.numel() for p in build_model(model_config, VOCAB, 0).parameters()) * 4 * 3 / 1e6
-    step_ms = 1000 * min(times["none"]) / steps
-    stalls = {name: 1000 * (min(times[name]) - min(times["none"])) / saves for name in modes if name != "none"}
-    for name, ms in stalls.items():
-        print(f"checkpoint stall ({state_mb:.0f} MB of state, a step takes {step_ms:.0f} ms): {name} save costs the loop {ms:.0f} ms")
+    quiet = [statistics.median(run[i] for run in walls["none"]) for i in range(steps)]  # each step without saves
+    print(f"checkpoint stall: {state_mb:.0f} MB of state, a step takes {1000 * statistics.median(quiet):.0f} ms; "
+          f"{len(blocked['sync'])} mid-run saves per mode ({ROUNDS} rounds)")
+    for name in (n for n in modes if n != "none"):
+        ms = [1000 * b for b in blocked[name]]
+        # the steps after each save (a step's wall time is counted from its batch to the next one, the save inside it)
+        after = [1000 * (run[i] - quiet[i]) for run in walls[name] for saved in range(every, steps, every)
+                 for i in range(saved, min(saved + overlap, steps - 1))]
+        print(f"checkpoint stall: {name:13s} blocks the loop {statistics.median(ms):6.1f} ms (range {min(ms):.1f}-{max(ms):.1f}); "
+              f"the {overlap} steps after it are slower by {statistics.median(after):+6.1f} ms each (median)")
+    sync = statistics.median(blocked["sync"])
     for name in ("async", "sharded sync", "sharded async"):
-        print(f"checkpoint stall: {name} / sync = {max(stalls[name], 0.0) / max(stalls['sync'], 1e-9):.2f} (lower is better)")
+        print(f"checkpoint stall: {name} / sync blocked time = {statistics.median(blocked[name]) / sync:.2f} (lower is better)")
 
 
 def main() -> None:
