@@ -56,7 +56,7 @@ class Engine(Protocol):
     A served engine (vLLM) maps `Sampling` onto its own parameters (temperature, top_p, max_tokens, stop_token_ids with
     end-of-text, stop strings, seed, logprobs of the sampled token) and returns the same `Completion`s. Its seeded draws
     come from its own generators, so its samples differ from `TorchEngine`'s for the same seeds; greedy outputs agree up
-    to its numerics. An evaluation or RL run records which engine produced it.
+    to its numerics. A caller that adds one should record which engine produced a result beside it (none does yet).
     """
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int] | None = None) -> list[Completion]:
