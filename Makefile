@@ -102,6 +102,7 @@ bench: setup sandbox
 	$(BIN)/python bench/sandbox.py
 	$(BIN)/python bench/rl_split.py
 	$(BIN)/python bench/podium.py
+	$(BIN)/python bench/generate.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

@@ -9,11 +9,10 @@ executed output as a Python value.
 
 from __future__ import annotations
 
-import torch
-
 from factory.errors import ConfigError
 from factory.evals.base import EvalInputs, Score
-from factory.evals.generate import greedy, same_length_batches
+from factory.models.generate import generate
+from factory.models.sampling import Sampling
 from factory.post.format import answer, prompt
 from factory.post.sft import read_tasks
 
@@ -38,11 +37,9 @@ def code_exec_accuracy(inputs: EvalInputs) -> Score:
     encoded = [inputs.tokenizer.encode(prompt(t["function"], t["call"])).ids for t in tasks]
     prompts = [ids[-(inputs.context - NEW_TOKENS):] for ids in encoded]
     cut = sum(len(ids) > len(kept) for ids, kept in zip(encoded, prompts, strict=True))
-    answers: dict[int, str] = {}
-    for batch in same_length_batches(prompts, inputs.batch_size):
-        new = greedy(inputs.model, torch.tensor([prompts[i] for i in batch], dtype=torch.int64), NEW_TOKENS, inputs.context)
-        for i, ids in zip(batch, new.tolist(), strict=True):
-            answers[i] = answer(inputs.tokenizer.decode(ids))
+    # No stop at end-of-text: the answer is the first line of everything written, as it always was.
+    done = generate(inputs.model, prompts, Sampling(new_tokens=NEW_TOKENS), context=inputs.context, batch_size=inputs.batch_size)
+    answers = {i: answer(inputs.tokenizer.decode(list(c.tokens))) for i, c in enumerate(done)}
     right = sum(answers[i] == answer(t["expected"]) for i, t in enumerate(tasks))
     examples = [{"call": t["call"], "expected": t["expected"], "got": answers[i]} for i, t in enumerate(tasks[:3])]
     details = {"right": right, "tasks": len(tasks), "prompts_cut_to_context": cut, "examples": examples}

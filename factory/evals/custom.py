@@ -35,11 +35,11 @@ def custom_benchmark(name: str) -> Benchmark | None:
 
 def custom_prompts(inputs: EvalInputs, tag: str) -> Score:
     """Complete every prompt of the pinned version; the share of completions that are (the start of) Python."""
-    import torch  # here, so that `factory check` resolves the name without torch
-
+    # Imported here, so that `factory check` resolves the name without torch.
     from factory.data.prompts import TABLE, read_prompts
-    from factory.evals.generate import greedy, same_length_batches
     from factory.evals.sanity import valid_sample
+    from factory.models.generate import generate
+    from factory.models.sampling import Sampling
 
     if inputs.catalog is None:
         raise ConfigError("the custom_prompts benchmark needs the Iceberg catalog; it was not given one")
@@ -49,13 +49,13 @@ def custom_prompts(inputs: EvalInputs, tag: str) -> Score:
     if not prompts:
         raise ConfigError(f"{TABLE}@{tag} holds no prompts; save some from Podium first")
     encoded = [inputs.tokenizer.encode(p["prompt"]).ids[-(inputs.context - NEW_TOKENS):] or [inputs.eos_id] for p in prompts]
+    sampling = Sampling(new_tokens=NEW_TOKENS, eos_id=inputs.eos_id)
+    done = generate(inputs.model, encoded, sampling, context=inputs.context, batch_size=inputs.batch_size)
     completions: dict[int, tuple[str, bool]] = {}
-    for batch in same_length_batches(encoded, inputs.batch_size):
-        new = greedy(inputs.model, torch.tensor([encoded[i] for i in batch], dtype=torch.int64), NEW_TOKENS, inputs.context)
-        for i, ids in zip(batch, new.tolist(), strict=True):
-            finished = inputs.eos_id in ids
-            text = inputs.tokenizer.decode(ids[: ids.index(inputs.eos_id) if finished else None])
-            completions[i] = (text, valid_sample(prompts[i]["prompt"] + text, finished=finished))
+    for i, completion in enumerate(done):
+        finished = completion.finish == "eos"
+        text = inputs.tokenizer.decode(list(completion.text_tokens))
+        completions[i] = (text, valid_sample(prompts[i]["prompt"] + text, finished=finished))
     valid = sum(ok for _, ok in completions.values())
     answers = [{"prompt": p["prompt"][-DETAIL_CHARS:], "note": p["note"], "completion": completions[i][0], "python": completions[i][1]}
                for i, p in enumerate(prompts)]

@@ -9,7 +9,7 @@ the document's first tokens, as the model saw them in training.
 Only lines with at least `PROMPT_TOKENS` tokens before them and fewer than `MAX_NEW_TOKENS` of their
 own (newline and indentation included, one token left for the newline that ends them) are eligible,
 so the set of lines depends on the data, the tokenizer and the seed but not on the model's context.
-Every prompt is cut to the same length, which depends on the context only, so batches need no padding.
+Every prompt is cut to the same length, which depends on the context only.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from tokenizers import Tokenizer
 
 from factory.errors import ConfigError
 from factory.evals.base import EvalInputs, Score
-from factory.evals.generate import greedy
+from factory.models.generate import generate
+from factory.models.sampling import Sampling
 
 LINES = 64
 PROMPT_TOKENS = 128
@@ -123,15 +123,14 @@ def next_line_exact_match(inputs: EvalInputs) -> Score:
     chosen = random.Random(inputs.seed).sample(lines, min(LINES, len(lines)))
     # Room for the whole line within the context when it allows, at least half the context otherwise.
     length = min(PROMPT_TOKENS, max(inputs.context - MAX_NEW_TOKENS, inputs.context // 2))
+    sampling = Sampling(new_tokens=MAX_NEW_TOKENS, eos_id=inputs.eos_id)
+    done = generate(inputs.model, [line.prompt(length) for line in chosen], sampling, context=inputs.context,
+                    batch_size=inputs.batch_size)
     written: list[str | None] = []
-    for start in range(0, len(chosen), inputs.batch_size):
-        batch = chosen[start : start + inputs.batch_size]
-        prompts = torch.tensor([line.prompt(length) for line in batch], dtype=torch.int64)
-        for ids in greedy(inputs.model, prompts, MAX_NEW_TOKENS, inputs.context).tolist():
-            ended = ids.index(inputs.eos_id) if inputs.eos_id in ids else None
-            # EOS ends the document, so it also ends the line being written.
-            text = inputs.tokenizer.decode(ids[:ended]) + ("\n" if ended is not None else "")
-            written.append(written_line(text))
+    for completion in done:
+        # EOS ends the document, so it also ends the line being written.
+        text = inputs.tokenizer.decode(list(completion.text_tokens)) + ("\n" if completion.finish == "eos" else "")
+        written.append(written_line(text))
     matched = sum(line.target == got for line, got in zip(chosen, written, strict=True))
     examples = [
         {"prompt": line.prompt_tail, "target": line.target, "got": got} for line, got in zip(chosen[:EXAMPLES], written, strict=False)

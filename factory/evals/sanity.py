@@ -2,8 +2,7 @@
 
 `SAMPLES` samples of `NEW_TOKENS` tokens are drawn at `TEMPERATURE`, sample i from
 `PROMPTS[i % len(PROMPTS)]` with its own generator seeded from the benchmark seed and i, so a
-sample does not depend on the batch size. Samples whose prompts have the same token length share
-a batch, which needs no padding. A sample the model finished (it wrote EOS) must compile; an
+sample does not depend on the batch size or on which samples share its batch. A sample the model finished (it wrote EOS) must compile; an
 unfinished one is cut after its last newline, since the token budget may end it mid-token, and
 must be Python or the start of a Python program.
 """
@@ -13,10 +12,9 @@ from __future__ import annotations
 import codeop
 import warnings
 
-import torch
-
 from factory.evals.base import EvalInputs, Score
-from factory.evals.generate import same_length_batches, sample
+from factory.models.generate import generate
+from factory.models.sampling import Sampling
 
 # Statement heads that end on a visible character, where the byte-level BPE ends a pre-token, so
 # the model starts from a token boundary it saw in training.
@@ -50,15 +48,14 @@ def valid_sample(text: str, *, finished: bool) -> bool:
 def python_sanity(inputs: EvalInputs) -> Score:
     """Share of seeded samples from fixed Python prompts that are valid Python (or a valid start of it)."""
     prompts = [inputs.tokenizer.encode(PROMPTS[i % len(PROMPTS)]).ids for i in range(SAMPLES)]
+    sampling = Sampling(new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_id=inputs.eos_id)
+    seeds = [inputs.seed * SAMPLES + i for i in range(SAMPLES)]
+    done = generate(inputs.model, prompts, sampling, context=inputs.context, seeds=seeds, batch_size=inputs.batch_size)
     samples: dict[int, tuple[str, bool]] = {}
-    for batch in same_length_batches(prompts, inputs.batch_size):
-        rows = torch.tensor([prompts[i] for i in batch], dtype=torch.int64)
-        seeds = [inputs.seed * SAMPLES + i for i in batch]
-        new = sample(inputs.model, rows, NEW_TOKENS, inputs.context, TEMPERATURE, seeds)
-        for i, ids in zip(batch, new.tolist(), strict=True):
-            finished = inputs.eos_id in ids
-            text = inputs.tokenizer.decode(prompts[i] + ids[: ids.index(inputs.eos_id) if finished else None])
-            samples[i] = (text, valid_sample(text, finished=finished))
+    for i, completion in enumerate(done):
+        finished = completion.finish == "eos"
+        text = inputs.tokenizer.decode(prompts[i] + list(completion.text_tokens))
+        samples[i] = (text, valid_sample(text, finished=finished))
     valid = sum(ok for _, ok in samples.values())
     examples = [{"text": samples[i][0][:EXAMPLE_CHARS], "valid": samples[i][1]} for i in range(EXAMPLES)]
     return Score(value=valid / SAMPLES, count=SAMPLES, details={"valid": valid, "samples": SAMPLES, "examples": examples})

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from factory.config.schema import ModelConfig
+from factory.models.kv_cache import KVCache, LayerCache
 
 
 ROPE_BASE = 10_000.0
@@ -23,9 +24,13 @@ def rotary_tables(context: int, head_width: int) -> tuple[torch.Tensor, torch.Te
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate channel pairs (first half, second half) of x (batch, heads, time, width) by each position's angle."""
+    return rotate_at(x, cos[: x.size(-2)], sin[: x.size(-2)])
+
+
+def rotate_at(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs of x by angles already taken at its positions (cos and sin broadcast against x's halves)."""
     half = x.size(-1) // 2
     a, b = x[..., :half], x[..., half:]
-    cos, sin = cos[: x.size(-2)], sin[: x.size(-2)]
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
 
@@ -44,13 +49,22 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention over `x` (batch, time, width); with a cache, over the cached past too (at `positions`, under `mask`)."""
         batch, time, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
         q, k, v = (t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if self.rotary:
-            q, k = rotate(q, self.cos, self.sin), rotate(k, self.cos, self.sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        if cache is None:
+            if self.rotary:
+                q, k = rotate(q, self.cos, self.sin), rotate(k, self.cos, self.sin)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        else:
+            if self.rotary:
+                cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+                q, k = rotate_at(q, cos, sin), rotate_at(k, cos, sin)
+            k, v = cache.update(k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, time, width))
 
 
@@ -69,13 +83,18 @@ class Block(nn.Module):
             nn.Dropout(config.dropout),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The block applied to the residual stream `x`; the cache arguments are passed on to attention."""
+        x = x + self.attn(self.ln_1(x), cache, positions, mask)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
     """Token embeddings (+ learned positions, unless rotary), a stack of blocks, a language-model head."""
+
+    supports_kv_cache = True
+    """Generation may pass a `KVCache` to `forward` (see `factory.models.kv_cache`)."""
 
     def __init__(self, config: ModelConfig, vocab_size: int) -> None:
         super().__init__()
@@ -108,16 +127,18 @@ class GPT(nn.Module):
         """Parameters, counting tied weights once."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits for every position of `idx` (batch, time)."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits for every position of `idx` (batch, time); with a cache, `idx` is the chunk the cache was last fed."""
         _, time = idx.shape
-        if time > self.config.context:
+        if cache is None and time > self.config.context:
             raise ValueError(f"sequence of {time} tokens is longer than the model's context ({self.config.context})")
+        if cache is not None and cache.end > self.config.context:
+            raise ValueError(f"the cache reaches {cache.end} positions, past the model's context ({self.config.context})")
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(time, device=idx.device))
+            x = x + self.wpe(torch.arange(time, device=idx.device) if cache is None else cache.positions)
         x = self.drop(x)
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x) if cache is None else block(x, cache.layer(i), cache.positions, cache.mask)
         return self.lm_head(self.ln_f(x))
 

@@ -22,8 +22,9 @@ from factory.config.kinds import TOKENIZER, model_kind, provider
 from factory.config.schema import ModelConfig
 from factory.config.stages import TRAINING_STAGES
 from factory.errors import ArtifactError
-from factory.evals.generate import greedy, sample
 from factory.models.build import new_model
+from factory.models.generate import generate
+from factory.models.sampling import Sampling
 from factory.models.tokenizer import EOS, load_tokenizer
 from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
@@ -178,20 +179,13 @@ class Generator:
             ids = tokenizer.encode(text).ids
             if not ids:
                 raise PodiumError("the prompt encodes to no tokens")
-            prompt_ids = torch.tensor([ids], dtype=torch.long)
+            sampling = Sampling(new_tokens=new_tokens, temperature=max(temperature, 0.0), eos_id=tokenizer.token_to_id(EOS))
             started = time.perf_counter()
-            if temperature > 0:
-                out = sample(model, prompt_ids, new_tokens, candidate.context, temperature, [seed])
-            else:
-                out = greedy(model, prompt_ids, new_tokens, candidate.context)
+            done = generate(model, [ids], sampling, context=candidate.context, seeds=[seed] if temperature > 0 else None)[0]
             seconds = time.perf_counter() - started
-        tokens = out[0].tolist()
-        eos = tokenizer.token_to_id(EOS)
-        stopped = eos in tokens
-        if stopped:
-            tokens = tokens[: tokens.index(eos)]
+        tokens = list(done.text_tokens)
         return Completion(candidate=candidate, prompt=text, text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens),
-                          seconds=seconds, stopped_at_eos=stopped)
+                          seconds=seconds, stopped_at_eos=done.finish == "eos")
 
     def _model(self, candidate: Candidate) -> tuple[torch.nn.Module, Any]:
         if candidate.sha256 in self._loaded:

@@ -38,6 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 from factory.config.schema import ModelConfig, RLConfig
 from factory.errors import ConfigError, StageFailed
 from factory.models.build import build_model, count_parameters
+from factory.models.generate import generate
+from factory.models.sampling import Sampling
 from factory.post.format import prompt
 from factory.post.grpo import entropy, group_advantages, grpo_loss, token_logprobs
 from factory.post.rewards import rewards
@@ -100,30 +102,25 @@ def tasks_of_step(count: int, seed: int, step: int, per_step: int) -> list[int]:
     return random.Random(f"rl-tasks:{seed}:{step}").sample(range(count), min(per_step, count))
 
 
-@torch.no_grad()
 def sample_group(
     model: nn.Module, prompt_ids: list[int], seeds: Sequence[int], config: RLConfig, stops: torch.Tensor, eos_id: int, context: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one completion per seed, the prompt cut to the model's `context`: returns sequences (G, P + new), mask (G, new),
-    log-probs (G, new)."""
-    model.eval()
+    log-probs (G, new). A completion ends at its first stop token; end-of-text fills the slots after it (mask and log-prob 0)."""
     head = prompt_ids[-(context - config.max_new_tokens):]
-    generators = [torch.Generator().manual_seed(s) for s in seeds]
-    idx = torch.tensor([head] * len(seeds), dtype=torch.int64)
-    ended = torch.zeros(len(seeds), dtype=torch.bool)
-    mask, logps = [], []
-    for _ in range(config.max_new_tokens):
-        logits = model(idx)[:, -1, :].float() / config.temperature
-        probs = torch.softmax(logits, dim=-1)
-        picked = torch.cat([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generators, strict=True)])
-        picked = torch.where(ended, torch.full_like(picked, eos_id), picked)
-        mask.append(~ended)
-        logps.append(torch.log_softmax(logits, dim=-1).gather(1, picked.view(-1, 1)).squeeze(1))
-        idx = torch.cat([idx, picked.view(-1, 1)], dim=1)
-        ended |= torch.isin(picked, stops)
-        if bool(ended.all()):
-            break
-    return idx, torch.stack(mask, dim=1).float(), torch.stack(logps, dim=1)
+    sampling = Sampling(new_tokens=config.max_new_tokens, temperature=config.temperature, eos_id=eos_id,
+                        stop_ids=frozenset(stops.tolist()))
+    done = generate(model, [head] * len(seeds), sampling, context=context, seeds=seeds, batch_size=len(seeds))
+    width = max(len(c.tokens) for c in done)
+    new = torch.full((len(seeds), width), eos_id, dtype=torch.int64)
+    mask, logps = torch.zeros(len(seeds), width), torch.zeros(len(seeds), width)
+    for row, completion in enumerate(done):
+        n = len(completion.tokens)
+        new[row, :n] = torch.tensor(completion.tokens, dtype=torch.int64)
+        mask[row, :n] = 1.0
+        logps[row, :n] = torch.tensor(completion.logprobs)
+    sequences = torch.cat([torch.tensor([head] * len(seeds), dtype=torch.int64), new], dim=1)
+    return sequences, mask, logps
 
 
 def rollout(

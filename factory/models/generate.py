@@ -1,0 +1,211 @@
+"""The one generator: evaluations, RL actors and Podium complete token prompts through it.
+
+`generate` (or a `TorchEngine`) takes prompts of any lengths, batches them (sorted by length,
+left-padded) and returns one `Completion` per prompt, in order. A model that opted into the KV
+cache (`factory.models.kv_cache`) reads each prompt once and then one token per step; any other
+model (a plugin architecture that maps ids to logits and nothing more) is run the way the factory
+always ran it, the whole sequence again for every token, in batches of prompts of one length so
+that no padding is needed.
+
+The context window: a prompt longer than the model's `context` keeps its last `context` tokens.
+While prompt and new tokens fit in the context, the cache holds them all. Past it the generator
+slides, as the uncached path always did: each further token is computed from the last `context`
+tokens of its row, afresh (a cache built for positions 0..context-1 cannot be shifted under
+learned positions). Outputs are the same as without a cache either way; only the speed differs.
+
+`Engine` is the seam for a served inference engine (vLLM on a GPU cluster): token prompts and a
+`Sampling` in, `Completion`s out. The in-process `TorchEngine` is the only one shipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from torch import nn
+
+from factory.models.kv_cache import KVCache, supports_kv_cache
+from factory.models.sampling import Sampling, choose
+
+Finish = Literal["eos", "stop", "length"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Completion:
+    """What one prompt was extended by."""
+
+    tokens: tuple[int, ...]
+    """The new tokens, the one that ended the row (end-of-text or a stop) included."""
+    logprobs: tuple[float, ...]
+    """The log-probability of each token under the distribution it was chosen from (see `sampling.choose`)."""
+    finish: Finish
+    """Why it ended: it wrote end-of-text, a stop token or stop string, or it used its whole budget."""
+
+    @property
+    def text_tokens(self) -> tuple[int, ...]:
+        """The tokens without a final end-of-text."""
+        return self.tokens[:-1] if self.finish == "eos" else self.tokens
+
+
+class Engine(Protocol):
+    """Something that completes token prompts: the in-process `TorchEngine`, or a served engine behind the same calls.
+
+    A served engine (vLLM) maps `Sampling` onto its own parameters (temperature, top_p, max_tokens, stop_token_ids with
+    end-of-text, stop strings, seed, logprobs of the sampled token) and returns the same `Completion`s. Its seeded draws
+    come from its own generators, so its samples differ from `TorchEngine`'s for the same seeds; greedy outputs agree up
+    to its numerics. A caller that adds one should record which engine produced a result beside it (none does yet).
+    """
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int] | None = None) -> list[Completion]:
+        """One completion per prompt, in order; `seeds` (one per prompt) when sampling, none when greedy."""
+        ...
+
+
+class TorchEngine:
+    """Completes prompts with a torch model in this process, with its KV cache when it has one."""
+
+    def __init__(self, model: nn.Module, context: int, *, batch_size: int = 32,
+                 decode: Callable[[list[int]], str] | None = None, use_cache: bool = True) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        self.model = model
+        self.context = context
+        self.batch_size = batch_size
+        self.decode = decode
+        """Token ids to text: needed for stop strings only."""
+        self.cached = use_cache and supports_kv_cache(model)
+        """Whether the model runs with a KV cache (it opted in, and the caller did not turn it off)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int] | None = None) -> list[Completion]:
+        """One completion per prompt, in order; prompt i's draws come from a generator seeded with `seeds[i]`."""
+        _check(prompts, sampling, seeds, self.decode)
+        generators = [None] * len(prompts) if seeds is None else [torch.Generator().manual_seed(s) for s in seeds]
+        rows = [_Row(list(p)[-self.context :], g, sampling) for p, g in zip(prompts, generators, strict=True)]
+        self.model.eval()
+        order = sorted(range(len(rows)), key=lambda i: (len(rows[i].tokens), i))
+        with torch.no_grad():
+            if self.cached:
+                for start in range(0, len(order), self.batch_size):
+                    self._cached([rows[i] for i in order[start : start + self.batch_size]], sampling)
+            else:
+                for _, same in itertools.groupby(order, key=lambda i: len(rows[i].tokens)):
+                    group = list(same)
+                    for start in range(0, len(group), self.batch_size):
+                        self._uncached([rows[i] for i in group[start : start + self.batch_size]], sampling)
+        return [row.completion() for row in rows]
+
+    def _cached(self, rows: list[_Row], sampling: Sampling) -> None:
+        """Extend `rows` with the KV cache: read the prompts once, then one token per step; slide once the context is full."""
+        width = max(len(row.tokens) for row in rows)
+        capacity = min(self.context, width + sampling.new_tokens)
+        cache = KVCache(len(rows), capacity)
+        ids, valid = _left_padded([row.tokens for row in rows])
+        cache.feed(valid)
+        logits = self.model(ids, cache)[:, -1]
+        for step in range(sampling.new_tokens):
+            active = [i for i, row in enumerate(rows) if row.finish is None]
+            if not active:
+                return
+            if step > 0 and cache.end < capacity:
+                cache.feed(torch.ones(len(rows), 1, dtype=torch.bool))
+                last = torch.tensor([row.tokens[-1] for row in rows], dtype=torch.int64).view(-1, 1)
+                logits = self.model(last, cache)[:, -1]
+            elif step > 0:
+                logits = torch.zeros(len(rows), *logits.shape[1:], dtype=logits.dtype)
+                logits[active] = self._window([rows[i] for i in active])
+            self._choose([rows[i] for i in active], logits[active], sampling)
+
+    def _window(self, rows: list[_Row]) -> torch.Tensor:
+        """Next-token logits of each row from its last `context` tokens, computed afresh (past the context window)."""
+        windows = [row.tokens[-self.context :] for row in rows]
+        ids, valid = _left_padded(windows)
+        cache = KVCache(len(rows), ids.size(1))
+        cache.feed(valid)
+        return self.model(ids, cache)[:, -1]
+
+    def _uncached(self, rows: list[_Row], sampling: Sampling) -> None:
+        """Extend `rows` (prompts of one length) the way a model without a cache runs: the whole sequence every step."""
+        idx = torch.tensor([row.tokens for row in rows], dtype=torch.int64)
+        for _ in range(sampling.new_tokens):
+            active = [i for i, row in enumerate(rows) if row.finish is None]
+            if not active:
+                return
+            logits = self.model(idx[:, -self.context :])[:, -1, :]
+            self._choose([rows[i] for i in active], logits[active], sampling)
+            idx = torch.cat([idx, torch.tensor([row.tokens[-1] for row in rows], dtype=torch.int64).view(-1, 1)], dim=1)
+
+    def _choose(self, rows: list[_Row], logits: torch.Tensor, sampling: Sampling) -> None:
+        picked, logp = choose(logits, sampling, [row.generator for row in rows])
+        for row, token, lp in zip(rows, picked.tolist(), logp.tolist(), strict=True):
+            row.add(token, lp, self.decode)
+
+
+def generate(model: nn.Module, prompts: Sequence[Sequence[int]], sampling: Sampling, *, context: int,
+             seeds: Sequence[int] | None = None, batch_size: int = 32, decode: Callable[[list[int]], str] | None = None,
+             use_cache: bool = True) -> list[Completion]:
+    """One completion per prompt from `model` (see `TorchEngine`), in order."""
+    return TorchEngine(model, context, batch_size=batch_size, decode=decode, use_cache=use_cache).generate(prompts, sampling, seeds)
+
+
+class _Row:
+    """One prompt's tokens as they grow, and whether (and why) it has ended."""
+
+    def __init__(self, prompt: list[int], generator: torch.Generator | None, sampling: Sampling) -> None:
+        self.tokens = prompt
+        self.prompt_length = len(prompt)
+        self.generator = generator
+        self.sampling = sampling
+        self.logprobs: list[float] = []
+        self.finish: Finish | None = None
+        longest = max((len(s) for s in sampling.stop_strings), default=0)
+        self._tail = 4 * longest + 1  # a token holds at least one byte and a character at most four
+
+    def add(self, token: int, logprob: float, decode: Callable[[list[int]], str] | None) -> None:
+        """Append a chosen token and end the row if it ends it."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        new = self.tokens[self.prompt_length :]
+        if token == self.sampling.eos_id:
+            self.finish = "eos"
+        elif token in self.sampling.stop_ids:
+            self.finish = "stop"
+        elif self.sampling.stop_strings and decode is not None and _holds_stop(decode(new[-self._tail :]), self.sampling.stop_strings):
+            self.finish = "stop"
+        elif len(new) == self.sampling.new_tokens:
+            self.finish = "length"
+
+    def completion(self) -> Completion:
+        """The finished row as a `Completion`."""
+        assert self.finish is not None, "every row ends: at a stop or at its budget"
+        return Completion(tokens=tuple(self.tokens[self.prompt_length :]), logprobs=tuple(self.logprobs), finish=self.finish)
+
+
+def _holds_stop(text: str, stops: Sequence[str]) -> bool:
+    return any(stop in text for stop in stops)
+
+
+def _left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of different lengths as a (batch, longest) id tensor padded on the left with 0, and where the real tokens are."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.int64)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.int64)
+        valid[i, width - len(row) :] = True
+    return ids, valid
+
+
+def _check(prompts: Sequence[Sequence[int]], sampling: Sampling, seeds: Sequence[int] | None,
+           decode: Callable[[list[int]], str] | None) -> None:
+    """The guards every engine owes its callers: clear messages for calls that cannot be served."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("a prompt has no tokens; give it at least one (end-of-text starts a document)")
+    if sampling.greedy and seeds is not None:
+        raise ValueError("greedy decoding takes no seeds; set a temperature above 0 to sample")
+    if not sampling.greedy and (seeds is None or len(seeds) != len(prompts)):
+        raise ValueError(f"need one seed per row; got {0 if seeds is None else len(seeds)} seeds for {len(prompts)} rows")
+    if sampling.stop_strings and decode is None:
+        raise ValueError("stop strings need the engine's decode (token ids to text)")
