@@ -47,6 +47,10 @@ class ModelArch:
     export: str | Callable[[Any, Any], None] = EXPORT_WEIGHTS
     """`export(weights, directory)`: writes a trained state dict as the model stage's weight files (`model.pt`,
     `model.safetensors`). Default: both, with tensors that share storage stored once in the safetensors file."""
+    hugging_face: str | Callable[[Any, Any, int], Any] | None = None
+    """`hugging_face(config, weights, vocab_size)`: the trained model in a Hugging Face layout (a
+    `factory.models.hf_layout.HFLayout`: its `config.json` fields and its tensors by Hugging Face names), or a line saying
+    why this model has none. None: the architecture has no Hugging Face layout; the model stage writes `export`'s files."""
     options: frozenset[str] | None = None
     """The fields of the `model` section it reads besides those every architecture has (`SHAPE_FIELDS`); a file that sets
     another one to something other than its default is refused. None: it reads them all."""
@@ -62,6 +66,10 @@ class ModelArch:
     def export_function(self) -> Callable[[Any, Any], None]:
         """The export function, imported now when declared as `module:function`."""
         return resolve(self.export)
+
+    def hugging_face_function(self) -> Callable[[Any, Any, int], Any] | None:
+        """The Hugging Face layout function, imported now when declared as `module:function` (None when it has none)."""
+        return None if self.hugging_face is None else resolve(self.hugging_face)
 
 
 @functools.cache

@@ -9,6 +9,7 @@ GPT_ARCH = ModelArch(
     description="decoder-only transformer (GPT-2 style, learned or rotary positions)",
     build="factory.models.gpt:GPT",
     export="factory.models.export:export_gpt",
+    hugging_face="factory.models.hf_layout:gpt2_layout",
     options=frozenset({"positions"}),
 )
 
@@ -16,6 +17,7 @@ LLAMA_ARCH = ModelArch(
     name="llama",
     description="decoder-only transformer of the Llama family (RMSNorm, SwiGLU, rotary positions, grouped-query attention)",
     build="factory.models.llama:Llama",
+    hugging_face="factory.models.hf_layout:llama_layout",
     options=frozenset({"n_kv_head", "rope_theta", "norm_eps", "intermediate_size"}),
     defaults={"positions": "rotary"},
 )
