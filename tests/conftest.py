@@ -89,7 +89,7 @@ def postgres(postgres_server, request):
 
 # The modules whose tests read the shared tiny pipeline (tests/e2e/conftest.py): one worker runs them all, so the
 # pipeline is built once and no other worker waits for it. A test elsewhere that asks for it fails at collection.
-TINY_PIPELINE_READERS = ("tests/e2e/test_tiny_experiment.py", "tests/e2e/test_ui.py")
+TINY_PIPELINE_READERS = ("tests/e2e/test_tiny_experiment.py", "tests/e2e/test_ui.py", "tests/e2e/test_llama.py")
 HEAVY = ("e2e", "slow")  # modules that take a minute or more: scheduled first, so none is left to run alone at the end
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -29,6 +29,8 @@ BUILT_IN = "built in"
 DEFAULT_ARCH = "gpt"
 """The architecture of an experiment that names none: the one every experiment had before there were others."""
 EXPORT_WEIGHTS = "factory.models.export:export_weights"
+SHAPE_FIELDS = frozenset({"arch", "n_layer", "n_head", "n_embd", "context", "dropout", "tie_embeddings"})
+"""The fields of the `model` section every architecture reads."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,15 @@ class ModelArch:
     export: str | Callable[[Any, Any], None] = EXPORT_WEIGHTS
     """`export(weights, directory)`: writes a trained state dict as the model stage's weight files (`model.pt`,
     `model.safetensors`). Default: both, with tensors that share storage stored once in the safetensors file."""
+    hugging_face: str | Callable[[Any, Any, int], Any] | None = None
+    """`hugging_face(config, weights, vocab_size)`: the trained model in a Hugging Face layout (a
+    `factory.models.hf_layout.HFLayout`: its `config.json` fields and its tensors by Hugging Face names), or a line saying
+    why this model has none. None: the architecture has no Hugging Face layout; the model stage writes `export`'s files."""
+    options: frozenset[str] | None = None
+    """The fields of the `model` section it reads besides those every architecture has (`SHAPE_FIELDS`); a file that sets
+    another one to something other than its default is refused. None: it reads them all."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Values of `model` fields the architecture fixes when the file does not give them (llama: rotary positions)."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
 
@@ -55,6 +66,10 @@ class ModelArch:
     def export_function(self) -> Callable[[Any, Any], None]:
         """The export function, imported now when declared as `module:function`."""
         return resolve(self.export)
+
+    def hugging_face_function(self) -> Callable[[Any, Any, int], Any] | None:
+        """The Hugging Face layout function, imported now when declared as `module:function` (None when it has none)."""
+        return None if self.hugging_face is None else resolve(self.hugging_face)
 
 
 @functools.cache

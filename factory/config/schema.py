@@ -5,15 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import (
-    ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator, model_serializer, model_validator,
-)
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from factory.config.architectures import DEFAULT_ARCH, architectures, unknown_architecture
 from factory.config.base_refs import FORMS, BaseRef, base_ref
 from factory.config.control import ControlConfig
 from factory.config.data_sections import DataConfig
 from factory.config.limits import MAX_BATCH, MAX_BYTES, MAX_COUNT, MAX_RANKS, MAX_STEPS, Beta
+from factory.config.model_section import ModelConfig
 from factory.config.section import GrownSection, Section
 from factory.config.sft_data import SFTData
 from factory.config.table_refs import table_ref
@@ -33,49 +31,6 @@ class TokenizerConfig(Section):
     """A merge must occur at least this often in the training sample."""
     sample_bytes: int = Field(8_000_000, gt=0, le=MAX_BYTES)
     """How many bytes of the train split the tokenizer learns from (seeded sample of files)."""
-
-
-class ModelConfig(Section):
-    """The model: its architecture and shape."""
-
-    arch: str = DEFAULT_ARCH
-    """The model architecture: `gpt` (a decoder-only transformer), or one an installed plugin registers."""
-    n_layer: int = Field(4, ge=1, le=128)
-    """Transformer blocks."""
-    n_head: int = Field(4, ge=1, le=128)
-    """Attention heads per block."""
-    n_embd: int = Field(256, ge=8, le=65_536)
-    """Width of the residual stream; divisible by n_head."""
-    context: int = Field(256, ge=8, le=131_072)
-    """Tokens of context the model sees."""
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    """Dropout probability in attention and MLP outputs."""
-    tie_embeddings: bool = True
-    """Share the input embedding with the output projection."""
-    positions: Literal["learned", "rotary"] = "learned"
-    """Learned position embeddings (GPT-2), or rotary embeddings applied to queries and keys (RoPE)."""
-
-    @field_validator("arch")
-    @classmethod
-    def _known_arch(cls, arch: str) -> str:
-        if arch not in {a.name for a in architectures()}:
-            raise ValueError(unknown_architecture(arch))
-        return arch
-
-    @model_serializer(mode="wrap")
-    def _arch_only_when_not_gpt(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dump = handler(self)
-        if self.arch == DEFAULT_ARCH:  # recipes of the default architecture keep the fingerprints they had before others existed
-            dump.pop("arch", None)
-        return dump
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> ModelConfig:
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"rotary positions need an even head width; n_embd / n_head is {self.n_embd // self.n_head}")
-        return self
 
 
 class PretrainConfig(Section):

@@ -10,6 +10,7 @@ from torch import nn
 
 from factory.config.architectures import architecture
 from factory.config.schema import ModelConfig
+from factory.models.hf_layout import HFLayout
 
 
 def build_model(config: ModelConfig, vocab_size: int, seed: int) -> nn.Module:
@@ -31,6 +32,15 @@ def new_model(config: ModelConfig, vocab_size: int) -> nn.Module:
 def export_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], directory: Path) -> None:
     """Write trained `weights` of a `config.arch` model into `directory` as its architecture exports them."""
     architecture(config.arch).export_function()(weights, directory)
+
+
+def hugging_face_layout(config: ModelConfig, weights: Mapping[str, torch.Tensor], vocab_size: int) -> HFLayout | str:
+    """Trained `weights` in the Hugging Face layout of `config.arch`, or a line saying why the model has none."""
+    arch = architecture(config.arch)
+    layout = arch.hugging_face_function()
+    if layout is None:
+        return f"arch {arch.name} ({arch.origin}) declares no Hugging Face layout"
+    return layout(config, weights, vocab_size)
 
 
 def count_parameters(model: nn.Module) -> int:

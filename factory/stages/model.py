@@ -1,5 +1,6 @@
 """The `model` kind: the final weights of the last training stage (rl, sft or pretrain), exported with their config and
-tokenizer (and the chat template of an sft on a table) as a self-contained model.
+tokenizer (and the chat template of an sft on a table) as a self-contained model: a Hugging Face model directory when the
+architecture has a layout there (llama; gpt with learned positions), the factory's own files otherwise.
 
 Light to import: its run function imports torch and the exporter when it runs.
 """
@@ -22,26 +23,40 @@ class ModelSettings(Section):
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """Export the final weights with their config, tokenizer and chat template (when sft had one): a self-contained model."""
+    """Export the final weights with their config, tokenizer and chat template (when sft had one): a self-contained model,
+    in a Hugging Face layout when its architecture has one."""
     from factory.config.stages import TRAINING_STAGES  # derived from the registry: read when it runs, not while it is built
-    from factory.models.build import export_model
+    from factory.models.build import export_model, hugging_face_layout
+    from factory.models.hf_export import export_hugging_face
     from factory.train.pretrain import load_weights
 
     trained = [name for name in TRAINING_STAGES if name in ctx.request.spec.upstream][-1]  # the last training stage run
     checkpoints = ctx.upstream(trained)
     record = json.loads((checkpoints / RUN_FILE).read_text())
-    export_model(ModelConfig.model_validate(record["model"]), load_weights(checkpoints / record["final"]), ctx.out)
+    config, weights = ModelConfig.model_validate(record["model"]), load_weights(checkpoints / record["final"])
     tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
-    shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
-    (ctx.out / MODEL_CONFIG).write_text(json.dumps(record, indent=2, sort_keys=True))
-    if (template := checkpoints / CHAT_TEMPLATE_FILE).is_file():  # prompts the model as it was fine-tuned
+    template = checkpoints / CHAT_TEMPLATE_FILE  # prompts the model as it was fine-tuned
+    if template.is_file():
         shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)
-    return {"parameters": record["parameters"], "tokens_seen": record["tokens_seen"], "vocab_size": record["vocab_size"]}
+    layout = hugging_face_layout(config, weights, record["vocab_size"])
+    if isinstance(layout, str):
+        ctx.log.info(f"no Hugging Face export: {layout}")
+        export_model(config, weights, ctx.out)
+        shutil.copyfile(tokenizer_path, ctx.out / TOKENIZER_FILE)
+        (ctx.out / MODEL_CONFIG).write_text(json.dumps(record, indent=2, sort_keys=True))
+        hugging_face = f"none: {layout}"
+    else:
+        chat_template = template.read_text() if template.is_file() else None
+        export_hugging_face(layout, weights, ctx.out, tokenizer=tokenizer_path, context=config.context, record=record,
+                            chat_template=chat_template)
+        hugging_face = layout.architecture
+    return {"parameters": record["parameters"], "tokens_seen": record["tokens_seen"], "vocab_size": record["vocab_size"],
+            "hugging_face": hugging_face}
 
 
 MODEL = StageKind(
     name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
     present=lambda e: e.pretrain is not None or e.base is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
-    artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.stages.training", "factory.train.pretrain"),
+    artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.models.hf_export", "factory.stages.training", "factory.train.pretrain"),
     description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
 )

@@ -270,16 +270,23 @@ def test_every_kept_checkpoint_is_a_checkpoints_partition(pipeline):
         assert metadata["podium"] == checkpoint_url(checkpoint.sha256)
 
 
-def test_the_model_is_also_exported_as_safetensors(pipeline):
+def test_the_model_is_also_exported_as_safetensors_by_gpt2_names(pipeline):
     from safetensors.torch import load_file
+
+    from factory.config.schema import ModelConfig
+    from factory.models.hf_layout import gpt2_layout
 
     [latest, *_] = materializations(pipeline["instance"], "model", pipeline["name"])
     artifact = Path(metadata_of(latest)["artifact"])
     exported = load_file(artifact / "model.safetensors")
     weights = torch.load(artifact / "model.pt", weights_only=True)
-    assert set(weights) - set(exported) == {"lm_head.weight"}, "the tied projection is stored once"
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["architectures"] == ["GPT2LMHeadModel"] and metadata_of(latest)["hugging_face"] == "GPT2LMHeadModel"
+    layout = gpt2_layout(ModelConfig.model_validate(config["model"]), weights, config["vocab_size"])
+    assert "lm_head.weight" not in exported, "the tied projection is stored once"
+    assert exported.keys() == layout.tensors.keys()
     for name, tensor in exported.items():
-        assert torch.equal(tensor, weights[name]), name
+        assert torch.equal(tensor, layout.tensors[name]), name
 
 
 def test_factory_data_batch_from_the_command_line(pipeline):

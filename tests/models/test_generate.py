@@ -16,6 +16,11 @@ LENGTHS = (1, 3, 7, 12, 20, 31, 40)
 
 
 def gpt(positions: str, seed: int = 0) -> nn.Module:
+    """A small model: a GPT with `learned` or `rotary` positions, or a `llama` (grouped-query attention, untied)."""
+    if positions == "llama":
+        config = ModelConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, context=CONTEXT, positions="rotary",
+                             tie_embeddings=False)
+        return build_model(config, VOCAB, seed).eval()
     return build_model(ModelConfig(n_layer=2, n_head=4, n_embd=32, context=CONTEXT, positions=positions), VOCAB, seed).eval()
 
 
@@ -34,7 +39,7 @@ def reference_greedy(model: nn.Module, prompt: list[int], new_tokens: int) -> li
     return idx[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("positions", ["learned", "rotary"])
+@pytest.mark.parametrize("positions", ["learned", "rotary", "llama"])
 def test_cached_greedy_is_the_uncached_path_batched_or_one_at_a_time(positions):
     model = gpt(positions)
     expected = [reference_greedy(model, p, 16) for p in prompts()]

@@ -30,6 +30,7 @@ ROWS = [
     {"id": f"t{i:02d}", "function": f"def f(x):\n    return x + {i}\n", "call": f"f({i})", "expected": repr(2 * i)} for i in range(16)
 ]
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=48)
+LLAMA = ModelConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=32, context=48)
 LOG = logging.getLogger("test-rl")
 
 
@@ -53,18 +54,18 @@ def final_digest(work: Path) -> str:
     return digest.hexdigest()
 
 
-def fine_tuned(tok) -> dict[str, torch.Tensor]:
+def fine_tuned(tok, model: ModelConfig = MODEL) -> dict[str, torch.Tensor]:
     """A model taught the answer format for a few steps, so its samples earn some rewards and some not: trained once per
     test process, and each caller gets its own copy."""
-    return {name: tensor.clone() for name, tensor in _fine_tuned(tok.to_str()).items()}
+    return {name: tensor.clone() for name, tensor in _fine_tuned(tok.to_str(), model).items()}
 
 
 @functools.cache
-def _fine_tuned(tokenizer_json: str) -> dict[str, torch.Tensor]:
+def _fine_tuned(tokenizer_json: str, config: ModelConfig) -> dict[str, torch.Tensor]:
     tok = Tokenizer.from_str(tokenizer_json)
-    model = build_model(MODEL, tok.get_vocab_size(), seed=7)
+    model = build_model(config, tok.get_vocab_size(), seed=7)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for batch in islice(sft_batches(encode_examples(ROWS, tok, 0, MODEL.context), 8, seed=0, eos_id=0), 60):
+    for batch in islice(sft_batches(encode_examples(ROWS, tok, 0, config.context), 8, seed=0, eos_id=0), 60):
         optimizer.zero_grad()
         logits = model(batch.x)
         F.cross_entropy(logits.view(-1, logits.size(-1)), batch.y.view(-1), ignore_index=PAD).backward()
@@ -72,10 +73,10 @@ def _fine_tuned(tokenizer_json: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def run(work: Path, rl: RLConfig, rank: int = 0, learners: int = 1, actors: int = 0) -> dict:
+def run(work: Path, rl: RLConfig, rank: int = 0, learners: int = 1, actors: int = 0, model: ModelConfig = MODEL) -> dict:
     tok = tokenizer()
-    init = fine_tuned(tok)
-    result = train_rl(ROWS, tok, 0, init, MODEL, rl, 5, roles_from(rank, learners, actors), work, LOG)
+    init = fine_tuned(tok, model)
+    result = train_rl(ROWS, tok, 0, init, model, rl, 5, roles_from(rank, learners, actors), work, LOG)
     return result.last
 
 
@@ -98,14 +99,15 @@ def test_sampling_is_seeded_per_completion_and_stops_at_the_line_end():
     assert (logp <= 0).all()
 
 
-def test_a_run_logs_its_metrics_and_resumes_to_the_same_bytes(tmp_path):
-    last = run(tmp_path / "whole", config())
+@pytest.mark.parametrize("model", [MODEL, LLAMA], ids=["gpt", "llama"])
+def test_a_run_logs_its_metrics_and_resumes_to_the_same_bytes(tmp_path, model):
+    last = run(tmp_path / "whole", config(), model=model)
     for key in ("reward_mean", "reward_std", "pass_rate", "kl", "entropy", "response_tokens", "sync_seconds", "lag_versions"):
         assert key in last
     assert last["step"] == 4 and last["lag_versions"] == 0
     assert [c.step for c in published(tmp_path / "whole" / "checkpoints")] == [2, 4]
-    run(tmp_path / "cut", config(steps=2))  # a run stopped at its step-2 checkpoint...
-    run(tmp_path / "cut", config())  # ...relaunched with the whole plan, resumes there
+    run(tmp_path / "cut", config(steps=2), model=model)  # a run stopped at its step-2 checkpoint...
+    run(tmp_path / "cut", config(), model=model)  # ...relaunched with the whole plan, resumes there
     assert final_digest(tmp_path / "cut") == final_digest(tmp_path / "whole")
 
 

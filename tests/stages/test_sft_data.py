@@ -9,22 +9,25 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import torch
 
 from factory.config import UPSTREAM, load_file, plan_stage
-from factory.config.schema import SFTConfig, TokenizerConfig
+from factory.config.schema import ModelConfig, SFTConfig, TokenizerConfig
 from factory.config.stages import stage_config, stages_of
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import PAD
 from factory.data.tables import write_version
+from factory.models.build import new_model
 from factory.models.tokenizer import EOS, load_tokenizer, train_tokenizer
 from factory.errors import ConfigError
-from factory.post.chat import chat_examples, read_rows
+from factory.post.chat import chat_examples, compile_template, read_rows
 from factory.post.sft import sft_batches
 from factory.preflight import check_files
-from factory.registry.layout import CHAT_TEMPLATE_FILE, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Provenance
 from factory.runtime.__main__ import main
 from factory.runtime.request import StageRequest
+from factory.train.pretrain import load_weights
 
 pytestmark = pytest.mark.usefixtures("no_pipes")
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +48,7 @@ data:
   blend:
     - {{dataset: code}}
 tokenizer: {{vocab_size: 300, sample_bytes: 200000}}
-model: {{n_layer: 1, n_head: 2, n_embd: 32, context: 64}}
+model: {{{model}}}
 pretrain: {{steps: 2, batch_size: 2, warmup_steps: 0, log_every: 1}}
 eval: null
 sft:
@@ -70,7 +73,11 @@ def write_tables(catalog_root: Path) -> None:
     write_version(catalog, "sft.chat", chats, log, tag="v1", schema=chats.schema)
 
 
-def recipe(tmp_path: Path, data: str) -> Path:
+GPT = "n_layer: 1, n_head: 2, n_embd: 32, context: 64"
+LLAMA = "arch: llama, n_layer: 1, n_head: 4, n_kv_head: 2, n_embd: 32, context: 64"
+
+
+def recipe(tmp_path: Path, data: str, model: str = GPT) -> Path:
     """An experiment file that extends the tiny one, pretrains briefly on a few modules and fine-tunes with `data` (YAML
     lines of the `sft.data` block)."""
     source = tmp_path / "src"
@@ -78,7 +85,8 @@ def recipe(tmp_path: Path, data: str) -> Path:
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text(text)
     path = tmp_path / "mine.md"
-    path.write_text(RECIPE.format(tiny=REPO / "experiments" / "tiny-code-lm.md", source=source, data=textwrap.indent(data, "    ")))
+    path.write_text(RECIPE.format(tiny=REPO / "experiments" / "tiny-code-lm.md", source=source, data=textwrap.indent(data, "    "),
+                                  model=model))
     return path
 
 
@@ -113,19 +121,20 @@ def trained_text(examples, tokenizer) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("data, wanted", [
-    ("table: sft.pairs@v1\nprompt: question\ncompletion: answer\nsplit: part\nsplit_value: train", "pairs"),
-    ("table: sft.chat@v1\nformat: messages", "chat"),
+@pytest.mark.parametrize("data, wanted, model", [
+    ("table: sft.pairs@v1\nprompt: question\ncompletion: answer\nsplit: part\nsplit_value: train", "pairs", GPT),
+    ("table: sft.chat@v1\nformat: messages", "chat", LLAMA),
 ])
-def test_sft_trains_on_a_table_through_the_mapping_with_the_loss_on_completions_only(tmp_path, data, wanted):
+def test_sft_trains_on_a_table_through_the_mapping_with_the_loss_on_completions_only(tmp_path, data, wanted, model):
     write_tables(tmp_path / "catalog")
-    artifacts = run_all(tmp_path, recipe(tmp_path, data))
+    artifacts = run_all(tmp_path, recipe(tmp_path, data, model))
     manifest = json.loads((artifacts["sft"] / "run.json").read_text())
     assert manifest["steps"] == 3
     [experiment] = load_file(tmp_path / "mine.md")
     config = experiment.sft.data
     assert (artifacts["sft"] / CHAT_TEMPLATE_FILE).read_text() == config.template
     assert (artifacts["model"] / CHAT_TEMPLATE_FILE).read_text() == config.template  # exported with the model
+    assert json.loads((artifacts["model"] / TOKENIZER_CONFIG).read_text())["chat_template"] == config.template  # for transformers
 
     tokenizer = load_tokenizer(artifacts["tokenizer"] / TOKENIZER_FILE)
     _, rows = read_rows(open_catalog(CatalogConfig.local(tmp_path / "catalog")), config)
@@ -135,6 +144,24 @@ def test_sft_trains_on_a_table_through_the_mapping_with_the_loss_on_completions_
         assert sorted(trained_text(examples, tokenizer)) == sorted([[c + "<eos>"] for _, c in PAIRS[:8]])
     else:
         assert sorted(trained_text(examples, tokenizer)) == sorted([[f"{2 * i}\n<eos>", f"{4 * i}\n<eos>"] for i in range(10)])
+        exported_for_transformers(artifacts["model"], config.template)
+
+
+def exported_for_transformers(model_dir: Path, template: str) -> None:
+    """The model stage's directory as `transformers` loads it: the factory's logits, the template it was fine-tuned with."""
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2 and config["steps"] == 3
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    ours = new_model(ModelConfig.model_validate(config["model"]), config["vocab_size"])
+    ours.load_state_dict(load_weights(model_dir / "model.pt"))
+    tokens = torch.randint(0, config["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours.eval()(tokens) - loaded(tokens).logits).abs().max().item() <= 1e-5
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    turns = CHATS[0][:3]
+    rendered = compile_template(template)(messages=turns, add_generation_prompt=True)
+    assert tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True) == rendered
 
 
 def test_a_recipe_without_data_keeps_its_fingerprint():

@@ -16,6 +16,7 @@ from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, POSITIONS_FILE,
 LOG = logging.getLogger("test.pretrain")
 VOCAB = 16
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
+LLAMA = ModelConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=32, context=16)
 TRAIN = PretrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, checkpoint_every=10, log_every=5, keep_last=5)
 FINAL = f"{CHECKPOINT_DIR}/step_000030.pt"
 TOKENS = torch.arange(8, dtype=torch.int64).repeat(100)  # 0..7 over and over: trivially predictable
@@ -118,6 +119,15 @@ def test_same_seed_gives_a_byte_identical_final_checkpoint(run, tmp_path):
     assert sha256(tmp_path / "again" / FINAL) == sha256(out / FINAL)
     pretrain(source(), VOCAB, MODEL, TRAIN, 1, tmp_path / "other", LOG)
     assert sha256(tmp_path / "other" / FINAL) != sha256(out / FINAL)
+
+
+def test_a_llama_learns_and_the_same_seed_gives_the_same_bytes(run, tmp_path):
+    first = pretrain(source(), VOCAB, LLAMA, TRAIN, 0, tmp_path / "a", LOG)
+    pretrain(source(), VOCAB, LLAMA, TRAIN, 0, tmp_path / "b", LOG)
+    assert sha256(tmp_path / "a" / FINAL) == sha256(tmp_path / "b" / FINAL)
+    assert first.final_loss < 0.25 * math.log(VOCAB)
+    weights = load_weights(tmp_path / "a" / FINAL)
+    assert "embed_tokens.weight" in weights and first.parameters == sum(w.numel() for k, w in weights.items() if k != "lm_head.weight")
 
 
 def test_data_running_out_is_refused_with_what_to_change(tmp_path):

@@ -4,11 +4,12 @@ skipped, leftovers of a killed save removed, retention by directory. Two ranks a
 import logging
 import shutil
 
+import pytest
 import torch
 
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, checkpoint_digest, load_checkpoint, published
 from factory.train.pretrain import CHECKPOINT_DIR, load_weights, pretrain
-from tests.train.test_pretrain import MODEL, TRAIN, VOCAB, source
+from tests.train.test_pretrain import LLAMA, MODEL, TRAIN, VOCAB, source
 
 LOG = logging.getLogger("test.sharded")
 SHARDED = TRAIN.model_copy(update={"checkpoint_format": "sharded"})
@@ -33,12 +34,13 @@ def test_the_sharded_format_trains_the_same_weights_and_records_a_directory_dige
     assert all(isinstance(index, int) for index in full["optimizer"]["state"]), "the optimizer's state is keyed as torch keys it"
 
 
-def test_a_resumed_sharded_run_continues_from_its_last_checkpoint(tmp_path):
-    pretrain(source(), VOCAB, MODEL, SHARDED, 0, tmp_path / "whole", LOG)
+@pytest.mark.parametrize("model", [MODEL, LLAMA], ids=["gpt", "llama"])
+def test_a_resumed_sharded_run_continues_from_its_last_checkpoint(tmp_path, model):
+    pretrain(source(), VOCAB, model, SHARDED, 0, tmp_path / "whole", LOG)
     shutil.copytree(tmp_path / "whole", tmp_path / "cut")
     shutil.rmtree(tmp_path / "cut" / CHECKPOINT_DIR / "step_000030")  # as if killed after step 20's save
     (tmp_path / "cut" / CHECKPOINT_DIR / "step_000030.json").unlink()
-    resumed = pretrain(source(), VOCAB, MODEL, SHARDED, 0, tmp_path / "cut", LOG)
+    resumed = pretrain(source(), VOCAB, model, SHARDED, 0, tmp_path / "cut", LOG)
     assert resumed.resumed_from == 20 and resumed.steps_computed == 10
     ours, theirs = (load_weights(tmp_path / run / CHECKPOINT_DIR / "step_000030") for run in ("cut", "whole"))
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)

@@ -16,6 +16,7 @@ from factory.train.pretrain import CHECKPOINT_DIR, CONTROL_FILE, pretrain
 LOG = logging.getLogger("test.control")
 VOCAB = 16
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16)
+LLAMA = ModelConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=32, context=16)
 TRAIN = PretrainConfig(steps=40, batch_size=8, lr=1e-2, warmup_steps=3, checkpoint_every=10, log_every=5, keep_last=10)
 PATTERN = torch.arange(8, dtype=torch.int64).repeat(100)  # 0..7 over and over: quickly learned
 SPIKE_AT = 27  # the step whose batch is noise
@@ -112,14 +113,15 @@ def test_a_plateau_stops_the_run_with_a_final_checkpoint_and_a_relaunch_stays_st
     assert len(records(tmp_path)) == 1
 
 
-def test_a_crashed_controlled_run_resumes_to_the_same_bytes(tmp_path):
+@pytest.mark.parametrize("model", [MODEL, LLAMA], ids=["gpt", "llama"])
+def test_a_crashed_controlled_run_resumes_to_the_same_bytes(tmp_path, model):
     rules = [{**SPIKE_RULE, "do": ["log_batch", "skip_batch"]},
              {"name": "slow", "on": ["eval"], "when": "h.evals_since_best >= 1", "do": [{"scale_lr": 0.5}]}]
     config = control(*rules, eval_every=5)
-    pretrain(source(), VOCAB, MODEL, TRAIN, 0, tmp_path / "whole", LOG, control=config, validation=VALIDATION)
+    pretrain(source(), VOCAB, model, TRAIN, 0, tmp_path / "whole", LOG, control=config, validation=VALIDATION)
     with pytest.raises(RuntimeError):
-        pretrain(source(crash_at=33), VOCAB, MODEL, TRAIN, 0, tmp_path / "crashed", LOG, control=config, validation=VALIDATION)
-    resumed = pretrain(source(), VOCAB, MODEL, TRAIN, 0, tmp_path / "crashed", LOG, control=config, validation=VALIDATION)
+        pretrain(source(crash_at=33), VOCAB, model, TRAIN, 0, tmp_path / "crashed", LOG, control=config, validation=VALIDATION)
+    resumed = pretrain(source(), VOCAB, model, TRAIN, 0, tmp_path / "crashed", LOG, control=config, validation=VALIDATION)
     assert resumed.resumed_from == 30
     final = f"{CHECKPOINT_DIR}/step_000040.pt"
     assert sha256(tmp_path / "crashed" / final) == sha256(tmp_path / "whole" / final)
