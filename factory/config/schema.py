@@ -78,8 +78,10 @@ class ModelConfig(Section):
         return self
 
 
-class PretrainConfig(Section):
+class PretrainConfig(GrownSection):
     """Pretraining from scratch on the blend: AdamW with linear warmup and cosine decay, checkpoints and their retention."""
+
+    DEFAULT_LEFT_OUT = ("parallelism", "reshard_after_forward")  # recipes written before FSDP keep their fingerprints
 
     steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
@@ -116,6 +118,17 @@ class PretrainConfig(Section):
     """Compile the model with torch.compile."""
     log_every: int = Field(25, ge=1, le=MAX_STEPS)
     """Report training metrics every N steps."""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """`ddp`: every rank holds the whole model and optimizer state; gradients are averaged over the ranks. `fsdp`: FSDP2
+    (`fully_shard`) shards every transformer block and the rest of the model over the ranks, so each holds 1/N of the
+    parameters, gradients and optimizer state (bf16 parameters with fp32 gradient reductions on a GPU that has bf16, fp32
+    elsewhere); it needs `checkpoint_format: sharded`. Checkpoints of either resume under the other, on any number of ranks.
+    Part of the fingerprint when `fsdp`: its reduce-scatter and its sharded gradient norm round in another order than DDP's
+    all-reduce, so the weights differ in their last bits; `ddp` is left out, so recipes written before keep theirs."""
+    reshard_after_forward: bool = True
+    """With `fsdp`: free each block's gathered parameters after its forward and gather them again for the backward (less
+    memory, more communication); false keeps them to the backward. The same weights either way; in the fingerprint only
+    when false (a needless cache miss at worst)."""
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> PretrainConfig:
@@ -123,6 +136,10 @@ class PretrainConfig(Section):
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
         if self.batch_size % self.grad_accum_steps:
             raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})")
+        if self.parallelism == "fsdp" and self.checkpoint_format != "sharded":
+            raise ValueError("parallelism: fsdp saves each rank's shard of the state: set checkpoint_format: sharded")
+        if self.parallelism != "fsdp" and not self.reshard_after_forward:
+            raise ValueError("reshard_after_forward applies to parallelism: fsdp only: remove it, or set parallelism: fsdp")
         return self
 
 
