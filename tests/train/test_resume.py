@@ -167,17 +167,18 @@ def weights_sha(state: dict) -> str:
     return digest.hexdigest()
 
 
-def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path, parallelism):
     whole, killed = tmp_path / "whole" / "work", tmp_path / "killed" / "work"
     whole.parent.mkdir()
     killed.parent.mkdir()
-    finish(launch(whole, steps=30, ranks=2, sharded=True))
+    finish(launch(whole, steps=30, ranks=2, sharded=True, parallelism=parallelism))
     final = whole / CHECKPOINT_DIR / "step_000030"
     shards = {p.name: p.stat().st_size for p in final.iterdir()}
     assert set(shards) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert min(shards["__0_0.distcp"], shards["__1_0.distcp"]) > 0.2 * sum(shards.values()), f"each rank writes a share: {shards}"
 
-    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True)
+    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism)
     deadline = time.monotonic() + 180
     record = killed / CHECKPOINT_DIR / "step_000010.json"  # the async save of step 10 is complete
     while (logged_steps(killed) < 15 or not record.exists()) and process.poll() is None:
@@ -185,7 +186,7 @@ def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_asy
         time.sleep(0.005)
     kill_tree(process)
     assert logged_steps(killed) < 30, "the kill must land before the end"
-    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True))
+    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism))
     assert "resuming from step_000010" in err or "resuming from step_000020" in err
     ours, theirs = (load_checkpoint(w / CHECKPOINT_DIR / "step_000030") for w in (killed, whole))
     assert weights_sha(ours) == weights_sha(theirs)
