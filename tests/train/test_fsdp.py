@@ -7,14 +7,16 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from factory.config.schema import PretrainConfig
 from factory.errors import ConfigError
-from factory.train.checkpoint import load_checkpoint
+from factory.train.checkpoint import checkpoint_digest, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
 from tests.train.test_pretrain import LOG, MODEL, TRAIN, VOCAB, source
 from tests.train.test_resume import REPO, finish, launch
@@ -141,6 +143,33 @@ def test_a_resharded_resume_continues_the_same_training(runs, tmp_path, written_
     torch.testing.assert_close(torch.tensor(losses(work)), torch.tensor(losses(runs[written_by])), rtol=1e-5, atol=1e-6)
     for name, weight in theirs["model"].items():
         torch.testing.assert_close(ours["model"][name], weight, rtol=1e-3, atol=1e-4)
+
+
+def test_a_rank_killed_in_a_sharded_save_leaves_no_checkpoint_that_looks_complete(tmp_path):
+    work = tmp_path / "work"
+    process = launch(work, steps=40, every=1, ranks=2, dropout=0.0, parallelism="fsdp")
+    checkpoints, deadline = work / CHECKPOINT_DIR, time.monotonic() + 120
+
+    def saving() -> bool:  # shards of a save being written, after a few saves completed
+        names = list(checkpoints.iterdir()) if (checkpoints / "step_000005.json").exists() else []
+        return any(p.suffix == ".tmp" and p.is_dir() for p in names)
+
+    while process.poll() is None and not saving():
+        assert time.monotonic() < deadline
+        time.sleep(0.0002)
+    ranks = psutil.Process(process.pid).children(recursive=True)
+    next(p for p in ranks if p.environ().get("RANK") == "1").kill()  # the rank that does not rename the shards into place
+    process.communicate(timeout=120)
+    assert process.returncode != 0, "torchrun ends the job when a rank dies"
+    records = sorted(checkpoints.glob("*.json"))
+    assert records and any(p.suffix == ".tmp" for p in checkpoints.iterdir()), "the kill landed in a save"
+    for record in records:  # whatever has a record is whole: its bytes match and load
+        sha256 = json.loads(record.read_text())["sha256"]
+        assert checkpoint_digest(record.with_suffix(""))[0] == sha256
+        assert load_checkpoint(record.with_suffix(""), sha256)["step"] == int(record.stem.removeprefix("step_"))
+    err = finish(launch(work, steps=40, every=1, ranks=2, dropout=0.0, parallelism="fsdp"))
+    assert f"resuming from {records[-1].stem}" in err and "left by an interrupted save" in err
+    assert load_checkpoint(checkpoints / "step_000040")["step"] == 40 and not list(checkpoints.glob("*.tmp"))
 
 
 def test_a_resume_into_another_model_shape_names_the_checkpoint_and_what_to_change(tmp_path):
