@@ -81,7 +81,7 @@ class ModelConfig(Section):
 class PretrainConfig(GrownSection):
     """Pretraining from scratch on the blend: AdamW with linear warmup and cosine decay, checkpoints and their retention."""
 
-    DEFAULT_LEFT_OUT = ("parallelism", "reshard_after_forward")  # recipes written before FSDP keep their fingerprints
+    DEFAULT_LEFT_OUT = ("parallelism", "reshard_after_forward", "activation_checkpointing", "activation_checkpoint_every")  # recipes written before FSDP keep their fingerprints
 
     steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
@@ -129,6 +129,12 @@ class PretrainConfig(GrownSection):
     """With `fsdp`: free each block's gathered parameters after its forward and gather them again for the backward (less
     memory, more communication); false keeps them to the backward. The same weights either way; in the fingerprint only
     when false (a needless cache miss at worst)."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Keep no activations inside a transformer block and compute them again in the backward pass, trading compute for
+    memory: `full` for every block, `selective` for every `activation_checkpoint_every`-th one. The same weights either
+    way (the recomputation replays the same random numbers); in the fingerprint only when not `none`."""
+    activation_checkpoint_every: int = Field(2, ge=1, le=128)
+    """With `activation_checkpointing: selective`: recompute blocks 0, N, 2N, ..."""
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> PretrainConfig:
@@ -140,6 +146,8 @@ class PretrainConfig(GrownSection):
             raise ValueError("parallelism: fsdp saves each rank's shard of the state: set checkpoint_format: sharded")
         if self.parallelism != "fsdp" and not self.reshard_after_forward:
             raise ValueError("reshard_after_forward applies to parallelism: fsdp only: remove it, or set parallelism: fsdp")
+        if "activation_checkpoint_every" in self.model_fields_set and self.activation_checkpointing != "selective":
+            raise ValueError("activation_checkpoint_every applies to activation_checkpointing: selective only")
         return self
 
 

@@ -8,6 +8,7 @@ layout for both (torch.distributed.checkpoint writes each rank's shard, and read
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 from factory.config.schema import PretrainConfig
 from factory.errors import ConfigError
@@ -36,15 +38,24 @@ def check_split(config: PretrainConfig, world: World, section: str = "pretrain")
         )
 
 
-def blocks_of(model: nn.Module, arch: str) -> list[nn.Module]:
-    """The transformer blocks FSDP shards one by one (a model's `blocks` list)."""
+def blocks_of(model: nn.Module, arch: str, asked: str = "parallelism: fsdp") -> list[nn.Module]:
+    """The transformer blocks FSDP shards and activation checkpointing recomputes one by one (a model's `blocks` list)."""
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
-        raise ConfigError(
-            f"parallelism: fsdp shards a model block by block, but architecture {arch!r} has no `blocks` list of transformer "
-            "blocks: use parallelism: ddp for it"
-        )
+        undo = "use parallelism: ddp" if asked.startswith("parallelism") else "set activation_checkpointing: none"
+        raise ConfigError(f"{asked} works block by block, but architecture {arch!r} has no `blocks` list of transformer blocks: {undo}")
     return list(blocks)
+
+
+def recompute_blocks(model: nn.Module, config: PretrainConfig, arch: str) -> int:
+    """Make the blocks that `activation_checkpointing` names recompute their activations in the backward; returns how many."""
+    if config.activation_checkpointing == "none":
+        return 0
+    every = 1 if config.activation_checkpointing == "full" else config.activation_checkpoint_every
+    chosen = blocks_of(model, arch, "activation_checkpointing")[::every]
+    for block in chosen:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # the module's hooks (FSDP's) stay outside
+    return len(chosen)
 
 
 def mixed_precision(device: torch.device) -> Any:

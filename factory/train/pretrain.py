@@ -30,7 +30,7 @@ from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPol
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
-from factory.train.parallel import check_split, restore, shard, wrap
+from factory.train.parallel import check_split, recompute_blocks, restore, shard, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.step import gradients, memory_mb, validation_loss
 
@@ -124,6 +124,7 @@ def pretrain(
     model = build_model(model_config, vocab_size, seed).to(device)
     if init is not None:
         model.load_state_dict(init)
+    recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
     if config.parallelism == "fsdp":
         shard(model, config, world, model_config.arch)
     optimizer = build_optimizer(model, config)

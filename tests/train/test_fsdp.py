@@ -87,9 +87,12 @@ def assert_same_state(ours: dict, theirs: dict) -> None:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """The same 8 steps (global batch 8, checkpoints at 4 and 8) on 2 ranks of FSDP, 2 of DDP and 1 rank."""
     works = {}
-    for name, ranks, parallelism in (("fsdp2", 2, "fsdp"), ("ddp2", 2, "ddp"), ("one", 1, "ddp")):
+    recompute = {"activation_checkpointing": "full", "reshard_after_forward": False}
+    for name, ranks, parallelism, extra in (
+        ("fsdp2", 2, "fsdp", {}), ("ddp2", 2, "ddp", {}), ("one", 1, "ddp", {}), ("fsdp2-recompute", 2, "fsdp", recompute),
+    ):
         work = tmp_path_factory.mktemp(name) / "work"
-        finish(launch(work, steps=8, every=4, ranks=ranks, dropout=0.0, sharded=True, parallelism=parallelism))
+        finish(launch(work, steps=8, every=4, ranks=ranks, dropout=0.0, sharded=True, parallelism=parallelism, extra=extra))
         works[name] = work
     return works
 
@@ -103,6 +106,11 @@ def test_fsdp_on_two_ranks_follows_the_loss_curve_of_ddp_and_of_one_rank(runs):
     a, b = (load_checkpoint(runs[name] / CHECKPOINT_DIR / "step_000008") for name in ("fsdp2", "one"))
     for name, weight in b["model"].items():
         torch.testing.assert_close(a["model"][name], weight, rtol=1e-3, atol=1e-4)  # float noise, amplified by Adam
+
+
+def test_recomputed_activations_and_unsharded_backward_give_the_same_fsdp_weights(runs):
+    ours, theirs = (load_checkpoint(runs[name] / CHECKPOINT_DIR / "step_000008") for name in ("fsdp2-recompute", "fsdp2"))
+    assert all(torch.equal(ours["model"][name], weight) for name, weight in theirs["model"].items())
 
 
 def test_each_fsdp_rank_writes_about_half_of_the_state(runs):
@@ -192,7 +200,7 @@ def test_configs_that_cannot_be_split_are_refused_before_any_step():
         check_split(PretrainConfig(steps=5, batch_size=8), World(rank=0, size=3))
     with pytest.raises(ConfigError, match=r"grad_accum_steps \(4\) does not divide"):
         check_split(PretrainConfig(steps=5, batch_size=8, grad_accum_steps=4), World(rank=0, size=4))
-    with pytest.raises(ConfigError, match=r"architecture 'tiny' has no `blocks` list .*use parallelism: ddp"):
+    with pytest.raises(ConfigError, match=r"fsdp works block by block, but architecture 'tiny' has no `blocks` list .*use parallelism: ddp"):
         blocks_of(torch.nn.Linear(4, 4), "tiny")
 
 

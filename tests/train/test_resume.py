@@ -29,7 +29,7 @@ LOG = logging.getLogger("test.resume")
 # A training run as its own process: the same synthetic blend on every launch; ranks from torchrun.
 TRAINER = textwrap.dedent(
     """
-    import logging, os, sys
+    import json, logging, os, sys
     from pathlib import Path
     import torch
     from factory.config.control import ControlConfig
@@ -42,7 +42,8 @@ TRAINER = textwrap.dedent(
     model = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=dropout)
     config = PretrainConfig(steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, checkpoint_every=every, log_every=1,
                             keep_last=2, grad_accum_steps=accum, checkpoint_format=os.environ.get("FORMAT", "file"),
-                            async_checkpoints=os.environ.get("ASYNC") == "1", parallelism=os.environ.get("PARALLELISM", "ddp"))
+                            async_checkpoints=os.environ.get("ASYNC") == "1", parallelism=os.environ.get("PARALLELISM", "ddp"),
+                            **json.loads(os.environ.get("EXTRA") or "{}"))
     world = world_from_env()
     join(world)
 
@@ -72,16 +73,16 @@ TRAINER = textwrap.dedent(
 
 def launch(
     work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = "",
-    sharded: bool = False, asynchronous: bool = False, parallelism: str = "ddp",
+    sharded: bool = False, asynchronous: bool = False, parallelism: str = "ddp", extra: dict | None = None,
 ) -> subprocess.Popen:
     """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
-    control section as JSON; `parallelism: fsdp` implies sharded checkpoints."""
+    control section as JSON; `parallelism: fsdp` implies sharded checkpoints; `extra`: more pretrain fields."""
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     script = work.parent / "trainer.py"
     script.write_text(TRAINER)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CONTROL": control,
            "FORMAT": "sharded" if sharded or parallelism == "fsdp" else "file", "ASYNC": "1" if asynchronous else "0",
-           "PARALLELISM": parallelism}
+           "PARALLELISM": parallelism, "EXTRA": json.dumps(extra or {})}
     return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env,
                             stderr=subprocess.PIPE, text=True)
 
