@@ -33,8 +33,10 @@ class TokenizerConfig(Section):
     """How many bytes of the train split the tokenizer learns from (seeded sample of files)."""
 
 
-class PretrainConfig(Section):
+class PretrainConfig(GrownSection):
     """Pretraining from scratch on the blend: AdamW with linear warmup and cosine decay, checkpoints and their retention."""
+
+    DEFAULT_LEFT_OUT = ("parallelism", "reshard_after_forward", "activation_checkpointing", "activation_checkpoint_every")  # recipes written before FSDP keep their fingerprints
 
     steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
@@ -71,6 +73,23 @@ class PretrainConfig(Section):
     """Compile the model with torch.compile."""
     log_every: int = Field(25, ge=1, le=MAX_STEPS)
     """Report training metrics every N steps."""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """`ddp`: every rank holds the whole model and optimizer state; gradients are averaged over the ranks. `fsdp`: FSDP2
+    (`fully_shard`) shards every transformer block and the rest of the model over the ranks, so each holds 1/N of the
+    parameters, gradients and optimizer state (bf16 parameters with fp32 gradient reductions on a GPU that has bf16, fp32
+    elsewhere); it needs `checkpoint_format: sharded`. Checkpoints of either resume under the other, on any number of ranks.
+    Part of the fingerprint when `fsdp`: its reduce-scatter and its sharded gradient norm round in another order than DDP's
+    all-reduce, so the weights differ in their last bits; `ddp` is left out, so recipes written before keep theirs."""
+    reshard_after_forward: bool = True
+    """With `fsdp`: free each block's gathered parameters after its forward and gather them again for the backward (less
+    memory, more communication); false keeps them to the backward. The same weights either way; in the fingerprint only
+    when false (a needless cache miss at worst)."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Keep no activations inside a transformer block and compute them again in the backward pass, trading compute for
+    memory: `full` for every block, `selective` for every `activation_checkpoint_every`-th one. The same weights either
+    way (the recomputation replays the same random numbers); in the fingerprint only when not `none`."""
+    activation_checkpoint_every: int = Field(2, ge=1, le=128)
+    """With `activation_checkpointing: selective`: recompute blocks 0, N, 2N, ..."""
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> PretrainConfig:
@@ -78,6 +97,12 @@ class PretrainConfig(Section):
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
         if self.batch_size % self.grad_accum_steps:
             raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})")
+        if self.parallelism == "fsdp" and self.checkpoint_format != "sharded":
+            raise ValueError("parallelism: fsdp saves each rank's shard of the state: set checkpoint_format: sharded")
+        if self.parallelism != "fsdp" and not self.reshard_after_forward:
+            raise ValueError("reshard_after_forward applies to parallelism: fsdp only: remove it, or set parallelism: fsdp")
+        if "activation_checkpoint_every" in self.model_fields_set and self.activation_checkpointing != "selective":
+            raise ValueError("activation_checkpoint_every applies to activation_checkpointing: selective only")
         return self
 
 

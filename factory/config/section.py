@@ -15,9 +15,11 @@ class Section(BaseModel):
 
 class GrownSection(Section):
     """A section with fields added after recipes were written: each of `UNSET_LEFT_OUT` is left out of the dump (and so of
-    every fingerprint and config hash) while it is unset (None or empty), so recipes without it keep their fingerprints."""
+    every fingerprint and config hash) while it is unset (None or empty), and each of `DEFAULT_LEFT_OUT` while it holds its
+    default, so recipes without it keep their fingerprints."""
 
     UNSET_LEFT_OUT: ClassVar[tuple[str, ...]] = ()
+    DEFAULT_LEFT_OUT: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
     def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -25,5 +27,8 @@ class GrownSection(Section):
         for name in self.UNSET_LEFT_OUT:
             if getattr(self, name) in (None, ()):
                 data.pop(type(self).model_fields[name].alias or name, None)  # dumped by its alias (`from`) when it has one
+                data.pop(name, None)
+        for name in self.DEFAULT_LEFT_OUT:
+            if getattr(self, name) == type(self).model_fields[name].default:
                 data.pop(name, None)
         return data

@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.control import ControlConfig
-from factory.config.schema import ModelConfig, PretrainConfig, RLConfig
+from factory.config.schema import ModelConfig, PretrainConfig, RLConfig, SFTConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
 from factory.models.build import build_model, count_parameters
@@ -31,6 +30,7 @@ from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPol
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
+from factory.train.parallel import check_split, recompute_blocks, restore, shard, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.step import gradients, memory_mb, validation_loss
 
@@ -119,10 +119,14 @@ def pretrain(
     checkpoint saved and deleted (rank 0).
     """
     device = world.device
+    check_split(config, world, "sft" if isinstance(config, SFTConfig) else "pretrain")
     keep_freed_memory()  # before the model: its buffers and every step's come from a heap that is no longer trimmed
     model = build_model(model_config, vocab_size, seed).to(device)
     if init is not None:
         model.load_state_dict(init)
+    recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
+    if config.parallelism == "fsdp":
+        shard(model, config, world, model_config.arch)
     optimizer = build_optimizer(model, config)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
@@ -140,10 +144,14 @@ def pretrain(
     found = checkpoints.latest()
     if found is not None:
         saved, state = found
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        restore(model, optimizer, state, str(saved.path))
         start, position, tokens_seen = state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"]
-        torch.random.set_rng_state(state["rng"][world.rank]["torch"])
+        if len(state["rng"]) == world.size:
+            torch.random.set_rng_state(state["rng"][world.rank]["torch"])
+        else:  # resharded: the same global batches follow, but the ranks' random streams (dropout) cannot be split anew
+            torch.manual_seed(seed + world.rank + 1_000_003 * start)
+            log.warning("%s was written by %d rank(s), this run has %d: each rank's random stream is reseeded from the seed "
+                        "and step (a bitwise resume needs the world size that wrote it)", saved.name, len(state["rng"]), world.size)
         if controller is not None:
             controller.load(state["control"])
         log.info("resuming from %s at step %d of %d", saved.name, start, config.steps)
@@ -154,9 +162,7 @@ def pretrain(
         truncate_log(work_dir / POSITIONS_FILE, start, inclusive=False)
         _keep_lines(work_dir / CONTROL_FILE, controller.records if controller else 0)
     autocast = precision_of(config, device)
-    network = torch.compile(model) if config.compile else model
-    if world.size > 1:
-        network = DistributedDataParallel(network)
+    network = wrap(model, config, world)
     batches = data(position if start else None)
     started = time.perf_counter()
     interval_losses: list[float] = []
@@ -299,8 +305,7 @@ def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: Che
         log.warning("control asked to rewind at step %d, but no checkpoint was saved yet: the batch is skipped instead", done)
         return done
     saved, state = found
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    restore(model, optimizer, state, str(saved.path))
     log.warning("rewound from step %d to %s; the data goes on past the batches in between", done, saved.name)
     return saved.step
 

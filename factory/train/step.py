@@ -7,6 +7,8 @@ import resource
 from collections.abc import Sequence
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -40,6 +42,8 @@ def gradients(
         y = batch.y[i * micro : (i + 1) * micro].to(device)
         last = i == config.grad_accum_steps - 1
         sync = contextlib.nullcontext() if last or not isinstance(network, DistributedDataParallel) else network.no_sync()
+        if isinstance(network, FSDPModule):  # reduce-scatter the gradients once, after the last micro-batch
+            network.set_requires_gradient_sync(last)
         with sync, torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             logits = network(x)
             flat = logits.view(-1, logits.size(-1)).float()
@@ -53,6 +57,8 @@ def gradients(
             (loss_sum * scale).backward()
         summed += loss_sum.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
+    if isinstance(grad_norm, DTensor):  # sharded parameters: the norm over all shards
+        grad_norm = grad_norm.full_tensor()
     if want_samples and world.size > 1:
         samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
     return total(world, summed) / max(1, batch.global_tokens), float(grad_norm), samples

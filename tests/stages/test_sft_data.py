@@ -168,7 +168,8 @@ def test_a_recipe_without_data_keeps_its_fingerprint():
     """Without `data` the sft stage's config (what its fingerprint hashes) holds exactly the keys it held before `data`
     existed, so registries made then stay valid; with it, the table is part of the fingerprint."""
     [experiment] = load_file(REPO / "experiments" / "tiny-post-train.md")
-    assert set(stage_config(experiment, "sft")["sft"]) == set(SFTConfig.model_fields) - {"data", "from_"}  # `from` is an input, `base`
+    left_out = {"data", "from_", *SFTConfig.DEFAULT_LEFT_OUT}  # `from` is an input, `base`; parallelism and the like while default
+    assert set(stage_config(experiment, "sft")["sft"]) == set(SFTConfig.model_fields) - left_out
     assert "data" not in stage_config(experiment, "sft")["sft"]
     with_data = experiment.model_copy(update={"sft": experiment.sft.model_validate({**experiment.sft.model_dump(), "data": {"table": "sft.chat@v1"}})})
     assert stage_config(with_data, "sft")["sft"]["data"]["table"] == "sft.chat@v1"

@@ -29,7 +29,7 @@ LOG = logging.getLogger("test.resume")
 # A training run as its own process: the same synthetic blend on every launch; ranks from torchrun.
 TRAINER = textwrap.dedent(
     """
-    import logging, os, sys
+    import json, logging, os, sys
     from pathlib import Path
     import torch
     from factory.config.control import ControlConfig
@@ -42,7 +42,8 @@ TRAINER = textwrap.dedent(
     model = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=dropout)
     config = PretrainConfig(steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, checkpoint_every=every, log_every=1,
                             keep_last=2, grad_accum_steps=accum, checkpoint_format=os.environ.get("FORMAT", "file"),
-                            async_checkpoints=os.environ.get("ASYNC") == "1")
+                            async_checkpoints=os.environ.get("ASYNC") == "1", parallelism=os.environ.get("PARALLELISM", "ddp"),
+                            **json.loads(os.environ.get("EXTRA") or "{}"))
     world = world_from_env()
     join(world)
 
@@ -72,15 +73,16 @@ TRAINER = textwrap.dedent(
 
 def launch(
     work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = "",
-    sharded: bool = False, asynchronous: bool = False,
+    sharded: bool = False, asynchronous: bool = False, parallelism: str = "ddp", extra: dict | None = None,
 ) -> subprocess.Popen:
     """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
-    control section as JSON."""
+    control section as JSON; `parallelism: fsdp` implies sharded checkpoints; `extra`: more pretrain fields."""
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     script = work.parent / "trainer.py"
     script.write_text(TRAINER)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CONTROL": control,
-           "FORMAT": "sharded" if sharded else "file", "ASYNC": "1" if asynchronous else "0"}
+           "FORMAT": "sharded" if sharded or parallelism == "fsdp" else "file", "ASYNC": "1" if asynchronous else "0",
+           "PARALLELISM": parallelism, "EXTRA": json.dumps(extra or {})}
     return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env,
                             stderr=subprocess.PIPE, text=True)
 
@@ -166,17 +168,18 @@ def weights_sha(state: dict) -> str:
     return digest.hexdigest()
 
 
-def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path, parallelism):
     whole, killed = tmp_path / "whole" / "work", tmp_path / "killed" / "work"
     whole.parent.mkdir()
     killed.parent.mkdir()
-    finish(launch(whole, steps=30, ranks=2, sharded=True))
+    finish(launch(whole, steps=30, ranks=2, sharded=True, parallelism=parallelism))
     final = whole / CHECKPOINT_DIR / "step_000030"
     shards = {p.name: p.stat().st_size for p in final.iterdir()}
     assert set(shards) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert min(shards["__0_0.distcp"], shards["__1_0.distcp"]) > 0.2 * sum(shards.values()), f"each rank writes a share: {shards}"
 
-    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True)
+    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism)
     deadline = time.monotonic() + 180
     record = killed / CHECKPOINT_DIR / "step_000010.json"  # the async save of step 10 is complete
     while (logged_steps(killed) < 15 or not record.exists()) and process.poll() is None:
@@ -184,7 +187,7 @@ def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_asy
         time.sleep(0.005)
     kill_tree(process)
     assert logged_steps(killed) < 30, "the kill must land before the end"
-    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True))
+    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism))
     assert "resuming from step_000010" in err or "resuming from step_000020" in err
     ours, theirs = (load_checkpoint(w / CHECKPOINT_DIR / "step_000030") for w in (killed, whole))
     assert weights_sha(ours) == weights_sha(theirs)

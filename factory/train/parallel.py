@@ -1,0 +1,134 @@
+"""Data parallelism over the ranks: DDP (every rank holds the whole model) or FSDP2 (every rank holds a shard), and the
+restore of a checkpoint's full state into either, whatever world size and parallelism wrote it.
+
+Under FSDP the model's parameters and the optimizer's state are DTensors sharded along their first dimension;
+`model.state_dict()` and `optimizer.state_dict()` keep the same keys as without it, so a sharded checkpoint has one
+layout for both (torch.distributed.checkpoint writes each rank's shard, and reads back full tensors on any world size).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
+
+from factory.config.schema import PretrainConfig
+from factory.errors import ConfigError
+from factory.train.distributed import World
+
+
+def check_split(config: PretrainConfig, world: World, section: str = "pretrain") -> None:
+    """Refuse, before any compute, a world whose ranks cannot share the global batch as the config asks."""
+    if config.batch_size % world.size:
+        raise ConfigError(
+            f"{section}.batch_size ({config.batch_size}) must be divisible by the number of ranks ({world.size}): "
+            f"change {section}.batch_size or resources.processes_per_node (a different world size keeps the global batch)"
+        )
+    share = config.batch_size // world.size
+    if share % config.grad_accum_steps:
+        raise ConfigError(
+            f"each of the {world.size} ranks gets {share} sequences, which {section}.grad_accum_steps ({config.grad_accum_steps}) "
+            "does not divide: lower grad_accum_steps or raise batch_size"
+        )
+
+
+def blocks_of(model: nn.Module, arch: str, asked: str = "parallelism: fsdp") -> list[nn.Module]:
+    """The transformer blocks FSDP shards and activation checkpointing recomputes one by one (a model's `blocks` list)."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+        undo = "use parallelism: ddp" if asked.startswith("parallelism") else "set activation_checkpointing: none"
+        raise ConfigError(f"{asked} works block by block, but architecture {arch!r} has no `blocks` list of transformer blocks: {undo}")
+    return list(blocks)
+
+
+def recompute_blocks(model: nn.Module, config: PretrainConfig, arch: str) -> int:
+    """Make the blocks that `activation_checkpointing` names recompute their activations in the backward; returns how many."""
+    if config.activation_checkpointing == "none":
+        return 0
+    every = 1 if config.activation_checkpointing == "full" else config.activation_checkpoint_every
+    chosen = blocks_of(model, arch, "activation_checkpointing")[::every]
+    for block in chosen:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # the module's hooks (FSDP's) stay outside
+    return len(chosen)
+
+
+def mixed_precision(device: torch.device) -> Any:
+    """bf16 parameters with fp32 gradient reductions on a GPU that has bf16; fp32 throughout elsewhere."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard(model: nn.Module, config: PretrainConfig, world: World, arch: str) -> None:
+    """Apply FSDP2 in place: each transformer block, then the root (embeddings, final norm, head). A world of one rank has
+    nothing to shard over and keeps the whole model, as DDP's single rank does (its checkpoints are the same)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = blocks_of(model, arch)
+    if world.size == 1:
+        return
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    policy = mixed_precision(world.device)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 shards the model."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def wrap(model: nn.Module, config: PretrainConfig, world: World) -> nn.Module:
+    """The network the step loop calls: compiled when asked, under DDP on several ranks (FSDP shards `model` itself)."""
+    network = torch.compile(model) if config.compile else model
+    if world.size > 1 and not is_sharded(model):
+        network = DistributedDataParallel(network)
+    return network
+
+
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any], name: str) -> None:
+    """Load a checkpoint's full (unsharded) model and optimizer state into a model that may be sharded, refusing another
+    model shape with what to change; `name` names the checkpoint in that error."""
+    live = model.state_dict()
+    saved = state["model"]
+    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+    shapes = [(key, tuple(saved[key].shape), tuple(live[key].shape)) for key in live if key in saved and saved[key].shape != live[key].shape]
+    if missing or unexpected or shapes:
+        what = (f"{shapes[0][0]} is {list(shapes[0][1])} there and {list(shapes[0][2])} here" if shapes
+                else f"it lacks {missing[:3]}" if missing else f"it has {unexpected[:3]}, which this model lacks")
+        raise ConfigError(
+            f"checkpoint {name} holds a model of another shape than the model section asks for ({what}): restore the model "
+            "section it was trained with, or train in a fresh work directory"
+        )
+    model.load_state_dict({key: _like(value, live[key]) for key, value in saved.items()})
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    optim = state["optimizer"]
+    optimizer.load_state_dict({
+        "param_groups": optim["param_groups"],
+        "state": {index: {key: _like(value, params[index]) if _sharded_like(value, params[index]) else value for key, value in slots.items()}
+                  for index, slots in optim["state"].items()},
+    })
+
+
+def _sharded_like(value: Any, param: torch.Tensor) -> bool:
+    """An optimizer slot (exp_avg, exp_avg_sq) that FSDP shards like its parameter, not a scalar such as `step`."""
+    return isinstance(value, torch.Tensor) and isinstance(param, DTensor) and tuple(value.shape) == tuple(param.shape)
+
+
+def _like(value: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """A full tensor laid out as `live` is: this rank's shard of it when `live` is a DTensor (sliced here, no communication)."""
+    if isinstance(live, DTensor) and not isinstance(value, DTensor):
+        return distribute_tensor(value.to(live.device), live.device_mesh, live.placements, src_data_rank=None)
+    return value
