@@ -46,7 +46,7 @@ SHAPES = {
 
 @torch.no_grad()
 def uncached(model: nn.Module, prompts: torch.Tensor, new_tokens: int, context: int) -> torch.Tensor:
-    """The generator before the KV cache (factory/evals/generate.py, greedy): the whole sequence again per token."""
+    """The generator before the KV cache (the old factory/evals/generate.py, greedy): the whole sequence again per token."""
     model.eval()
     idx = prompts
     for _ in range(new_tokens):

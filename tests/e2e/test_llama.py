@@ -12,8 +12,9 @@ from assets.execution import failure_messages
 from assets.run import run_experiment
 from factory.cli.common import dagster_home
 from factory.config.schema import ModelConfig
-from factory.evals.generate import greedy
 from factory.models.build import new_model
+from factory.models.generate import generate
+from factory.models.sampling import Sampling
 from factory.models.tokenizer import load_tokenizer
 from factory.registry import ArtifactStore
 from factory.train.pretrain import load_weights
@@ -50,6 +51,6 @@ def test_tiny_llama_publishes_a_model_transformers_loads_and_generates_from(pipe
     ours = new_model(config, loaded.config.vocab_size)
     ours.load_state_dict(load_weights(directory / "model.pt"))
     continuation = theirs[0, ids.size(1) :].tolist()
-    assert len(continuation) == 24 and continuation == greedy(ours, ids, 24, config.context)[0].tolist()
+    assert len(continuation) == 24 and continuation == list(generate(ours.eval(), [ids[0].tolist()], Sampling(new_tokens=24), context=config.context)[0].tokens)
     text = tokenizer.decode(continuation, skip_special_tokens=True)
     assert text and text == load_tokenizer(directory / "tokenizer.json").decode(continuation)

@@ -12,10 +12,11 @@ import torch
 from safetensors import safe_open
 
 from factory.config.schema import ModelConfig, TokenizerConfig
-from factory.evals.generate import greedy
 from factory.models.build import build_model, hugging_face_layout
+from factory.models.generate import generate
 from factory.models.hf_export import export_hugging_face
 from factory.models.hf_layout import NO_LAYOUT_ROTARY_GPT, HFLayout
+from factory.models.sampling import Sampling
 from factory.models.tokenizer import load_tokenizer, train_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never a download: everything is built here
@@ -98,9 +99,9 @@ def test_greedy_continuations_are_the_same_tokens(exported, tokenizer_path, docu
     prompts = [tokenizer.encode(doc).ids[: 4 + 2 * i] for i, doc in enumerate(documents[:8])]
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        ours = greedy(model, ids, 32, CONTEXT)
+        ours = [list(generate(model, [prompt], Sampling(new_tokens=32), context=CONTEXT)[0].tokens)]
         theirs = loaded.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, attention_mask=torch.ones_like(ids))
-        assert ours.tolist() == theirs[:, ids.size(1) :].tolist()
+        assert ours == theirs[:, ids.size(1) :].tolist()
 
 
 def test_the_files_transformers_reads_name_the_architecture_and_tokens(exported):
