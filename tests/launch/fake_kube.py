@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import re
 import socket
 import subprocess
