@@ -14,6 +14,7 @@ from pathlib import Path
 
 from jinja2 import TemplateError
 
+from factory.data.ingest import turns_of
 from factory.errors import ConfigError
 from factory.post.chat import ASSISTANT, compile_template
 from factory.podium.errors import PodiumError
@@ -31,16 +32,14 @@ class Sampled:
 
 
 def turns_in(text: str) -> Turns | None:
-    """The turns of `text` when it is a JSON list of `{role, content}` records of text; None otherwise."""
+    """The turns of `text` when it is a JSON list of `{role, content}` records of text (as ingest keeps a `messages`
+    column); None otherwise."""
     if not text.lstrip().startswith("["):
         return None
     try:
-        value = json.loads(text)
+        return turns_of(json.loads(text))
     except json.JSONDecodeError:
         return None
-    if not value or not all(isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str) for t in value):
-        return None
-    return [{"role": t["role"], "content": t["content"]} for t in value]
 
 
 def sampled(text: str) -> Sampled | None:
