@@ -45,7 +45,7 @@ def lineage(
     else:
         answer = [{"artifact": describe(m), "upstream": graph.upstream(m.digest), "downstream": graph.downstream(m.digest),
                    "models": [describe(d) for d in graph.descendants(m.digest, exported)], "bases": graph.bases(m.digest),
-                   "fine_tuned": graph.fine_tuned(m.digest)} for m in found]
+                   "imported": graph.imported(m.digest), "fine_tuned": graph.fine_tuned(m.digest)} for m in found]
     if as_json:
         out.print_json(json.dumps(answer))
         return
@@ -66,6 +66,9 @@ def lineage(
         for base in item.get("bases", []):
             out.print(f"  {base['by']} ({base['stage']}) started from {base['kind']} {base['digest'][:12]} of {base['experiment']}"
                       + (f", named {base['named']}" if base["named"] else ""), highlight=False)
+        for checkpoint in item.get("imported", []):
+            out.print(f"  started from the Hugging Face checkpoint {checkpoint['path']} (files {checkpoint['files'][:12]}), read by "
+                      f"{', '.join(checkpoint['read_by'])}", highlight=False)
         for model in item.get("fine_tuned", []):
             data = ", ".join(model["data"]) or "no table"
             out.print(f"  fine-tuned from it: {model['experiment']} ({model['digest'][:12]}) by {', '.join(model['stages'])} on {data}",
@@ -80,6 +83,8 @@ def _lineage_tree(node: dict, key: str, title: str) -> RichTree:
         branch = parent.add(label + ("  (shown above)" if node.get("repeated") else ""), highlight=False)
         for ref in node.get("tables", []) + node.get("written", []):
             branch.add(f"[cyan]table[/cyan] {ref}", highlight=False)
+        for checkpoint in node.get("external", []):
+            branch.add(f"[magenta]Hugging Face checkpoint[/magenta] {checkpoint['path']} (files {checkpoint['files'][:12]})", highlight=False)
         children = node.get(key, [])
         evaluations = [c for c in children if c["kind"] == "evaluations"]
         for child in children:

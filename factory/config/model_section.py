@@ -7,11 +7,34 @@ from typing import Any, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from factory.config.architectures import DEFAULT_ARCH, SHAPE_FIELDS, architecture, architectures, unknown_architecture
+from factory.config.hf_checkpoint import read_checkpoint
 from factory.config.section import Section
+from factory.errors import ConfigError
 
-LEFT_OUT_AT_DEFAULT = ("arch", "n_kv_head", "rope_theta", "norm_eps", "intermediate_size")
+LEFT_OUT_AT_DEFAULT = ("arch", "n_kv_head", "rope_theta", "norm_eps", "intermediate_size", "from_hf")
 """Fields added after recipes were written: left out of the dump (so of every fingerprint) while they hold their
 default, so the recipes written before them keep their fingerprints."""
+
+
+FREE_OF_THE_CHECKPOINT = ("dropout", "positions")
+"""Fields a model that starts from a Hugging Face checkpoint may set as it likes (`context` may only shrink)."""
+
+
+class HFSource(Section):
+    """What `model.from_hf: <directory>` becomes when the file is read (a file gives the path alone): the path as written
+    and the digest of the directory's files."""
+
+    path: str
+    """The directory (relative paths start at the working directory)."""
+    files: str
+    """The digest of the sha256 of every file in it: fingerprints hold it, so a changed file makes the stages run again."""
+
+
+class _Unreadable(str):
+    """A `from_hf` path that could not be read, carried with why to its field's validator (so the error points at
+    `model.from_hf`)."""
+
+    why: str
 
 
 class ModelConfig(Section):
@@ -42,6 +65,44 @@ class ModelConfig(Section):
     """llama: the epsilon of RMSNorm."""
     intermediate_size: int | None = Field(None, ge=1, le=1_048_576)
     """llama: width of the SwiGLU MLP (null: 8/3 of n_embd, rounded up to a multiple of 32)."""
+    from_hf: HFSource | None = None
+    """A Hugging Face `LlamaForCausalLM` checkpoint directory on this machine to start from (written as its path; nothing is
+    downloaded): its `config.json` gives the shape (fields given here must agree; `context` may be shorter), its tokenizer
+    replaces the tokenizer stage's, and pretraining (or sft, or rl: the first training stage) starts from its weights."""
+
+    @field_validator("from_hf", mode="before")
+    @classmethod
+    def _readable(cls, value: Any) -> Any:
+        if isinstance(value, _Unreadable):
+            raise ValueError(value.why)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape_of_the_checkpoint(cls, data: Any) -> Any:
+        """A `from_hf` written as a path: read the checkpoint, take its shape, and record the digest of its files."""
+        if not isinstance(data, dict) or not isinstance(data.get("from_hf"), str):
+            return data
+        path = data["from_hf"]
+        try:
+            checkpoint = read_checkpoint(path)
+        except ConfigError as e:
+            unreadable = _Unreadable(path)
+            unreadable.why = str(e)
+            return {**data, "from_hf": unreadable}
+        for key, value in checkpoint.shape.items():
+            given = data.get(key, value)
+            fits = given <= value if key == "context" and isinstance(given, int) else given == value
+            if not fits:
+                if key == "context":
+                    raise ValueError(f"model.context is {given!r}, but {checkpoint.root}/config.json gives at most {value!r} "
+                                     "positions: lower model.context or remove it")
+                raise ValueError(f"model.{key} is {given!r}, but {checkpoint.root}/config.json gives {value!r}: a model that "
+                                 f"starts from a checkpoint keeps its shape; remove model.{key}")
+        unknown = sorted(set(data) - set(checkpoint.shape) - {"from_hf", *FREE_OF_THE_CHECKPOINT})
+        if unknown:
+            raise ValueError(f"model.{unknown[0]}: the shape comes from model.from_hf ({checkpoint.root}/config.json); remove it")
+        return {**architecture("llama").defaults, **checkpoint.shape, **data, "from_hf": {"path": path, "files": checkpoint.digest}}
 
     @field_validator("arch")
     @classmethod
@@ -82,7 +143,7 @@ class ModelConfig(Section):
 
     def _only_what_the_arch_reads(self) -> None:
         """A field the architecture does not read must keep its default (or the value the architecture fixes)."""
-        given = self.model_fields_set - SHAPE_FIELDS
+        given = self.model_fields_set - SHAPE_FIELDS - {"from_hf"}  # the checkpoint fixes the arch it is read into
         if not given:  # nothing to check, and the registry is not read (the schema's own defaults are built on import)
             return
         arch = architecture(self.arch)

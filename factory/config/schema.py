@@ -315,11 +315,15 @@ class Experiment(Section):
         if value is None:
             return value
         pretrain, sft = info.data.get("pretrain"), info.data.get("sft") if info.field_name == "rl" else None
+        model = info.data.get("model")
+        imported = model is not None and model.from_hf is not None
         if value.from_ is None:
-            if pretrain is None and (sft is None or sft.from_ is None):
-                raise ValueError(f"'{info.field_name}' fine-tunes a model: add a 'pretrain' section, or start from a model made "
-                                 f"elsewhere with '{info.field_name}.from' ({FORMS})")
+            if pretrain is None and not imported and model is not None and (sft is None or sft.from_ is None):  # None: refused already
+                raise ValueError(f"'{info.field_name}' fine-tunes a model: add a 'pretrain' section, start from a Hugging Face "
+                                 f"checkpoint with 'model.from_hf', or from a model made elsewhere with '{info.field_name}.from' ({FORMS})")
             return value
+        if imported:
+            raise ValueError(f"{info.field_name}.from: the file starts from the checkpoint model.from_hf names; keep one of the two")
         if sft is not None:
             raise ValueError("rl.from: rl starts from this file's sft; give 'from' to sft instead (the first post-training stage)")
         if pretrain is not None:
@@ -329,6 +333,13 @@ class Experiment(Section):
             raise ValueError(f"{info.field_name}.from: the file starts from {value.from_} and uses that model's tokenizer; remove the "
                              "'tokenizer' section")
         return value
+
+    @model_validator(mode="after")
+    def _tokenizer_of_the_checkpoint(self) -> Experiment:
+        if self.model.from_hf is not None and self.tokenizer != TokenizerConfig():
+            raise ValueError(f"tokenizer: the model starts from {self.model.from_hf.path}, whose tokenizer it keeps; remove the "
+                             "'tokenizer' section")
+        return self
 
     @model_validator(mode="after")
     def _something_to_pretrain_on(self) -> Experiment:

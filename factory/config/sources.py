@@ -48,8 +48,7 @@ class SourceFiles:
     digest: str = field(init=False)
 
     def __post_init__(self) -> None:
-        listing = "".join(f"{rel}\0{value}\n" for rel, value in sorted(self.files.items()))
-        object.__setattr__(self, "digest", hashlib.sha256(listing.encode()).hexdigest()[:32])
+        object.__setattr__(self, "digest", listing_digest(self.files))
 
 
 def source_root(config: SourceConfig) -> Path:
@@ -143,12 +142,18 @@ def _inside(path: Path, roots: tuple[Path, ...]) -> bool:
 def source_files(config: SourceConfig) -> SourceFiles:
     """Every file the source would read, with its sha256 (files too large or not regular are listed by why)."""
     root = source_root(config)
+    return SourceFiles(root=str(root.resolve()), files=hashed_files(root, matching_files(root, config), config.max_file_bytes))
+
+
+def hashed_files(root: Path, names: list[str], max_file_bytes: int | None = None) -> dict[str, str]:
+    """{relative path: sha256} of `names` under `root`, from the stamps cache where a file is unchanged; a file that is not
+    regular or cannot be read is `unreadable`, one over `max_file_bytes` `too_large:<size>`."""
     stamps_path = _stamps_path(root)
     known = _read_stamps(stamps_path)
     started_ns = time.time_ns()
     files: dict[str, str] = {}
     stamps: dict[str, list] = {}
-    for rel in matching_files(root, config):
+    for rel in names:
         path = root / rel
         try:
             info = path.stat()
@@ -157,7 +162,7 @@ def source_files(config: SourceConfig) -> SourceFiles:
             continue
         if not stat.S_ISREG(info.st_mode):
             files[rel] = "unreadable"
-        elif info.st_size > config.max_file_bytes:
+        elif max_file_bytes is not None and info.st_size > max_file_bytes:
             files[rel] = f"too_large:{info.st_size}"
         else:
             stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
@@ -172,7 +177,13 @@ def source_files(config: SourceConfig) -> SourceFiles:
                 stamps[rel] = [*stamp, started_ns, digest]
     if stamps != known:
         _write_stamps(stamps_path, stamps)
-    return SourceFiles(root=str(root.resolve()), files=files)
+    return files
+
+
+def listing_digest(files: Mapping[str, str]) -> str:
+    """The digest of a listing of {relative path: sha256}: what a fingerprint holds of a directory's files."""
+    listing = "".join(f"{rel}\0{value}\n" for rel, value in sorted(files.items()))
+    return hashlib.sha256(listing.encode()).hexdigest()[:32]
 
 
 def changed_files(old: Mapping[str, str], new: Mapping[str, str]) -> str:

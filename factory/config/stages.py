@@ -33,6 +33,9 @@ used (so a broken plugin is reported where a command can say so): `STAGES` (ever
 versions)."""
 BASE = "base"
 """The input of the stage that starts from a model made elsewhere (`sft.from`, `rl.from`): that model's digest."""
+FROM_HF = "from_hf"
+"""What a training stage starts from when it starts from the Hugging Face checkpoint `model.from_hf` names: no input,
+since the checkpoint is outside the registry (the digest of its files is in the stage's config)."""
 HASHED_WHEN_ABSENT = ("pretrain",)
 """Sections in the config hash even when absent (recipes had them from the start); other stage sections are left out
 when absent, so recipes written before a kind existed keep their hash."""

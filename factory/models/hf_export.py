@@ -21,7 +21,7 @@ from safetensors.torch import save as save_safetensors
 
 from factory.models.export import sorted_header
 from factory.models.hf_layout import HFLayout
-from factory.models.tokenizer import EOS, load_tokenizer
+from factory.models.tokenizer import EOS, end_of_text, load_tokenizer
 from factory.registry.layout import (
     GENERATION_CONFIG, MODEL_CONFIG, MODEL_SAFETENSORS, MODEL_WEIGHTS, TOKENIZER_CONFIG, TOKENIZER_FILE,
 )
@@ -43,23 +43,24 @@ def export_hugging_face(
     stored = {name: tensor.contiguous() for name, tensor in layout.tensors.items()}
     (directory / MODEL_SAFETENSORS).write_bytes(sorted_header(save_safetensors(stored, metadata={"format": "pt"})))
     shutil.copyfile(tokenizer, directory / TOKENIZER_FILE)
-    eos = load_tokenizer(tokenizer).token_to_id(EOS)
+    vocabulary = load_tokenizer(tokenizer)
+    eos = end_of_text(vocabulary, tokenizer)  # the checkpoint's own when the tokenizer was imported with one
     ids = {"bos_token_id": eos, "eos_token_id": eos}  # no separate start token: documents are separated by EOS (GPT-2's way)
     dtype = str(next(t.dtype for t in stored.values() if t.is_floating_point())).removeprefix("torch.")
     config = {**record, **layout.config, **ids, "architectures": [layout.architecture], "torch_dtype": dtype, "dtype": dtype}
     _write_json(directory / MODEL_CONFIG, config)
     _write_json(directory / GENERATION_CONFIG, {**ids, "pad_token_id": eos, "do_sample": False})
-    _write_json(directory / TOKENIZER_CONFIG, tokenizer_config(context, chat_template))
+    _write_json(directory / TOKENIZER_CONFIG, tokenizer_config(context, chat_template, vocabulary.id_to_token(eos)))
 
 
-def tokenizer_config(context: int, chat_template: str | None) -> dict[str, Any]:
-    """`tokenizer_config.json`: the generic fast tokenizer over `tokenizer.json`, adding no tokens of its own, EOS as
-    every special token GPT-2 names, and the chat template when there is one."""
+def tokenizer_config(context: int, chat_template: str | None, eos: str = EOS) -> dict[str, Any]:
+    """`tokenizer_config.json`: the generic fast tokenizer over `tokenizer.json`, adding no tokens of its own, the
+    end-of-text token `eos` as every special token GPT-2 names, and the chat template when there is one."""
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": EOS,
-        "eos_token": EOS,
-        "unk_token": EOS,
+        "bos_token": eos,
+        "eos_token": eos,
+        "unk_token": eos,
         "add_bos_token": False,
         "add_eos_token": False,
         "add_prefix_space": False,

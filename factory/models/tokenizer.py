@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from factory.config.schema import TokenizerConfig
+from factory.errors import ArtifactError
+from factory.registry.layout import TOKENIZER_CONFIG
 
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS,)
@@ -59,9 +62,24 @@ def load_tokenizer(path: Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
+def end_of_text(tokenizer: Tokenizer, path: Path) -> int:
+    """The id of the token that ends a document: the `eos_token` of the `tokenizer_config.json` beside the tokenizer file
+    `path` (a tokenizer imported with a Hugging Face checkpoint, or an exported model's), else EOS."""
+    token = EOS
+    settings = path.parent / TOKENIZER_CONFIG
+    if settings.is_file():
+        named = json.loads(settings.read_text()).get("eos_token", EOS)
+        token = named.get("content", EOS) if isinstance(named, dict) else named
+    found = tokenizer.token_to_id(token)
+    if found is None:
+        raise ArtifactError(f"the tokenizer {path} has no end-of-text token {token!r} (named by {settings})")
+    return found
+
+
 def token_byte_lengths(tokenizer: Tokenizer) -> list[int]:
     """Bytes each token id stands for (0 for special tokens); byte-level symbols are one byte each."""
+    special = {added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special} | set(SPECIAL_TOKENS)
     lengths = [0] * tokenizer.get_vocab_size()
     for token, index in tokenizer.get_vocab().items():
-        lengths[index] = 0 if token in SPECIAL_TOKENS else len(token)
+        lengths[index] = 0 if token in special else len(token)
     return lengths

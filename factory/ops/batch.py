@@ -21,7 +21,7 @@ from factory.data.blend import Blend
 from factory.data.loader import PAD, LoaderState, build_loader
 from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
-from factory.models.tokenizer import EOS, load_tokenizer
+from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.registry.layout import BLEND_FILE, POSITIONS_FILE, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore
 
@@ -60,9 +60,10 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
     positions = [json.loads(line) for line in (checkpoints / POSITIONS_FILE).read_text().splitlines() if line]
     start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
     blend = Blend.from_json(json.loads((registry.open(digests[provider(BLEND).name]) / BLEND_FILE).read_text()))
-    tokenizer = load_tokenizer(registry.open(digests[provider(TOKENIZER).name]) / TOKENIZER_FILE)
+    tokenizer_file = registry.open(digests[provider(TOKENIZER).name]) / TOKENIZER_FILE
+    tokenizer = load_tokenizer(tokenizer_file)
     loader = build_loader(
-        catalog, blend, tokenizer, tokenizer.token_to_id(EOS), experiment.model.context, experiment.seed, StreamSettings.of(experiment.data)
+        catalog, blend, tokenizer, end_of_text(tokenizer, tokenizer_file), experiment.model.context, experiment.seed, StreamSettings.of(experiment.data)
     )
     size = experiment.pretrain.batch_size  # a batch is the next `size` sequences: skip whole batches to the step
     sequences = loader.sequences(LoaderState.from_json(start["state"]))

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from factory.config import stages
-from factory.config.kinds import BLEND, model_kind, provider
-from factory.config.stages import BASE
+from factory.config.kinds import BLEND, main_training_kind, model_kind, provider
+from factory.config.stages import BASE, FROM_HF
 from factory.errors import ConfigError
 from factory.registry.layout import BLEND_FILE, DATASETS_FILE
 from factory.registry.store import ArtifactStore, Manifest
@@ -126,6 +126,28 @@ class Lineage:
                               "stage": manifest.kind})
         return chain
 
+    def imported(self, digest: str) -> list[dict[str, Any]]:
+        """The Hugging Face checkpoints outside the registry that this artifact was made from, with the stages that read
+        them: external inputs, known by the digest of their files."""
+        found: dict[tuple[str, str], list[str]] = {}
+        for manifest in self.ancestors(digest):
+            for checkpoint in self.external(manifest):
+                found.setdefault((checkpoint["path"], checkpoint["files"]), []).append(f"{manifest.kind} ({manifest.experiment})")
+        return [{"path": path, "files": files, "read_by": readers} for (path, files), readers in found.items()]
+
+    def external(self, manifest: Manifest) -> list[dict[str, str]]:
+        """The Hugging Face checkpoint a stage read itself (`model.from_hf`): the tokenizer it copied, or the weights the
+        first training stage started from."""
+        config = manifest.config
+        model = config.get("model") if isinstance(config.get("model"), dict) else {}
+        if isinstance(config.get("from_hf"), dict):  # the tokenizer of the checkpoint
+            source = config["from_hf"]
+        elif isinstance(model.get("from_hf"), dict) and (manifest.kind == main_training_kind().name or manifest.summary.get("started_from") == FROM_HF):
+            source = model["from_hf"]
+        else:
+            return []
+        return [{"path": str(source.get("path")), "files": str(source.get("files"))}]
+
     def fine_tuned(self, digest: str) -> list[dict[str, Any]]:
         """Every model made from this one (directly or in rounds), with the data versions its training stages read."""
         below = {m.digest for m in self.descendants(digest)}
@@ -144,6 +166,7 @@ class Lineage:
         seen.add(digest)
         if with_tables:
             node["tables"] = [v.ref for v in self.read(manifest)]
+            node["external"] = self.external(manifest)
             node["written"] = [v.ref for v in self.written.get(digest, [])]
         node["from" if with_tables else "to"] = [self._tree(d, next_of, seen, with_tables=with_tables) for d in sorted(
             next_of(manifest), key=lambda d: (self.manifests[d].kind, self.manifests[d].created))]

@@ -25,7 +25,7 @@ from factory.errors import ArtifactError
 from factory.models.build import new_model
 from factory.models.generate import generate
 from factory.models.sampling import Sampling
-from factory.models.tokenizer import EOS, load_tokenizer
+from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
@@ -179,7 +179,7 @@ class Generator:
             ids = tokenizer.encode(text).ids
             if not ids:
                 raise PodiumError("the prompt encodes to no tokens")
-            sampling = Sampling(new_tokens=new_tokens, temperature=max(temperature, 0.0), eos_id=tokenizer.token_to_id(EOS))
+            sampling = Sampling(new_tokens=new_tokens, temperature=max(temperature, 0.0), eos_id=end_of_text(tokenizer, candidate.tokenizer))
             started = time.perf_counter()
             done = generate(model, [ids], sampling, context=candidate.context, seeds=[seed] if temperature > 0 else None)[0]
             seconds = time.perf_counter() - started

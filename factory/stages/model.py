@@ -56,7 +56,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 MODEL = StageKind(
     name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
-    present=lambda e: e.pretrain is not None or e.base is not None, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
+    present=lambda e: any(getattr(e, section) is not None for section in ("pretrain", "sft", "rl")), settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
     artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.models.hf_export", "factory.stages.training", "factory.train.pretrain"),
     description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
 )

@@ -40,18 +40,20 @@ def _settings(experiment: Experiment) -> PretrainSettings:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """Pretrain the model on packed token sequences from the blend's train split; a relaunch resumes it."""
+    """Pretrain the model on packed token sequences from the blend's train split (from the weights of `model.from_hf` when
+    it names a checkpoint); a relaunch resumes it."""
     from factory.data.catalog import open_catalog
     from factory.data.loader import build_loader
-    from factory.models.tokenizer import EOS, load_tokenizer
+    from factory.models.tokenizer import end_of_text, load_tokenizer
     from factory.stages.training import train_stage
     from factory.train.distributed import world_from_env
 
     settings = ctx.settings
     model_config, config = settings.model, settings.pretrain
-    tokenizer = load_tokenizer(ctx.upstream("tokenizer") / TOKENIZER_FILE)
+    tokenizer_file = ctx.upstream("tokenizer") / TOKENIZER_FILE
+    tokenizer = load_tokenizer(tokenizer_file)
     catalog = open_catalog(ctx.request.catalog)
-    eos_id = tokenizer.token_to_id(EOS)
+    eos_id = end_of_text(tokenizer, tokenizer_file)
     loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream)
     world = world_from_env()
 
@@ -63,14 +65,20 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if control is not None:
         held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream, "validation")
         validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
-    return train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation)
+    init = None
+    if model_config.from_hf is not None:  # continued pretraining of a checkpoint
+        from factory.models.hf_import import import_weights
+
+        init = import_weights(model_config.from_hf)
+    return train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation,
+                       init=init)
 
 
 PRETRAIN = StageKind(
     name="pretrain", run="factory.stages.pretrain:run", reads=("blend", "tokenizer"), section="pretrain", main_training=True,
     plot=MetricsPlot(title="Training", file="training.png", alt="training loss"),
     checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), settings=PretrainSettings, fingerprint=_settings,
-    imports=("factory.data.catalog", "factory.data.loader", "factory.models.tokenizer", "factory.stages.training",
+    imports=("factory.data.catalog", "factory.data.loader", "factory.models.hf_import", "factory.models.tokenizer", "factory.stages.training",
              "factory.train.distributed"),
     description="Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are "
                 "`checkpoints` partitions.",

@@ -24,7 +24,7 @@ from factory.evals.base import EVALUATIONS
 from factory.evals.benchmarks import Benchmark, EvalInputs, benchmark
 from factory.evals.scored_on import own_split, pinned, table_ref
 from factory.models.build import new_model
-from factory.models.tokenizer import EOS, load_tokenizer
+from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.registry.layout import BLEND_FILE, RESULT_FILE, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.train.checkpoint import load_checkpoint
@@ -117,7 +117,8 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     except ArtifactError as e:
         raise ArtifactError(f"checkpoint {checkpoint.key} at {path} does not match the sha256 its partition recorded; not evaluated") from e
     spec, settings = checkpoint.spec, checkpoint.settings()  # the model its checkpoints hold
-    tokenizer = load_tokenizer(registry.open(spec.upstream[provider(TOKENIZER).name]) / TOKENIZER_FILE)
+    tokenizer_file = registry.open(spec.upstream[provider(TOKENIZER).name]) / TOKENIZER_FILE
+    tokenizer = load_tokenizer(tokenizer_file)
     model = new_model(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
     model.eval()
@@ -129,7 +130,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
         return iter(stream.texts())
 
     return EvalInputs(
-        model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=settings.model.context,
+        model=model, tokenizer=tokenizer, eos_id=end_of_text(tokenizer, tokenizer_file), context=settings.model.context,
         validation_texts=validation_texts, seed=settings.seed, batch_size=checkpoint.eval.batch_size,
         max_bytes=checkpoint.eval.max_bytes, catalog=open_catalog(catalog),
     )

@@ -20,11 +20,12 @@ import torch
 
 from factory.config.control import ControlConfig
 from factory.config.kinds import TOKENIZER, provider
-from factory.config.stages import BASE
+from factory.config.stages import BASE, FROM_HF
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
-from factory.models.tokenizer import EOS, load_tokenizer
+from factory.models.hf_import import imported_chat_template, import_weights
+from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE, TOKENIZER_FILE
 from factory.runtime.context import StageContext
 from factory.runtime.progress import training_progress, wants_progress
@@ -145,7 +146,10 @@ def write_run(
 
 
 def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
-    """The final weights of an upstream training stage, or of the model made elsewhere it starts from (`base`)."""
+    """The final weights of an upstream training stage, of the model made elsewhere it starts from (`base`), or of the
+    Hugging Face checkpoint `model.from_hf` names (`from_hf`)."""
+    if stage == FROM_HF:
+        return import_weights(ctx.settings.model.from_hf)
     if stage == BASE:
         return load_weights(ctx.upstream(BASE) / MODEL_WEIGHTS)
     checkpoints = ctx.upstream(stage)
@@ -155,16 +159,23 @@ def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
 
 def starts_from(ctx: StageContext, *stages: str) -> str:
     """The input a post-training stage starts from: the model made elsewhere its `from` names, else the first of `stages`
-    this experiment runs (`sft`, then `pretrain`, for rl)."""
+    this experiment runs (`sft`, then `pretrain`, for rl), else `from_hf`: the checkpoint `model.from_hf` names."""
     upstream = ctx.request.spec.upstream
-    return next(name for name in (BASE, *stages) if name in upstream)
+    return next((name for name in (BASE, *stages) if name in upstream), FROM_HF)
 
 
 def carry_chat_template(ctx: StageContext, start: str) -> None:
-    """Keep the chat template the starting model was fine-tuned with next to this stage's checkpoints (the model stage
-    exports the last training stage's), unless the stage wrote its own."""
+    """Keep the chat template the starting model was fine-tuned with (or the checkpoint's tokenizer config carries) next to
+    this stage's checkpoints (the model stage exports the last training stage's), unless the stage wrote its own."""
+    if (ctx.out / CHAT_TEMPLATE_FILE).exists():
+        return
+    if start == FROM_HF:
+        template = imported_chat_template(ctx.settings.model.from_hf)
+        if template is not None:
+            (ctx.out / CHAT_TEMPLATE_FILE).write_text(template)
+        return
     template = ctx.upstream(start) / CHAT_TEMPLATE_FILE
-    if template.is_file() and not (ctx.out / CHAT_TEMPLATE_FILE).exists():
+    if template.is_file():
         shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)
 
 
@@ -204,5 +215,6 @@ def open_tracker(ctx: StageContext) -> TrackerRun:
 
 def post_training_inputs(ctx: StageContext) -> tuple[ModelConfig, Tokenizer, int, Catalog]:
     """What both post-training stages read: the model's shape, the tokenizer and its end-of-text id, the catalog."""
-    tokenizer = load_tokenizer(ctx.upstream(provider(TOKENIZER).name) / TOKENIZER_FILE)
-    return ctx.settings.model, tokenizer, tokenizer.token_to_id(EOS), open_catalog(ctx.request.catalog)
+    tokenizer_file = ctx.upstream(provider(TOKENIZER).name) / TOKENIZER_FILE
+    tokenizer = load_tokenizer(tokenizer_file)
+    return ctx.settings.model, tokenizer, end_of_text(tokenizer, tokenizer_file), open_catalog(ctx.request.catalog)

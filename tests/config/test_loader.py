@@ -101,7 +101,7 @@ def test_unknown_nested_key_lists_the_allowed_keys_of_its_section(tmp_path):
     message = load_error(path)
     assert f"{path}:{line_of(text, '  n_layers: 2')}: model.n_layers: unknown key" in message
     allowed = message.split("allowed here:", 1)[1]
-    assert "arch, context, dropout, intermediate_size, n_embd, n_head, n_kv_head, n_layer, norm_eps, positions, rope_theta, tie_embeddings" in allowed
+    assert "arch, context, dropout, from_hf, intermediate_size, n_embd, n_head, n_kv_head, n_layer, norm_eps, positions, rope_theta, tie_embeddings" in allowed
     assert "pretrain" not in allowed
 
 

@@ -70,7 +70,7 @@ def test_post_training_stages_have_fingerprints_of_their_own(tiny):
 
 def test_post_training_needs_a_pretrained_model(tiny):
     data = {**tiny.model_dump(), "pretrain": None, "eval": None, "rl": {"steps": 4}}
-    with pytest.raises(ValueError, match="'rl' fine-tunes a model: add a 'pretrain' section, or start from a model made elsewhere with 'rl.from'"):
+    with pytest.raises(ValueError, match="'rl' fine-tunes a model: add a 'pretrain' section, start from a Hugging Face checkpoint with 'model.from_hf', or from a model made elsewhere with 'rl.from'"):
         Experiment.model_validate(data)
 
 

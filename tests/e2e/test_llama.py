@@ -1,6 +1,7 @@
 """A llama-arch recipe through Dagster, as `factory run` runs it: `experiments/tiny-llama.md` trains on the tiny
 pipeline's cached data and tokenizer, and its model stage publishes a directory `transformers` loads and generates from."""
 
+import json
 import os
 from pathlib import Path
 
@@ -54,3 +55,83 @@ def test_tiny_llama_publishes_a_model_transformers_loads_and_generates_from(pipe
     assert len(continuation) == 24 and continuation == list(generate(ours.eval(), [ids[0].tolist()], Sampling(new_tokens=24), context=config.context)[0].tokens)
     text = tokenizer.decode(continuation, skip_special_tokens=True)
     assert text and text == load_tokenizer(directory / "tokenizer.json").decode(continuation)
+
+
+IMPORTED = """---
+seed: 3
+data:
+  datasets:
+    code:
+      source: {{kind: directory, path: {root}/code, include: ["*.py"]}}
+    chat:
+      source: {{kind: directory, path: {root}/chats, include: ["*.jsonl"], format: jsonl, columns: [messages]}}
+  blend: [{{dataset: code, weight: 1}}]
+  validation_percent: 20
+model:
+  from_hf: {root}/hf
+  context: 64
+{training}
+---
+A Llama checkpoint `transformers` saved, {what}.
+"""
+SFT_ON_CHATS = "sft: {steps: 4, batch_size: 4, lr: 0.001, log_every: 1, data: {dataset: chat, format: messages}}"
+PRETRAIN_ON_CODE = "pretrain: {steps: 3, batch_size: 4, lr: 0.001, warmup_steps: 1, checkpoint_every: 0, log_every: 1}"
+
+
+def test_a_checkpoint_transformers_saved_is_fine_tuned_continued_and_exported_back(tmp_path, monkeypatch):
+    """`model.from_hf`: fine-tuned (sft on chats) and pretrained further, through Dagster; the exported model loads in
+    `transformers` with the checkpoint's tokenizer and end-of-text token; lineage names the checkpoint as an external input."""
+    from factory.ops.lineage import Lineage
+    from tests.models.hf_checkpoints import TEXTS, save_llama
+    from tests.stages.test_sft_data import CHATS
+
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("FACTORY_DATA_ROOTS", str(tmp_path))
+    original = save_llama(tmp_path / "hf").state_dict()
+    (tmp_path / "code").mkdir()
+    for i in range(40):
+        (tmp_path / "code" / f"m{i}.py").write_text("".join(TEXTS[i * 7 : i * 7 + 7]) * 3)
+    (tmp_path / "chats").mkdir()
+    (tmp_path / "chats" / "chats.jsonl").write_text("".join(json.dumps({"messages": chat}) + "\n" for chat in CHATS))
+    files = {}
+    for name, training, what in (("imported", SFT_ON_CHATS, "fine-tuned on chats"), ("continued", PRETRAIN_ON_CODE, "pretrained further")):
+        files[name] = tmp_path / f"{name}.md"
+        files[name].write_text(IMPORTED.format(root=tmp_path, training=training, what=what))
+    root = tmp_path / "factory"
+    instance = DagsterInstance.from_config(str(dagster_home(root)))
+    result = run_experiment(files["imported"], root, instance)
+    assert result.success, failure_messages(result)
+
+    registry = ArtifactStore(root / "registry")
+    [tokenizer] = registry.manifests("tokenizer")
+    [sft] = registry.manifests("sft")
+    [made] = registry.manifests("model")
+    from_hf = sft.config["model"]["from_hf"]
+    assert tokenizer.config == {"from_hf": from_hf} and from_hf["path"] == str(tmp_path / "hf")
+    assert tokenizer.summary["eos_token"] == "</s>" and sft.summary["started_from"] == "from_hf" and "pretrain" not in sft.inputs
+    directory = registry.path(made.digest)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    assert hf_tokenizer.eos_token == "</s>" and loaded.generation_config.eos_token_id == hf_tokenizer.eos_token_id
+    assert hf_tokenizer(TEXTS[5])["input_ids"] == load_tokenizer(tmp_path / "hf" / "tokenizer.json").encode(TEXTS[5]).ids
+    tuned = loaded.state_dict()
+    assert all(tuned[name].shape == tensor.shape and tuned[name].dtype == tensor.dtype for name, tensor in original.items())
+    assert not torch.equal(tuned["model.layers.0.mlp.up_proj.weight"], original["model.layers.0.mlp.up_proj.weight"])  # trained
+    ours = new_model(ModelConfig.model_validate(loaded.config.model), loaded.config.vocab_size)
+    ours.load_state_dict(load_weights(directory / "model.pt"))
+    ids = torch.tensor([hf_tokenizer(TEXTS[9])["input_ids"]])
+    with torch.no_grad():
+        assert (ours.eval()(ids) - loaded(ids).logits).abs().max().item() <= 1e-5
+    [imported] = Lineage(registry).imported(made.digest)
+    assert imported == {"path": str(tmp_path / "hf"), "files": from_hf["files"], "read_by": ["tokenizer (imported)", "sft (imported)"]}
+
+    result = run_experiment(files["continued"], root, instance)
+    assert result.success, failure_messages(result)
+    assert [m.digest for m in registry.manifests("tokenizer")] == [tokenizer.digest]  # the same checkpoint's tokenizer: reused
+    [pretrain] = registry.manifests("pretrain")
+    [continued] = [m for m in registry.manifests("model") if m.experiment == "continued"]
+    weights = load_weights(registry.path(continued.digest) / "model.pt")
+    moved = max((weights[name.removeprefix("model.")] - tensor).abs().max().item() for name, tensor in original.items())
+    assert 0 < moved < 0.02  # three small steps from the checkpoint's weights, not from a fresh initialisation
+    assert [c["read_by"] for c in Lineage(registry).imported(continued.digest)] == [["tokenizer (imported)", "pretrain (continued)"]]

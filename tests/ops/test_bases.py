@@ -147,7 +147,7 @@ def test_cycles_other_stages_and_other_shapes_are_refused(tmp_path, registry):
     ("pretrain: {steps: 2}\nsft: {from: 'alias:production', steps: 2}\n", "its pretrain trains nothing it uses"),
     ("tokenizer: {vocab_size: 500}\nsft: {from: 'alias:production', steps: 2}\n", "uses that model's tokenizer"),
     ("sft: {from: 'alias:production', steps: 2}\nrl: {from: 'alias:production', steps: 2}\n", "rl starts from this file's sft"),
-    ("sft: {steps: 2}\n", "add a 'pretrain' section, or start from a model made elsewhere with 'sft.from'"),
+    ("sft: {steps: 2}\n", "add a 'pretrain' section, start from a Hugging Face checkpoint with 'model.from_hf', or from a model made elsewhere with 'sft.from'"),
     ("sft: {from: 'alias:Production', steps: 2}\n", "is not an alias name"),
     ("sft: {from: 'base.md', steps: 2}\n", "expected `experiments/<file>.md#model`"),
 ])
