@@ -114,6 +114,7 @@ def test_a_checkpoint_transformers_saved_is_fine_tuned_continued_and_exported_ba
     loaded = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     assert hf_tokenizer.eos_token == "</s>" and loaded.generation_config.eos_token_id == hf_tokenizer.eos_token_id
+    assert hf_tokenizer.chat_template == (registry.path(sft.digest) / "chat_template.jinja").read_text()  # as it was fine-tuned
     assert hf_tokenizer(TEXTS[5])["input_ids"] == load_tokenizer(tmp_path / "hf" / "tokenizer.json").encode(TEXTS[5]).ids
     tuned = loaded.state_dict()
     assert all(tuned[name].shape == tensor.shape and tuned[name].dtype == tensor.dtype for name, tensor in original.items())
