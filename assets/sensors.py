@@ -80,7 +80,8 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
     registry, read = stores.registry(), reader(texts)
     for path, text in texts.items():
-        if again and _in_repo(str(path), root) not in waiting:
+        shown = _in_repo(str(path), root)
+        if again and shown not in waiting:
             continue
         try:
             variants = load_text(path, text, read=reader(texts))
@@ -97,7 +98,7 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
             if base is not None and base.pending:  # its run would fail at once: the model it starts from is not made yet
                 if not again:
                     context.log.info(f"{experiment.name} waits: {base.section}.from: {base.said}; it runs once that model is made")
-                still.append(_in_repo(str(path), root))
+                still.append(shown)
                 continue
             if experiment.name not in new and not context.instance.has_dynamic_partition(EXPERIMENTS, experiment.name):
                 new.append(experiment.name)

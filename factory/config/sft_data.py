@@ -3,7 +3,7 @@ chat template."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
@@ -19,13 +19,29 @@ DEFAULT_CHAT_TEMPLATES = {
 """The chat template of each `sft.data.format` when none is given."""
 
 
+def chat_environment() -> Any:
+    """The sandbox every chat template is compiled in: an undefined variable is an error (not empty text), and a trailing
+    newline is kept."""
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+
+
+def render_errors() -> tuple[type[Exception], ...]:
+    """What rendering a compiled template on a conversation can raise: the template's own errors, or its expressions' on
+    the data."""
+    from jinja2 import TemplateError
+
+    return TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError
+
+
 def template_problem(template: str) -> str | None:
     """Why a Jinja2 template does not parse (with its line), or None when it does."""
     from jinja2 import TemplateSyntaxError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # the environment it is rendered in
 
     try:
-        ImmutableSandboxedEnvironment().parse(template)
+        chat_environment().parse(template)
     except TemplateSyntaxError as e:
         return f"the template does not parse: line {e.lineno} of the template: {e.message}"
     return None
@@ -43,16 +59,13 @@ that cannot render any conversation)."""
 def render_problem(template: str, format: str) -> str | None:
     """Why a template that parses does not render a sample conversation of `format` (the turns before each assistant turn
     with the generation prompt, and up to it without, as fine-tuning renders them), or None when it does."""
-    from jinja2 import StrictUndefined, TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # the environment it is rendered in
-
-    render = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True).from_string(template).render
+    render = chat_environment().from_string(template).render
     turns = SAMPLE_TURNS[format]
     for index in (i for i, turn in enumerate(turns) if turn["role"] == "assistant"):
         for upto, generation in ((index, True), (index + 1, False)):
             try:
                 render(messages=turns[:upto], add_generation_prompt=generation)
-            except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            except render_errors() as e:
                 return (f"the template does not render a {format} conversation of {upto} turns ({type(e).__name__}: {e}); it "
                         "gets 'messages' (a list of {role, content}) and 'add_generation_prompt' and nothing else")
     return None

@@ -8,15 +8,15 @@ JSON list of `{role, content}` turns (what a `messages` column holds) or plain t
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from jinja2 import TemplateError
-
+from factory.config.sft_data import render_errors
 from factory.data.ingest import turns_of
 from factory.errors import ConfigError
-from factory.post.chat import ASSISTANT, compile_template
+from factory.post.chat import ASSISTANT, Render, compile_template
 from factory.podium.errors import PodiumError
 
 Turns = list[dict[str, str]]
@@ -53,6 +53,12 @@ def sampled(text: str) -> Sampled | None:
     return Sampled(prompt=json.dumps(turns[:last], ensure_ascii=False), reply=turns[last]["content"])
 
 
+@functools.lru_cache(maxsize=32)
+def _compiled(template: str) -> Render:
+    """A chat template compiled once: every completion of a model renders with it."""
+    return compile_template(template)
+
+
 def rendered(prompt: str, template: Path | None) -> str:
     """The text a model is prompted with for the conversation `prompt`: rendered through its chat template with the
     generation prompt, or, for a model fine-tuned without one, the turns' text one per line."""
@@ -60,7 +66,6 @@ def rendered(prompt: str, template: Path | None) -> str:
     if template is None:
         return "\n".join(turn["content"] for turn in turns)
     try:
-        render = compile_template(template.read_text())
-        return render(messages=turns, add_generation_prompt=True)
-    except (ConfigError, TemplateError, OSError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        return _compiled(template.read_text())(messages=turns, add_generation_prompt=True)
+    except (ConfigError, OSError, *render_errors()) as e:
         raise PodiumError(f"the chat template of this model ({template}) does not render the conversation: {e}") from e

@@ -12,13 +12,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import TemplateError
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, EqualTo
 from tokenizers import Tokenizer
 
-from factory.config.sft_data import SFTData
+from factory.config.sft_data import SFTData, chat_environment, render_errors
 from factory.data.tables import parse_ref, resolve_pin
 from factory.errors import ArtifactError, ConfigError
 from factory.post.sft import Example, encode_segments, fitting
@@ -70,9 +69,8 @@ def conversation(row: dict[str, Any], data: SFTData, name: str) -> list[dict[str
 
 def compile_template(template: str) -> Render:
     """The template's render function (sandboxed; an undefined variable is an error, not empty text)."""
-    environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
     try:
-        return environment.from_string(template).render
+        return chat_environment().from_string(template).render
     except TemplateError as e:
         raise ConfigError(f"sft.data.chat_template does not parse: {e}; fix the template's Jinja2 syntax") from e
 
@@ -82,7 +80,7 @@ def segments(render: Render, turns: list[dict[str, str]], name: str) -> list[tup
     def text(upto: int, generation: bool) -> str:
         try:
             return render(messages=turns[:upto], add_generation_prompt=generation)
-        except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        except render_errors() as e:
             raise ConfigError(f"sft.data.chat_template does not render {name}: {type(e).__name__}: {e}; the template gets "
                               "'messages' (a list of {role, content}) and 'add_generation_prompt'") from e
 
