@@ -18,9 +18,14 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from factory.config.schema import PretrainConfig
+from factory.config.schema import ModelConfig, PretrainConfig
 from factory.errors import ConfigError
+from factory.models.build import build_model
 from factory.train.distributed import World
+from factory.train.meta_init import build_on_meta, materialise
+
+BLOCK_LISTS = ("blocks", "layers")
+"""The attribute names a model's list of transformer blocks goes by."""
 
 
 def check_split(config: PretrainConfig, world: World, section: str = "pretrain") -> None:
@@ -39,9 +44,10 @@ def check_split(config: PretrainConfig, world: World, section: str = "pretrain")
 
 
 def blocks_of(model: nn.Module, arch: str, asked: str = "parallelism: fsdp") -> list[nn.Module]:
-    """The transformer blocks FSDP shards and activation checkpointing recomputes one by one (a model's `blocks` list)."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+    """The transformer blocks FSDP shards and activation checkpointing recomputes one by one (a model's `blocks` list, or
+    `layers` as Hugging Face's Llama names it)."""
+    blocks = next((found for found in (getattr(model, name, None) for name in BLOCK_LISTS) if isinstance(found, nn.ModuleList)), None)
+    if blocks is None or len(blocks) == 0:
         undo = "use parallelism: ddp" if asked.startswith("parallelism") else "set activation_checkpointing: none"
         raise ConfigError(f"{asked} works block by block, but architecture {arch!r} has no `blocks` list of transformer blocks: {undo}")
     return list(blocks)
@@ -81,6 +87,27 @@ def shard(model: nn.Module, config: PretrainConfig, world: World, arch: str) -> 
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
+
+
+def build_for_training(
+    model_config: ModelConfig, vocab_size: int, seed: int, config: PretrainConfig, world: World, init: Mapping[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """The model a run trains: `build_model`'s weights (or `init`'s), the blocks asked for recomputed, sharded under FSDP.
+    Under FSDP on several ranks it is built on the meta device and filled shard by shard, so no rank holds it whole."""
+    if config.parallelism == "fsdp" and world.size > 1:
+        model, rows = build_on_meta(model_config, vocab_size, seed, world.rank, world.size)
+        recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
+        shard(model, config, world, model_config.arch)
+        materialise(model, rows, world.device)
+    else:
+        model = build_model(model_config, vocab_size, seed).to(world.device)
+        recompute_blocks(model, config, model_config.arch)
+        if config.parallelism == "fsdp":
+            shard(model, config, world, model_config.arch)
+    if init is not None:
+        live = model.state_dict()
+        model.load_state_dict({key: _like(value, live[key]) for key, value in init.items()})
+    return model
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -24,13 +24,13 @@ from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig, RLConfig, SFTConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
-from factory.models.build import build_model, count_parameters
+from factory.models.build import count_parameters
 from factory.registry.layout import CONTROL_FILE, METRICS_FILE, POSITIONS_FILE
 from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
-from factory.train.parallel import check_split, recompute_blocks, restore, shard, wrap
+from factory.train.parallel import build_for_training, check_split, restore, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.step import gradients, memory_mb, validation_loss
 
@@ -121,12 +121,7 @@ def pretrain(
     device = world.device
     check_split(config, world, "sft" if isinstance(config, SFTConfig) else "pretrain")
     keep_freed_memory()  # before the model: its buffers and every step's come from a heap that is no longer trimmed
-    model = build_model(model_config, vocab_size, seed).to(device)
-    if init is not None:
-        model.load_state_dict(init)
-    recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
-    if config.parallelism == "fsdp":
-        shard(model, config, world, model_config.arch)
+    model = build_for_training(model_config, vocab_size, seed, config, world, init)
     optimizer = build_optimizer(model, config)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
