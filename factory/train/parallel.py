@@ -130,15 +130,7 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[s
     model shape with what to change; `name` names the checkpoint in that error."""
     live = model.state_dict()
     saved = state["model"]
-    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
-    shapes = [(key, tuple(saved[key].shape), tuple(live[key].shape)) for key in live if key in saved and saved[key].shape != live[key].shape]
-    if missing or unexpected or shapes:
-        what = (f"{shapes[0][0]} is {list(shapes[0][1])} there and {list(shapes[0][2])} here" if shapes
-                else f"it lacks {missing[:3]}" if missing else f"it has {unexpected[:3]}, which this model lacks")
-        raise ConfigError(
-            f"checkpoint {name} holds a model of another shape than the model section asks for ({what}): restore the model "
-            "section it was trained with, or train in a fresh work directory"
-        )
+    check_shape(name, {key: tuple(value.shape) for key, value in saved.items()}, {key: tuple(value.shape) for key, value in live.items()})
     model.load_state_dict({key: _like(value, live[key]) for key, value in saved.items()})
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optim = state["optimizer"]
@@ -147,6 +139,19 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[s
         "state": {index: {key: _like(value, params[index]) if _sharded_like(value, params[index]) else value for key, value in slots.items()}
                   for index, slots in optim["state"].items()},
     })
+
+
+def check_shape(name: str, saved: Mapping[str, tuple[int, ...]], live: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse a checkpoint (`name`) whose model tensors (name -> shape) are not the live model's, with what to change."""
+    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+    shapes = [(key, saved[key], live[key]) for key in live if key in saved and saved[key] != live[key]]
+    if missing or unexpected or shapes:
+        what = (f"{shapes[0][0]} is {list(shapes[0][1])} there and {list(shapes[0][2])} here" if shapes
+                else f"it lacks {missing[:3]}" if missing else f"it has {unexpected[:3]}, which this model lacks")
+        raise ConfigError(
+            f"checkpoint {name} holds a model of another shape than the model section asks for ({what}): restore the model "
+            "section it was trained with, or train in a fresh work directory"
+        )
 
 
 def _sharded_like(value: Any, param: torch.Tensor) -> bool:

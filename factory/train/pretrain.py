@@ -30,8 +30,9 @@ from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPol
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
-from factory.train.parallel import build_for_training, check_split, restore, wrap
+from factory.train.parallel import build_for_training, check_split, wrap
 from factory.train.records import CHECKPOINT_DIR
+from factory.train.resume import resume
 from factory.train.step import gradients, memory_mb, validation_loss
 
 MetricSink = Callable[[int, dict[str, float]], None]
@@ -136,10 +137,9 @@ def pretrain(
     if world.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
         checkpoints.drop_incomplete()
-    found = checkpoints.latest()
+    found = resume(checkpoints, model, optimizer, world, log)
     if found is not None:
         saved, state = found
-        restore(model, optimizer, state, str(saved.path))
         start, position, tokens_seen = state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"]
         if len(state["rng"]) == world.size:
             torch.random.set_rng_state(state["rng"][world.rank]["torch"])
@@ -240,7 +240,7 @@ def pretrain(
                     if on_metrics:
                         on_metrics(done, row)
             if actions is not None and actions.rewind:
-                step = done = _rewind(model, optimizer, checkpoints, done, log)
+                step = done = _rewind(model, optimizer, checkpoints, done, world, log)
                 if not actions.stop:
                     continue
             step = done
@@ -251,7 +251,7 @@ def pretrain(
                 followed = evaluate(done)
                 record(followed)
                 if followed.rewind:  # with stop: end on the last good checkpoint's weights
-                    step = done = _rewind(model, optimizer, checkpoints, done, log)
+                    step = done = _rewind(model, optimizer, checkpoints, done, world, log)
                     if not followed.stop:
                         continue
                 stop |= followed.stop
@@ -292,15 +292,14 @@ def pretrain(
     )
 
 
-def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, log: logging.Logger) -> int:
+def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, world: World, log: logging.Logger) -> int:
     """Reload the latest good checkpoint's weights and optimizer; the data goes on from where it is. Returns the step to go on from."""
     checkpoints.wait()
-    found = checkpoints.latest()
+    found = resume(checkpoints, model, optimizer, world, log)
     if found is None:
         log.warning("control asked to rewind at step %d, but no checkpoint was saved yet: the batch is skipped instead", done)
         return done
-    saved, state = found
-    restore(model, optimizer, state, str(saved.path))
+    saved, _ = found
     log.warning("rewound from step %d to %s; the data goes on past the batches in between", done, saved.name)
     return saved.step
 
