@@ -8,8 +8,9 @@ layout for both (torch.distributed.checkpoint writes each rank's shard, and read
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -62,6 +63,22 @@ def recompute_blocks(model: nn.Module, config: PretrainConfig, arch: str) -> int
     for block in chosen:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # the module's hooks (FSDP's) stay outside
     return len(chosen)
+
+
+@contextlib.contextmanager
+def recomputation_off(model: nn.Module) -> Iterator[None]:
+    """Within the block, the blocks `recompute_blocks` chose keep their activations as the others do."""
+    chosen = {module: vars(module).pop("forward") for module in model.modules() if _recomputes(vars(module).get("forward"))}
+    try:
+        yield
+    finally:
+        for module, forward in chosen.items():
+            module.forward = forward
+
+
+def _recomputes(forward: Any) -> bool:
+    """Whether a module's own `forward` is the recomputing one `recompute_blocks` set."""
+    return isinstance(forward, functools.partial) and forward.func is checkpoint
 
 
 def mixed_precision(device: torch.device) -> Any:

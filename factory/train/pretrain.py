@@ -33,7 +33,7 @@ from factory.train.heap import keep_freed_memory
 from factory.train.parallel import build_for_training, check_split, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.resume import resume
-from factory.train.step import gradients, memory_mb, validation_loss
+from factory.train.step import activation_memory, gradients, memory_mb, validation_loss
 
 MetricSink = Callable[[int, dict[str, float]], None]
 StepSink = Callable[[int, float, float], None]
@@ -164,6 +164,7 @@ def pretrain(
     logged_at, logged_tokens, logged_step = time.perf_counter(), tokens_seen, start
     loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == end else float("nan")
     steps_computed, eval_loss = 0, float("nan")
+    activations: dict[str, float] | None = None
     network.train()
     step = start
     with (
@@ -201,6 +202,8 @@ def pretrain(
                     f"the blend ran out of documents after {step} of {config.steps} steps: give a part `mode: oversample`, "
                     "add data, or lower pretrain.steps"
                 )
+            if activations is None:  # measured once, on the first batch this process trains
+                activations = activation_memory(model, batch, config, autocast, device)
             want_samples = controller is not None and controller.wants_samples
             try:
                 loss_value, grad_norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
@@ -231,6 +234,7 @@ def pretrain(
                     "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
                     "step_seconds": round((now - logged_at) / max(1, done - logged_step), 6),
                     **memory_mb(device),
+                    **activations,
                 }
                 logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:
