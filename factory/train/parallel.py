@@ -112,10 +112,10 @@ def build_for_training(
     """The model a run trains: `build_model`'s weights (or `init`'s), the blocks asked for recomputed, sharded under FSDP.
     Under FSDP on several ranks it is built on the meta device and filled shard by shard, so no rank holds it whole."""
     if config.parallelism == "fsdp" and world.size > 1:
-        model, rows = build_on_meta(model_config, vocab_size, seed, world.rank, world.size)
+        model, places = build_on_meta(model_config, vocab_size, seed)
         recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
         shard(model, config, world, model_config.arch)
-        materialise(model, rows, world.device)
+        materialise(model, places, model_config, vocab_size, seed, world.rank, world.size, world.device)
     else:
         model = build_model(model_config, vocab_size, seed).to(world.device)
         recompute_blocks(model, config, model_config.arch)
