@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from factory.atomic import fsync_directory, write_atomic
 from factory.errors import ArtifactError
-from factory.train.distributed import SINGLE, World
+from factory.train.distributed import SINGLE, World, gather
 from factory.train.records import DELETED, FILE, SAVED, SHARDED, CheckpointEvent, SavedCheckpoint, published
 
 CheckpointSink = Callable[[CheckpointEvent], None]
@@ -49,14 +49,31 @@ class RetentionPolicy:
     best_metric: str | None = "loss"
 
 
-def checkpoint_digest(path: Path) -> tuple[str, int]:
-    """The sha256 and size in bytes of a checkpoint: of its bytes, or of a sharded checkpoint's listing of file digests."""
+def checkpoint_digest(path: Path, world: World = SINGLE) -> tuple[str, int]:
+    """The sha256 and size in bytes of a checkpoint: of its bytes, or of a sharded checkpoint's listing of file digests.
+
+    Every rank of `world` calls it for a sharded checkpoint: each hashes its share of the files and they swap digests.
+    """
     if not path.is_dir():
         data = path.read_bytes()
         return hashlib.sha256(data).hexdigest(), len(data)
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    listing = "".join(f"{p.relative_to(path).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in files)
-    return hashlib.sha256(listing.encode()).hexdigest(), sum(p.stat().st_size for p in files)
+    sizes = {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+    mine = {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in _share(sizes, world)}
+    digests = {name: digest for part in gather(world, mine) for name, digest in part.items()}
+    listing = "".join(f"{name}\0{digests[name]}\n" for name in sorted(sizes))
+    return hashlib.sha256(listing.encode()).hexdigest(), sum(sizes.values())
+
+
+def _share(sizes: Mapping[str, int], world: World) -> list[str]:
+    """The files this rank hashes: largest first, each to the rank with the fewest bytes so far (the same on every rank)."""
+    loads = [0] * world.size
+    mine = []
+    for name in sorted(sizes, key=lambda name: (-sizes[name], name)):
+        rank = loads.index(min(loads))
+        loads[rank] += sizes[name]
+        if rank == world.rank:
+            mine.append(name)
+    return mine
 
 
 def load_checkpoint(path: Path, sha256: str | None = None) -> dict[str, Any]:

@@ -8,8 +8,9 @@ layout for both (torch.distributed.checkpoint writes each rank's shard, and read
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -18,9 +19,14 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
-from factory.config.schema import PretrainConfig
+from factory.config.schema import ModelConfig, PretrainConfig
 from factory.errors import ConfigError
+from factory.models.build import build_model
 from factory.train.distributed import World
+from factory.train.meta_init import build_on_meta, materialise
+
+BLOCK_LISTS = ("blocks", "layers")
+"""The attribute names a model's list of transformer blocks goes by."""
 
 
 def check_split(config: PretrainConfig, world: World, section: str = "pretrain") -> None:
@@ -39,9 +45,10 @@ def check_split(config: PretrainConfig, world: World, section: str = "pretrain")
 
 
 def blocks_of(model: nn.Module, arch: str, asked: str = "parallelism: fsdp") -> list[nn.Module]:
-    """The transformer blocks FSDP shards and activation checkpointing recomputes one by one (a model's `blocks` list)."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+    """The transformer blocks FSDP shards and activation checkpointing recomputes one by one (a model's `blocks` list, or
+    `layers` as Hugging Face's Llama names it)."""
+    blocks = next((found for found in (getattr(model, name, None) for name in BLOCK_LISTS) if isinstance(found, nn.ModuleList)), None)
+    if blocks is None or len(blocks) == 0:
         undo = "use parallelism: ddp" if asked.startswith("parallelism") else "set activation_checkpointing: none"
         raise ConfigError(f"{asked} works block by block, but architecture {arch!r} has no `blocks` list of transformer blocks: {undo}")
     return list(blocks)
@@ -56,6 +63,22 @@ def recompute_blocks(model: nn.Module, config: PretrainConfig, arch: str) -> int
     for block in chosen:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # the module's hooks (FSDP's) stay outside
     return len(chosen)
+
+
+@contextlib.contextmanager
+def recomputation_off(model: nn.Module) -> Iterator[None]:
+    """Within the block, the blocks `recompute_blocks` chose keep their activations as the others do."""
+    chosen = {module: vars(module).pop("forward") for module in model.modules() if _recomputes(vars(module).get("forward"))}
+    try:
+        yield
+    finally:
+        for module, forward in chosen.items():
+            module.forward = forward
+
+
+def _recomputes(forward: Any) -> bool:
+    """Whether a module's own `forward` is the recomputing one `recompute_blocks` set."""
+    return isinstance(forward, functools.partial) and forward.func is checkpoint
 
 
 def mixed_precision(device: torch.device) -> Any:
@@ -83,6 +106,27 @@ def shard(model: nn.Module, config: PretrainConfig, world: World, arch: str) -> 
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
 
 
+def build_for_training(
+    model_config: ModelConfig, vocab_size: int, seed: int, config: PretrainConfig, world: World, init: Mapping[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """The model a run trains: `build_model`'s weights (or `init`'s), the blocks asked for recomputed, sharded under FSDP.
+    Under FSDP on several ranks it is built on the meta device and filled shard by shard, so no rank holds it whole."""
+    if config.parallelism == "fsdp" and world.size > 1:
+        model, places = build_on_meta(model_config, vocab_size, seed)
+        recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
+        shard(model, config, world, model_config.arch)
+        materialise(model, places, model_config, vocab_size, seed, world.rank, world.size, world.device)
+    else:
+        model = build_model(model_config, vocab_size, seed).to(world.device)
+        recompute_blocks(model, config, model_config.arch)
+        if config.parallelism == "fsdp":
+            shard(model, config, world, model_config.arch)
+    if init is not None:
+        live = model.state_dict()
+        model.load_state_dict({key: _like(value, live[key]) for key, value in init.items()})
+    return model
+
+
 def is_sharded(model: nn.Module) -> bool:
     """Whether FSDP2 shards the model."""
     from torch.distributed.fsdp import FSDPModule
@@ -103,15 +147,7 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[s
     model shape with what to change; `name` names the checkpoint in that error."""
     live = model.state_dict()
     saved = state["model"]
-    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
-    shapes = [(key, tuple(saved[key].shape), tuple(live[key].shape)) for key in live if key in saved and saved[key].shape != live[key].shape]
-    if missing or unexpected or shapes:
-        what = (f"{shapes[0][0]} is {list(shapes[0][1])} there and {list(shapes[0][2])} here" if shapes
-                else f"it lacks {missing[:3]}" if missing else f"it has {unexpected[:3]}, which this model lacks")
-        raise ConfigError(
-            f"checkpoint {name} holds a model of another shape than the model section asks for ({what}): restore the model "
-            "section it was trained with, or train in a fresh work directory"
-        )
+    check_shape(name, {key: tuple(value.shape) for key, value in saved.items()}, {key: tuple(value.shape) for key, value in live.items()})
     model.load_state_dict({key: _like(value, live[key]) for key, value in saved.items()})
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optim = state["optimizer"]
@@ -120,6 +156,19 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[s
         "state": {index: {key: _like(value, params[index]) if _sharded_like(value, params[index]) else value for key, value in slots.items()}
                   for index, slots in optim["state"].items()},
     })
+
+
+def check_shape(name: str, saved: Mapping[str, tuple[int, ...]], live: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse a checkpoint (`name`) whose model tensors (name -> shape) are not the live model's, with what to change."""
+    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+    shapes = [(key, saved[key], live[key]) for key in live if key in saved and saved[key] != live[key]]
+    if missing or unexpected or shapes:
+        what = (f"{shapes[0][0]} is {list(shapes[0][1])} there and {list(shapes[0][2])} here" if shapes
+                else f"it lacks {missing[:3]}" if missing else f"it has {unexpected[:3]}, which this model lacks")
+        raise ConfigError(
+            f"checkpoint {name} holds a model of another shape than the model section asks for ({what}): restore the model "
+            "section it was trained with, or train in a fresh work directory"
+        )
 
 
 def _sharded_like(value: Any, param: torch.Tensor) -> bool:

@@ -24,15 +24,16 @@ from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig, RLConfig, SFTConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
-from factory.models.build import build_model, count_parameters
+from factory.models.build import count_parameters
 from factory.registry.layout import CONTROL_FILE, METRICS_FILE, POSITIONS_FILE
 from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
-from factory.train.parallel import check_split, recompute_blocks, restore, shard, wrap
+from factory.train.parallel import build_for_training, check_split, wrap
 from factory.train.records import CHECKPOINT_DIR
-from factory.train.step import gradients, memory_mb, validation_loss
+from factory.train.resume import resume
+from factory.train.step import activation_memory, gradients, memory_mb, validation_loss
 
 MetricSink = Callable[[int, dict[str, float]], None]
 StepSink = Callable[[int, float, float], None]
@@ -121,12 +122,7 @@ def pretrain(
     device = world.device
     check_split(config, world, "sft" if isinstance(config, SFTConfig) else "pretrain")
     keep_freed_memory()  # before the model: its buffers and every step's come from a heap that is no longer trimmed
-    model = build_model(model_config, vocab_size, seed).to(device)
-    if init is not None:
-        model.load_state_dict(init)
-    recompute_blocks(model, config, model_config.arch)  # before sharding: FSDP's hooks wrap the recomputed forward
-    if config.parallelism == "fsdp":
-        shard(model, config, world, model_config.arch)
+    model = build_for_training(model_config, vocab_size, seed, config, world, init)
     optimizer = build_optimizer(model, config)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
@@ -141,10 +137,9 @@ def pretrain(
     if world.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
         checkpoints.drop_incomplete()
-    found = checkpoints.latest()
+    found = resume(checkpoints, model, optimizer, world, log)
     if found is not None:
         saved, state = found
-        restore(model, optimizer, state, str(saved.path))
         start, position, tokens_seen = state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"]
         if len(state["rng"]) == world.size:
             torch.random.set_rng_state(state["rng"][world.rank]["torch"])
@@ -169,6 +164,7 @@ def pretrain(
     logged_at, logged_tokens, logged_step = time.perf_counter(), tokens_seen, start
     loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == end else float("nan")
     steps_computed, eval_loss = 0, float("nan")
+    activations: dict[str, float] | None = None
     network.train()
     step = start
     with (
@@ -206,6 +202,8 @@ def pretrain(
                     f"the blend ran out of documents after {step} of {config.steps} steps: give a part `mode: oversample`, "
                     "add data, or lower pretrain.steps"
                 )
+            if activations is None:  # measured once, on the first batch this process trains
+                activations = activation_memory(model, batch, config, autocast, device)
             want_samples = controller is not None and controller.wants_samples
             try:
                 loss_value, grad_norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
@@ -236,6 +234,7 @@ def pretrain(
                     "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
                     "step_seconds": round((now - logged_at) / max(1, done - logged_step), 6),
                     **memory_mb(device),
+                    **activations,
                 }
                 logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:
@@ -245,7 +244,7 @@ def pretrain(
                     if on_metrics:
                         on_metrics(done, row)
             if actions is not None and actions.rewind:
-                step = done = _rewind(model, optimizer, checkpoints, done, log)
+                step = done = _rewind(model, optimizer, checkpoints, done, world, log)
                 if not actions.stop:
                     continue
             step = done
@@ -256,7 +255,7 @@ def pretrain(
                 followed = evaluate(done)
                 record(followed)
                 if followed.rewind:  # with stop: end on the last good checkpoint's weights
-                    step = done = _rewind(model, optimizer, checkpoints, done, log)
+                    step = done = _rewind(model, optimizer, checkpoints, done, world, log)
                     if not followed.stop:
                         continue
                 stop |= followed.stop
@@ -297,15 +296,14 @@ def pretrain(
     )
 
 
-def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, log: logging.Logger) -> int:
+def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, world: World, log: logging.Logger) -> int:
     """Reload the latest good checkpoint's weights and optimizer; the data goes on from where it is. Returns the step to go on from."""
     checkpoints.wait()
-    found = checkpoints.latest()
+    found = resume(checkpoints, model, optimizer, world, log)
     if found is None:
         log.warning("control asked to rewind at step %d, but no checkpoint was saved yet: the batch is skipped instead", done)
         return done
-    saved, state = found
-    restore(model, optimizer, state, str(saved.path))
+    saved, _ = found
     log.warning("rewound from step %d to %s; the data goes on past the batches in between", done, saved.name)
     return saved.step
 

@@ -16,6 +16,7 @@ from factory.config.schema import PretrainConfig
 from factory.data.loader import PAD, Batch
 from factory.errors import ConfigError
 from factory.train.distributed import World, gather, total
+from factory.train.parallel import recomputation_off
 
 
 def gradients(
@@ -62,6 +63,41 @@ def gradients(
     if want_samples and world.size > 1:
         samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
     return total(world, summed) / max(1, batch.global_tokens), float(grad_norm), samples
+
+
+def activation_memory(model: torch.nn.Module, batch: Batch, config: PretrainConfig, autocast: torch.dtype | None,
+                      device: torch.device) -> dict[str, float]:
+    """What the forward of one micro-batch (model and loss) keeps for the backward, measured: `activations_mb` as this run
+    trains (recomputing the blocks it was asked to), `activations_saved_mb` what recomputation saves over keeping every
+    block's activations. Every rank calls it (an FSDP forward gathers); random states and gradients are left as they were."""
+    micro = max(1, batch.x.size(0) // config.grad_accum_steps)
+    x, y = batch.x[:micro].to(device), batch.y[:micro].to(device)
+    kept = _saved_mb(model, x, y, autocast, device)
+    if config.activation_checkpointing == "none":
+        return {"activations_mb": kept, "activations_saved_mb": 0.0}
+    with recomputation_off(model):
+        whole = _saved_mb(model, x, y, autocast, device)
+    return {"activations_mb": kept, "activations_saved_mb": round(whole - kept, 3)}
+
+
+def _saved_mb(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None, device: torch.device) -> float:
+    """MB of the storages a forward and loss save for the backward (parameters excluded), counted by saved-tensor hooks."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tensor, torch.nn.Parameter):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with (
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),  # dropout draws: training's stream stays as it was
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None),
+    ):
+        logits = model(x)
+        F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum")
+    return round(sum(storages.values()) / 2**20, 3)
 
 
 def memory_mb(device: torch.device) -> dict[str, float]:

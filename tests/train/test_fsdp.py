@@ -23,19 +23,22 @@ from tests.train.test_resume import REPO, finish, launch
 
 pytestmark = pytest.mark.slow  # two-rank worlds under torchrun
 
-# Restores the latest checkpoint of a work directory into a model of this world's parallelism and saves it again, unchanged,
-# into another directory: what a resumed run holds before its first step.
+# Resumes the latest checkpoint of a work directory into a model of this world's parallelism, as a training run does, and
+# saves what it holds again, unchanged, into another directory; each rank notes the bytes it read verifying and loading.
 RESAVER = textwrap.dedent(
     """
-    import logging, sys
+    import json, logging, sys
     from pathlib import Path
     from factory.config.schema import ModelConfig, PretrainConfig
     from factory.data.loader import LoaderState
-    from factory.models.build import build_model
-    from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+    from factory.train.checkpoint import CheckpointDir, RetentionPolicy, checkpoint_digest
     from factory.train.distributed import join, leave, world_from_env
-    from factory.train.parallel import restore, shard
+    from factory.train.parallel import build_for_training
     from factory.train.pretrain import _state, build_optimizer
+    from factory.train.resume import resume
+
+    def read() -> int:  # bytes this process has read through read(2) so far
+        return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
 
     source, target, parallelism = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     model_config = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=0.1)
@@ -43,14 +46,18 @@ RESAVER = textwrap.dedent(
     world = world_from_env()
     join(world)
     log = logging.getLogger("resaver")
-    model = build_model(model_config, 64, 99)  # other initial weights: everything must come from the checkpoint
-    if parallelism == "fsdp":
-        shard(model, config, world, model_config.arch)
+    model = build_for_training(model_config, 64, 99, config, world)  # other initial weights: everything must come from the checkpoint
     optimizer = build_optimizer(model, config)
-    saved, state = CheckpointDir(source, RetentionPolicy(), log, sharded=True, world=world).latest()
-    restore(model, optimizer, state, saved.name)
+    checkpoints = CheckpointDir(source, RetentionPolicy(), log, sharded=True, world=world)
+    before = read()
+    checkpoint_digest(checkpoints.complete()[-1].path, world)
+    verified = read()
+    saved, state = resume(checkpoints, model, optimizer, world, log)
+    loaded = read()
     again = _state(model, optimizer, state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"], world, None)
     CheckpointDir(target, RetentionPolicy(), log, sharded=True, world=world).save(saved.step, again, {"loss": 1.0})
+    reads = {"verify": verified - before, "load": loaded - verified - (verified - before)}
+    (target.parent / f"read-{world.rank}.json").write_text(json.dumps(reads))
     leave(world)
     """
 )
@@ -125,6 +132,7 @@ def test_each_fsdp_rank_writes_about_half_of_the_state(runs):
 
 
 @pytest.mark.parametrize(("written_by", "ranks", "parallelism"), [
+    ("fsdp2", 2, "fsdp"),  # the same world
     ("fsdp2", 1, "ddp"),  # 2 -> 1, FSDP -> DDP
     ("fsdp2", 1, "fsdp"),  # 2 -> 1 under FSDP
     ("one", 2, "fsdp"),  # 1 -> 2, DDP -> FSDP
@@ -135,6 +143,18 @@ def test_a_checkpoint_restores_identically_on_another_world_size_and_parallelism
     ours, theirs = load_checkpoint(tmp_path / "again" / "step_000008"), load_checkpoint(runs[written_by] / CHECKPOINT_DIR / "step_000008")
     assert_same_state(ours, theirs)
     assert len(ours["rng"]) == ranks
+
+
+def test_each_fsdp_rank_reads_about_its_share_of_a_sharded_checkpoint(runs, tmp_path):
+    resave(runs["fsdp2"] / CHECKPOINT_DIR, tmp_path / "alone", 1, "ddp")
+    alone = json.loads((tmp_path / "read-0.json").read_text())
+    resave(runs["fsdp2"] / CHECKPOINT_DIR, tmp_path / "again", 2, "fsdp")
+    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+    size = checkpoint_digest(runs["fsdp2"] / CHECKPOINT_DIR / "step_000008")[1]
+    assert alone["verify"] >= size, "one rank hashes every file"
+    for read in reads:  # each rank hashes about half the files and loads its own shards (every rank reads the metadata)
+        assert 0.3 * size < read["verify"] < 0.7 * size, (size, reads)
+        assert read["load"] < 0.65 * alone["load"], (alone, reads)
 
 
 @pytest.mark.parametrize(("written_by", "ranks", "parallelism"), [("fsdp2", 1, "ddp"), ("one", 2, "fsdp")])

@@ -76,7 +76,9 @@ def test_loss_goes_down_on_a_repetitive_stream(run):
     assert [row["step"] for row in rows] == [5, 10, 15, 20, 25, 30]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
     assert result.final_loss == pytest.approx(rows[-1]["loss"], abs=1e-5)
-    assert all(set(row) == {"step", "loss", "lr", "grad_norm", "tokens_per_second", "step_seconds", "rss_peak_mb"} for row in rows)
+    assert all(set(row) == {"step", "loss", "lr", "grad_norm", "tokens_per_second", "step_seconds", "rss_peak_mb", "activations_mb",
+                            "activations_saved_mb"} for row in rows)
+    assert all(row["activations_mb"] > 0 and row["activations_saved_mb"] == 0 for row in rows)  # nothing is recomputed
     assert all(row["tokens_per_second"] > 0 and row["step_seconds"] > 0 and row["rss_peak_mb"] > 50 for row in rows)  # torch alone is more
 
 

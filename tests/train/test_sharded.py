@@ -73,3 +73,15 @@ def test_what_a_killed_sharded_save_left_is_removed_and_retention_deletes_direct
         store.save(4, state(4), {"loss": 1.0})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000004", "step_000004.json"]
     assert "deleted checkpoint step_000001 by policy" in caplog.text and "left by an interrupted save" in caplog.text
+
+
+def test_a_resume_skips_a_sharded_checkpoint_whose_bytes_changed_for_the_one_before(tmp_path, caplog):
+    pretrain(source(), VOCAB, MODEL, SHARDED, 0, tmp_path / "whole", LOG)
+    shard = tmp_path / "whole" / CHECKPOINT_DIR / "step_000030" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        resumed = pretrain(source(), VOCAB, MODEL, SHARDED, 0, tmp_path / "whole", LOG)
+    assert "step_000030 does not match its checksum" in caplog.text and "resuming from step_000020" in caplog.text
+    assert resumed.resumed_from == 20 and resumed.steps_computed == 10
