@@ -48,6 +48,14 @@ def launch(request_path: Path) -> None:
     LocalLauncher().run(stage_argv(request_path, processes=request.processes, nodes=request.nodes), ENV, "pretrain")
 
 
+def launch_failing(request_path: Path, failures: list[BaseException]) -> None:
+    """`launch`, keeping the failure the launcher reports for a killed stage (a stage that ends well keeps none)."""
+    try:
+        launch(request_path)
+    except StageFailed as e:
+        failures.append(e)
+
+
 def logged_step(work: Path) -> int:
     try:
         lines = (work / METRICS_FILE).read_text().splitlines()
@@ -90,7 +98,7 @@ def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(t
     failures: list[BaseException] = []
     on_two = pretrain_request(two, digests, registry, tmp_path / "catalog", tmp_path / "two.json")
     assert StageRequest.read(on_two).processes == 2
-    thread = threading.Thread(target=lambda: failures.append(pytest.raises(StageFailed, launch, on_two).value), daemon=True)
+    thread = threading.Thread(target=launch_failing, args=(on_two, failures), daemon=True)
     thread.start()
     killed_at = kill_stage_after(registry.work_path(fingerprint), EVERY + 5, failures, thread)
     assert EVERY + 5 <= killed_at < STEPS, "the kill must land after a checkpoint and before the end"
