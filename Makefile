@@ -97,6 +97,7 @@ bench: setup sandbox
 	$(BIN)/python bench/stage_cache.py
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/trainer.py
+	$(BIN)/python bench/fsdp.py
 	$(BIN)/python bench/control_savings.py
 	$(BIN)/python bench/eval_backfill.py
 	$(BIN)/python bench/sandbox.py

@@ -197,6 +197,19 @@ def sweep_file(tiny_path: Path, tmp_path: Path) -> Path:
     return extending(tmp_path, tiny_path, "sweep:\n  pretrain.lr: [0.001, 0.003]")[0]
 
 
+def test_plan_shows_where_each_training_stage_runs_and_how_its_ranks_share_the_model(tiny_path, tmp_path):
+    body = "pretrain:\n  parallelism: fsdp\n  checkpoint_format: sharded\n  activation_checkpointing: selective\nresources:\n  processes_per_node: 2"
+    path = extending(tmp_path, tiny_path, body)[0]
+    shown = subprocess.run([sys.executable, "-m", "factory", "plan", str(path), "--root", str(tmp_path / "state")], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if "│ pretrain " in line]
+    assert "1 node × 2 processes, fsdp, activation checkpointing selective" in row
+    assert not any("node" in line for line in shown.stdout.splitlines() if "│ tokenizer " in line), "a data stage has no ranks"
+    plan = json.loads(factory("plan", str(tiny_path), "--root", str(tmp_path / "state"), "--json").stdout)
+    assert {s["kind"]: s["placement"] for s in plan["stages"]}["pretrain"] == {"nodes": 1, "processes": 1, "parallelism": "ddp"}
+
+
 def test_data_batch_of_a_sweep_takes_a_variant_by_name(tiny_path, tmp_path):
     sweep, root = sweep_file(tiny_path, tmp_path), str(tmp_path / "state")
     unnamed = factory("data", "batch", str(sweep), "0", "--root", root)

@@ -21,7 +21,7 @@ from factory.errors import ConfigError
 from factory.preflight import check_files, experiment_files
 from factory.registry import ArtifactStore
 from factory.ops.bases import resolve
-from factory.ops.plan import build_plan, counts
+from factory.ops.plan import build_plan, counts, describe_placement
 
 
 def check(
@@ -87,11 +87,11 @@ def plan(
         print(json.dumps({"stages": [p.to_json() for p in plans], "runs": counts(plans)}, indent=2))
         return
     table = Table(title="plan", title_justify="left")
-    for column in ("experiment", "stage", "status", "detail"):
+    for column in ("experiment", "stage", "status", "placement", "detail"):
         table.add_column(column)
     styles = {"cached": "green", "run": "yellow", "waiting": "cyan", "shared": "dim"}
     for p in plans:
-        table.add_row(p.experiment, p.kind, f"[{styles[p.status]}]{p.status}[/]", p.detail)
+        table.add_row(p.experiment, p.kind, f"[{styles[p.status]}]{p.status}[/]", describe_placement(p.placement), p.detail)
     out.print(table)
     out.print("will compute: " + (", ".join(f"{kind} x{n}" for kind, n in counts(plans).items()) or "nothing (everything is cached)"))
     if launcher == "volcano":

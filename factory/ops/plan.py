@@ -1,21 +1,23 @@
 """`factory plan`: for every experiment and stage, cached / run / waiting, and why a stage must run.
 
 Stages whose upstream is not computed yet are planned with a placeholder digest derived from
-the upstream fingerprint, so two variants that share a stage show it once.
+the upstream fingerprint, so two variants that share a stage show it once. A training stage (a kind with
+checkpoints) also shows where it runs: nodes x processes per node, and how its ranks share the model.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
 from factory.config.kinds import stage_kind
+from factory.config.schema import PretrainConfig
 from factory.config.sources import changed_files, source_files
 from factory.config.base_refs import ALIAS_PREFIX
-from factory.config.stages import BASE, PENDING, stages_of
+from factory.config.stages import BASE, PENDING, placement, stages_of
 from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
@@ -35,6 +37,9 @@ class StagePlan:
     """cached | run | waiting | shared (computed once by another variant of this plan)"""
     fingerprint: str
     detail: str
+    placement: dict[str, Any] = field(default_factory=dict)
+    """A training stage's ranks (`nodes`, `processes`, stage-specific roles) and, when its section has them,
+    `parallelism` and `activation_checkpointing` (left out at `none`); empty for other stages."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -58,8 +63,38 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
             if BASE in spec.upstream and base is not None:
                 detail = f"{kind} starts from {base.said}; {detail}"
             digests[kind] = digest
-            plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail))
+            plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail,
+                                   placement=training_placement(experiment, kind)))
     return plans
+
+
+def training_placement(experiment: Experiment, kind: str) -> dict[str, Any]:
+    """Where a training stage runs and how its ranks share the model (see `StagePlan.placement`); {} for another stage."""
+    declared = stage_kind(kind)
+    if not declared.checkpoints:
+        return {}
+    where = placement(experiment, kind)
+    shown: dict[str, Any] = {"nodes": where.nodes, "processes": where.processes, **where.roles}
+    section = getattr(experiment, declared.section, None) if declared.section else None
+    if isinstance(section, PretrainConfig):  # pretrain, sft, and a plugin's kind with a section of that type
+        shown["parallelism"] = section.parallelism
+        if section.activation_checkpointing != "none":
+            shown["activation_checkpointing"] = section.activation_checkpointing
+    return shown
+
+
+def describe_placement(shown: Mapping[str, Any]) -> str:
+    """`1 node × 2 processes, fsdp, activation checkpointing full` ('' for a stage without a training placement)."""
+    if not shown:
+        return ""
+    nodes, processes = shown["nodes"], shown["processes"]
+    parts = [f"{nodes} node{'s' * (nodes != 1)} × {processes} process{'es' * (processes != 1)}"]
+    if "parallelism" in shown:
+        parts.append(shown["parallelism"])
+    if "activation_checkpointing" in shown:
+        parts.append(f"activation checkpointing {shown['activation_checkpointing']}")
+    said = {"nodes", "processes", "parallelism", "activation_checkpointing"}
+    return ", ".join([*parts, *(f"{key} {value}" for key, value in shown.items() if key not in said)])
 
 
 def counts(plans: Iterable[StagePlan]) -> dict[str, int]:

@@ -96,3 +96,22 @@ def test_a_garbage_manifest_is_skipped_by_the_plan_with_a_warning(tmp_path, tiny
     assert plans["deduped_datasets"].status == "run"
     assert plans["tokenizer"].status == "run"
     assert "garbage.json" in caplog.text
+
+
+def test_training_stages_show_their_ranks_and_how_the_ranks_share_the_model(tmp_path, tiny_path):
+    from factory.ops.plan import describe_placement
+
+    post = load(tiny_path.parent / "tiny-post-train.md")
+    experiment = post.model_copy(update={
+        "resources": post.resources.model_copy(update={"processes_per_node": 2}),
+        "pretrain": post.pretrain.model_copy(update={"parallelism": "fsdp", "checkpoint_format": "sharded",
+                                                     "activation_checkpointing": "full"}),
+    })
+    plans = {p.kind: p for p in build_plan([experiment], ArtifactStore(tmp_path))}
+    assert plans["pretrain"].placement == {"nodes": 1, "processes": 2, "parallelism": "fsdp", "activation_checkpointing": "full"}
+    assert describe_placement(plans["pretrain"].placement) == "1 node × 2 processes, fsdp, activation checkpointing full"
+    assert plans["sft"].placement == {"nodes": 1, "processes": 2, "parallelism": "ddp"}, "no activation checkpointing: not said"
+    assert describe_placement(plans["sft"].placement) == "1 node × 2 processes, ddp"
+    assert describe_placement(plans["rl"].placement) == "1 node × 2 processes, learners 1, actors 1, backend gloo"
+    assert plans["tokenizer"].placement == {} and describe_placement(plans["tokenizer"].placement) == ""
+    assert plans["pretrain"].to_json()["placement"]["parallelism"] == "fsdp"

@@ -1,0 +1,124 @@
+"""The pretrain stage as the Dagster asset launches it (a request file, `stage_argv`, the local launcher; torchrun for
+several ranks): killed on two ranks, it resumes on one from the same work directory, since placement is no part of its
+fingerprint, and trains on the same global batches."""
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from factory.config import load, plan_stage
+from factory.config.stages import placement
+from factory.data.catalog import CatalogConfig
+from factory.errors import StageFailed
+from factory.launch import LocalLauncher, stage_argv
+from factory.registry.layout import METRICS_FILE, POSITIONS_FILE
+from factory.registry.store import ArtifactStore, Provenance
+from factory.runtime.request import StageRequest
+from tests.stages.conftest import run_stages
+from tests.stages.test_runners import SOURCES
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]  # three stage processes, one of two ranks under torchrun
+STEPS, EVERY = 200, 20
+TRAINING = {
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "context": 32},
+    "pretrain": {"steps": STEPS, "batch_size": 8, "lr": 3e-3, "warmup_steps": 5, "checkpoint_every": EVERY, "keep_last": 2,
+                 "log_every": 1, "checkpoint_format": "sharded", "parallelism": "fsdp"},
+}
+ENV = {"FACTORY_TRACKER": "none", "OMP_NUM_THREADS": "1"}
+
+
+def pretrain_request(experiment, digests: dict[str, str], registry: ArtifactStore, catalog: Path, path: Path) -> Path:
+    """The request the `pretrain` asset writes for `experiment`: its spec and the ranks its resources place it on."""
+    where = placement(experiment, "pretrain")
+    request = StageRequest(spec=plan_stage(experiment, "pretrain", digests), registry=str(registry.root), catalog=CatalogConfig.local(catalog),
+                           provenance=Provenance(experiment=experiment.name, config_hash="0" * 16, git_commit="test"),
+                           processes=where.processes, nodes=where.nodes, placement=dict(where.roles))
+    return request.write(path)
+
+
+def launch(request_path: Path) -> None:
+    """Run the stage as the asset's launcher does (torchrun when the request asks for several ranks)."""
+    request = StageRequest.read(request_path)
+    LocalLauncher().run(stage_argv(request_path, processes=request.processes, nodes=request.nodes), ENV, "pretrain")
+
+
+def launch_failing(request_path: Path, failures: list[BaseException]) -> None:
+    """`launch`, keeping the failure the launcher reports for a killed stage (a stage that ends well keeps none)."""
+    try:
+        launch(request_path)
+    except StageFailed as e:
+        failures.append(e)
+
+
+def logged_step(work: Path) -> int:
+    try:
+        lines = (work / METRICS_FILE).read_text().splitlines()
+        return json.loads(lines[-1])["step"] if lines else 0
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0
+
+
+def kill_stage_after(work: Path, step: int, failures: list[BaseException], thread: threading.Thread) -> int:
+    """SIGKILL torchrun and its ranks, as a lost machine would, once the stage logged `step`; the step it had logged."""
+    deadline = time.monotonic() + 180
+    while logged_step(work) < step and thread.is_alive():
+        assert time.monotonic() < deadline, "the stage never reached the step"
+        time.sleep(0.002)
+    stage = [p for p in psutil.Process().children(recursive=True) if "torch.distributed.run" in " ".join(p.cmdline())]
+    assert stage, f"no torchrun process to kill (it failed: {failures})"
+    for process in [*stage, *(child for p in stage for child in p.children(recursive=True))]:
+        process.kill()
+    thread.join(timeout=120)
+    return logged_step(work)
+
+
+def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(tmp_path, tiny_path, capsys):
+    source = tmp_path / "src"
+    data = {"datasets": {"code": {"source": {"kind": "directory", "path": str(source)}}},
+            "blend": [{"dataset": "code", "weight": 1, "mode": "oversample"}], "validation_percent": 10}
+    artifacts = run_stages(tmp_path, tiny_path, SOURCES, "src", "tokenizer", tokenizer={"vocab_size": 300}, data=data,
+                           resources={"processes_per_node": 2}, **TRAINING)
+    digests = {kind: path.name for kind, path in artifacts.items()}
+    registry, reference_registry = ArtifactStore(tmp_path / "registry"), ArtifactStore(tmp_path / "reference-registry")
+    shutil.copytree(registry.root, reference_registry.root)  # the same upstream artifacts, for a run that is never killed
+    tiny = load(tiny_path)
+    sections = {name: getattr(tiny, name).model_validate(value) for name, value in {**TRAINING, "tokenizer": {"vocab_size": 300}}.items()}
+    two = tiny.model_copy(update={"data": tiny.data.model_validate(data), "resources": tiny.resources.model_validate({"processes_per_node": 2}),
+                                  **sections})
+    one = two.model_copy(update={"resources": two.resources.model_validate({"processes_per_node": 1})})
+    assert plan_stage(one, "pretrain", digests).fingerprint == plan_stage(two, "pretrain", digests).fingerprint, "placement is not in it"
+    fingerprint = plan_stage(two, "pretrain", digests).fingerprint
+
+    failures: list[BaseException] = []
+    on_two = pretrain_request(two, digests, registry, tmp_path / "catalog", tmp_path / "two.json")
+    assert StageRequest.read(on_two).processes == 2
+    thread = threading.Thread(target=launch_failing, args=(on_two, failures), daemon=True)
+    thread.start()
+    killed_at = kill_stage_after(registry.work_path(fingerprint), EVERY + 5, failures, thread)
+    assert EVERY + 5 <= killed_at < STEPS, "the kill must land after a checkpoint and before the end"
+    assert failures and "exited with code" in str(failures[0]), failures
+    assert registry.lookup(fingerprint) is None and (registry.work_path(fingerprint) / "checkpoints").is_dir()
+    capsys.readouterr()
+
+    launch(pretrain_request(one, digests, registry, tmp_path / "catalog", tmp_path / "one.json"))
+    err = capsys.readouterr().err
+    resumed = (killed_at // EVERY) * EVERY
+    assert f"resuming from step_{resumed:06d}" in err or f"resuming from step_{resumed - EVERY:06d}" in err, err[-3000:]
+    assert "written by 2 rank(s), this run has 1" in err and "reseeded" in err
+    manifest = registry.lookup(fingerprint)
+    assert manifest.summary["ranks"] == 1 and manifest.summary["steps"] == STEPS and manifest.summary["resumed_from_step"] >= EVERY
+
+    launch(pretrain_request(one, digests, reference_registry, tmp_path / "catalog", tmp_path / "reference.json"))
+    reference = reference_registry.lookup(fingerprint)
+    assert manifest.summary["tokens_seen"] == reference.summary["tokens_seen"], "the same global batches, whatever the ranks"
+    ours, theirs = registry.path(manifest.digest), reference_registry.path(reference.digest)
+    assert (ours / POSITIONS_FILE).read_text() == (theirs / POSITIONS_FILE).read_text(), "the loader went through the same positions"
+    losses = [[json.loads(line)["loss"] for line in (where / METRICS_FILE).read_text().splitlines()] for where in (ours, theirs)]
+    assert len(losses[0]) == STEPS
+    torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
