@@ -8,9 +8,9 @@ the world size.
    `GLOBAL_BATCH` x `CONTEXT` tokens a step). On the CPU: each rank's peak resident set (ru_maxrss), in total and above a
    baseline taken in the same process after torch is imported and the process group is up, before the model is built
    (the baseline is torch's own libraries and gloo's buffers, the same whatever the model). On the CPU each comparison
-   runs twice: under glibc's malloc as the trainer sets it (`factory/train/heap.py` keeps freed memory, and serves buffers
-   up to 32 MiB from the heap), and with buffers over 1 MiB mmapped (so freed back to the OS), which is what separates
-   FSDP's state from the buffers its collectives allocate and free every block. On a GPU: `torch.cuda.max_memory_allocated`.
+   runs twice: under glibc's malloc as the trainer sets it (`factory/train/heap.py`: under DDP freed memory is kept and
+   buffers up to 32 MiB come from the heap; under FSDP buffers over 1 MiB are mapped, so the full-size blocks its
+   collectives gather and free every block go back to the OS), and with buffers over 1 MiB mapped on both sides. On a GPU: `torch.cuda.max_memory_allocated`.
    Goal: FSDP <= 0.6x DDP.
 2. Tokens/s FSDP / DDP on 2 ranks, from the same runs (steps after `WARMUP_STEPS`, rank 0's clock).
 3. Resharding load time: a checkpoint written by 2 ranks resumed on 1 (and one written by 1 resumed on 2), vs a load of the
@@ -56,7 +56,8 @@ ROUNDS = 2
 LOAD_ROUNDS = 3
 TRAINER = "trainer"
 ALLOCATORS = {
-    TRAINER: ({}, "glibc's malloc as the trainer sets it (factory/train/heap.py: freed memory kept, buffers up to 32 MiB from the heap)"),
+    TRAINER: ({}, "glibc's malloc as the trainer sets it (factory/train/heap.py: DDP keeps freed memory and serves buffers up to "
+              "32 MiB from the heap; FSDP maps buffers over 1 MiB)"),
     "mmapped": ({"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}, "buffers over 1 MiB mmapped, so freed back to the OS (MALLOC_MMAP_THRESHOLD_; "
                 "the trainer then leaves malloc alone)"),
 }
@@ -95,27 +96,25 @@ def data_for(rank: int, ranks: int) -> Any:
 
 @contextlib.contextmanager
 def timed_loads() -> Iterator[list[float]]:
-    """The seconds the trainer spends reading the latest checkpoint and restoring it into its model (both, summed)."""
+    """The seconds the trainer spends in `resume`: finding the latest good checkpoint (each rank checksums its share),
+    reading it (under FSDP, each rank its own shards) and restoring it into the (sharded) model and optimizer."""
     import factory.train.pretrain as trainer
-    from factory.train.checkpoint import CheckpointDir
 
     spent: list[float] = []
-    latest, restore = CheckpointDir.latest, trainer.restore
+    resume = trainer.resume
 
-    def timed(function: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent.append(time.perf_counter() - started)
-        return call
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return resume(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - started)
 
-    CheckpointDir.latest, trainer.restore = timed(latest), timed(restore)  # type: ignore[method-assign]
+    trainer.resume = timed  # type: ignore[assignment]
     try:
         yield spent
     finally:
-        CheckpointDir.latest, trainer.restore = latest, restore  # type: ignore[method-assign]
+        trainer.resume = resume  # type: ignore[assignment]
 
 
 def worker(spec: dict[str, Any]) -> None:
@@ -261,7 +260,7 @@ def resume_side_by_side(tmp: Path, written: dict[int, Path], device: str) -> Non
             work = tmp / f"load-{by}to{on}-{round_}" / "work"
             shutil.copytree(written[by], work)
             ranks = run(work, on, "fsdp", device)
-            assert all(r["loads"] == 2 for r in ranks), "one checkpoint read and one restore per rank"
+            assert all(r["loads"] == 1 for r in ranks), "one resume per rank"
             seconds[(by, on)].append(max(r["load_seconds"] for r in ranks))
     size_mb = sum(p.stat().st_size for p in written[2].rglob("*") if p.is_file()) / 2**20
     print(f"fsdp: resuming a {size_mb:,.0f} MB sharded checkpoint (the final one, {STEPS} steps) takes, slowest rank:")

@@ -32,12 +32,16 @@ from factory.runtime.progress import training_progress, wants_progress
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
 from factory.train.pretrain import (
-    CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, load_weights, pretrain,
+    CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, last_row, load_weights, pretrain,
 )
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from tokenizers import Tokenizer
+
+
+ACTIVATION_FIGURES = ("activations_mb", "activations_saved_mb")
+"""What one micro-batch's forward keeps for the backward, and what recomputation saves: from the metrics log into the summary."""
 
 
 def train_stage(
@@ -89,6 +93,7 @@ def train_stage(
         "tracker_url": tracker.url,
         "train_seconds": round(result.seconds, 2),
         "tokens_per_second": round((result.tokens_seen / result.steps) * (result.steps - result.resumed_from) / max(result.seconds, 1e-9)),
+        **{key: value for key, value in last_row(work / METRICS_FILE).items() if key in ACTIVATION_FIGURES},
         **control_summary(work / CONTROL_FILE, result, config.steps),
     }
 

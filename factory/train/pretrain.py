@@ -121,7 +121,9 @@ def pretrain(
     """
     device = world.device
     check_split(config, world, "sft" if isinstance(config, SFTConfig) else "pretrain")
-    keep_freed_memory()  # before the model: its buffers and every step's come from a heap that is no longer trimmed
+    # Before the model: its buffers and every step's come from a heap that is no longer trimmed (FSDP's gathered blocks are
+    # mapped and unmapped instead).
+    keep_freed_memory(sharded=config.parallelism == "fsdp" and world.size > 1)
     model = build_for_training(model_config, vocab_size, seed, config, world, init)
     optimizer = build_optimizer(model, config)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
@@ -375,19 +377,20 @@ def _appending(work_dir: Path, world: World, control: bool) -> Iterator[tuple[An
         yield metrics, positions, files.enter_context(open(work_dir / CONTROL_FILE, "a")) if control else None
 
 
-def _last_row(path: Path) -> dict[str, Any]:
+def last_row(path: Path) -> dict[str, Any]:
+    """The last row of a metrics log ({} when there is none)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     return rows[-1] if rows else {}
 
 
 def _last_logged_loss(path: Path) -> float:
     """The loss of the last row of the metrics log (a run resumed after its final checkpoint trains no step)."""
-    return float(_last_row(path).get("loss", float("nan")))
+    return float(last_row(path).get("loss", float("nan")))
 
 
 def last_logged_step(path: Path) -> int:
     """The step of the last row of a metrics log (0: none), before a relaunch truncates it."""
-    return int(_last_row(path).get("step", 0))
+    return int(last_row(path).get("step", 0))
 
 
 def truncate_log(path: Path, step: int, inclusive: bool) -> None:

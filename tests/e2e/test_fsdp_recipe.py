@@ -21,6 +21,7 @@ pretrain:
   checkpoint_every: 20
   checkpoint_format: sharded
   parallelism: fsdp
+  activation_checkpointing: selective
 resources:
   processes_per_node: 2
 ---
@@ -40,6 +41,8 @@ def test_a_fsdp_recipe_trains_on_two_ranks_and_its_sharded_checkpoints_are_evalu
     [pretrain] = [m for m in manifests if m.kind == "pretrain"]
     assert pretrain.summary["ranks"] == 2 and pretrain.summary["steps"] == 40
     assert pretrain.config["pretrain"]["parallelism"] == "fsdp", "in the resolved config and the fingerprint"
+    # selective: one of the two blocks recomputes, so some activations are kept and some saved
+    assert pretrain.summary["activations_mb"] > 0 and pretrain.summary["activations_saved_mb"] > 0
     assert {"step_000040/__0_0.distcp", "step_000040/__1_0.distcp", "step_000040/.metadata"} <= set(pretrain.files), "each rank wrote its shard"
     evaluated = {(m.summary["step"], m.summary["benchmark"]) for m in manifests if m.kind == "evaluations"}
     assert {(20, "val_bpb"), (40, "val_bpb"), (40, "heldout_bpb")} <= evaluated, evaluated
