@@ -74,6 +74,8 @@ class Outcome:
     stderr: str
     """The last lines the code wrote to stderr (its traceback, for an error)."""
     seconds: float
+    stopped_by: Literal["cpu", "wall"] | None = None
+    """For a timeout, which limit ended it: the CPU seconds (the kernel's SIGXCPU, then SIGKILL) or the wall clock."""
 
 
 # Runs in the child (still root, when the parent is) before the untrusted code; the code arrives on stdin only after this.
@@ -201,7 +203,8 @@ class Sandbox:
         if self.mounts and code is not None and code > 128:
             code = 128 - code  # bubblewrap exits 128 + N when the code died of signal N
         status = _status(code, timed_out, out.overflow or err.overflow, stderr)
-        return Outcome(status=status, stdout=out.text(), stderr=stderr, seconds=seconds)
+        stopped_by = None if status != "timeout" else "wall" if timed_out else "cpu"
+        return Outcome(status=status, stdout=out.text(), stderr=stderr, seconds=seconds, stopped_by=stopped_by)
 
 
 class _Capped(threading.Thread):
