@@ -99,8 +99,10 @@ def _shape(path: Path, config: dict[str, Any]) -> dict[str, Any]:
         named = ", ".join(map(str, architectures)) or f"model_type {config.get('model_type')!r}"
         raise ConfigError(f"{path} is a {named} checkpoint; model.from_hf reads {ARCHITECTURE} checkpoints (model_type llama)")
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-        if not isinstance(config.get(key), int) or isinstance(config.get(key), bool):
-            raise ConfigError(f"{path} has no integer {key}: is it a {ARCHITECTURE} config.json?")
+        if not isinstance(config.get(key), int) or isinstance(config.get(key), bool) or config[key] < 1:
+            raise ConfigError(f"{path} has no positive integer {key}: is it a {ARCHITECTURE} config.json?")
+    if not isinstance(config.get("num_key_value_heads") or 1, int) or not isinstance(config.get("rope_parameters") or {}, dict):
+        raise ConfigError(f"{path}: num_key_value_heads must be an integer and rope_parameters an object")
     width, heads = config["hidden_size"], config["num_attention_heads"]
     refused = [
         f"{key} {config[key]!r} (the factory's llama computes {allowed!r})" for key, allowed in (
@@ -194,11 +196,11 @@ def _tokenizer(root: Path, config: dict[str, Any]) -> tuple[int, str]:
     try:
         tokenizer = Tokenizer.from_str((root / TOKENIZER_FILE).read_text())
     except Exception as e:  # the tokenizers library raises its own Exception for every malformed file
-        raise ConfigError(f"{root / TOKENIZER_FILE} is not a tokenizer the `tokenizers` library reads: {str(e)[:200]}") from None
+        raise ConfigError(f"{root / TOKENIZER_FILE} is not a tokenizer the `tokenizers` library reads: {str(e)[:200]}") from e
     settings = _read_json(root / TOKENIZER_CONFIG) if (root / TOKENIZER_CONFIG).is_file() else {}
     eos = settings.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
-    if eos is None and isinstance(config.get("eos_token_id"), int):
+    if eos is None and isinstance(config.get("eos_token_id"), int) and 0 <= config["eos_token_id"] < tokenizer.get_vocab_size():
         eos = tokenizer.id_to_token(config["eos_token_id"])
     if not isinstance(eos, str) or tokenizer.token_to_id(eos) is None:
         raise ConfigError(f"{root / TOKENIZER_CONFIG} names no end-of-text token of {TOKENIZER_FILE} (eos_token is {eos!r}): the "
@@ -215,8 +217,15 @@ def _header(path: Path) -> dict[str, tuple[int, ...]]:
                 raise ValueError(f"a header of {length:,} bytes")
             header = json.loads(f.read(length))
     except (OSError, ValueError, struct.error) as e:
-        raise ConfigError(f"{path} is not a safetensors file: {e}") from None
-    return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+        raise ConfigError(f"{path} is not a safetensors file: {e}") from e
+    shapes = {}
+    for name, entry in header.items() if isinstance(header, dict) else ():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if name != "__metadata__" and not (isinstance(shape, list) and all(isinstance(n, int) for n in shape)):
+            raise ConfigError(f"{path} is not a safetensors file: its header gives {name!r} no shape")
+        if name != "__metadata__":
+            shapes[name] = tuple(shape)
+    return shapes
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -225,7 +234,7 @@ def _read_json(path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path} is over {MAX_JSON_BYTES >> 20} MB: not a checkpoint's json")
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} does not read as json: {e}") from None
+        raise ConfigError(f"{path} does not read as json: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path} holds a json {type(data).__name__}, not an object")
     return data

@@ -68,9 +68,12 @@ def end_of_text(tokenizer: Tokenizer, path: Path) -> int:
     token = EOS
     settings = path.parent / TOKENIZER_CONFIG
     if settings.is_file():
-        named = json.loads(settings.read_text()).get("eos_token", EOS)
+        try:
+            named = json.loads(settings.read_text()).get("eos_token", EOS)
+        except (OSError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"{settings} does not read as a tokenizer config: {e}") from e
         token = named.get("content", EOS) if isinstance(named, dict) else named
-    found = tokenizer.token_to_id(token)
+    found = tokenizer.token_to_id(token) if isinstance(token, str) else None
     if found is None:
         raise ArtifactError(f"the tokenizer {path} has no end-of-text token {token!r} (named by {settings})")
     return found

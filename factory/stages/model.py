@@ -11,7 +11,7 @@ import json
 import shutil
 from typing import Any
 
-from factory.config.kinds import StageKind
+from factory.config.kinds import StageKind, stage_kinds
 from factory.config.schema import ModelConfig
 from factory.config.section import Section
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, RUN_FILE, TOKENIZER_FILE
@@ -56,7 +56,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 MODEL = StageKind(
     name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
-    present=lambda e: any(getattr(e, section) is not None for section in ("pretrain", "sft", "rl")), settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
+    present=lambda e: any(kind.checkpoints and kind.runs_in(e) for kind in stage_kinds()), settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
     artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.models.hf_export", "factory.stages.training", "factory.train.pretrain"),
     description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
 )

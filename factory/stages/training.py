@@ -22,8 +22,10 @@ from factory.config.control import ControlConfig
 from factory.config.kinds import TOKENIZER, provider
 from factory.config.stages import BASE, FROM_HF
 from factory.config.schema import ModelConfig, PretrainConfig
+from factory.config.sft_data import render_problem, template_problem
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
+from factory.errors import StageFailed
 from factory.models.hf_import import imported_chat_template, import_weights
 from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE, TOKENIZER_FILE
@@ -154,6 +156,8 @@ def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
     """The final weights of an upstream training stage, of the model made elsewhere it starts from (`base`), or of the
     Hugging Face checkpoint `model.from_hf` names (`from_hf`)."""
     if stage == FROM_HF:
+        if ctx.settings.model.from_hf is None:
+            raise StageFailed(f"{ctx.request.spec.kind} starts from no model: none of its inputs is one, and model.from_hf is unset")
         return import_weights(ctx.settings.model.from_hf)
     if stage == BASE:
         return load_weights(ctx.upstream(BASE) / MODEL_WEIGHTS)
@@ -176,7 +180,10 @@ def carry_chat_template(ctx: StageContext, start: str) -> None:
         return
     if start == FROM_HF:
         template = imported_chat_template(ctx.settings.model.from_hf)
-        if template is not None:
+        problem = template_problem(template) or render_problem(template, "messages") if template is not None else None
+        if problem is not None:  # Hugging Face templates may need what the factory's sandbox does not give (bos_token, ...)
+            ctx.log.warning(f"the checkpoint's chat template is not carried to the model: {problem}")
+        elif template is not None:
             (ctx.out / CHAT_TEMPLATE_FILE).write_text(template)
         return
     template = ctx.upstream(start) / CHAT_TEMPLATE_FILE

@@ -50,7 +50,7 @@ def blocks_of(model: nn.Module, arch: str, asked: str = "parallelism: fsdp") -> 
     blocks = next((found for found in (getattr(model, name, None) for name in BLOCK_LISTS) if isinstance(found, nn.ModuleList)), None)
     if blocks is None or len(blocks) == 0:
         undo = "use parallelism: ddp" if asked.startswith("parallelism") else "set activation_checkpointing: none"
-        raise ConfigError(f"{asked} works block by block, but architecture {arch!r} has no `blocks` list of transformer blocks: {undo}")
+        raise ConfigError(f"{asked} works block by block, but architecture {arch!r} has no `blocks` (or `layers`) list of transformer blocks: {undo}")
     return list(blocks)
 
 

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _Em
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from factory.errors import ArtifactError
+from factory.errors import ArtifactError, StageFailed
 from factory.train.checkpoint import CheckpointDir, checkpoint_digest, load_checkpoint
 from factory.train.distributed import World
 from factory.train.parallel import check_shape, restore
@@ -38,19 +38,26 @@ def resume(
     """Load the newest good checkpoint into `model` and `optimizer` (every rank calls it) and return it with the rest of its
     state (step, data position, random states, control); None when there is none. Damaged or unreadable checkpoints are
     skipped for older ones with a warning; one of another model shape is refused (ConfigError)."""
+    half_loaded = None  # a checkpoint that failed after writing into the model: starting fresh would train on its parts
     for checkpoint in reversed(checkpoints.complete()):
         try:
             if checkpoint.path.is_dir():
                 if checkpoint_digest(checkpoint.path, world)[0] != checkpoint.sha256:
                     raise ArtifactError(f"checkpoint {checkpoint.path} does not match its recorded sha256")
+                half_loaded = checkpoint
                 return checkpoint, load_sharded(checkpoint.path, model, optimizer, world)
             state = load_checkpoint(checkpoint.path, checkpoint.sha256)
+            half_loaded = checkpoint
             restore(model, optimizer, state, str(checkpoint.path))
             return checkpoint, state
         except ArtifactError:
             log.warning("checkpoint %s does not match its checksum; skipping it for an older one", checkpoint.name)
         except (OSError, RuntimeError, ValueError, CheckpointException) as e:
             log.warning("checkpoint %s is unreadable (%s); trying an older one", checkpoint.name, e)
+    if half_loaded is not None:
+        raise StageFailed(f"checkpoint {half_loaded.path} failed while it was loaded into the model, and no older checkpoint could "
+                          "be read: the run cannot start fresh from a half-loaded model; remove the work directory's checkpoints "
+                          "to train from the start, or repair them")
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -81,23 +82,36 @@ def activation_memory(model: torch.nn.Module, batch: Batch, config: PretrainConf
 
 
 def _saved_mb(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None, device: torch.device) -> float:
-    """MB of the storages a forward and loss save for the backward (parameters excluded), counted by saved-tensor hooks."""
-    storages: dict[int, int] = {}
+    """MB of the storages a forward and loss save for the backward (parameters and autocast's copies of them excluded),
+    counted by saved-tensor hooks that keep none of them: the forward holds no more than an inference forward would, so
+    measuring without recomputation costs no memory recomputation was asked to save (and moves no peak figure)."""
+    counted: list[int] = []
+    alive: dict[int, weakref.ref] = {}  # by address: a storage saved twice counts once, an address freed and reused twice
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if not isinstance(tensor, torch.nn.Parameter):
+    def pack(tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.nn.Parameter) and not _copy_of_a_parameter(tensor):
             storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+            before = alive.get(storage.data_ptr())
+            if before is None or before() is None:
+                counted.append(storage.nbytes())
+                alive[storage.data_ptr()] = weakref.ref(tensor)
+        # Nothing is kept: this graph is never run backward.
 
     with (
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),  # dropout draws: training's stream stays as it was
-        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None),
         torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None),
     ):
         logits = model(x)
         F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum")
-    return round(sum(storages.values()) / 2**20, 3)
+    return round(sum(counted) / 2**20, 3)
+
+
+def _copy_of_a_parameter(tensor: torch.Tensor) -> bool:
+    """Whether a saved tensor is a parameter cast to another dtype (autocast's bf16 weights): weights, not activations."""
+    step = tensor.grad_fn
+    return (step is not None and type(step).__name__ == "ToCopyBackward0"
+            and all(type(parent).__name__ == "AccumulateGrad" for parent, _ in step.next_functions if parent is not None))
 
 
 def memory_mb(device: torch.device) -> dict[str, float]:

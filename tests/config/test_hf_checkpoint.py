@@ -128,3 +128,23 @@ def test_the_model_section_keeps_the_checkpoints_shape_and_one_start(checkpoint,
     assert "whose tokenizer it keeps" in refusal(checkpoint, tmp_path, sections=SFT + "\ntokenizer: {vocab_size: 512}")
     continued = experiment(checkpoint, tmp_path, sections="pretrain: {steps: 2, batch_size: 2}")
     assert stages_of(continued)[-3:] == ("tokenizer", "pretrain", "model")
+
+
+@pytest.mark.parametrize("changes, said", [
+    ({"num_attention_heads": 0}, "no positive integer num_attention_heads"),
+    ({"rope_parameters": "fast"}, "rope_parameters an object"),
+    ({"hidden_size": "64"}, "no positive integer hidden_size"),
+])
+def test_a_malformed_config_is_refused_not_a_traceback(checkpoint, tmp_path, roots, changes, said):
+    copy = broken(checkpoint, tmp_path)
+    edit_json(copy / "config.json", **changes)
+    assert said in refusal(copy, tmp_path)
+
+
+def test_a_damaged_safetensors_header_is_refused(checkpoint, tmp_path, roots):
+    copy = broken(checkpoint, tmp_path)
+    header = b'{"model.norm.weight": {"dtype": "F32"}}'
+    (copy / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    assert "its header gives 'model.norm.weight' no shape" in refusal(copy, tmp_path)
+    (copy / "model.safetensors").write_bytes(b"\xff" * 16)
+    assert "is not a safetensors file" in refusal(copy, tmp_path)

@@ -220,7 +220,7 @@ def test_configs_that_cannot_be_split_are_refused_before_any_step():
         check_split(PretrainConfig(steps=5, batch_size=8), World(rank=0, size=3))
     with pytest.raises(ConfigError, match=r"grad_accum_steps \(4\) does not divide"):
         check_split(PretrainConfig(steps=5, batch_size=8, grad_accum_steps=4), World(rank=0, size=4))
-    with pytest.raises(ConfigError, match=r"fsdp works block by block, but architecture 'tiny' has no `blocks` list .*use parallelism: ddp"):
+    with pytest.raises(ConfigError, match=r"fsdp works block by block, but architecture 'tiny' has no `blocks` \(or `layers`\) list .*use parallelism: ddp"):
         blocks_of(torch.nn.Linear(4, 4), "tiny")
 
 

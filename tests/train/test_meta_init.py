@@ -139,7 +139,7 @@ PEAK = textwrap.dedent(
     from factory.train.heap import keep_freed_memory
     from factory.train.parallel import build_for_training
 
-    keep_freed_memory()  # as training does
+    keep_freed_memory(sharded=True)  # as FSDP training on several ranks does
     world = world_from_env()
     join(world)
     config = PretrainConfig(steps=5, parallelism="fsdp", checkpoint_format="sharded")
