@@ -46,6 +46,8 @@ class HFCheckpoint:
     """The `model` section it stands for (arch, widths, heads, ...)."""
     vocab_size: int
     eos_token: str
+    chat_template: str | None
+    """The chat template its tokenizer config carries (an instruction-tuned model's), if any."""
     """The token that ends a document (the tokenizer config's `eos_token`)."""
     tensors: dict[str, str]
     """{Hugging Face tensor name: the file holding it}."""
@@ -78,17 +80,15 @@ def _checked(root: Path, files: tuple[tuple[str, str], ...]) -> HFCheckpoint:
     config = _read_json(root / MODEL_CONFIG)
     shape = _shape(root / MODEL_CONFIG, config)
     tensors = _tensor_shapes(root, listing)
-    vocab = config.get("vocab_size")
-    expected = expected_shapes(shape, vocab if isinstance(vocab, int) else -1)
-    _same_tensors(root, tensors, expected)
-    tokenizer_vocab, eos = _tokenizer(root, config)
+    tensors = _same_tensors(root, tensors, expected_shapes(shape, config["vocab_size"]))  # _shape checked vocab_size
+    tokenizer_vocab, eos, chat_template = _tokenizer(root, config)
     embedding = tensors["model.embed_tokens.weight"][0][0]
     if tokenizer_vocab != embedding:
         raise ConfigError(f"{root / TOKENIZER_FILE} has {tokenizer_vocab:,} tokens but the embedding "
                           f"(model.embed_tokens.weight, {MODEL_CONFIG} vocab_size) has {embedding:,} rows: the tokenizer must be "
                           "the one the model was trained with")
     return HFCheckpoint(root=root, files=listing, digest=listing_digest(listing), shape=shape, vocab_size=embedding, eos_token=eos,
-                        tensors={name: file for name, (_, file) in tensors.items()})
+                        chat_template=chat_template, tensors={name: file for name, (_, file) in tensors.items()})
 
 
 def _shape(path: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -172,11 +172,12 @@ def _tensor_shapes(root: Path, listing: dict[str, str]) -> dict[str, tuple[tuple
     return found
 
 
-def _same_tensors(root: Path, found: dict[str, tuple[tuple[int, ...], str]], expected: dict[str, tuple[int, ...]]) -> None:
-    """Every tensor `config.json` implies is there, with its shape, and no other."""
+def _same_tensors(root: Path, found: dict[str, tuple[tuple[int, ...], str]], expected: dict[str, tuple[int, ...]],
+                  ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The tensors to read: every one `config.json` implies is there, with its shape, and no other."""
     shown = f"{root / MODEL_CONFIG}"
     if "lm_head.weight" not in expected:  # tied: a copy of the embedding some writers keep anyway is not read
-        found.pop("lm_head.weight", None)
+        found = {name: entry for name, entry in found.items() if name != "lm_head.weight"}
     if missing := [name for name in expected if name not in found]:
         raise ConfigError(f"the weights in {root} lack {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}, which {shown} "
                           "implies: the weights are not of the model the config describes")
@@ -187,10 +188,11 @@ def _same_tensors(root: Path, found: dict[str, tuple[tuple[int, ...], str]], exp
         if tuple(have) != want:
             raise ConfigError(f"{root / file}: {name} is {list(have)}, but {shown} implies {list(want)}: the config and the weights "
                               "disagree (fix config.json or save the checkpoint again)")
+    return found
 
 
-def _tokenizer(root: Path, config: dict[str, Any]) -> tuple[int, str]:
-    """The tokenizer's vocabulary size (added tokens included) and its end-of-text token."""
+def _tokenizer(root: Path, config: dict[str, Any]) -> tuple[int, str, str | None]:
+    """The tokenizer's vocabulary size (added tokens included), its end-of-text token and its chat template."""
     from tokenizers import Tokenizer
 
     try:
@@ -205,7 +207,8 @@ def _tokenizer(root: Path, config: dict[str, Any]) -> tuple[int, str]:
     if not isinstance(eos, str) or tokenizer.token_to_id(eos) is None:
         raise ConfigError(f"{root / TOKENIZER_CONFIG} names no end-of-text token of {TOKENIZER_FILE} (eos_token is {eos!r}): the "
                           "factory ends every document with it; set eos_token to one of the tokenizer's special tokens")
-    return tokenizer.get_vocab_size(with_added_tokens=True), eos
+    template = settings.get("chat_template")
+    return tokenizer.get_vocab_size(with_added_tokens=True), eos, template if isinstance(template, str) else None
 
 
 def _header(path: Path) -> dict[str, tuple[int, ...]]:

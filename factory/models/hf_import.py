@@ -48,9 +48,7 @@ def import_weights(source: HFSource) -> dict[str, torch.Tensor]:
 
 def imported_chat_template(source: HFSource) -> str | None:
     """The chat template the checkpoint's tokenizer config carries (an instruction-tuned model's), if any."""
-    settings = planned_checkpoint(source).root / TOKENIZER_CONFIG
-    template = json.loads(settings.read_text()).get("chat_template") if settings.is_file() else None
-    return template if isinstance(template, str) else None
+    return planned_checkpoint(source).chat_template
 
 
 def copy_tokenizer(source: HFSource, directory: Path) -> HFCheckpoint:
