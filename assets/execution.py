@@ -2,6 +2,7 @@
 
 import logging
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from assets.leaderboard import NO_REGRESSION, best_model, leaderboard
 from assets.post import code_exec_tasks
 from assets.report import run_report
 from assets.stages import stage_assets
+from assets.watch import cancel, process_tags, watching
 from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
@@ -52,11 +54,18 @@ def console(init_context: InitLoggerContext) -> logging.Logger:
 
 
 def materialize(assets: Sequence[Any], *, selection: Sequence[str] | None = None, resources: dict | None = None,
-                **options: Any) -> ExecuteInProcessResult:
-    """`dagster.materialize` with the factory's `console` logger: one job over `assets`, run in this process."""
+                tags: dict[str, str] | None = None, **options: Any) -> ExecuteInProcessResult:
+    """`dagster.materialize` with the factory's `console` logger: one job over `assets`, run in this process, tagged with
+    the process (so that a later run can tell it died) and watched while it goes (`assets.watch`); a run someone stopped
+    ends CANCELED, holding no slot of any pool."""
     defs = Definitions(assets=assets, jobs=[define_asset_job(JOB, selection=selection)], resources=resources or {},
                        loggers={"console": console})
-    return defs.resolve_job_def(JOB).execute_in_process(**options)
+    run_id = str(uuid.uuid4())  # known before the run starts, so that the watch can follow it
+    with watching(run_id):
+        result = defs.resolve_job_def(JOB).execute_in_process(run_id=run_id, tags={**process_tags(), **(tags or {})}, **options)
+    if interrupted(result) and options.get("instance") is not None:
+        cancel(options["instance"], run_id, "interrupted: " + "; ".join(failure_messages(result)))
+    return result
 
 
 def resources_at(root: Path, experiments: Path = Path("experiments")) -> dict:

@@ -15,12 +15,12 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from factory.config import Experiment, load_file
-from factory.errors import ConfigError
+from factory.errors import ConfigError, Interrupted
 from factory.launch import warm_starts
 from factory.registry import ArtifactStore
 from factory.runtime import warm_modules
@@ -34,18 +34,25 @@ if TYPE_CHECKING:
 
 
 def run_experiment(
-    path: Path, root: Path, instance: DagsterInstance | None = None, quiet: bool = False, log: Path | None = None
+    path: Path, root: Path, instance: DagsterInstance | None = None, quiet: bool = False, log: Path | None = None,
+    on_stopped: Callable[[str], None] | None = None,
 ) -> ExecuteInProcessResult:
     """Materialize every stage of every experiment the file defines, evaluate its checkpoints, then the leaderboard;
-    on `instance`, or on $DAGSTER_HOME's (opened and closed here); with `log`, the runs' whole log goes to that file too."""
+    on `instance`, or on $DAGSTER_HOME's (opened and closed here); with `log`, the runs' whole log goes to that file too.
+    Runs that died before (this machine's, their process gone) are canceled first, and what they held in the pools freed.
+    With `on_stopped`, the runs are watched (`assets.watch.RunWatch`): it says how to go on when one is stopped as it waits."""
     experiments = load_file(path)
     with warm_stages(experiments, root):  # the warm interpreter imports while Dagster does, below
         from dagster import DagsterInstance, PreviewWarning
 
         warnings.filterwarnings("ignore", category=PreviewWarning)
         from assets.materialize import materialize_experiment
+        from assets.watch import RunWatch, reap
 
-        with contextlib.nullcontext(instance) if instance is not None else DagsterInstance.get() as opened:
+        with (contextlib.nullcontext(instance) if instance is not None else DagsterInstance.get() as opened,
+              RunWatch(opened, on_stopped) if on_stopped is not None else contextlib.nullcontext()):
+            for line in reap(opened):
+                print(f"note: {line}", file=sys.stderr)
             for base in pending_bases(experiments, root):  # another experiment's model it starts from is made first
                 print(f"{base.section}.from names {base.ref.text}, not computed yet: running {base.file} first", file=sys.stderr)
                 result = run_experiment(base.file, root, opened, quiet, log)
@@ -85,16 +92,21 @@ def tracker_backend() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit 0 ok, 1 a stage failed or the run was interrupted, 2 bad input. A failure is one line on stderr
-    (each failed step's own message) naming the log file that holds the whole trace."""
+    """Entry point; exit 0 ok, 1 a stage failed, 2 bad input, 130 interrupted (Ctrl-C, SIGTERM: the run is then CANCELED and
+    holds nothing). A failure is one line on stderr (each failed step's own message) naming the log file that holds the
+    whole trace."""
     parser = argparse.ArgumentParser(prog="python -m assets.run")
     parser.add_argument("experiment", type=Path)
     parser.add_argument("--root", type=Path, default=Path(".factory"))
     args = parser.parse_args(argv)
     log = log_path(args.root, args.experiment)
     again = f"`factory run {args.experiment}` goes on from there"
+
+    def stopped(said: str) -> None:  # the watch stopped a run that waited for a slot
+        print(f"error: {said}; {again} (full log: {log})", file=sys.stderr)
+
     try:
-        result = run_experiment(args.experiment, args.root, log=log)  # its instance closed before the fast exit below
+        result = run_experiment(args.experiment, args.root, log=log, on_stopped=stopped)  # its instance closed before the exit
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -102,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         with log.open("a") as file:
             traceback.print_exc(file=file)
         print(f"error: interrupted; {again} (full log: {log})", file=sys.stderr)
-        return 1
+        return Interrupted.exit_code
     if result.success:
         return 0
     from assets.execution import failure_messages, interrupted
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     messages[-1] += f" (full log: {log})"
     for message in messages:
         print(f"error: {message}", file=sys.stderr)
-    return 1
+    return Interrupted.exit_code if interrupted(result) else 1
 
 
 def log_path(root: Path, experiment: Path) -> Path:

@@ -31,3 +31,5 @@ class StageFailed(FactoryError):
 
 class Interrupted(FactoryError):
     """A stage was stopped (Ctrl-C, SIGTERM) before it finished; the message says where, and what a rerun goes on from."""
+
+    exit_code = 130  # what a shell reports for a command that SIGINT ended

@@ -280,7 +280,7 @@ def test_ctrl_c_during_a_run_says_where_training_stopped_in_one_line_and_release
         pytest.fail("training never reached step 30:\n" + "".join(before))
     os.killpg(run.pid, signal.SIGINT)
     after, _ = run.communicate(timeout=120)
-    assert run.returncode == 1
+    assert run.returncode == 130
     assert "Traceback" not in after and "Warning" not in "".join(before) + after
     # Steps the stage logged before the interrupt reached it may follow (more of them on a loaded machine); then one line.
     [said] = [line for line in after.splitlines() if not re.match(r"\d\d:\d\d:\d\d |.* - (INFO|DEBUG) - ", line)]

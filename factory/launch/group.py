@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from factory.errors import Interrupted
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_TIMEOUT_S = 60.0
 """How long the command may take to shut down in order after its interrupt (a stage unwinds, Dagster records the run)."""
@@ -33,7 +35,7 @@ class Ended:
     """How a command run by `run_group` ended."""
 
     code: int
-    """Its exit code (1 when a second signal killed it)."""
+    """Its exit code (130, as for any interrupted command, when a second signal killed it)."""
     signals: int
     """How many stop signals this process got meanwhile: 0 it ended on its own, 1 it was stopped in order, 2 killed."""
 
@@ -55,7 +57,7 @@ def run_group(argv: Sequence[str], env: Mapping[str, str]) -> Ended:
         # Stopped or not, nothing it started outlives it.
         stop_group(process.pid, lambda: len(signals) < 2, leader=process if signals else None)
         killed = len(signals) > 1
-        return Ended(code=1 if killed else process.wait(), signals=min(len(signals), 2))
+        return Ended(code=Interrupted.exit_code if killed else process.wait(), signals=min(len(signals), 2))
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

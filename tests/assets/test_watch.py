@@ -1,0 +1,68 @@
+"""What a `factory run` sets right before it starts: runs whose process is gone, and pool slots held by runs that are over."""
+
+import socket
+import subprocess
+import uuid
+
+import pytest
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+
+from assets.watch import HOST_TAG, PID_TAG, START_TAG, process_tags, reap, waiting_steps
+from factory.cli.common import dagster_home
+from factory.config.stages import TRAINING_POOL
+
+
+@pytest.fixture
+def instance(tmp_path, monkeypatch):
+    monkeypatch.delenv("FACTORY_DATABASE_URL", raising=False)
+    with DagsterInstance.from_config(str(dagster_home(tmp_path))) as opened:
+        opened.event_log_storage.set_concurrency_slots(TRAINING_POOL, 1)
+        yield opened
+
+
+def a_run(instance: DagsterInstance, tags: dict[str, str], status=DagsterRunStatus.STARTED, experiment: str = "x") -> str:
+    run_id = str(uuid.uuid4())
+    instance.add_run(DagsterRun(job_name="job", run_id=run_id, status=status, tags={"experiment": experiment, **tags}))
+    return run_id
+
+
+def dead_process_tags() -> dict[str, str]:
+    probe = subprocess.Popen(["true"])
+    probe.wait()  # its pid names no process now
+    return {PID_TAG: str(probe.pid), HOST_TAG: socket.gethostname(), START_TAG: "1"}
+
+
+def test_a_run_whose_process_is_gone_is_canceled_and_its_place_in_the_queue_freed(instance):
+    storage = instance.event_log_storage
+    alive = a_run(instance, process_tags(), experiment="teammate")
+    dead = a_run(instance, dead_process_tags(), experiment="mine")
+    assert storage.claim_concurrency_slot(TRAINING_POOL, alive, "pretrain").is_claimed
+    assert not storage.claim_concurrency_slot(TRAINING_POOL, dead, "pretrain").is_claimed  # queued behind the alive one
+    assert waiting_steps(instance, dead) == {("pretrain", TRAINING_POOL): f"teammate (run {alive[:8]})"}
+
+    said = reap(instance)
+    assert said == [f"run {dead[:8]} of mine was left running by a process that is gone: canceled"]
+    assert instance.get_run_by_id(dead).status == DagsterRunStatus.CANCELED
+    assert instance.get_run_by_id(alive).status == DagsterRunStatus.STARTED
+    info = storage.get_concurrency_info(TRAINING_POOL)
+    assert {slot.run_id for slot in info.claimed_slots} == {alive} == {step.run_id for step in info.pending_steps}
+
+
+def test_slots_held_by_a_finished_or_unknown_run_are_given_back(instance):
+    storage = instance.event_log_storage
+    finished = a_run(instance, {}, status=DagsterRunStatus.FAILURE)
+    assert storage.claim_concurrency_slot(TRAINING_POOL, finished, "pretrain").is_claimed
+    unknown = str(uuid.uuid4())
+    assert not storage.claim_concurrency_slot(TRAINING_POOL, unknown, "pretrain").is_claimed
+    said = reap(instance)
+    assert sorted(said) == sorted([f"freed the pool slots run {finished[:8]} still held (failure)",
+                                   f"freed the pool slots run {unknown[:8]} still held (gone)"])
+    info = storage.get_concurrency_info(TRAINING_POOL)
+    assert info.claimed_slots == [] and info.pending_steps == []
+    assert reap(instance) == []
+
+
+def test_a_run_on_another_machine_is_left_alone(instance):
+    other = a_run(instance, {PID_TAG: "1", HOST_TAG: "another-host", START_TAG: "1"})
+    assert reap(instance) == []
+    assert instance.get_run_by_id(other).status == DagsterRunStatus.STARTED

@@ -1,0 +1,102 @@
+"""One instance, two runs: a run that waits for the training slot says who holds it, a Ctrl-C while it waits (or while it
+trains) ends it at once as CANCELED holding nothing, and a run killed outright does not keep the next one waiting.
+
+The other run that holds the slot is a real run record of the instance with a real claim of the pool's slot, made by the
+test process (alive throughout, as the run that trains would be); the runs under test are `factory run` processes.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
+
+from assets.watch import process_tags
+from factory.cli.common import dagster_home
+from factory.config.stages import TRAINING_POOL
+from tests.test_cli import small_experiment, started
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def instance(tmp_path) -> Iterator[DagsterInstance]:
+    with DagsterInstance.from_config(str(dagster_home(tmp_path / "state"))) as opened:
+        yield opened
+
+
+def hold_training_slot(instance: DagsterInstance) -> str:
+    """Another experiment's run, alive, holding the one training slot; its run id."""
+    run_id = str(uuid.uuid4())
+    instance.add_run(DagsterRun(job_name="__ephemeral_asset_job__", run_id=run_id, status=DagsterRunStatus.STARTED,
+                                tags={"experiment": "teammate", **process_tags()}))
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots(TRAINING_POOL, 1)
+    assert storage.claim_concurrency_slot(TRAINING_POOL, run_id, "pretrain").is_claimed
+    return run_id
+
+
+def read_until(process: subprocess.Popen, pattern: str) -> list[str]:
+    """The lines `process` printed up to the first that matches `pattern` (the test fails if it ends first)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    pytest.fail(f"never printed {pattern!r}:\n" + "".join(lines[-60:]))
+
+
+def runs_of(instance: DagsterInstance, experiment: str) -> list[DagsterRun]:
+    return list(instance.get_runs(filters=RunsFilter(tags={"experiment": experiment})))
+
+
+def held(instance: DagsterInstance) -> set[str]:
+    """The runs holding a slot of the training pool or waiting in its queue."""
+    info = instance.event_log_storage.get_concurrency_info(TRAINING_POOL)
+    return {slot.run_id for slot in info.claimed_slots} | {step.run_id for step in info.pending_steps}
+
+
+def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_next_run(tmp_path, instance):
+    """Ctrl-C while it waits: CANCELED at once, out of the queue. kill -9 while it waits: the next run cancels it and frees
+    its place in the queue, which would otherwise be given the slot for good. Then a run trains at once, and a Ctrl-C
+    while it trains ends it CANCELED too."""
+    path, root = small_experiment(tmp_path), tmp_path / "state"
+    holder = hold_training_slot(instance)
+    run = started("run", str(path), "--root", str(root))
+    read_until(run, rf"pretrain: waiting for a slot of pool training, held by teammate \(run {holder[:8]}\)")
+    os.killpg(run.pid, signal.SIGINT)
+    after, _ = run.communicate(timeout=60)
+    assert run.returncode == 130, after
+    said = [line for line in after.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "interrupted while waiting for a slot: pretrain (pool training)" in said[0], after
+    assert f"`factory run {path}`" in said[0] and "Traceback" not in after
+    [stopped] = runs_of(instance, "small")
+    assert stopped.status == DagsterRunStatus.CANCELED and held(instance) == {holder}  # nothing of it left in the queue
+    waiting = [e for e in instance.all_logs(stopped.run_id) if "waiting for a slot of pool training" in e.message]
+    assert waiting and waiting[0].step_key == "pretrain"  # the run's Dagster log says it too
+
+    killed = started("run", str(path), "--root", str(root))
+    read_until(killed, r"pretrain: waiting for a slot of pool training")
+    cli = psutil.Process(killed.pid)
+    for process in [cli, *cli.children(recursive=True)]:  # kill -9 of every process of it: none can clean up
+        process.kill()
+    killed.communicate(timeout=60)
+    [dead] = [r for r in runs_of(instance, "small") if r.run_id != stopped.run_id]
+    assert dead.status == DagsterRunStatus.STARTED and dead.run_id in held(instance)  # what wedged the pool before
+
+    instance.event_log_storage.free_concurrency_slots_for_run(holder)  # the teammate's training ends
+    again = started("run", str(path), "--root", str(root))
+    before = read_until(again, r"pretrain - step 10/100000")
+    assert any(f"run {dead.run_id[:8]} of small was left running by a process that is gone: canceled" in line for line in before)
+    assert not [line for line in before if "waiting for a slot" in line]
+    os.killpg(again.pid, signal.SIGINT)
+    after, _ = again.communicate(timeout=120)
+    assert again.returncode == 130, after
+    assert {r.status for r in runs_of(instance, "small")} == {DagsterRunStatus.CANCELED}
+    assert held(instance) == set()
