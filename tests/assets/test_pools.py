@@ -10,7 +10,8 @@ from assets.definitions import defs
 from assets.pools import apply_pool_limits, pool_limits
 from factory.cli.common import dagster_home
 from factory.config.cluster import load_profile
-from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, STAGES, TRAINING_POOL, TRAINING_STAGES
+from factory.config.pools import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
+from factory.config.stages import STAGES, TRAINING_STAGES
 from factory.errors import ConfigError
 
 
