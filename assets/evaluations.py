@@ -31,7 +31,7 @@ from assets.heldout import ensure_heldout_corpus
 from assets.partitions import CHECKPOINTS, evaluations_partitions
 from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity
-from factory.config.stages import EVALUATION_POOL
+from factory.config.pools import EVALUATION_POOL
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.registry import ArtifactStore

@@ -10,7 +10,7 @@ dagster.yaml can only hold the limit of a pool nobody configured (`concurrency: 
 `factory.cli.common.dagster_home`); a pool's own limit lives in the instance's storage. `python -m assets.pools` (run by
 `factory ui` before the daemon starts) and the experiments sensor on each tick (so a deployed instance, which nobody
 starts by hand, gets them too) give each pool its limit once, from `POOL_LIMITS`; the cluster profile's `pools`
-($FACTORY_CLUSTER) and then `FACTORY_POOL_<NAME>` set it every time. Otherwise a limit set since
+($FACTORY_CLUSTER), then the settings (`[pools]` of factory.toml, then `FACTORY_POOL_<NAME>`) set it every time. Otherwise a limit set since
 (`dagster instance concurrency set training 4`, the UI) stays.
 """
 
@@ -24,24 +24,17 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from factory.config.cluster import ClusterProfile, load_profile
-from factory.config.stages import POOL_LIMITS
+from factory.config.pools import POOL_LIMITS
+from factory.config.settings import load_settings
 from factory.errors import ConfigError
-
-POOL_ENV_PREFIX = "FACTORY_POOL_"
 
 
 def pool_limits(environ: Mapping[str, str], profile: ClusterProfile | None = None) -> tuple[dict[str, int], set[str]]:
-    """Slots per pool, and the pools whose limit the profile or `FACTORY_POOL_<NAME>` sets explicitly."""
+    """Slots per pool, and the pools whose limit is set explicitly: by the cluster profile, and over it by the settings
+    (`[pools]` of the repository's factory.toml, over which `FACTORY_POOL_<NAME>`)."""
     pools = profile.pools if profile is not None else {}
-    limits, explicit = {**POOL_LIMITS, **pools}, set(pools)
-    for pool in POOL_LIMITS:
-        value = environ.get(POOL_ENV_PREFIX + pool.upper())
-        if value is None:
-            continue
-        if not value.isdigit():
-            raise ConfigError(f"{POOL_ENV_PREFIX}{pool.upper()}={value!r}: a pool's limit is a whole number of slots (0 stops it)")
-        limits[pool], explicit = int(value), explicit | {pool}
-    return limits, explicit
+    configured = load_settings(environ=environ).pools
+    return {**POOL_LIMITS, **pools, **configured}, set(pools) | set(configured)
 
 
 def apply_pool_limits(instance: DagsterInstance, limits: Mapping[str, int], explicit: set[str] = frozenset()) -> dict[str, int]:
@@ -56,7 +49,7 @@ def apply_pool_limits(instance: DagsterInstance, limits: Mapping[str, int], expl
 
 
 def configure_pools(instance: DagsterInstance, environ: Mapping[str, str]) -> dict[str, int]:
-    """Apply the limits of `POOL_LIMITS`, the cluster profile ($FACTORY_CLUSTER) and `FACTORY_POOL_<NAME>` to `instance`;
+    """Apply the limits of `POOL_LIMITS`, the cluster profile ($FACTORY_CLUSTER) and the settings to `instance`;
     the limits now held (ConfigError when the profile or a variable is wrong)."""
     cluster = environ.get("FACTORY_CLUSTER")
     limits, explicit = pool_limits(environ, load_profile(Path(cluster)) if cluster else None)

@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m assets.run")
     parser.add_argument("experiment", type=Path)
     parser.add_argument("--root", type=Path, default=Path(".factory"))
+    parser.add_argument("--again", help="The command that goes on from where an interrupted run stopped, as a hint prints it.")
     args = parser.parse_args(argv)
     log = log_path(args.root, args.experiment)
-    again = f"`factory run {args.experiment}` goes on from there"
+    again = f"{args.again or f'`factory run {args.experiment}`'} goes on from there"
 
     def stopped(said: str) -> None:  # the watch stopped a run that waited for a slot
         print(f"error: {said}; {again} (full log: {log})", file=sys.stderr)

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile, queue_problems
-from factory.config.files import data_roots, outside_roots
+from factory.config.files import outside_roots
+from factory.config.settings import data_roots
 from factory.config.kinds import stage_kinds
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.source_kinds import source_kind
+from factory.dataset_names import DatasetOwners
 from factory.errors import ConfigError
 from factory.stages.datasets import computed_datasets
 from factory.evals.benchmarks import known, registered
@@ -25,6 +27,8 @@ from factory.train.control import problems as control_problems
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+
+    from factory.registry import ArtifactStore
 
 Resolver = Callable[[Experiment], object]
 """Resolves an experiment's `from`, raising a located ConfigError when it cannot."""
@@ -58,13 +62,15 @@ def experiment_files(paths: Iterable[Path]) -> list[Path]:
 
 def check_files(
     files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS, catalog: Callable[[], Catalog] | None = None,
-    cluster: ClusterProfile | None = None, bases: Resolver | None = None,
+    cluster: ClusterProfile | None = None, bases: Resolver | None = None, registry: ArtifactStore | None = None,
 ) -> list[FileReport]:
     """Check every file; names must be unique across all of them. Pinned `table@tag`s are looked up in
     `catalog` (opened only when some file pins one; each reference checked once). With a `cluster`
     profile, placements must fit its queues and images must be pinned for a cluster launcher. `bases` resolves a
-    file's `from` (`factory.ops.bases.resolve` against the registry): what it cannot resolve is an error."""
+    file's `from` (`factory.ops.bases.resolve` against the registry): what it cannot resolve is an error. A dataset name
+    that another experiment of the repository (or of the `registry`'s raw stages) gives another source is a warning."""
     reports, owners = [], {}
+    datasets = DatasetOwners(registry)
     tables = TableLookup(catalog) if catalog is not None else None
     for path in files:
         try:
@@ -77,7 +83,9 @@ def check_files(
             owner = owners.setdefault(experiment.name, path)
             if owner != path:
                 errors.append(f"{path}: experiment name {experiment.name!r} is also defined by {owner}; give each a distinct name")
-        warnings = list(dict.fromkeys(warning for experiment in variants for warning in _warnings(path, experiment)))
+        found = [warning for experiment in variants for warning in _warnings(path, experiment)]
+        found += _located(path, datasets.conflicts(path, variants), lambda: key_locations(path))
+        warnings = list(dict.fromkeys(found))
         reports.append(FileReport(path=str(path), experiments=[v.name for v in variants], errors=errors, warnings=warnings))
     return reports
 
@@ -91,7 +99,8 @@ def check_variants(
     `locations` gives where each key was written (default: read from `path`; the sensor passes the file at a commit);
     `bases` resolves each variant's `from` (its errors are located already)."""
     where = locations or (lambda: key_locations(path))
-    found = [problem for experiment in variants for problem in _semantic_problems(experiment)]
+    roots = data_roots(path.parent)
+    found = [problem for experiment in variants for problem in _semantic_problems(experiment, roots)]
     found += [problem for experiment in variants for problem in _control_problems(experiment)]
     if cluster is not None:
         found += [problem for experiment in variants for problem in _placement_problems(experiment, cluster)]
@@ -153,14 +162,14 @@ def _table_problems(variants: list[Experiment], tables: TableLookup) -> list[Pro
     return found
 
 
-def _semantic_problems(experiment: Experiment) -> list[Problem]:
+def _semantic_problems(experiment: Experiment, roots: tuple[Path, ...]) -> list[Problem]:
     found: list[Problem] = []
     for name, dataset in experiment.data.datasets.items():
         source = dataset.source
         if not source_kind(source.kind).takes_path:
             continue
         keys = ("data", "datasets", name, "source", "path")
-        if refused := outside_roots(Path(source.path or ""), data_roots()):  # before any stat: /proc, /dev and others are not data
+        if refused := outside_roots(Path(source.path or ""), roots):  # before any stat: /proc, /dev and others are not data
             found.append((keys, f"{refused}; point it at a directory of data"))
         elif not Path(source.path or "").is_dir():
             found.append((keys, f"{source.path!r} is not a directory here"))

@@ -24,12 +24,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and 
 
 @pytest.fixture(scope="session", autouse=True)
 def data_roots_with_temp():
-    """Directory sources read only under FACTORY_DATA_ROOTS (default: the repository and home); the tests' sources live
-    in temporary directories, so those are data roots too (set in os.environ: the processes a test starts inherit it)."""
+    """Directory sources read only under the data roots (default: the repository); the tests' sources live in temporary
+    directories, so those are data roots too (set in os.environ: the processes a test starts inherit it). The home
+    directory is not one, as by default."""
     from factory.config.files import DATA_ROOTS_ENV
 
     if DATA_ROOTS_ENV not in os.environ:
-        os.environ[DATA_ROOTS_ENV] = os.pathsep.join([str(REPO), str(Path.home()), tempfile.gettempdir()])
+        os.environ[DATA_ROOTS_ENV] = os.pathsep.join([str(REPO), tempfile.gettempdir()])
     yield
 
 

@@ -65,12 +65,46 @@ def test_run_of_a_missing_file_says_so(tmp_path):
 def test_leaderboard_without_runs_says_what_to_do(tmp_path):
     result = factory("leaderboard", "--root", str(tmp_path))
     assert result.returncode == 1
-    assert "factory run" in result.stderr and "Traceback" not in result.stderr
+    assert f"run `factory run 'experiments/<name>.md' --root {tmp_path.resolve()}` first" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
-def test_evals_list_shows_the_shipped_benchmarks():
-    result = factory("evals", "list")
+def test_evals_list_shows_the_shipped_benchmarks_and_takes_the_common_options(tmp_path):
+    result = factory("evals", "list", "--root", str(tmp_path))
     assert result.returncode == 0 and all(name in result.stdout for name in ("val_bpb", "heldout_bpb", "next_line", "python_sanity"))
+
+
+def git_repository(path: Path) -> Path:
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*git, "init", "-q"], cwd=path, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "empty"], cwd=path, check=True)
+    return path
+
+
+def test_plan_from_another_directory_uses_the_root_of_the_experiments_repository(tmp_path):
+    repo, elsewhere = git_repository(tmp_path / "repo"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path = small_experiment(repo)
+    [raw] = [stage for stage in json.loads(factory("plan", str(path), "--json", cwd=repo).stdout)["stages"] if stage["kind"] == "raw_datasets"]
+    publish_files(ArtifactStore(repo / ".factory" / "registry"), raw["fingerprint"], {"a.txt": b"a"}, kind="raw_datasets")
+    plan = factory("plan", str(path), "--json", cwd=elsewhere)
+    assert plan.returncode == 0, plan.stderr
+    assert {s["kind"]: s["status"] for s in json.loads(plan.stdout)["stages"]}["raw_datasets"] == "cached"
+    assert not (elsewhere / ".factory").exists()
+    (repo / "factory.toml").write_text('root = "state"\n')  # the repository's settings name another root: nothing is cached there
+    moved = json.loads(factory("plan", str(path), "--json", cwd=elsewhere).stdout)
+    assert {s["kind"]: s["status"] for s in moved["stages"]}["raw_datasets"] == "run"
+
+
+def test_a_bad_settings_file_is_exit_2_with_its_line(tiny_path, tmp_path):
+    repo = git_repository(tmp_path / "repo")
+    (repo / "factory.toml").write_text('root = ".factory"\n[pools]\ntrainig = 2\n')
+    shutil.copy(tiny_path, repo / "tiny.md")
+    for args in (("check", str(repo / "tiny.md")), ("leaderboard",), ("evals", "list")):
+        result = factory(*args, cwd=repo)
+        assert result.returncode == 2, (args, result.stderr)
+        assert f"{repo / 'factory.toml'}:3: pools.trainig: unknown pool" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_evals_compare_passes_only_on_the_required_improvement(tmp_path):
@@ -143,6 +177,7 @@ def test_run_refuses_an_unknown_benchmark_before_any_compute(tiny_path, tmp_path
     assert result.returncode == 2, result.stderr
     assert f"{path}:{line}: eval.benchmarks: unknown benchmark 'no_such_benchmark'" in result.stderr
     assert "nothing ran" in result.stderr and "Traceback" not in result.stderr
+    assert f"(`factory check {path} --root {(tmp_path / 'state').resolve()}` checks it again)" in result.stderr  # the hint keeps --root
     assert not (tmp_path / "state" / "registry").exists()
 
 
@@ -285,7 +320,8 @@ def test_ctrl_c_during_a_run_says_where_training_stopped_in_one_line_and_release
     # Steps the stage logged before the interrupt reached it may follow (more of them on a loaded machine); then one line.
     [said] = [line for line in after.splitlines() if not re.match(r"\d\d:\d\d:\d\d |.* - (INFO|DEBUG) - ", line)]
     assert re.search(r"^error: pretrain: interrupted at step \d+ of 100000; its last checkpoint is step_\d{6}\.pt; "
-                     rf"`factory run {re.escape(str(path))}` goes on from there \(full log: .+\)$", said), said
+                     rf"`factory run {re.escape(str(path))} --root {re.escape(str(root.resolve()))}` goes on from there \(full log: .+\)$",
+                     said), said
     log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
     assert log.parent == (root / "logs").resolve() and "DagsterExecutionInterruptedError" in log.read_text()
     assert list((root / "registry" / "leases").glob("*.lease")) == []
@@ -359,14 +395,14 @@ def test_leaderboard_skips_a_garbage_manifest_with_a_warning_naming_it(tmp_path)
     assert "garbage.json" in result.stderr
 
 
-def publish_files(registry: ArtifactStore, fingerprint: str, files: dict[str, bytes]) -> Path:
+def publish_files(registry: ArtifactStore, fingerprint: str, files: dict[str, bytes], kind: str = "tokenizer") -> Path:
     """Publish `files` as one artifact; its directory."""
     from factory.registry import Provenance
 
     with registry.staging() as out:
         for name, data in files.items():
             (out / name).write_bytes(data)
-        manifest = registry.publish(out, kind="tokenizer", fingerprint=fingerprint, config={}, inputs={}, code="c",
+        manifest = registry.publish(out, kind=kind, fingerprint=fingerprint, config={}, inputs={}, code="c",
                                     provenance=Provenance(experiment="e", config_hash="h", git_commit="g"), summary={})
     return registry.path(manifest.digest)
 

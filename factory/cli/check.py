@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import typer
 from rich.table import Table
 
-from factory.cli.common import DEFAULT_ROOT, ClusterOption, RootOption, err, kubernetes, out
+from factory.cli.common import ClusterOption, RootOption, err, kubernetes, out, settings_of
 from factory.config import Experiment, load_file, pick_variant
 from factory.config.cluster import load_profile
 from factory.config.loader import DEFAULT_MAX_VARIANTS
@@ -28,7 +28,7 @@ def check(
     paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
     max_variants: Annotated[int, typer.Option(help="A sweep may expand to at most this many variants.")] = DEFAULT_MAX_VARIANTS,
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     cluster: Annotated[
         Path | None, typer.Option("--cluster", envvar="FACTORY_CLUSTER", help="A cluster profile: placements must fit its queues.")
     ] = None,
@@ -43,9 +43,10 @@ def check(
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from e
-    registry = ArtifactStore(root / "registry")
-    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile,
-                          bases=lambda experiment: resolve(experiment, registry))
+    state = settings_of(files[0], root).root
+    registry = ArtifactStore(state / "registry")
+    reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.at(state)), cluster=profile,
+                          bases=lambda experiment: resolve(experiment, registry), registry=registry)
     if as_json:
         print(json.dumps({"ok": all(r.ok for r in reports), "files": [r.to_json() for r in reports]}, indent=2))
     else:
@@ -62,7 +63,7 @@ def check(
 
 def plan(
     paths: Annotated[list[Path], typer.Argument(help="Experiment files or directories.")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for machines.")] = False,
     launcher: Annotated[
         Literal["local", "volcano"], typer.Option(help="volcano: print the Job manifest (YAML) of every stage that would run, after the table.")
@@ -72,10 +73,11 @@ def plan(
     """Show, without running anything, which stages are cached, will run (and why), or are waiting."""
     from factory.launch import volcano
 
+    files = experiment_files(paths)
     experiments = []
-    for path in experiment_files(paths):
+    for path in files:
         experiments += load_file(path)
-    registry = ArtifactStore(root / "registry")
+    registry = ArtifactStore(settings_of(files[0] if files else None, root).root / "registry")
     plans = build_plan(experiments, registry)
     if launcher == "volcano":
         try:
@@ -101,7 +103,7 @@ def plan(
 def diff(
     a: Annotated[str, typer.Argument(help="An experiment file, or an artifact digest (prefix).")],
     b: Annotated[str, typer.Argument(help="An experiment file, or an artifact digest (prefix).")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     variant: Annotated[list[str] | None, typer.Option(
         "--variant", help="The variant of each sweep file to compare (its name, as `factory plan` lists it); twice: A's, then B's.",
     )] = None,
@@ -109,7 +111,7 @@ def diff(
     """Two experiments or two artifacts side by side: config, input artifacts, code identity."""
     from factory.ops.diff import diff_artifacts, diff_experiments, find_artifact
 
-    registry = ArtifactStore(root / "registry")
+    registry = ArtifactStore(settings_of(Path(a) if Path(a).is_file() else None, root).root / "registry")
     names = variant or []
     if Path(a).is_file() and Path(b).is_file():
         if len(names) > 2:

@@ -1,12 +1,16 @@
-"""What every `factory` command shares: the consoles, the `--root` and `--cluster` options, and the Dagster instance's home.
+"""What every `factory` command shares: the consoles, the `--root` and `--cluster` options, the settings they override,
+the hints that repeat them, and the Dagster instance's home.
 
 Dagster is started as a subprocess (`python -m assets.run`, `dagster dev`) so that this library never imports it; its
-instance lives under `--root`, in the directory `dagster_home` prepares.
+instance lives under the root (`--root`, else the settings of the repository: `factory.config.settings`), in the
+directory `dagster_home` prepares, and the processes it starts get the settings in their environment.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -15,10 +19,10 @@ from rich.console import Console
 
 from factory.atomic import write_atomic
 from factory.config.cluster import KubernetesSettings, load_profile
-from factory.config.stages import POOL_LIMITS
+from factory.config.pools import POOL_LIMITS
+from factory.config.settings import Settings, load_settings
 from factory.data.catalog import DATABASE_ENV, sqlalchemy_url
 
-DEFAULT_ROOT = Path(".factory")
 # A pool nobody configured gets one slot; `python -m assets.pools` gives each of POOL_LIMITS its own at `factory ui`.
 POOLS_YAML = f"""\
 concurrency:
@@ -42,10 +46,26 @@ telemetry:
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-RootOption = Annotated[Path, typer.Option("--root", help="Where the embedded instance, registry and catalog live.")]
+RootOption = Annotated[Path | None, typer.Option(
+    "--root", help="Where the embedded instance, registry and catalog live (default: `root` in the repository's factory.toml, "
+                   "$FACTORY_ROOT, else <repository>/.factory).",
+)]
 ClusterOption = Annotated[
     Path | None, typer.Option("--cluster", envvar="FACTORY_CLUSTER", help="A cluster profile (YAML): its queues, and for the volcano launcher its `kubernetes` section.")
 ]
+
+
+def settings_of(start: Path | None, root: Path | None) -> Settings:
+    """The settings of the repository holding `start` (the experiment file; default: the current directory), `--root` over them."""
+    settings = load_settings(start)
+    return settings if root is None else replace(settings, root=root.resolve())
+
+
+def hint(settings: Settings, *words: str) -> str:
+    """`factory WORDS [--root R]`, quoted: a command to print as advice, with the root this command used wherever the command
+    typed from here would find another (so following it reaches the same instance)."""
+    root = ["--root", str(settings.root)] if load_settings().root != settings.root else []
+    return f"`{shlex.join(['factory', *words, *root])}`"
 
 
 def dagster_home(root: Path) -> Path:

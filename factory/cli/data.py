@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from factory.cli.common import DEFAULT_ROOT, RootOption, out
+from factory.cli.common import RootOption, out, settings_of
 from factory.config import load
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.registry import ArtifactStore
@@ -21,7 +21,7 @@ data_app = typer.Typer(no_args_is_help=True, help="Look inside datasets and the 
 def data_batch(
     experiment: Annotated[Path, typer.Argument(help="The experiment file whose run to look into.")],
     step: Annotated[int, typer.Argument(help="The training step (0-based).")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Token ids and documents as JSON, for machines.")] = False,
     variant: Annotated[str | None, typer.Option("--variant", help="For a sweep file: the variant whose run to look into (its name).")] = None,
 ) -> None:
@@ -29,6 +29,7 @@ def data_batch(
     from factory.ops.batch import fetch_batch
     from factory.ops.batch import to_json as batch_json
 
+    root = settings_of(experiment, root).root
     chosen = load(experiment, variant)
     catalog = open_catalog(CatalogConfig.at(root))
     sequences = fetch_batch(chosen, step, ArtifactStore(root / "registry"), catalog)

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from factory.atomic import write_atomic
-from factory.cli.common import DEFAULT_ROOT, RootOption, dagster_home, err, out
+from factory.cli.common import RootOption, dagster_home, err, hint, out, settings_of
+from factory.config.settings import Settings
 from factory.errors import ConfigError
 from factory.launch.group import run_group
 from factory.registry import ArtifactStore
@@ -25,7 +26,7 @@ evals_app = typer.Typer(no_args_is_help=True, help="Benchmarks and evaluations o
 
 
 def leaderboard(
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: heldout_bpb, else val_bpb).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
     html: Annotated[Path | None, typer.Option(help="Also write the board as a static HTML page here.")] = None,
@@ -34,8 +35,9 @@ def leaderboard(
     from factory.evals.leaderboard import render_html
     from factory.evals.publish import current_board
 
+    settings = settings_of(None, root)
     try:
-        board = current_board(ArtifactStore(root / "registry"), sort)
+        board = current_board(ArtifactStore(settings.root / "registry"), sort)
     except ConfigError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -43,18 +45,19 @@ def leaderboard(
         write_atomic(html, render_html(board))
     if as_json:
         out.print_json(json.dumps(board.to_json()))
-    elif not print_leaderboard(root, board):
+    elif not print_leaderboard(settings, board):
         raise typer.Exit(1)
 
 
-def print_leaderboard(root: Path, board: Board | None = None) -> bool:
+def print_leaderboard(settings: Settings, board: Board | None = None) -> bool:
     """Print the board (the current one unless given) as a table; False, with a hint, when nothing is evaluated yet."""
     from factory.evals.leaderboard import cell, heading, legend, ranks
     from factory.evals.publish import current_board
 
-    board = board or current_board(ArtifactStore(root / "registry"))
+    board = board or current_board(ArtifactStore(settings.root / "registry"))
     if not board.rows:
-        err.print(f"no evaluations in {root.resolve()} yet: run `factory run experiments/<name>.md` first")
+        err.print(f"no evaluations in {settings.root} yet: run {hint(settings, 'run', 'experiments/<name>.md')} first",
+                  markup=False, highlight=False)
         return False
     names = sorted(board.benchmarks)
     table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left", caption=legend(board) or None, caption_justify="left")
@@ -68,9 +71,11 @@ def print_leaderboard(root: Path, board: Board | None = None) -> bool:
 
 
 @evals_app.command("list")
-def evals_list() -> None:
-    """The registered benchmarks."""
+def evals_list(root: RootOption = None) -> None:
+    """The registered benchmarks (those of the repository's settings included); takes --root as every command does."""
     from factory.evals.benchmarks import registered
+
+    settings_of(None, root)  # a broken settings file is refused here as by every other command
 
     table = Table(title="benchmarks", title_justify="left")
     for column in ("name", "version", "better", "description"):
@@ -83,7 +88,7 @@ def evals_list() -> None:
 @evals_app.command("backfill")
 def evals_backfill(
     benchmark: Annotated[str, typer.Option(help="The registered benchmark to evaluate every recorded checkpoint on.")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
 ) -> None:
     """Evaluate every checkpoint recorded so far on one benchmark (batched: many partitions per run), then the leaderboard."""
     from factory.evals.benchmarks import known, registered
@@ -91,11 +96,12 @@ def evals_backfill(
     if not known(benchmark):
         err.print(f"error: unknown benchmark {benchmark!r}; registered: {', '.join(sorted(registered()))}")
         raise typer.Exit(2)
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root))}
-    ended = run_group([sys.executable, "-m", "assets.backfill", "--benchmark", benchmark, "--root", str(root)], env)
+    settings = settings_of(None, root)
+    env = {**os.environ, **settings.environ(), "DAGSTER_HOME": str(dagster_home(settings.root))}
+    ended = run_group([sys.executable, "-m", "assets.backfill", "--benchmark", benchmark, "--root", str(settings.root)], env)
     if ended.code != 0:
         raise typer.Exit(ended.code)
-    print_leaderboard(root)
+    print_leaderboard(settings)
 
 
 @evals_app.command("compare")
@@ -104,13 +110,14 @@ def evals_compare(
     baseline: Annotated[str, typer.Argument(help="The experiment it is compared with.")],
     benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at its best checkpoint.")] = "heldout_bpb",
     min_improvement: Annotated[float, typer.Option(help="Relative improvement required, e.g. 0.05 for 5%.")] = 0.0,
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
 ) -> None:
     """Exit 0 when CANDIDATE beats BASELINE on a benchmark by at least --min-improvement, 1 when not (`make nightly`); exit 2
     when their scores do not compare (another version, or other data such as each one's own held-out split)."""
     from factory.evals.scored_on import describe
     from factory.evals.publish import current_board
 
+    root = settings_of(None, root).root
     board = current_board(ArtifactStore(root / "registry"))
     rows = {row.experiment: row for row in board.rows}
     missing = [name for name in (candidate, baseline) if name not in rows or benchmark not in rows[name].scores]
@@ -136,12 +143,13 @@ def evals_stages(
     experiment: Annotated[str, typer.Argument(help="The experiment whose training stages are compared.")],
     benchmark: Annotated[str, typer.Option(help="The benchmark, at each stage's last evaluated checkpoint.")] = "code_exec",
     must_improve: Annotated[list[str], typer.Option(help="A stage that must score better than the stage before it (repeatable).")] = [],  # noqa: B006
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
 ) -> None:
     """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
     from factory.evals.leaderboard import stage_scores
     from factory.evals.base import EVALUATIONS
 
+    root = settings_of(None, root).root
     registry = ArtifactStore(root / "registry")
     scores = stage_scores(registry.manifests(EVALUATIONS), experiment, benchmark)
     if not scores:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.tree import Tree as RichTree
 
-from factory.cli.common import DEFAULT_ROOT, RootOption, dagster_home, err, out
+from factory.cli.common import RootOption, dagster_home, err, out, settings_of
 from factory.config.kinds import model_kind
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError, FactoryError
@@ -27,11 +27,11 @@ from factory.ops.reproduce import reproduce as reproduce_model
 
 def lineage(
     target: Annotated[str, typer.Argument(help="An artifact digest (prefix), an experiment name (its models), or namespace.table[@tag].")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
     """Upstream and downstream of an artifact or a table version: which data and code made it, and what was made from it."""
-    graph = Lineage(ArtifactStore(root / "registry"))
+    graph = Lineage(ArtifactStore(settings_of(None, root).root / "registry"))
     try:
         found = graph.find(target)
     except ConfigError as e:
@@ -112,7 +112,7 @@ def _model(registry: ArtifactStore, target: str) -> Manifest:
 
 def reproduce(
     model: Annotated[str, typer.Argument(help="A model artifact's digest (prefix), or an experiment name (its newest model).")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     keep_going: Annotated[bool, typer.Option("--keep-going", help="Run every stage, not only up to the first that differs.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
@@ -120,6 +120,7 @@ def reproduce(
 
     Exit 0 when every stage gives the same bytes, 1 when one differs (the first is explained), 2 on bad input.
     """
+    root = settings_of(None, root).root
     registry = ArtifactStore(root / "registry")
     target = _model(registry, model)
     log = logging.getLogger("factory.reproduce")
@@ -156,7 +157,7 @@ def promote(
     model: Annotated[str, typer.Argument(help="A model artifact's digest (prefix), or an experiment name (its newest model).")],
     alias: AliasOption = "production",
     reason: Annotated[str, typer.Option(help="Why: recorded in the alias's history.")] = "",
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     experiments: ExperimentsOption = Path("experiments"),
 ) -> None:
     """Point an alias at a model: only after a matching reproduction (or a stated reason it cannot match) and passing blocking checks.
@@ -164,6 +165,7 @@ def promote(
     The promotion is an append-only record in the registry, and `production_model` is materialized in Dagster.
     Exit 0 when promoted, 1 when refused (the reasons are printed), 2 on bad input.
     """
+    root = settings_of(None, root).root
     target = _model(ArtifactStore(root / "registry"), model)
     _promotion(["promote", target.digest, "--as", alias, "--reason", reason], root, experiments)
 
@@ -171,18 +173,18 @@ def promote(
 def demote(
     alias: AliasOption = "production",
     reason: Annotated[str, typer.Option(help="Why: recorded in the alias's history.")] = "",
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     experiments: ExperimentsOption = Path("experiments"),
 ) -> None:
     """Roll an alias back to the model it named before; the history keeps both."""
-    _promotion(["demote", "--as", alias, "--reason", reason], root, experiments)
+    _promotion(["demote", "--as", alias, "--reason", reason], settings_of(None, root).root, experiments)
 
 
-def promotions(alias: AliasOption = "production", root: RootOption = DEFAULT_ROOT,
+def promotions(alias: AliasOption = "production", root: RootOption = None,
                as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False) -> None:
     """What an alias names now, and every promotion and demotion before."""
     try:
-        now = standing(ArtifactStore(root / "registry"), alias)
+        now = standing(ArtifactStore(settings_of(None, root).root / "registry"), alias)
     except ConfigError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -197,7 +199,7 @@ def promotions(alias: AliasOption = "production", root: RootOption = DEFAULT_ROO
 
 
 def _promotion(args: list[str], root: Path, experiments: Path) -> None:
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root)), "FACTORY_ROOT": str(root.resolve()), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, **settings_of(None, root).environ(), "DAGSTER_HOME": str(dagster_home(root)), "PYTHONWARNINGS": "ignore"}
     argv = [sys.executable, "-m", "assets.promote", *args, "--root", str(root), "--experiments", str(experiments)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     if done.returncode == 0:

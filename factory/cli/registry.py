@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from factory.cli.common import DEFAULT_ROOT, RootOption, out
+from factory.cli.common import RootOption, out, settings_of
 from factory.registry import ArtifactStore
 from factory.registry.verify import verify
 
@@ -16,11 +16,11 @@ registry_app = typer.Typer(no_args_is_help=True, help="The artifact registry: ma
 
 @registry_app.command("verify")
 def registry_verify(
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
     """Read every manifest and every byte of the artifacts they name; list what is damaged (exit 1), or say all is intact."""
-    store = ArtifactStore(root / "registry")
+    store = ArtifactStore(settings_of(None, root).root / "registry")
     damaged = verify(store)
     if as_json:
         out.print_json(json.dumps({"registry": str(store.root), "damaged": [d.to_json() for d in damaged]}))

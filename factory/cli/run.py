@@ -14,10 +14,11 @@ from typing import Annotated, Literal
 
 import typer
 
-from factory.cli.common import DEFAULT_ROOT, ClusterOption, RootOption, dagster_home, err, kubernetes, out
+from factory.cli.common import ClusterOption, RootOption, dagster_home, err, hint, kubernetes, out, settings_of
 from factory.cli.evals import print_leaderboard
 from factory.config import Experiment, load_file
 from factory.config.cluster import load_profile
+from factory.config.settings import Settings
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.launch.group import run_group
@@ -30,7 +31,7 @@ from factory.registry.provenance import file_state
 
 def run(
     experiment: Annotated[Path, typer.Argument(help="The experiment file to materialize.")],
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     strict: Annotated[bool, typer.Option(help="Refuse to run from a working tree with uncommitted changes (CI, production).")] = False,
     launcher: Annotated[
         Literal["local", "volcano"], typer.Option(help="Where stages run: processes on this machine, or Volcano Jobs on Kubernetes.")
@@ -42,48 +43,52 @@ def run(
     from factory.launch import volcano
 
     try:
+        settings = settings_of(experiment, root)
         variants = load_file(experiment)
         if launcher == "volcano" and dry_run:
             print(volcano.dry_run(variants, kubernetes(cluster)), end="")
             return
-        preflight(experiment, variants, root, launcher, cluster)
+        preflight(experiment, variants, settings, launcher, cluster)
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
     if dry_run:
-        err.print(f"error: --dry-run prints Volcano Job manifests: add --launcher volcano (for local runs, `factory plan {experiment}` "
-                  "shows what would run)")
+        err.print(f"error: --dry-run prints Volcano Job manifests: add --launcher volcano (for local runs, "
+                  f"{hint(settings, 'plan', str(experiment))} shows what would run)", markup=False, highlight=False)
         raise typer.Exit(2)
     check_commit(experiment, strict)
     # Decided here, before Dagster captures the step's output (stderr is then a pipe): stages draw a progress bar on a terminal.
-    env = {**progress_env(), **os.environ, "DAGSTER_HOME": str(dagster_home(root))}
+    env = {**progress_env(), **os.environ, **settings.environ(), "DAGSTER_HOME": str(dagster_home(settings.root))}
     if launcher == "volcano":
         env["FACTORY_CLUSTER"] = str(cluster)  # the code location's launcher resource reads it: stages become Volcano Jobs
     out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
+    # The command that goes on from where an interrupted run stopped: this one, with the options that change where and how it runs.
+    again = hint(settings, "run", str(experiment), *(["--strict"] if strict else []),
+                 *(["--launcher", launcher, "--cluster", str(cluster)] if launcher == "volcano" else []))
     # A group of its own: Ctrl-C reaches only this process, which stops the run in order (the run then says where it stopped).
-    ended = run_group([sys.executable, "-m", "assets.run", str(experiment), "--root", str(root)], env)
+    ended = run_group([sys.executable, "-m", "assets.run", str(experiment), "--root", str(settings.root), "--again", again], env)
     if ended.signals > 1:
-        err.print(f"killed at once (a second interrupt); `factory run {experiment}` goes on from the last checkpoint", markup=False, highlight=False)
+        err.print(f"killed at once (a second interrupt); {again} goes on from the last checkpoint", markup=False, highlight=False)
     if ended.code != 0:
         raise typer.Exit(ended.code)
-    print_leaderboard(root)
-    out.print(f"artifacts: {(root / 'registry' / 'objects').resolve()}")
-    out.print(f"datasets:  Iceberg catalog {(root / 'iceberg' / 'catalog.db').resolve()}")
-    out.print("Dagster UI: [bold]make ui[/] (or `factory ui`), then open http://127.0.0.1:3000")
+    print_leaderboard(settings)
+    out.print(f"artifacts: {settings.root / 'registry' / 'objects'}")
+    out.print(f"datasets:  Iceberg catalog {settings.root / 'iceberg' / 'catalog.db'}")
+    out.print(f"Dagster UI: {hint(settings, 'ui')}, then open http://127.0.0.1:3000", markup=False, highlight=False)
 
 
-def preflight(experiment: Path, variants: list[Experiment], root: Path, launcher: str, cluster: Path | None) -> None:
+def preflight(experiment: Path, variants: list[Experiment], settings: Settings, launcher: str, cluster: Path | None) -> None:
     """ConfigError for everything `factory check` would refuse (and, for Volcano, what the cluster cannot run), before any compute."""
     if launcher == "volcano":
         _submittable(variants, cluster)
     profile = load_profile(cluster) if cluster is not None else None
-    registry = ArtifactStore(root / "registry")
-    [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(root)), cluster=profile,
-                           bases=lambda variant: resolve(variant, registry))
+    registry = ArtifactStore(settings.root / "registry")
+    [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(settings.root)), cluster=profile,
+                           bases=lambda variant: resolve(variant, registry), registry=registry)
     for warning in report.warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False)
     if not report.ok:
-        raise ConfigError("\n".join(report.errors) + f"\nnothing ran: fix the file (`factory check {experiment}` checks it again)")
+        raise ConfigError("\n".join(report.errors) + f"\nnothing ran: fix the file ({hint(settings, 'check', str(experiment))} checks it again)")
 
 
 def check_commit(experiment: Path, strict: bool) -> None:

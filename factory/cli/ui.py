@@ -9,13 +9,14 @@ from typing import Annotated
 
 import typer
 
-from factory.cli.common import DEFAULT_ROOT, RootOption, dagster_home, err, out
+from factory.cli.common import RootOption, dagster_home, err, hint, out, settings_of
 from factory.launch.group import run_group
 
 
-def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
+def ui(root: RootOption = None, port: int = 3000) -> None:
     """Start the Dagster UI (`dagster dev`) on the same instance as `factory run`."""
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home(root)), "FACTORY_ROOT": str(root.resolve())}
+    settings = settings_of(None, root)
+    env = {**os.environ, **settings.environ(), "DAGSTER_HOME": str(dagster_home(settings.root))}
     pools = subprocess.run([sys.executable, "-m", "assets.pools"], env=env, check=False)  # the pools' limits, before the daemon runs
     if pools.returncode != 0:
         raise typer.Exit(pools.returncode)
@@ -25,7 +26,7 @@ def ui(root: RootOption = DEFAULT_ROOT, port: int = 3000) -> None:
 
 
 def podium(
-    root: RootOption = DEFAULT_ROOT,
+    root: RootOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on; 127.0.0.1 keeps Podium on this machine, 0.0.0.0 exposes it.")] = "127.0.0.1",
     port: int = 8765,
     allowed_host: Annotated[
@@ -35,7 +36,10 @@ def podium(
     """Open Podium: browse dataset tables and their snapshots, run SQL, and generate from checkpoints in the browser."""
     from factory.podium.app import serve
 
+    settings = settings_of(None, root)
+    root = settings.root
     if not (root / "iceberg").exists() and not (root / "registry").exists():
-        err.print(f"warning: {root.resolve()} holds no catalog or registry yet; run an experiment first (`make run`)")
+        err.print(f"warning: {root} holds no catalog or registry yet; run an experiment first "
+                  f"({hint(settings, 'run', 'experiments/<name>.md')})", markup=False, highlight=False)
     out.print(f"Podium on http://{'[' + host + ']' if ':' in host else host}:{port}/ (Ctrl-C stops it)")
     serve(root, host=host, port=port, allowed_hosts=allowed_host or ())

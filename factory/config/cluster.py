@@ -31,7 +31,7 @@ from factory.config.files import read_text
 from factory.config.front_matter import parse_yaml
 from factory.config.loader import describe_validation_error
 from factory.config.section import Section
-from factory.config.stages import POOL_LIMITS
+from factory.config.pools import POOL_LIMITS
 from factory.errors import ConfigError
 
 

@@ -17,7 +17,8 @@ from factory.errors import ConfigError
 MAX_FILE_BYTES = 1 << 20
 """The largest experiment file read (a recipe is a few KiB)."""
 DATA_ROOTS_ENV = "FACTORY_DATA_ROOTS"
-"""os.pathsep-separated directories directory sources may read under (default: the repository and the home directory)."""
+"""os.pathsep-separated directories directory sources may read under (over `data_roots` of the settings file,
+`factory.config.settings`; default: the repository only)."""
 SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
 KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
@@ -32,22 +33,6 @@ def repository_root(directory: Path) -> Path:
     return start
 
 
-def data_roots() -> tuple[Path, ...]:
-    """The directories directory sources may read under, resolved."""
-    configured = os.environ.get(DATA_ROOTS_ENV, "")
-    roots = [Path(p).expanduser() for p in configured.split(os.pathsep) if p.strip()]
-    if not roots:
-        roots = [repository_root(Path.cwd()), Path.home()]
-    return tuple(root.resolve() for root in roots)
-
-
-def extends_roots(path: Path) -> tuple[Path, ...]:
-    """Where a file that `path` extends may live: `path`'s repository, the repository the factory runs in, and the
-    data roots when FACTORY_DATA_ROOTS names them (never the home directory by default)."""
-    configured = data_roots() if os.environ.get(DATA_ROOTS_ENV, "").strip() else ()
-    return tuple(dict.fromkeys((repository_root(path.parent), repository_root(Path.cwd()), *configured)))
-
-
 def outside_roots(path: Path, roots: tuple[Path, ...]) -> str | None:
     """Why `path` (symlinks resolved) may not be read under `roots`, or None when it may."""
     resolved = path.resolve()
@@ -55,7 +40,8 @@ def outside_roots(path: Path, roots: tuple[Path, ...]) -> str | None:
         return f"{resolved} is in {resolved.parts[0]}{resolved.parts[1]}, which holds no data to read"
     if not any(resolved.is_relative_to(root) for root in roots):
         shown = os.pathsep.join(str(root) for root in roots)
-        return f"{resolved} is outside the directories the factory reads ({shown}; set {DATA_ROOTS_ENV} to change them)"
+        return (f"{resolved} is outside the directories the factory reads ({shown}; name another in data_roots of "
+                f"factory.toml, or {DATA_ROOTS_ENV})")
     return None
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from factory.config.files import data_roots, outside_roots
+from factory.config.files import outside_roots
+from factory.config.settings import data_roots
 from factory.config.sources import hashed_files, listing_digest
 from factory.errors import ConfigError
 from factory.registry.layout import MODEL_CONFIG, MODEL_SAFETENSORS, TOKENIZER_CONFIG, TOKENIZER_FILE

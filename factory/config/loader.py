@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from factory.config.files import extends_roots, outside_roots, read_text
+from factory.config.files import outside_roots, read_text
+from factory.config.settings import extends_roots
 from factory.config.front_matter import parse_yaml, split_front_matter
 from factory.config.kinds import experiment_model, plugin_hint
 from factory.config.schema import Experiment

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from factory.atomic import write_atomic
-from factory.config.files import data_roots, outside_roots
+from factory.config.files import outside_roots
+from factory.config.settings import data_roots
 from factory.config.data_sections import SourceConfig
 from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError

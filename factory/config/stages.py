@@ -7,16 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from factory.config.fingerprint import code_identity, sha256_of
+from factory.config.pools import TRAINING_POOL
 from factory.config.kinds import BLEND, TOKENIZER, Placement, provider, stage_kind, stage_kinds
 from factory.config.schema import Experiment
 from factory.errors import ConfigError
 
-TRAINING_POOL = "training"
-"""The concurrency pool every stage with checkpoints takes a slot of: the instance's limit says how many train at once."""
-EVALUATION_POOL = "evaluation"
-"""The concurrency pool of evaluation runs."""
-POOL_LIMITS = {TRAINING_POOL: 1, EVALUATION_POOL: 2}
-"""Slots per pool on an embedded (laptop) instance: one training stage at a time, two evaluations."""
 PENDING = "pending:"
 """Stands for the digest of an upstream artifact not computed yet, before its fingerprint, when a plan looks ahead."""
 # Identity and prose, not recipe: two files with the same recipe have the same config hash.

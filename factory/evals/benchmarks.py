@@ -5,16 +5,16 @@ deterministic (seeded from `inputs.seed`) and batched (`inputs.batch_size` seque
 pass). Changing what a benchmark measures means a new `version`: results of other versions are
 never compared with it. A benchmark also says what data it is scored on (`data`): each
 experiment's own held-out split, or data every experiment shares; only scores of the same
-benchmark version on the same data are compared (`factory.evals.scored_on`). Modules named in
-FACTORY_BENCHMARKS register more benchmarks.
+benchmark version on the same data are compared (`factory.evals.scored_on`). Modules named by the `benchmarks`
+setting (factory.toml, or FACTORY_BENCHMARKS: `factory.config.settings`) register more benchmarks.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import re
 
+from factory.config.settings import BENCHMARKS_ENV, load_settings
 from factory.errors import ConfigError
 from factory.evals.base import Benchmark, EvalInputs, Score
 
@@ -25,8 +25,6 @@ BENCHMARKS: dict[str, Benchmark] = {}
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SHIPPED = "factory.evals.suite"
 """The module whose import registers the benchmarks the factory ships: loaded by name, as plugins are (it imports this registry)."""
-PLUGINS_ENV = "FACTORY_BENCHMARKS"
-"""Comma-separated modules that register more benchmarks with `register` (your own, without editing the factory)."""
 
 
 def register(benchmark: Benchmark) -> Benchmark:
@@ -40,13 +38,14 @@ def register(benchmark: Benchmark) -> Benchmark:
 
 
 def _load() -> None:
-    """Register the shipped benchmarks, and those of the modules named in FACTORY_BENCHMARKS."""
+    """Register the shipped benchmarks, and those of the modules the `benchmarks` setting names (the current repository's)."""
     importlib.import_module(SHIPPED)
-    for module in filter(None, (name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(","))):
+    for module in load_settings().benchmarks:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise ConfigError(f"{PLUGINS_ENV} names module {module!r}, which does not import ({e}); fix the name or install it") from e
+            raise ConfigError(f"the benchmarks setting (factory.toml or {BENCHMARKS_ENV}) names module {module!r}, which does not "
+                              f"import ({e}); fix the name or install it") from e
 
 
 def benchmark(name: str) -> Benchmark:

@@ -10,7 +10,8 @@ from assets.definitions import defs
 from assets.pools import apply_pool_limits, pool_limits
 from factory.cli.common import dagster_home
 from factory.config.cluster import load_profile
-from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, STAGES, TRAINING_POOL, TRAINING_STAGES
+from factory.config.pools import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
+from factory.config.stages import STAGES, TRAINING_STAGES
 from factory.errors import ConfigError
 
 
@@ -92,3 +93,13 @@ def blocked(instance: DagsterInstance) -> list[str]:
     """The messages of the steps waiting for a pool's slot, as the event log holds them."""
     records = instance.get_event_records(EventRecordsFilter(DagsterEventType.ENGINE_EVENT))
     return [r.event_log_entry.message for r in records if "blocked by limit for pool" in (r.event_log_entry.message or "")]
+
+
+def test_the_repositorys_settings_file_sets_the_pools_under_the_environment(embedded, tmp_path, monkeypatch):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "factory.toml").write_text("[pools]\ntraining = 3\n")
+    monkeypatch.chdir(tmp_path)
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("queues: {default: {nodes: 4}}\npools: {training: 4, evaluation: 8}\n")
+    assert apply_pool_limits(embedded, *pool_limits({}, load_profile(profile))) == {TRAINING_POOL: 3, EVALUATION_POOL: 8}
+    assert apply_pool_limits(embedded, *pool_limits({"FACTORY_POOL_TRAINING": "5"}))[TRAINING_POOL] == 5

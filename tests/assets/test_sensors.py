@@ -9,7 +9,7 @@ from assets.partitions import COMMIT_TAG, FILE_TAG, FILE_URL_TAG, MERGE_TAG, SOU
 from assets.sensors import experiments_at_head
 from factory.cli.common import dagster_home
 from factory.config import load
-from factory.config.stages import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
+from factory.config.pools import EVALUATION_POOL, POOL_LIMITS, TRAINING_POOL
 from factory.config.stages import stages_of
 from resources import ExperimentFiles, FactoryStores
 

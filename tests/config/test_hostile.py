@@ -229,3 +229,47 @@ def test_files_at_a_commit_leave_out_oversized_blobs(tmp_path):
         subprocess.run([*git, *args], check=True, capture_output=True)
     assert sorted(p.name for p in files_at_commit(tmp_path, "HEAD", max_bytes=MAX_FILE_BYTES)) == ["good.md"]
     assert sorted(p.name for p in files_at_commit(tmp_path, "HEAD")) == ["good.md", "huge.md"]
+
+
+def home_with_a_key(tmp_path: Path) -> tuple[Path, Path]:
+    """A home directory holding a private key, and a repository beside it (outside it): (home, repository)."""
+    home, repo = tmp_path / "home", tmp_path / "repo"
+    (home / ".ssh").mkdir(parents=True)
+    write(home / ".ssh" / "id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (repo / ".git").mkdir(parents=True)
+    return home, repo
+
+
+def check_in(repo: Path, home: Path, path: Path) -> subprocess.CompletedProcess:
+    """`factory check PATH` from the repository, with no data roots set but what its settings say."""
+    env = {key: value for key, value in os.environ.items() if key != DATA_ROOTS_ENV} | {"HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "factory", "check", str(path)], capture_output=True, text=True, cwd=repo, env=env,
+                          timeout=CHILD_TIMEOUT_S, check=False)
+
+
+def test_a_directory_source_in_home_is_refused_unless_a_setting_names_that_root(tmp_path):
+    home, repo = home_with_a_key(tmp_path)
+    path = write(repo / "keys.md", f"---\ndata:\n  datasets:\n    a:\n      source: {{kind: directory, path: {home}, include: ['.ssh/*']}}\n"
+                                   "  blend: [{dataset: a}]\npretrain: {steps: 10}\n---\n")
+    refused = check_in(repo, home, path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{path}:5: data.datasets.a.source.path: {home.resolve()} is outside the directories the factory reads " \
+           f"({repo.resolve()};" in refused.stderr and "Traceback" not in refused.stderr
+    write(repo / "factory.toml", 'data_roots = ["../home"]\n')
+    assert check_in(repo, home, path).returncode == 0
+
+
+def test_a_committed_symlink_into_home_is_refused(tmp_path, monkeypatch):
+    home, repo = home_with_a_key(tmp_path)
+    (repo / "data").mkdir()
+    (repo / "data" / "notes.txt").write_text("notes\n")
+    (repo / "data" / "key.txt").symlink_to(home / ".ssh" / "id_ed25519")
+    (repo / "keys").symlink_to(home / ".ssh")
+    path = write(repo / "keys.md", "---\ndata:\n  datasets:\n    a:\n      source: {kind: directory, path: keys, include: ['*']}\n"
+                                   "  blend: [{dataset: a}]\npretrain: {steps: 10}\n---\n")
+    refused = check_in(repo, home, path)
+    assert refused.returncode == 2 and f"{path}:5: data.datasets.a.source.path: {(home / '.ssh').resolve()} is outside" in refused.stderr
+    monkeypatch.delenv(DATA_ROOTS_ENV)
+    monkeypatch.chdir(repo)  # the default data roots: this repository only
+    config = SourceConfig(kind="directory", path="data", include=("*",))
+    assert matching_files(source_root(config), config) == ["notes.txt"]  # the link out of the roots is never listed
