@@ -56,7 +56,7 @@ class StageLauncher(ConfigurableResource):
         request); None for a stage of no one experiment (an evaluation batch).
         """
         kind = request.spec.kind
-        with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp, machine_slot(context, pool_of(kind)):
+        with tempfile.TemporaryDirectory(prefix=f"factory-{kind}-") as tmp, machine_slot(context, pool_of(kind), kind):
             try:
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
@@ -65,7 +65,7 @@ class StageLauncher(ConfigurableResource):
 
 
 @contextlib.contextmanager
-def machine_slot(context: AssetExecutionContext, pool: str | None) -> Iterator[None]:
+def machine_slot(context: AssetExecutionContext, pool: str | None, stage: str) -> Iterator[None]:
     """Hold a slot of `pool` on this machine (`factory.launch.slots`) while a stage of it runs, as many as the instance's
     limit of the pool; nothing for a stage of no pool, or a pool the instance does not limit."""
     storage = context.instance.event_log_storage
@@ -74,8 +74,14 @@ def machine_slot(context: AssetExecutionContext, pool: str | None) -> Iterator[N
         yield
         return
     where = Path(context.instance.root_directory) / SLOTS_DIR
-    waiting = lambda: context.log.info(f"waiting for a slot of pool {pool} on this machine ({limits[pool]} at a time)")  # noqa: E731
-    with pool_slot(where, pool, limits[pool], waiting):
+    run = context.run
+    holder = f"{run.tags.get('experiment') or run.tags.get('dagster/partition') or 'a run'} (run {run.run_id[:8]})"
+
+    def waiting(held_by: list[str]) -> None:
+        by = ", ".join(held_by) or "a process of this machine"
+        context.log.info(f"{stage}: waiting for a slot of pool {pool} on this machine, held by {by} ({limits[pool]} at a time)")
+
+    with pool_slot(where, pool, limits[pool], waiting, holder):
         yield
 
 

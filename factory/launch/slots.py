@@ -19,9 +19,10 @@ POLL_S = 0.5
 
 
 @contextlib.contextmanager
-def pool_slot(directory: Path, pool: str, slots: int, on_wait: Callable[[], None]) -> Iterator[int]:
-    """Hold one of the `slots` slots of `pool` (files under `directory/pool`) for the block; the slot's number.
-    `on_wait` is called once if every slot is taken when asked, then it waits for one to be given back."""
+def pool_slot(directory: Path, pool: str, slots: int, on_wait: Callable[[list[str]], None], holder: str = "") -> Iterator[int]:
+    """Hold one of the `slots` slots of `pool` (files under `directory/pool`) for the block; the slot's number. The slot's
+    file says `holder` (who holds it, for those who wait) while it is held. `on_wait` is called once, with what the
+    holders of every slot say, if every slot is taken when asked; then it waits for one to be given back."""
     folder = directory / pool
     folder.mkdir(parents=True, exist_ok=True)
     told = False
@@ -34,11 +35,24 @@ def pool_slot(directory: Path, pool: str, slots: int, on_wait: Callable[[], None
                 os.close(handle)
                 continue
             try:
+                os.ftruncate(handle, 0)
+                os.pwrite(handle, holder.encode(), 0)
                 yield number
             finally:
+                os.ftruncate(handle, 0)  # while still held: the next holder writes its own
                 os.close(handle)  # closing the last descriptor gives the lock back
             return
         if not told:
-            on_wait()
+            on_wait(holders(folder, slots))
             told = True
         time.sleep(POLL_S)
+
+
+def holders(folder: Path, slots: int) -> list[str]:
+    """What the holders of a pool's slots wrote (a holder that wrote nothing: left out)."""
+    said = []
+    for number in range(max(slots, 1)):
+        with contextlib.suppress(OSError):
+            if text := (folder / f"slot-{number}.lock").read_text().strip():
+                said.append(text)
+    return said

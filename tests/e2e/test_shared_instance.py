@@ -75,7 +75,7 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
     assert run.returncode == 130, after
     said = [line for line in after.splitlines() if line.startswith("error:")]
     assert len(said) == 1 and "interrupted while waiting for a slot: pretrain (pool training)" in said[0], after
-    assert f"`factory run {path}`" in said[0] and "Traceback" not in after
+    assert f"`factory run {path}" in said[0] and "Traceback" not in after
     [stopped] = runs_of(instance, "small")
     assert stopped.status == DagsterRunStatus.CANCELED and held(instance) == {holder}  # nothing of it left in the queue
     waiting = [e for e in instance.all_logs(stopped.run_id) if "waiting for a slot of pool training" in e.message]
