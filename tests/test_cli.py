@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from factory.registry import ArtifactStore
-from tests.conftest import publish_result
+from tests.conftest import publish_model, publish_result
 
 
 def factory(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -120,12 +120,18 @@ def test_leaderboard_json_and_html_from_the_registry(tmp_path):
     registry = ArtifactStore(tmp_path / "registry")
     publish_result(registry, "a", "val_bpb", 2.0)
     publish_result(registry, "b", "val_bpb", 1.5)
+    model = publish_model(registry, "a")  # a and b share their training run: one model
+    publish_result(registry, "cut", "val_bpb", 1.0, training="run-cut")  # interrupted: no model
     page = tmp_path / "board.html"
     result = factory("leaderboard", "--root", str(tmp_path), "--json", "--html", str(page))
     assert result.returncode == 0, result.stderr
-    assert [row["experiment"] for row in json.loads(result.stdout)["rows"]] == ["b", "a"]
+    rows = json.loads(result.stdout)["rows"]
+    assert [(row["experiment"], row["ranked"], row["model"]) for row in rows] == [("b", True, model), ("a", True, model), ("cut", False, "")]
     assert page.read_text().startswith("<!doctype html>")
-    bad = factory("leaderboard", "--root", str(tmp_path), "--sort", "nope")
+    table = factory("leaderboard", "--root", str(tmp_path), "--benchmark", "val_bpb")
+    assert table.returncode == 0 and "ranked by val_bpb" in table.stdout
+    assert model[:12] in table.stdout and "unfinished" in table.stdout
+    bad = factory("leaderboard", "--root", str(tmp_path), "--benchmark", "nope")
     assert bad.returncode == 2 and "no results for benchmark 'nope'" in bad.stderr
 
 
