@@ -282,3 +282,15 @@ def test_the_current_board_reads_which_runs_finished_and_what_they_exported_from
     done, cut = board.rows
     assert (done.experiment, done.checkpoint, done.model, done.ranked) == ("done", "done__pretrain-000200", model, True)
     assert (cut.experiment, cut.finished, cut.ranked) == ("cut", False, False)
+
+
+def test_the_primary_an_experiment_file_names_is_recorded_with_its_scores_and_ranks_the_current_board(tmp_path):
+    registry = ArtifactStore(tmp_path)
+    for name, blend, own, shared in (("notes", "n" * 64, 1.0, 3.0), ("more", "n" * 64, 1.5, 2.0)):
+        publish_result(registry, name, "val_bpb", own, blend=blend, training=name, primary="val_bpb")
+        publish_result(registry, name, "heldout_bpb", shared, blend=blend, training=name, primary="val_bpb")
+        publish_model(registry, name, blend=blend, training=name)
+    assert {m.summary["primary"] for m in registry.manifests("evaluations")} == {"val_bpb"}
+    board = current_board(registry)
+    assert board.sort == "val_bpb" and [row.experiment for row in board.rows] == ["notes", "more"]
+    assert [row.experiment for row in current_board(registry, "heldout_bpb").rows] == ["more", "notes"]
