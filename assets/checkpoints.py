@@ -132,5 +132,5 @@ class CheckpointRecorder:
             "experiment": self.experiment.name,
             "git_commit": self.git_commit,
             "training": MetadataValue.json(self.spec.to_json()),
-            "eval": MetadataValue.json({"max_bytes": evaluation.max_bytes, "batch_size": evaluation.batch_size}),
+            "eval": MetadataValue.json({"max_bytes": evaluation.max_bytes, "batch_size": evaluation.batch_size, "primary": evaluation.primary}),
         }

@@ -7,6 +7,7 @@ fill the cores (torch's thread pools would otherwise wait on one another, spinni
 """
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -53,9 +54,9 @@ def training_settings(kind: str = "pretrain", model: dict | None = None, shuffle
 
 
 def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, value: float, step: int = 100, training: str = "run-1",
-                   count: int = 64, stage: str = "pretrain", blend: str = "b" * 64, content: str = "content-0") -> None:
-    """A score of `experiment`'s checkpoint at `step` (from its training run `training`, on a blend of digest `blend`), published as
-    the evaluator does; a benchmark of a pinned table reads it as holding `content`."""
+                   count: int = 64, stage: str = "pretrain", blend: str = "b" * 64, content: str = "content-0", primary: str | None = None) -> None:
+    """A score of `experiment`'s checkpoint at `step` (from its training run `training`, on a blend of digest `blend`, its file
+    ranking by `primary`), published as the evaluator does; a benchmark of a pinned table reads it as holding `content`."""
     from factory.evals.benchmarks import benchmark as registered
     from factory.evals.scored_on import table_ref
     from factory.stages.evaluation import CheckpointRef, EvalItem
@@ -64,11 +65,34 @@ def publish_result(registry: ArtifactStore, experiment: str, benchmark: str, val
     spec = {"kind": stage, "config": training_settings(stage), "upstream": {"blend": blend}, "code": training}
     checkpoint = CheckpointRef(key=f"{experiment}__{stage}-{step:06d}", experiment=experiment, step=step, tokens_seen=10 * step,
                                path="unused", sha256=f"{experiment}{step}{training}".ljust(64, "0"), training=spec,
-                               eval={"max_bytes": 1000, "batch_size": 8}, git_commit="0" * 40)
+                               eval={"max_bytes": 1000, "batch_size": 8, "primary": primary}, git_commit="0" * 40)
     item = EvalItem(partition=f"{benchmark}|{checkpoint.key}", benchmark=benchmark, checkpoint=checkpoint)
     bench = registered(benchmark)
     publish_score(registry, item, bench, value, count, {}, 0.1, scored_on(bench, checkpoint, content if table_ref(bench.data) else ""),
                   code="local:test")
+
+
+def publish_model(registry: ArtifactStore, experiment: str, step: int = 100, training: str = "run-1", stage: str = "pretrain",
+                  blend: str = "b" * 64) -> str:
+    """The training stage whose checkpoints `publish_result` scores (same arguments), published as a finished run ending at
+    `step`, and the model a model stage exported from it: the model's digest."""
+    from factory.config.stages import StageSpec
+    from factory.registry.store import Provenance
+
+    spec = StageSpec.from_json({"kind": stage, "config": training_settings(stage), "upstream": {"blend": blend}, "code": training})
+    provenance = Provenance(experiment=experiment, config_hash="0" * 16, git_commit="0" * 40)
+    trained = registry.lookup(spec.fingerprint)
+    if trained is None:
+        with registry.staging() as out:
+            (out / "run.json").write_text(json.dumps({"fingerprint": spec.fingerprint}))
+            trained = registry.publish(out, kind=stage, fingerprint=spec.fingerprint, config=spec.config, inputs=spec.upstream, code=training,
+                                       provenance=provenance, summary={"steps": step})
+    if (model := registry.lookup(f"model-{spec.fingerprint}")) is None:
+        with registry.staging() as out:
+            (out / "model.pt").write_text(f"{experiment}{training}")
+            model = registry.publish(out, kind="model", fingerprint=f"model-{spec.fingerprint}", config={}, inputs={stage: trained.digest},
+                                     code=training, provenance=provenance, summary={})
+    return model.digest
 
 
 @pytest.fixture(scope="session")

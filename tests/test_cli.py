@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from factory.registry import ArtifactStore
-from tests.conftest import publish_result
+from tests.conftest import publish_model, publish_result
 
 
 def factory(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -154,12 +154,18 @@ def test_leaderboard_json_and_html_from_the_registry(tmp_path):
     registry = ArtifactStore(tmp_path / "registry")
     publish_result(registry, "a", "val_bpb", 2.0)
     publish_result(registry, "b", "val_bpb", 1.5)
+    model = publish_model(registry, "a")  # a and b share their training run: one model
+    publish_result(registry, "cut", "val_bpb", 1.0, training="run-cut")  # interrupted: no model
     page = tmp_path / "board.html"
     result = factory("leaderboard", "--root", str(tmp_path), "--json", "--html", str(page))
     assert result.returncode == 0, result.stderr
-    assert [row["experiment"] for row in json.loads(result.stdout)["rows"]] == ["b", "a"]
+    rows = json.loads(result.stdout)["rows"]
+    assert [(row["experiment"], row["ranked"], row["model"]) for row in rows] == [("b", True, model), ("a", True, model), ("cut", False, "")]
     assert page.read_text().startswith("<!doctype html>")
-    bad = factory("leaderboard", "--root", str(tmp_path), "--sort", "nope")
+    table = factory("leaderboard", "--root", str(tmp_path), "--benchmark", "val_bpb")
+    assert table.returncode == 0 and "ranked by val_bpb" in table.stdout
+    assert model[:12] in table.stdout and "unfinished" in table.stdout
+    bad = factory("leaderboard", "--root", str(tmp_path), "--benchmark", "nope")
     assert bad.returncode == 2 and "no results for benchmark 'nope'" in bad.stderr
 
 
@@ -267,6 +273,21 @@ def test_diff_compares_variants_of_sweep_files(tiny_path, tmp_path):
     assert "config: identical recipes" in against_plain.stdout and "tokenizer: same stage" in against_plain.stdout
     unknown = factory("diff", sweep, str(tiny_path), "--variant", "lr=0.003", "--root", root)
     assert unknown.returncode == 2 and "has no variant 'lr=0.003'; its variants: mine.lr=0.001, mine.lr=0.003" in unknown.stderr
+
+
+def test_diff_of_a_from_file_prints_only_what_differs_and_all_prints_the_rest(tmp_path):
+    (tmp_path / "base.md").write_text("---\nmodel: {n_layer: 2, n_head: 4, n_embd: 64, context: 64}\ntokenizer: {vocab_size: 512}\n"
+                                      "pretrain: {steps: 2, batch_size: 2}\n---\nThe base.\n")
+    (tmp_path / "ft.md").write_text("---\nsft: {from: base.md#model, steps: 3}\n---\nFine-tuned.\n")
+    files, root = (str(tmp_path / "base.md"), str(tmp_path / "ft.md")), str(tmp_path / "state")
+    short = factory("diff", *files, "--root", root)
+    assert short.returncode == 0, short.stderr
+    assert "model." not in short.stdout and "vocab_size" not in short.stdout and "(unset)" not in short.stdout
+    assert "config: pretrain: only in base (steps=2, batch_size=2; the rest defaults)" in short.stdout
+    every = factory("diff", *files, "--root", root, "--all")
+    assert every.returncode == 0 and "config: model.n_embd: 64 (both)" in every.stdout and "sft.lr: '(unset)' -> 0.0003" in every.stdout
+
+
 SMALL = """\
 ---
 image: local

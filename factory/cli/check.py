@@ -107,8 +107,11 @@ def diff(
     variant: Annotated[list[str] | None, typer.Option(
         "--variant", help="The variant of each sweep file to compare (its name, as `factory plan` lists it); twice: A's, then B's.",
     )] = None,
+    everything: Annotated[bool, typer.Option(
+        "--all", help="Two experiment files: also the fields both share, and every field of a section only one has.",
+    )] = False,
 ) -> None:
-    """Two experiments or two artifacts side by side: config, input artifacts, code identity."""
+    """Two experiments or two artifacts side by side: config as computed (only what differs), input artifacts, code identity."""
     from factory.ops.diff import diff_artifacts, diff_experiments, find_artifact
 
     registry = ArtifactStore(settings_of(Path(a) if Path(a).is_file() else None, root).root / "registry")
@@ -117,7 +120,7 @@ def diff(
         if len(names) > 2:
             raise ConfigError(f"--variant was given {len(names)} times; give it once (for every sweep file) or twice (A's, then B's)")
         first, second = (names[0], names[-1]) if names else (None, None)
-        lines = diff_experiments(_variant_of(Path(a), first), _variant_of(Path(b), second), registry)
+        lines = diff_experiments(_variant_of(Path(a), first), _variant_of(Path(b), second), registry, everything)
     elif names:
         raise ConfigError("--variant picks a variant of a sweep file, but A and B are not both experiment files")
     else:

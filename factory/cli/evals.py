@@ -27,11 +27,15 @@ evals_app = typer.Typer(no_args_is_help=True, help="Benchmarks and evaluations o
 
 def leaderboard(
     root: RootOption = None,
-    sort: Annotated[str | None, typer.Option(help="Benchmark to rank by (default: heldout_bpb, else val_bpb).")] = None,
+    sort: Annotated[str | None, typer.Option(
+        "--benchmark", "--sort", help="The benchmark to rank by (default: the one most experiment files name as eval.primary; "
+                                      "heldout_bpb, else val_bpb, for a file without one).",
+    )] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
     html: Annotated[Path | None, typer.Option(help="Also write the board as a static HTML page here.")] = None,
 ) -> None:
-    """Every experiment at its best checkpoint, scored on every benchmark (from the registry's evaluation results)."""
+    """Every experiment at the model it exported, scored on every benchmark (from the registry's evaluation results); a run
+    that exported no model is marked unfinished and never ranked."""
     from factory.evals.leaderboard import render_html
     from factory.evals.publish import current_board
 
@@ -51,7 +55,7 @@ def leaderboard(
 
 def print_leaderboard(settings: Settings, board: Board | None = None) -> bool:
     """Print the board (the current one unless given) as a table; False, with a hint, when nothing is evaluated yet."""
-    from factory.evals.leaderboard import cell, heading, legend, ranks
+    from factory.evals.leaderboard import cell, heading, legend, model_cell, ranks
     from factory.evals.publish import current_board
 
     board = board or current_board(ArtifactStore(settings.root / "registry"))
@@ -61,11 +65,12 @@ def print_leaderboard(settings: Settings, board: Board | None = None) -> bool:
         return False
     names = sorted(board.benchmarks)
     table = Table(title=f"leaderboard (ranked by {board.sort})", title_justify="left", caption=legend(board) or None, caption_justify="left")
-    for column in ("rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens", "commit", "tracker", "base", "note"):
+    for column in ("rank", "experiment", "model", "checkpoint", *(heading(board, n) for n in names), "tokens", "commit", "tracker", "base", "note"):
         table.add_column(column, no_wrap=column not in ("tracker", "note"))
     for rank, row in zip(ranks(board), board.rows, strict=True):
         scores = [cell(board, row, n) for n in names]
-        table.add_row(rank, row.experiment, row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url, row.base, row.note)
+        table.add_row(rank, row.experiment, model_cell(row), row.checkpoint, *scores, f"{row.tokens_seen:,}", row.git_commit[:12], row.tracker_url,
+                      row.base, row.note)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return True
 
@@ -108,7 +113,7 @@ def evals_backfill(
 def evals_compare(
     candidate: Annotated[str, typer.Argument(help="The experiment that must be better.")],
     baseline: Annotated[str, typer.Argument(help="The experiment it is compared with.")],
-    benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at its best checkpoint.")] = "heldout_bpb",
+    benchmark: Annotated[str, typer.Option(help="The benchmark compared, each experiment at the model it exported.")] = "heldout_bpb",
     min_improvement: Annotated[float, typer.Option(help="Relative improvement required, e.g. 0.05 for 5%.")] = 0.0,
     root: RootOption = None,
 ) -> None:

@@ -248,6 +248,18 @@ class EvalConfig(Section):
     """Bytes of held-out text a benchmark reads at most."""
     batch_size: int = Field(16, ge=1, le=MAX_BATCH)
     """Sequences per forward pass (does not change scores)."""
+    primary: str | None = None
+    """The benchmark that ranks this experiment's models on the leaderboard and decides `best_model`; one of `benchmarks`
+    (unset: `heldout_bpb`, or `val_bpb` on a board without heldout_bpb results). Recorded with each checkpoint as it is
+    saved; `factory leaderboard --benchmark` ranks any board by another."""
+
+    @field_validator("primary")
+    @classmethod
+    def _primary_is_evaluated(cls, value: str | None, info: ValidationInfo) -> str | None:
+        benchmarks = info.data.get("benchmarks")
+        if value is not None and benchmarks is not None and value not in benchmarks:
+            raise ValueError(f"{value!r} is not one of eval.benchmarks ({', '.join(benchmarks)}): add it there, or rank by one of those")
+        return value
 
 
 class ResourcesConfig(Section):

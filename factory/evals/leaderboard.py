@@ -1,8 +1,12 @@
-"""The leaderboard: experiments x benchmarks, each experiment at its best checkpoint.
+"""The leaderboard: experiments x benchmarks, each experiment at the model it exported.
 
-Rows come from the evaluation results in the registry (one per checkpoint x benchmark). An
-experiment's best checkpoint is the one with the best score on the primary benchmark; the row
-shows that checkpoint's score on every benchmark, so a row is one model, never a mix.
+Rows come from the evaluation results in the registry (one per checkpoint x benchmark). A row is
+the checkpoint the experiment's `model` stage exported (the final one of its last training stage),
+so the board, `best_model`, `factory promote` and Podium name the same weights; the row shows that
+checkpoint's score on every benchmark, so a row is one model, never a mix. An experiment whose newest
+run exported no model (interrupted, or still training) is shown at its newest checkpoint, marked
+`unfinished`, never ranked and never `best_model`. The board ranks by its primary benchmark: the one
+asked for, else the one most experiments' files name (`eval.primary`), else `heldout_bpb`.
 
 Only scores of the same benchmark version on the same data compare (`factory.evals.scored_on`):
 `val_bpb` is measured on each experiment's own held-out split, `heldout_bpb` on a pinned table
@@ -17,6 +21,7 @@ import html
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +32,11 @@ from factory.evals.scored_on import UNRECORDED, data_of, describe, is_own_split,
 from factory.registry.store import Manifest
 
 PRIMARY = "heldout_bpb"
-"""Ranks the board and picks each experiment's best checkpoint: bits per byte on data every experiment shares."""
+"""Ranks the board unless the experiment files name another (`eval.primary`): bits per byte on data every experiment shares."""
 FALLBACK = "val_bpb"
 """The primary benchmark on a board without heldout_bpb results (each experiment's own split: it ranks only rows on the same data)."""
+UNFINISHED = "unfinished"
+"""Opens the note of a row whose run exported no model."""
 NOT_COMPARABLE = "*"
 """Marks a score measured on other data than the rest of its column."""
 REGRESSION_TOLERANCE = 0.02
@@ -48,7 +55,7 @@ _warned: set[str] = set()
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Row:
-    """One experiment at its best checkpoint."""
+    """One experiment at the checkpoint its model stage exported (or, unfinished, its newest)."""
 
     experiment: str
     checkpoint: str
@@ -72,6 +79,10 @@ class Row:
     """Why the row is not ranked."""
     base: str = ""
     """The model the experiment started from when made elsewhere (`from`, and the model's digest); empty for its own."""
+    model: str = ""
+    """The digest of the model artifact its model stage exported from this checkpoint; empty for an unfinished run."""
+    finished: bool = True
+    """False when the checkpoint's run exported no model (interrupted, or still training): never ranked, never best."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -85,6 +96,16 @@ class Row:
         """Whether both rows have a score on `benchmark` of the same version, measured on the same data."""
         return (benchmark in self.scores and benchmark in other.scores and self.versions.get(benchmark) == other.versions.get(benchmark)
                 and self.scored_on(benchmark) == other.scored_on(benchmark))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Runs:
+    """What the registry says of the training runs behind the results."""
+
+    exported: Mapping[str, str] = field(default_factory=dict)
+    """{training stage fingerprint: digest of the model a model stage exported from that stage's final weights}."""
+    steps: Mapping[str, int] = field(default_factory=dict)
+    """{training stage fingerprint: the step its final weights are at}, for the stages that published their artifact."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,32 +202,55 @@ def stage_scores(results: Iterable[Manifest], experiment: str, benchmark: str) -
 
 
 def build_board(
-    results: Iterable[Manifest], tracker_urls: Mapping[str, str] | None = None, sort: str | None = None,
+    results: Iterable[Manifest], runs: Runs, tracker_urls: Mapping[str, str] | None = None, sort: str | None = None,
     bases: Mapping[str, str] | None = None,
 ) -> Board:
-    """Rank experiments by `sort` (default: the primary benchmark), each at its best checkpoint; rows whose `sort` score is on
-    other data than most rows' follow the ranked ones, unranked."""
+    """Rank experiments, each at the model it exported, by `sort` (default: the primary benchmark most of their files
+    name); rows whose score is on other data than most rows', and unfinished runs, follow unranked."""
     results = latest_results(results)
     benchmarks = {m.summary["benchmark"]: bool(m.summary["lower_is_better"]) for m in results}
-    primary = next((name for name in (PRIMARY, FALLBACK) if name in benchmarks), min(benchmarks, default=PRIMARY))
-    sort = sort or primary
+    sort = sort or primary_of(results, benchmarks)
     if benchmarks and sort not in benchmarks:
-        raise ConfigError(f"no results for benchmark {sort!r} to sort by; benchmarks with results: {', '.join(sorted(benchmarks))}")
+        raise ConfigError(f"no results for benchmark {sort!r} to rank by; benchmarks with results: {', '.join(sorted(benchmarks))}")
     by_experiment: dict[str, dict[str, dict[str, Manifest]]] = {}
     for manifest in results:
         s = manifest.summary
         by_experiment.setdefault(s["experiment"], {}).setdefault(s["checkpoint"], {})[s["benchmark"]] = manifest
-    on_primary = _common_data((m.summary["experiment"], m) for m in results if m.summary["benchmark"] == primary)
-    best = {name: checkpoints[_best_checkpoint(checkpoints, primary, on_primary, benchmarks.get(primary, True))]
-            for name, checkpoints in by_experiment.items()}
-    ranked_on = _common_data((experiment, row[sort]) for experiment, row in best.items() if sort in row)
+    chosen = {name: _exported_checkpoint(checkpoints, runs) for name, checkpoints in by_experiment.items()}
+    best = {name: by_experiment[name][checkpoint] for name, (checkpoint, _) in chosen.items()}
+    ranked_on = _common_data((experiment, row[sort]) for experiment, row in best.items() if sort in row and chosen[experiment][1])
     urls = tracker_urls or {}
-    rows = [_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on, (bases or {}).get(name, ""))
-            for name, results_ in best.items()]
+    rows = [_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on, (bases or {}).get(name, ""),
+                 chosen[name][1], runs) for name, results_ in best.items()]
     rows.sort(key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))
     place = {row.experiment: i for i, row in enumerate(rows)}  # the other columns' ties go to the data of the higher-placed row
     columns = {name: _common_data(((e, row[name]) for e, row in best.items() if name in row), place) for name in benchmarks}
     return Board(rows=tuple(rows), benchmarks=benchmarks, sort=sort, data={**columns, sort: ranked_on})
+
+
+def primary_of(results: Iterable[Manifest], benchmarks: Mapping[str, bool]) -> str:
+    """The benchmark most experiments' files rank by (`eval.primary`, recorded with their results; a file without one:
+    heldout_bpb, else val_bpb, whichever has results); ties go to that default."""
+    default = next((name for name in (PRIMARY, FALLBACK) if name in benchmarks), min(benchmarks, default=PRIMARY))
+    chosen: dict[str, str] = {}
+    for m in sorted(results, key=lambda m: m.created):  # an experiment's newest results say what its file names now
+        chosen[m.summary["experiment"]] = m.summary.get("primary") if m.summary.get("primary") in benchmarks else default
+    votes = Counter(chosen.values())
+    return max(votes, key=lambda name: (votes[name], name == default, name), default=default)
+
+
+def _exported_checkpoint(checkpoints: Mapping[str, Mapping[str, Manifest]], runs: Runs) -> tuple[str, bool]:
+    """The checkpoint the experiment's model stage exported (the final one of an exported training stage) and True; for a
+    run that exported no model, its newest checkpoint (in stage order, then step) and False."""
+    order = {stage: i for i, stage in enumerate(TRAINING_STAGES)}
+
+    def newest(name: str) -> tuple[int, int, str]:
+        return order.get(stage_of(name), len(order)), next(iter(checkpoints[name].values())).summary["step"], name
+
+    exported = [name for name, results in checkpoints.items()
+                if (training := next(iter(results.values())).summary.get("training", "")) in runs.exported
+                and next(iter(results.values())).summary["step"] == runs.steps.get(training)]
+    return (max(exported, key=newest), True) if exported else (max(checkpoints, key=newest), False)
 
 
 def _common_data(scored: Iterable[tuple[str, Manifest]], place: Mapping[str, int] | None = None) -> str:
@@ -226,24 +270,16 @@ def _common_data(scored: Iterable[tuple[str, Manifest]], place: Mapping[str, int
     return max(members, key=preference, default="")
 
 
-def _best_checkpoint(checkpoints: Mapping[str, Mapping[str, Manifest]], primary: str, on: str, lower_is_better: bool) -> str:
-    """The checkpoint with the best primary score among those scored on `on` (or, for an experiment never scored on it, on the
-    data most of its checkpoints were); without primary scores, the latest checkpoint."""
-    scored = {name: results[primary] for name, results in checkpoints.items() if primary in results}
-    if not scored:
-        return max(checkpoints, key=lambda name: (next(iter(checkpoints[name].values())).summary["step"], name))
-    if on not in {data_of(m.summary) for m in scored.values()}:
-        on = _common_data(scored.items())
-    sign = 1 if lower_is_better else -1
-    comparable = [name for name, m in scored.items() if data_of(m.summary) == on]
-    return min(comparable, key=lambda name: (sign * scored[name].summary["value"], -scored[name].summary["step"], name))  # ties: the later
-
-
-def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, sort: str, ranked_on: str, base: str) -> Row:
+def _row(
+    experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, sort: str, ranked_on: str, base: str, finished: bool,
+    runs: Runs,
+) -> Row:
     """One experiment at one checkpoint: its score on every benchmark, and whether it is ranked by `sort`."""
     first = next(iter(results.values()))
     data = {name: data_of(m.summary) for name, m in sorted(results.items())}
-    note = (f"no {sort} score" if sort not in data else
+    stage = stage_of(first.summary["checkpoint"])
+    note = (f"{UNFINISHED}: its {stage} run exported no model (interrupted, or still training)" if not finished else
+            f"no {sort} score" if sort not in data else
             f"{sort} on {describe(data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})" if data[sort] != ranked_on else "")
     return Row(
         experiment=experiment, checkpoint=first.summary["checkpoint"], step=first.summary["step"], tokens_seen=first.summary["tokens_seen"],
@@ -251,6 +287,7 @@ def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: 
         counts={name: m.summary["count"] for name, m in sorted(results.items())}, checkpoints_evaluated=evaluated,
         git_commit=first.git_commit, tracker_url=url, digests={name: m.digest for name, m in sorted(results.items())},
         data=data, versions={name: m.summary["version"] for name, m in sorted(results.items())}, ranked=not note, note=note, base=base,
+        model=runs.exported.get(first.summary.get("training", ""), "") if finished else "", finished=finished,
     )
 
 
@@ -260,6 +297,11 @@ def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, str, flo
         return (2, "", 0.0, row.experiment)
     value = row.scores[sort] if lower_is_better else -row.scores[sort]
     return (0, "", value, row.experiment) if row.ranked else (1, row.scored_on(sort), value, row.experiment)
+
+
+def leader(board: Board) -> Row | None:
+    """The row `best_model` may mark: the first, when it is ranked (a finished run's exported model on comparable data)."""
+    return board.rows[0] if board.rows and board.rows[0].ranked else None
 
 
 def regressions(candidate: Row, best: Row, benchmarks: Mapping[str, bool], tolerance: float = REGRESSION_TOLERANCE) -> list[str]:
@@ -320,6 +362,12 @@ def legend(board: Board) -> str:
     return f"{NOT_COMPARABLE} measured on other data than the rest of its column: not comparable with it." if marked else ""
 
 
+def model_cell(row: Row) -> str:
+    """The exported model as the CLI names it everywhere (`factory lineage`, `factory promote`): its digest's first 12
+    digits; `unfinished` for a run that exported none."""
+    return row.model[:12] if row.model else UNFINISHED if not row.finished else ""
+
+
 def _short(commit: str) -> str:
     return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
 
@@ -327,30 +375,31 @@ def _short(commit: str) -> str:
 def render_markdown(board: Board) -> str:
     """A Markdown table of the board, in rank order."""
     names = sorted(board.benchmarks)
-    columns = ["rank", "experiment", "best checkpoint", *(heading(board, name) for name in names), "tokens seen", "commit", "tracker", "base",
-               "note"]
+    columns = ["rank", "experiment", "model", "checkpoint", *(heading(board, name) for name in names), "tokens seen", "commit", "tracker",
+               "base", "note"]
     lines = [
         "| " + " | ".join(columns) + " |",
-        "|---:|---|---|" + "---:|" * len(names) + "---:|---|---|---|---|",
+        "|---:|---|---|---|" + "---:|" * len(names) + "---:|---|---|---|---|",
     ]
     for rank, row in zip(ranks(board), board.rows, strict=True):
         scores = " | ".join(cell(board, row, name) for name in names)
         tracker = f"[run]({row.tracker_url})" if row.tracker_url else ""
-        lines.append(f"| {rank} | {row.experiment} | {row.checkpoint} | {scores} | {row.tokens_seen:,} | {_short(row.git_commit)} | {tracker} "
-                     f"| {row.base} | {row.note} |")
+        lines.append(f"| {rank} | {row.experiment} | {model_cell(row)} | {row.checkpoint} | {scores} | {row.tokens_seen:,} | {_short(row.git_commit)} "
+                     f"| {tracker} | {row.base} | {row.note} |")
     if not board.rows:
-        lines.append("| | no evaluations yet | |" + " |" * len(names) + " | | | | |")
+        lines.append("| | no evaluations yet | | |" + " |" * len(names) + " | | | | |")
     return "\n".join(lines) + (f"\n\n{note}" if (note := legend(board)) else "")
 
 
 def render_html(board: Board) -> str:
     """A static, self-contained HTML page of the board; clicking a column header sorts by it."""
     names = sorted(board.benchmarks)
-    headers = ["rank", "experiment", "best checkpoint", *(heading(board, n) for n in names), "tokens seen", "commit", "tracker", "base", "note"]
+    headers = ["rank", "experiment", "model", "checkpoint", *(heading(board, n) for n in names), "tokens seen", "commit", "tracker", "base",
+               "note"]
     body = []
     for rank, row in zip(ranks(board), board.rows, strict=True):
         cells = [f'<td data-v="{rank if row.ranked else ""}">{rank}</td>', f"<td>{html.escape(row.experiment)}</td>",
-                 f"<td>{html.escape(row.checkpoint)}</td>"]
+                 f"<td><code>{html.escape(model_cell(row))}</code></td>", f"<td>{html.escape(row.checkpoint)}</td>"]
         for name in names:
             value = row.scores.get(name)
             other = "" if board.comparable(row, name) else f' class="nc" title="measured on {html.escape(describe(row.scored_on(name)))}"'
@@ -367,8 +416,9 @@ def render_html(board: Board) -> str:
 HTML_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>leaderboard</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-th{{cursor:pointer;background:#f4f4f4}}td:nth-child(2),td:nth-child(3),td:last-child{{text-align:left}}td.nc{{color:#888}}</style></head>
-<body><h1>leaderboard</h1><p>Each experiment at its best checkpoint, ranked by {sort}; rows scored on other data follow, unranked.
+th{{cursor:pointer;background:#f4f4f4}}td:nth-child(2),td:nth-child(3),td:nth-child(4),td:last-child{{text-align:left}}td.nc{{color:#888}}</style></head>
+<body><h1>leaderboard</h1><p>Each experiment at the model it exported, ranked by {sort}; rows scored on other data, and unfinished runs, follow
+unranked.
 Click a header to sort.</p><p>{legend}</p>
 <table id="board"><thead><tr>{head}</tr></thead><tbody>
 {body}

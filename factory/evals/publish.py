@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+
 from factory.config.fingerprint import code_identity, sha256_of
-from factory.config.kinds import main_training_kind
+from factory.config.kinds import main_training_kind, model_kind
+from factory.config.stages import TRAINING_STAGES
 from factory.evals.base import EVALUATIONS
-from factory.evals.leaderboard import Board, Row, build_board, render_html, render_markdown
+from factory.evals.leaderboard import Board, Row, Runs, build_board, render_html, render_markdown
 from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 
@@ -16,13 +19,14 @@ BEST_REF = "best-model"
 
 
 def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
-    """Every experiment's best checkpoint from the evaluation results in the registry, with links to its main training's
-    tracker run and the model it started from (`from:`), if made elsewhere."""
+    """Every experiment at the model it exported (or marked unfinished) from the evaluation results in the registry, with
+    links to its main training's tracker run and the model it started from (`from:`), if made elsewhere."""
     urls: dict[str, tuple[str, str]] = {}
     bases: dict[str, str] = {}
     results = []
+    manifests = list(registry.manifests())  # one read of the registry for the results, the runs, the links and the bases
     main_training = main_training_kind().name
-    for manifest in registry.manifests():  # one pass over the registry for the results, the links and the bases
+    for manifest in manifests:
         if manifest.kind == EVALUATIONS:
             results.append(manifest)
         url = manifest.summary.get("tracker_url", "") if manifest.kind == main_training else ""
@@ -30,7 +34,23 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
             urls[manifest.experiment] = (manifest.created, url)
         if manifest.base.get("from") and manifest.base.get("model"):
             bases[manifest.experiment] = f"{manifest.base['from']} ({manifest.base['model'][:12]})"
-    return build_board(results, {name: url for name, (_, url) in urls.items()}, sort, bases)
+    return build_board(results, runs_of(manifests), {name: url for name, (_, url) in urls.items()}, sort, bases)
+
+
+def runs_of(manifests: Iterable[Manifest]) -> Runs:
+    """Which training stages published their artifact (and at which final step), and which a model stage exported: the
+    model stage reads the last training stage its experiment runs (`factory.stages.model`)."""
+    manifests = list(manifests)
+    trainings: dict[str, list[str]] = {}  # digest -> fingerprints: stages whose bytes are identical share one digest
+    for m in manifests:
+        if m.kind in TRAINING_STAGES:
+            trainings.setdefault(m.digest, []).append(m.fingerprint)
+    steps = {m.fingerprint: m.summary["steps"] for m in manifests if m.kind in TRAINING_STAGES and isinstance(m.summary.get("steps"), int)}
+    exported: dict[str, str] = {}
+    for model in (m for m in manifests if m.kind == model_kind().name):
+        last = [model.inputs[name] for name in TRAINING_STAGES if name in model.inputs][-1:]
+        exported.update((fingerprint, model.digest) for digest in last for fingerprint in trainings.get(digest, []))
+    return Runs(exported=exported, steps=steps)
 
 
 def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> tuple[Manifest, str]:
@@ -76,7 +96,8 @@ def mark_best(registry: ArtifactStore, row: Row, commit: str) -> Manifest:
             manifest = registry.publish(
                 out, kind=BEST_REF, fingerprint=fingerprint, config={}, inputs=dict(row.digests), code=code_identity("local"),
                 provenance=Provenance(experiment=row.experiment, config_hash=fingerprint[:16], git_commit=commit),
-                summary={"experiment": row.experiment, "checkpoint": row.checkpoint, **{f"score/{k}": v for k, v in row.scores.items()}},
+                summary={"experiment": row.experiment, "checkpoint": row.checkpoint, "model": row.model,
+                         **{f"score/{k}": v for k, v in row.scores.items()}},
             )
     registry.set_ref(BEST_REF, manifest.digest)
     return manifest

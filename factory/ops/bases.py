@@ -4,7 +4,8 @@
 commit as the file naming it), a promotion alias, or a digest. `bind` resolves it once and returns the experiment with
 what it resolved to (`Experiment.bound`): the base model's digest (the input `base` of the stage that starts from it)
 and the digests of the blend and tokenizer the base was trained with (the held-out data and tokenizer the file
-inherits), and the base model's shape as its `model`. Every plan of the experiment then reads those digests, so a
+inherits), and the base model's shape as its `model`; `recipe` is the file's recipe as computed (the base's shape,
+tokenizer and blend in place of the schema defaults the file leaves). Every plan of the experiment then reads those digests, so a
 finished run never changes meaning: when an alias moves, the file plans again from the new model, and says so.
 
 Every problem is a `ConfigError` naming the file, line and field, what was found and what exists, raised before any
@@ -17,21 +18,22 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from factory.config import Experiment, load_text, pick_variant, plan_stage, upstream_of
 from factory.config.base_refs import ParsedRef, parse_base_ref
 from factory.config.files import read_text
-from factory.config.kinds import model_kind
+from factory.config.kinds import BLEND, TOKENIZER, model_kind, provider
 from factory.config.loader import location_of, read_document
 from factory.config.schema import ModelConfig
-from factory.config.stages import BASE, PENDING, inherited_inputs, stages_of
+from factory.config.stages import BASE, NOT_RECIPE, PENDING, inherited_inputs, stages_of
 from factory.errors import ConfigError
 from factory.registry.aliases import known_aliases, standing
 from factory.registry.layout import MODEL_CONFIG
 from factory.registry.store import ArtifactStore, Manifest
+from factory.stages.datasets import computed_datasets
 
 Reader = Callable[[Path], str]
 MAX_CHAIN = 16
@@ -57,6 +59,9 @@ class Base:
     """The experiment that made the model (when the registry or the named file says)."""
     file: Path | None = None
     """For another experiment's model: the file that defines it (`factory run` runs it first when it is pending)."""
+    inherited: Mapping[str, Any] = field(default_factory=dict)
+    """The base's `tokenizer` section and `data` (its blend, and the datasets it draws from when its file says), as plain
+    JSON: what the file keeps of the base besides its shape (`recipe`)."""
 
     @property
     def pending(self) -> bool:
@@ -133,8 +138,9 @@ def _from_registry(section: str, ref: ParsedRef, registry: ArtifactStore, pinned
         raise fail(f"{pinned[:12]} (pinned when the run was planned) is no model in the registry at {registry.root}")
     model = found[0]
     said = f"{ref.text.removeprefix('alias:')} = model {model.digest[:12]} ({how or f'made for {model.experiment}, {model.created[:10]}'})"
-    return Base(section=section, ref=ref, digest=model.digest, inputs=_lineage_inputs(registry, model, fail), model=_shape(registry, model),
-                said=said, experiment=model.experiment)
+    inputs = _lineage_inputs(registry, model, fail)
+    return Base(section=section, ref=ref, digest=model.digest, inputs=inputs, model=_shape(registry, model), said=said,
+                experiment=model.experiment, inherited=_inherited_from_registry(registry, inputs))
 
 
 def _from_experiment(
@@ -167,15 +173,37 @@ def _from_experiment(
     if len(walked) >= MAX_CHAIN:
         raise fail(f"a chain of more than {MAX_CHAIN} files through `from:`; start from a model nearer the end by alias or digest")
     try:
-        bound = bind(base_experiment, registry, read=read, chain=walked)
+        nested = resolve(base_experiment, registry, read=read, chain=walked)
     except ConfigError as e:
         raise fail(f"{ref.text}: {e}") from None
+    bound = bound_with(base_experiment, nested)
     digests = planned_digests(bound, registry)
     digest = digests[exported]
     said = (f"{ref.text} = model {digest[:12]} ({bound.name})" if not digest.startswith(PENDING) else
             f"{ref.text} = the model of {bound.name}, not computed yet (`factory run` computes it first)")
     inputs = {BASE: digest, **{name: digests[name] for name in inherited_inputs()}}
-    return Base(section=section, ref=ref, digest=digest, inputs=inputs, model=bound.model, experiment=bound.name, said=said, file=path)
+    computed = recipe(bound, nested)
+    blended = {part["dataset"] for part in computed["data"]["blend"] if part.get("dataset")}
+    data = {"blend": computed["data"]["blend"], "validation_percent": computed["data"]["validation_percent"],
+            "datasets": {name: d for name, d in computed["data"]["datasets"].items() if name in blended}}
+    return Base(section=section, ref=ref, digest=digest, inputs=inputs, model=bound.model, experiment=bound.name, said=said, file=path,
+                inherited={"tokenizer": computed["tokenizer"], "data": data})
+
+
+def recipe(experiment: Experiment, base: Base | None) -> dict[str, Any]:
+    """The recipe as computed, as plain JSON (what `factory diff` compares): only the datasets a stage computes, and, for a
+    file that starts from a model made elsewhere, that model's shape, tokenizer and blend, never the schema defaults its
+    own file leaves in place."""
+    computed = experiment.model_dump(mode="json", exclude=NOT_RECIPE)
+    own = set(computed_datasets(experiment))
+    computed["data"]["datasets"] = {name: d for name, d in computed["data"]["datasets"].items() if name in own}
+    if base is None:
+        return computed
+    computed["model"] = base.model.model_dump(mode="json")
+    computed["tokenizer"] = base.inherited.get("tokenizer", computed["tokenizer"])
+    data = base.inherited.get("data", {})
+    computed["data"] = {**computed["data"], **data, "datasets": {**data.get("datasets", {}), **computed["data"]["datasets"]}}
+    return computed
 
 
 def planned_digests(experiment: Experiment, registry: ArtifactStore) -> dict[str, str]:
@@ -231,6 +259,15 @@ def _lineage_inputs(registry: ArtifactStore, model: Manifest, fail: Failer) -> d
     if missing := wanted - found.keys():
         raise fail(f"model {model.digest[:12]} has no {' or '.join(sorted(missing))} in its lineage: start from a model the factory trained")
     return {BASE: model.digest, **found}
+
+
+def _inherited_from_registry(registry: ArtifactStore, inputs: Mapping[str, str]) -> dict[str, Any]:
+    """The tokenizer and blend settings a published model was trained with, as their artifacts recorded them."""
+    configs = {m.digest: m.config for m in registry.manifests() if m.digest in inputs.values()}
+    tokenizer = configs.get(inputs[provider(TOKENIZER).name], {})
+    blend = configs.get(inputs[provider(BLEND).name], {})
+    return {"tokenizer": tokenizer.get("tokenizer", tokenizer),
+            "data": {key: blend[key] for key in ("blend", "validation_percent") if key in blend}}
 
 
 def _shape(registry: ArtifactStore, model: Manifest) -> ModelConfig:

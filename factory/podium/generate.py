@@ -2,7 +2,9 @@
 
 A checkpoint is named by the sha256 its record gives, so a link to it never changes meaning. It
 is loaded only from bytes that hash to that sha256, with the tokenizer and model config of the
-stage that saved it. A few loaded models are kept in memory.
+stage that saved it. A few loaded models are kept in memory. The list shows each model once (the
+checkpoint a model stage exported is the model), with the date it was made and the digest the CLI
+prints (`factory leaderboard`, `factory lineage`: the artifact's first 12 hex digits).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Candidate:
     model: dict[str, Any]
     tokenizer: Path
     created: str
+    digest: str = ""
+    """The registry artifact it is in: the exported model's, or the training stage's that saved the checkpoint."""
     chat_template: Path | None = None
     """The chat template it was fine-tuned with, if it was: a conversation prompts it through this."""
 
@@ -62,9 +66,15 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """How the page names it."""
-        where = "model" if self.exported else f"{self.stage} step {self.step}"
+        """How the page names it: a model by its digest as the CLI prints it, a checkpoint by its stage, step and artifact."""
+        short = self.digest[:12]
+        where = f"model {short}" if self.exported else f"{self.stage} step {self.step} of {self.stage} {short}"
         return f"{self.experiment} · {where}"
+
+    @property
+    def made(self) -> str:
+        """When its run made it (the artifact's publication), to the minute, UTC."""
+        return self.created[:16].replace("T", " ")
 
     @property
     def context(self) -> int:
@@ -86,17 +96,21 @@ class Completion:
 
 
 def candidates(registry: ArtifactStore) -> list[Candidate]:
-    """Every published checkpoint and model, newest first (one entry per sha256)."""
+    """Every published model and every checkpoint no model was exported from, newest first (one entry per sha256)."""
     manifests = list(registry.manifests())
     by_digest = {m.digest: m for m in manifests}
     found: dict[str, Candidate] = {}
-    for manifest in manifests:
-        if manifest.kind in TRAINING_STAGES:
-            found.update((c.sha256, c) for c in _checkpoints(registry, manifest) if c.sha256 not in found)
-        elif manifest.kind == model_kind().name:
-            candidate = _model(registry, manifest, by_digest)
-            if candidate is not None and candidate.sha256 not in found:
-                found[candidate.sha256] = candidate
+    exported: set[tuple[str, int]] = set()  # (training artifact, step): the checkpoints that are a model listed already
+    for manifest in (m for m in manifests if m.kind == model_kind().name):
+        candidate = _model(registry, manifest, by_digest)
+        if candidate is not None:
+            found.setdefault(candidate.sha256, candidate)
+            last = [manifest.inputs[name] for name in TRAINING_STAGES if name in manifest.inputs][-1:]  # what the model stage exports
+            exported.update((digest, candidate.step) for digest in last)
+    for manifest in (m for m in manifests if m.kind in TRAINING_STAGES):
+        for c in _checkpoints(registry, manifest):
+            if (c.digest, c.step) not in exported:
+                found.setdefault(c.sha256, c)
     return sorted(found.values(), key=lambda c: (c.created, c.experiment, c.stage, c.step), reverse=True)
 
 
@@ -121,7 +135,7 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
         out.append(Candidate(
             sha256=record["sha256"], experiment=manifest.experiment, stage=manifest.kind, step=int(match.group(1)), path=path,
             model=dict(manifest.config["model"]), tokenizer=registry.path(tokenizer) / TOKENIZER_FILE, created=manifest.created,
-            chat_template=_template(base),
+            digest=manifest.digest, chat_template=_template(base),
         ))
     return out
 
@@ -138,7 +152,7 @@ def _model(registry: ArtifactStore, manifest: Manifest, by_digest: dict[str, Man
     return Candidate(
         sha256=str(weights["sha256"]), experiment=manifest.experiment, stage=manifest.kind, step=int(config.get("steps", 0)),
         path=base / MODEL_WEIGHTS, model=dict(config["model"]), tokenizer=base / TOKENIZER_FILE, created=manifest.created,
-        chat_template=_template(base),
+        digest=manifest.digest, chat_template=_template(base),
     )
 
 

@@ -37,6 +37,8 @@ class CheckpointEval(Section):
 
     max_bytes: int
     batch_size: int
+    primary: str | None = None
+    """The benchmark that ranks the experiment's models (`eval.primary`; unset: the board's default)."""
 
 
 class CheckpointRef(Section):

@@ -105,7 +105,8 @@ def publish_score(
             inputs=dict(checkpoint.spec.upstream), code=code,
             provenance=Provenance(experiment=checkpoint.experiment, config_hash=sha256_of(checkpoint.spec.config)[:16],
                                   git_commit=checkpoint.git_commit, run_id=run_id),
-            summary={**summary, "seconds": round(seconds, 3)},  # the time is the manifest's, not part of the result's bytes
+            summary={**summary, "seconds": round(seconds, 3),  # the time and the ranking are the manifest's, not the result's bytes
+                     **({"primary": checkpoint.eval.primary} if checkpoint.eval.primary else {})},
         )
 
 

@@ -8,7 +8,7 @@ from assets.leaderboard import best_model, leaderboard
 from factory.registry import ArtifactStore
 from factory.evals.publish import current_best, latest_board
 from resources import FactoryStores
-from tests.conftest import publish_result
+from tests.conftest import publish_model, publish_result
 
 
 @pytest.fixture
@@ -32,10 +32,12 @@ def test_a_leader_that_regresses_on_another_benchmark_is_not_marked_best(gate):
     registry, instance, run = gate
     publish_result(registry, "a", "val_bpb", 2.0)
     publish_result(registry, "a", "next_line", 0.30)
+    publish_model(registry, "a")
     first = run()
     assert first.success and check_of(first).passed and current_best(registry).experiment == "a"
     publish_result(registry, "b", "val_bpb", 1.8)  # better on the primary benchmark...
     publish_result(registry, "b", "next_line", 0.10)  # ...but a third of a's next-line accuracy
+    publish_model(registry, "b")
     second = run()
     assert not second.success and gate_refused(second)  # refused by the gate, which `factory run` reports as news
     check = check_of(second)
@@ -51,9 +53,11 @@ def test_a_leader_within_the_tolerance_everywhere_is_marked_best(gate):
     registry, instance, run = gate
     publish_result(registry, "a", "val_bpb", 2.0)
     publish_result(registry, "a", "next_line", 0.30)
+    publish_model(registry, "a")
     assert run().success
     publish_result(registry, "c", "val_bpb", 1.8)
     publish_result(registry, "c", "next_line", 0.297)  # 1% worse: within the 2% tolerance
+    publish_model(registry, "c")
     result = run()
     assert result.success and check_of(result).passed
     assert current_best(registry).experiment == "c"
@@ -63,9 +67,11 @@ def test_a_toy_with_a_lower_val_bpb_on_its_own_data_does_not_become_best_over_a_
     registry, instance, run = gate
     publish_result(registry, "tiny-code-lm", "val_bpb", 2.0, blend="c" * 64)
     publish_result(registry, "tiny-code-lm", "heldout_bpb", 2.3, blend="c" * 64)
+    publish_model(registry, "tiny-code-lm", blend="c" * 64)
     assert run().success and current_best(registry).experiment == "tiny-code-lm"
     publish_result(registry, "toy", "val_bpb", 1.2, step=40, blend="d" * 64)  # its own notes are easy to predict...
     publish_result(registry, "toy", "heldout_bpb", 3.1, step=40, blend="d" * 64)  # ...the shared held-out code is not
+    publish_model(registry, "toy", step=40, blend="d" * 64)
     result = run()
     assert result.success and check_of(result).passed  # val_bpb 2.0 vs 1.2 is no regression: other data
     assert [row.experiment for row in latest_board(registry).rows] == ["tiny-code-lm", "toy"]
@@ -75,10 +81,25 @@ def test_a_toy_with_a_lower_val_bpb_on_its_own_data_does_not_become_best_over_a_
 def test_the_best_model_does_not_move_on_an_own_split_score_of_another_blend(gate):
     registry, instance, run = gate
     publish_result(registry, "tiny-code-lm", "val_bpb", 2.0, blend="c" * 64)
+    publish_model(registry, "tiny-code-lm", blend="c" * 64)
     assert run().success and current_best(registry).experiment == "tiny-code-lm"
     publish_result(registry, "toy", "val_bpb", 1.2, step=40, blend="d" * 64)
+    publish_model(registry, "toy", step=40, blend="d" * 64)
     second = run()
     assert latest_board(registry).rows[0].experiment == "toy"  # the newest results rank a board of own splits alone...
     assert not second.success and gate_refused(second)
     assert "toy leads on val_bpb measured on its own held-out split" in check_of(second).description
     assert current_best(registry).experiment == "tiny-code-lm"  # ...but the best model does not move on them
+
+
+def test_an_interrupted_run_better_on_every_benchmark_is_marked_unfinished_and_never_best(gate):
+    registry, instance, run = gate
+    publish_result(registry, "a", "val_bpb", 2.0)
+    publish_model(registry, "a")
+    assert run().success and current_best(registry).experiment == "a"
+    publish_result(registry, "cut", "val_bpb", 1.0, training="run-cut")  # its run was interrupted: no artifact, no model
+    result = run()
+    assert result.success
+    cut = next(row for row in latest_board(registry).rows if row.experiment == "cut")
+    assert not cut.ranked and cut.note.startswith("unfinished")
+    assert current_best(registry).experiment == "a" and current_best(registry).model

@@ -164,6 +164,16 @@ def test_warmup_must_be_below_steps(tmp_path):
     assert "warmup_steps (300) must be below steps (300)" in message
 
 
+def test_the_primary_benchmark_must_be_one_the_file_evaluates(tmp_path):
+    line = "  benchmarks: [heldout_bpb, val_bpb, next_line]"
+    path, text = write_variant(tmp_path, line, line + "\n  primary: code_exec")
+    message = load_error(path)
+    assert f"{path}:{line_of(text, '  primary: code_exec')}: eval.primary:" in message
+    assert "'code_exec' is not one of eval.benchmarks (heldout_bpb, val_bpb, next_line)" in message
+    chosen, _ = write_variant(tmp_path, line, line + "\n  primary: next_line", "chosen.md")
+    assert load(chosen).eval.primary == "next_line"
+
+
 def test_unpinned_image_is_rejected(tmp_path):
     path, text = write_variant(tmp_path, "image: local", "image: foo:latest")
     message = load_error(path)

@@ -62,3 +62,31 @@ def test_a_conversation_prompts_a_model_through_its_chat_template(tmp_path):
     template.write_text("{{ messages[0].missing }}")
     with pytest.raises(PodiumError, match="does not render the conversation"):
         rendered("hello", template)
+
+
+def test_a_model_is_listed_once_with_its_date_and_the_digest_the_cli_prints(store, tmp_path):
+    import shutil
+
+    from factory.podium.app import create_app
+    from factory.registry import Provenance
+    from starlette.testclient import TestClient
+
+    shutil.copytree(store, tmp_path / "root", symlinks=True)
+    registry = ArtifactStore(tmp_path / "root" / "registry")
+    trained = {m.experiment: m for m in registry.manifests("pretrain")}
+    source = registry.path(trained["podium-seed1"].digest)
+    with registry.staging() as out:  # the model stage exports seed1's final checkpoint (step 10)
+        shutil.copyfile(source / "step_000010.pt", out / "model.pt")
+        (out / "config.json").write_text(json.dumps({"model": trained["podium-seed1"].config["model"], "steps": 10}))
+        shutil.copyfile(registry.path(trained["podium-seed1"].inputs["tokenizer"]) / "tokenizer.json", out / "tokenizer.json")
+        model = registry.publish(out, kind="model", fingerprint="podium-model-1", config={}, inputs={"pretrain": trained["podium-seed1"].digest},
+                                 code="test", provenance=Provenance(experiment="podium-seed1", config_hash="0" * 12, git_commit="0" * 40),
+                                 summary={})
+    found = candidates(registry)
+    assert sorted((c.experiment, c.exported) for c in found) == [("podium-seed1", True), ("podium-seed2", False)]  # not seed1's step 10 too
+    seed1, seed2 = sorted(found, key=lambda c: c.experiment)
+    assert seed1.label == f"podium-seed1 · model {model.digest[:12]}" and seed1.made == model.created[:16].replace("T", " ")
+    assert seed2.label == f"podium-seed2 · pretrain step 10 of pretrain {trained['podium-seed2'].digest[:12]}"
+    page = TestClient(create_app(tmp_path / "root"), base_url="http://127.0.0.1:8765").get("/generate")
+    assert page.status_code == 200 and page.text.count("podium-seed1 ·") == 1
+    assert model.digest[:12] in page.text and seed1.made in page.text
