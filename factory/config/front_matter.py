@@ -32,7 +32,8 @@ INT_TAG = "tag:yaml.org,2002:int"
 
 
 class _Yaml12Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when PyYAML has it: ~10x faster
-    """SafeLoader with YAML 1.2 booleans: only true/false, so a rule's `on:` key stays the word `on`."""
+    """SafeLoader with YAML 1.2 booleans and exponents: only true/false are booleans, so a rule's `on:` key stays the word
+    `on`; `1e-3` is a number, as a person writing a learning rate means (YAML 1.1 would give the string '1e-3')."""
 
 
 _Yaml12Loader.yaml_implicit_resolvers = {
@@ -40,6 +41,8 @@ _Yaml12Loader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Yaml12Loader.add_implicit_resolver(  # YAML 1.2 exponents: `1e-3` and `3e4` are numbers (1.1 needs a dot and a signed exponent)
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"), list("-+.0123456789"))
 
 
 def split_front_matter(path: Path, text: str) -> tuple[str, int, str]:
