@@ -12,6 +12,8 @@ its own session. The boundary is the operating system, set up before the code is
   writable place is a private size-capped tmpfs that ends with the execution: no registry,
   catalog, repository or other process to read, nothing planted that outlives it. Without
   bubblewrap, `unshare` gives network and IPC namespaces and the shared directories are swept;
+- a seccomp filter (`sandbox_seccomp`): no `unshare`, `setns` or `clone` into a new namespace, so
+  the code cannot become root of a user namespace of its own, whatever it does to the hook;
 - a Python audit hook refuses sockets, fork/exec/subprocess, ctypes, gc, frame access and writes
   outside the directory. It is defence in depth, never the boundary: code can turn it off, so
   without root (`Sandbox.isolation` says what holds) the sandbox is best effort.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -39,6 +42,7 @@ from typing import IO, Literal
 
 from factory.errors import ArtifactError
 from factory.post.sandbox_mounts import bwrap_argv, bwrap_works
+from factory.post.sandbox_seccomp import INSTALL, namespace_filter
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
 UID_BASE = 61000
@@ -79,12 +83,14 @@ class Outcome:
 
 
 # Runs in the child (still root, when the parent is) before the untrusted code; the code arrives on stdin only after this.
-CONFINE = r"""
+CONFINE = INSTALL + r"""
 def confine():
     import os, resource, sys
     cpu, memory, fsize, uid, modules = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    program = sys.argv[6]
     for name in modules.split(","):
         __import__(name)
+    install, code = filter_installer(bytes.fromhex(program)) if program else (None, None)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -95,6 +101,9 @@ def confine():
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    if install:
+        install()
+    del install, code  # the filter's buffer may go: the kernel copied it
     # Defence in depth, not the boundary: code can subvert an audit hook. Builtins are bound here so patching them is no help.
     isinstance_, any_, all_, str_, bytes_, int_, frozenset_ = isinstance, any, all, str, bytes, int, frozenset
     realpath, fsdecode, write = os.path.realpath, os.fsdecode, os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -150,9 +159,11 @@ class Sandbox:
         self.root = os.geteuid() == 0
         self.mounts = mount_namespace and self.root and bwrap_works()
         self.namespaces = self.mounts or (self.root and _unshare_works())
-        self.isolation = ("own uid; mount, pid, network and IPC namespaces: only the interpreter, private tmpfs" if self.mounts
-                          else "own uid, network and IPC namespaces; the host's files readable as that uid" if self.namespaces
-                          else "own uid; the host's files and network reachable as that uid" if self.root else "limits and audit hook only")
+        self.seccomp = namespace_filter(platform.machine())
+        isolation = ("own uid; mount, pid, network and IPC namespaces: only the interpreter, private tmpfs" if self.mounts
+                     else "own uid, network and IPC namespaces; the host's files readable as that uid" if self.namespaces
+                     else "own uid; the host's files and network reachable as that uid" if self.root else "limits and audit hook only")
+        self.isolation = isolation + ("; no new namespaces (seccomp)" if self.seccomp else "")
 
     def run(self, source: str) -> Outcome:
         """Execute `source` once; whatever it does is an outcome, never an exception here."""
@@ -178,7 +189,7 @@ class Sandbox:
     def _run(self, source: bytes, uid: int, work: str | None) -> Outcome:
         limits = self.limits
         argv = [self.python, "-P", "-s", "-S", "-B", "-c", CONFINE, str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20),
-                str(uid), ",".join(MODULES)]
+                str(uid), ",".join(MODULES), self.seccomp.hex() if self.seccomp else ""]
         if self.mounts:
             argv = [*bwrap_argv(self.python, limits.tmpfs_mb << 20), *argv[1:]]
         elif self.namespaces:
