@@ -2,8 +2,9 @@
 
 Experiment files come from pull requests and run unattended, so the parse is bounded before any
 value is built: libyaml composes the node graph (linear in the text), then one walk counts the
-nodes as aliases would expand them, the nesting depth and the digits of integers, and refuses a
-file over any limit with its `file:line` (a 370-byte "billion laughs" file expands to 10^9 nodes).
+nodes as aliases would expand them, the nesting depth and the value of every integer (whatever base it is
+written in), and refuses a file over any limit with its `file:line` (a 370-byte "billion laughs" file
+expands to 10^9 nodes; `0x` and 5,000 `f`s is one integer Python would print only as a crash).
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ MAX_YAML_NODES = 10_000
 """Nodes of the front matter once aliases are expanded; a real recipe has a few hundred."""
 MAX_YAML_DEPTH = 32
 """Nesting depth of mappings and lists; a recipe nests four or five deep."""
-MAX_INT_DIGITS = 20
-"""Digits of an integer value (a 64-bit integer has at most 19)."""
+MAX_INT = 2**63 - 1
+"""Largest magnitude of an integer value (a 64-bit integer), however it is written: no setting takes a larger one."""
+INT_WIDTHS = {2: 63, 8: 21, 10: 19, 16: 16}
+"""Digits (leading zeros aside) a base needs for MAX_INT: more cannot be in range, so they are never converted."""
+SEXAGESIMAL_DIGITS = 2
 INT_TAG = "tag:yaml.org,2002:int"
 
 
 class _Yaml12Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when PyYAML has it: ~10x faster
-    """SafeLoader with YAML 1.2 booleans: only true/false, so a rule's `on:` key stays the word `on`."""
+    """SafeLoader with YAML 1.2 booleans and exponents: only true/false are booleans, so a rule's `on:` key stays the word
+    `on`; `1e-3` is a number, as a person writing a learning rate means (YAML 1.1 would give the string '1e-3')."""
 
 
 _Yaml12Loader.yaml_implicit_resolvers = {
@@ -36,6 +41,8 @@ _Yaml12Loader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Yaml12Loader.add_implicit_resolver(  # YAML 1.2 exponents: `1e-3` and `3e4` are numbers (1.1 needs a dot and a signed exponent)
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"), list("-+.0123456789"))
 
 
 def split_front_matter(path: Path, text: str) -> tuple[str, int, str]:
@@ -120,8 +127,10 @@ def check_bounds(path: Path, root: yaml.Node, first_line: int) -> None:
         if depth > MAX_YAML_DEPTH:
             raise ConfigError(f"{path}:{line}: the front matter nests deeper than {MAX_YAML_DEPTH} levels; flatten it")
         if isinstance(node, yaml.ScalarNode):
-            if node.tag == INT_TAG and sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
-                raise ConfigError(f"{path}:{line}: an integer of more than {MAX_INT_DIGITS} digits; no setting takes one that large")
+            if node.tag == INT_TAG and yaml_int(node.value) is None:
+                shown = node.value if len(node.value) <= 24 else node.value[:20] + "..."
+                raise ConfigError(f"{path}:{line}: {shown!r} is not an integer within ±{MAX_INT} (64 bits); "
+                                  "no setting takes a larger one")
             continue
         children = [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode) else list(node.value)
         counted += len(children)
@@ -131,6 +140,37 @@ def check_bounds(path: Path, root: yaml.Node, first_line: int) -> None:
                 "count each time they are used); write the recipe out plainly"
             )
         stack += [(child, depth + 1) for child in children]
+
+
+def yaml_int(text: str) -> int | None:
+    """The value of a YAML 1.1 integer (sign, `_` groups, `0b`, `0x`, leading-`0` octal, base 60 as `1:30`), or None when
+    `text` is not one or lies beyond ±MAX_INT. Never converts more digits than MAX_INT has: each step costs a few digits."""
+    body = text.replace("_", "")
+    sign = -1 if body.startswith("-") else 1
+    body = body[1:] if body[:1] in ("-", "+") else body
+    if ":" in body:  # base 60: `1:30` is 90; the first group may be any width, the others 0..59
+        first, *rest = body.split(":")
+        value = _in_base(first, 10)
+        for group in rest:
+            if value is None or len(group) > SEXAGESIMAL_DIGITS or (digit := _in_base(group, 10)) is None or digit >= 60:
+                return None
+            value = value * 60 + digit
+            if value > MAX_INT:
+                return None
+    else:
+        base = {"0b": 2, "0x": 16}.get(body[:2].lower(), 8 if len(body) > 1 and body.startswith("0") else 10)
+        value = _in_base(body[2:] if base in (2, 16) else body, base)
+    return None if value is None or value > MAX_INT else sign * value
+
+
+def _in_base(digits: str, base: int) -> int | None:
+    significant = digits.lstrip("0") or ("0" if digits else "")
+    if not significant or len(significant) > INT_WIDTHS[base] or not significant.isascii():
+        return None
+    try:
+        return int(significant, base)
+    except ValueError:
+        return None
 
 
 def _index_lines(path: Path, node: yaml.Node, prefix: tuple, first_line: int, out: dict[tuple, int]) -> None:

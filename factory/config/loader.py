@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -83,6 +84,7 @@ def load_text(path: Path, text: str, max_variants: int = DEFAULT_MAX_VARIANTS, r
     raw["source"] = str(path)
     grid = _sweep_grid(document, sweep, max_variants)
     experiments = [_validate(document, raw, variant) for variant in grid]
+    _refuse_repeated_recipes(document, sweep, experiments)
     _refuse_name_collisions(document, experiments)
     return experiments
 
@@ -178,6 +180,28 @@ def _refuse_non_finite(path: Path, value: Any, keys: tuple, locations: dict[tupl
     children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
     for key, child in children:
         _refuse_non_finite(path, child, (*keys, key), locations)
+
+
+def _refuse_repeated_recipes(document: Document, sweep: dict[str, list] | None, experiments: list[Experiment]) -> None:
+    """Two values of one axis that its field reads alike (`300` and `300.0` for a whole number) would train one recipe twice
+    under two names: refused at the later value, once the fields have read them."""
+    if not sweep:
+        return
+    positions = list(itertools.product(*(range(len(values)) for values in sweep.values())))  # the grid's order
+    seen: dict[str, int] = {}
+    for index, experiment in enumerate(experiments):
+        recipe = json.dumps(experiment.model_dump(mode="json", exclude={"name", "variant"}), sort_keys=True)
+        first = seen.setdefault(recipe, index)
+        if first == index:
+            continue
+        axis, dotted = next((a, d) for a, d in enumerate(sweep) if positions[first][a] != positions[index][a])
+        earlier, later = positions[first][axis], positions[index][axis]
+        path, line = document.locations.get(("sweep", dotted, later), document.locations[("sweep", dotted)])
+        raise ConfigError(
+            f"{path}:{line}: sweep.{dotted}: values {earlier + 1} and {later + 1} ({sweep[dotted][earlier]!r} and "
+            f"{sweep[dotted][later]!r}) are one value once the field reads them, so variants {experiments[first].name!r} and "
+            f"{experiment.name!r} would be one recipe twice; keep one of the two values"
+        )
 
 
 def _refuse_name_collisions(document: Document, experiments: list[Experiment]) -> None:

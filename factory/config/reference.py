@@ -58,7 +58,9 @@ becomes the experiment's `description`. The front matter is a mapping of the sec
   a variant with its own name (and partition key): the file's name, then `leaf=value` per swept
   field (the whole dotted path where two leaves share a name), e.g. `grid.lr=0.001.vocab_size=512`.
   `name`, `sweep`, `extends` and `description` cannot be swept; a grid may have at most $max_variants
-  variants.
+  variants. Two values of one list that the field reads alike (`300` and `300.0` for a whole
+  number, `0.001` and `1e-3`) are refused: they would run one recipe twice. Numbers follow YAML
+  1.2, so `1e-3` and `3e4` are numbers, not text.
 
 How to read the tables: `<name>` in a path is a key of a mapping you choose, `[i]` is an item of
 a list. Bounds are the ones the schema states per field; rules across fields (e.g. `n_embd`

@@ -33,11 +33,12 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.prompts import TABLE as PROMPTS_TABLE
 from factory.data.prompts import save_prompt
 from factory.errors import FactoryError
+from factory.podium.body import MAX_BODY_BYTES, MAX_FORM_FIELDS, BodyLimit
 from factory.podium.browse import OPERATORS, PAGE_SIZES, POSITION, Browser, Filter, PageQuery
 from factory.podium.cells import Preview
 from factory.podium.errors import Busy, NotFound, PodiumError
 from factory.podium.conversation import sampled
-from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates
+from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates, checked_temperature
 from factory.podium.render import pygments_css, render_row
 from factory.podium.sql import parse_params
 from factory.registry.store import ArtifactStore
@@ -174,7 +175,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
             if (conversation := sampled(prompt)) is not None:  # a chat row: the turns before its last reply prompt the models
                 prompt, reply, chat = conversation.prompt, conversation.reply, True
         new_tokens = _int(str(form.get("new_tokens", "48")), "new tokens")
-        temperature = _float(str(form.get("temperature", "0")), "temperature")
+        temperature = checked_temperature(_float(str(form.get("temperature", "0")), "temperature"))
         completions, error = [], ""
         if request.method == "POST":
             if not chosen:
@@ -242,7 +243,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
         hosts += [host, *_names_of_this_machine()]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SameOrigin)],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(BodyLimit), Middleware(SameOrigin)],
         exception_handlers={NotFound: not_found, Busy: busy, PodiumError: bad_request, FactoryError: not_done, HTTPException: http_error,
                             Exception: server_error},
     )
@@ -309,11 +310,13 @@ def _page_query(params: QueryParams) -> PageQuery:
 
 
 async def _text_form(request: Request) -> FormData:
-    """A posted form whose fields are all text: an uploaded file is refused (400), never read as a value."""
+    """A posted form whose fields are all text, at most MAX_FORM_FIELDS of them: an uploaded file is refused (400), never read
+    as a value (`BodyLimit` has bounded the body before this reads it)."""
     try:
-        form = await request.form(max_files=0)
+        form = await request.form(max_files=0, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_BODY_BYTES)
     except HTTPException as e:
-        raise PodiumError(f"the form cannot be read ({e.detail}); Podium's forms take text fields only, not uploaded files") from e
+        raise PodiumError(f"the form cannot be read ({e.detail}); Podium's forms take at most {MAX_FORM_FIELDS} text fields, "
+                          "not uploaded files") from e
     for key, value in form.multi_items():
         if not isinstance(value, str):
             raise PodiumError(f"the form field {key!r} must be text, not an uploaded file")

@@ -37,6 +37,9 @@ from factory.train.checkpoint import load_checkpoint
 RECORD = re.compile(r"^step_(\d+)\.json$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_NEW_TOKENS = 256
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 5.0
+"""Sampling temperatures (0 is greedy): below MIN logits / temperature overflow to inf and the draw fails; past MAX it is noise."""
 MAX_PROMPT_CHARS = 20_000
 LOADED_MODELS = 4
 
@@ -160,6 +163,13 @@ def _template(directory: Path) -> Path | None:
     return template if (template := directory / CHAT_TEMPLATE_FILE).is_file() else None
 
 
+def checked_temperature(value: float) -> float:
+    """`value` when it is 0 (greedy) or a finite temperature in [MIN_TEMPERATURE, MAX_TEMPERATURE]; else what to change."""
+    if value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:  # nan and inf compare false: refused too
+        return value
+    raise PodiumError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, not {value}")
+
+
 class Generator:
     """Loads candidates on demand (a few at a time) and completes prompts with them."""
 
@@ -187,13 +197,14 @@ class Generator:
             raise PodiumError(f"the prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are generated from")
         if not 1 <= new_tokens <= MAX_NEW_TOKENS:
             raise PodiumError(f"new tokens must be between 1 and {MAX_NEW_TOKENS}, not {new_tokens}")
+        checked_temperature(temperature)
         with self._lock:  # one generation at a time: the models share the CPU
             model, tokenizer = self._model(candidate)
             text = rendered(prompt, candidate.chat_template) if chat else prompt
             ids = tokenizer.encode(text).ids
             if not ids:
                 raise PodiumError("the prompt encodes to no tokens")
-            sampling = Sampling(new_tokens=new_tokens, temperature=max(temperature, 0.0), eos_id=end_of_text(tokenizer, candidate.tokenizer))
+            sampling = Sampling(new_tokens=new_tokens, temperature=temperature, eos_id=end_of_text(tokenizer, candidate.tokenizer))
             started = time.perf_counter()
             done = generate(model, [ids], sampling, context=candidate.context, seeds=[seed] if temperature > 0 else None)[0]
             seconds = time.perf_counter() - started

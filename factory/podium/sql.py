@@ -72,7 +72,12 @@ def single_select(text: str) -> str:
     if statements[0].type != duckdb.StatementType.SELECT:
         raise PodiumError(f"only SELECT queries run here; this is a {statements[0].type.name} statement")
     with duckdb.connect(config={"enable_external_access": False}) as con:
-        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [statements[0].query]).fetchall()[0][0])
+        serialized = con.execute("SELECT json_serialize_sql(?)", [statements[0].query]).fetchall()[0][0]
+    try:
+        tree = json.loads(serialized)
+    except RecursionError as e:  # ~300 subqueries inside each other pass DuckDB's parser but not Python's JSON decoder
+        raise PodiumError("the query nests too deep to be checked (subqueries or parentheses inside each other); "
+                          "name the inner queries in a WITH clause instead") from e
     if tree.get("error"):
         raise PodiumError(f"only SELECT queries run here: {tree.get('error_message', 'the statement is not a plain SELECT')}")
     found = sorted(query_nodes(tree) - READ_ONLY_NODES)

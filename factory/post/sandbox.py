@@ -12,18 +12,24 @@ its own session. The boundary is the operating system, set up before the code is
   writable place is a private size-capped tmpfs that ends with the execution: no registry,
   catalog, repository or other process to read, nothing planted that outlives it. Without
   bubblewrap, `unshare` gives network and IPC namespaces and the shared directories are swept;
+- a seccomp filter (`sandbox_seccomp`): no `unshare`, `setns` or `clone` into a new namespace, so
+  the code cannot become root of a user namespace of its own, whatever it does to the hook;
 - a Python audit hook refuses sockets, fork/exec/subprocess, ctypes, gc, frame access and writes
   outside the directory. It is defence in depth, never the boundary: code can turn it off, so
   without root (`Sandbox.isolation` says what holds) the sandbox is best effort.
 
 The parent enforces wall time and output size, kills the whole session before reaping it, and
 removes the directory. A crash, a limit or a refusal is an outcome (`status`), never an exception.
+A CPU-limit timeout is told from code that exits with the status a signal gives (`sys.exit(137)`,
+which bubblewrap reports as it would a SIGKILL): an interpreter that exits writes to a pipe the
+parent reads; one that a signal ends cannot.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -39,6 +45,7 @@ from typing import IO, Literal
 
 from factory.errors import ArtifactError
 from factory.post.sandbox_mounts import bwrap_argv, bwrap_works
+from factory.post.sandbox_seccomp import INSTALL, namespace_filter
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
 UID_BASE = 61000
@@ -49,6 +56,8 @@ SHARED_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
 """World-writable places the sandbox user could still reach: swept of its files after each execution."""
 MODULES = ("math", "json", "re", "string", "collections", "itertools", "functools", "operator", "random", "heapq", "bisect", "copy")
 """Standard-library modules imported before privileges are dropped (the interpreter's files may be unreadable afterwards)."""
+EXITED = b"exited"
+"""What the interpreter writes to its status pipe as it exits (an exit status, not a signal, ended it)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,15 +85,22 @@ class Outcome:
     seconds: float
     stopped_by: Literal["cpu", "wall"] | None = None
     """For a timeout, which limit ended it: the CPU seconds (the kernel's SIGXCPU, then SIGKILL) or the wall clock."""
+    exit_code: int | None = None
+    """How the process ended when no limit of the sandbox did: its exit status, or -N when signal N killed it (under
+    bubblewrap, a death by signal N reads as status 128 + N). None when the sandbox stopped it."""
 
 
 # Runs in the child (still root, when the parent is) before the untrusted code; the code arrives on stdin only after this.
-CONFINE = r"""
+CONFINE = INSTALL + r"""
 def confine():
     import os, resource, sys
     cpu, memory, fsize, uid, modules = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    program, status = sys.argv[6], int(sys.argv[7])
+    import atexit
+    atexit.register(os.write, status, b"exited")  # EXITED, read by the parent: an exit, not a signal (which runs no atexit)
     for name in modules.split(","):
         __import__(name)
+    install, code = filter_installer(bytes.fromhex(program)) if program else (None, None)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -95,6 +111,9 @@ def confine():
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    if install:
+        install()
+    del install, code  # the filter's buffer may go: the kernel copied it
     # Defence in depth, not the boundary: code can subvert an audit hook. Builtins are bound here so patching them is no help.
     isinstance_, any_, all_, str_, bytes_, int_, frozenset_ = isinstance, any, all, str, bytes, int, frozenset
     realpath, fsdecode, write = os.path.realpath, os.fsdecode, os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -150,9 +169,11 @@ class Sandbox:
         self.root = os.geteuid() == 0
         self.mounts = mount_namespace and self.root and bwrap_works()
         self.namespaces = self.mounts or (self.root and _unshare_works())
-        self.isolation = ("own uid; mount, pid, network and IPC namespaces: only the interpreter, private tmpfs" if self.mounts
-                          else "own uid, network and IPC namespaces; the host's files readable as that uid" if self.namespaces
-                          else "own uid; the host's files and network reachable as that uid" if self.root else "limits and audit hook only")
+        self.seccomp = namespace_filter(platform.machine())
+        isolation = ("own uid; mount, pid, network and IPC namespaces: only the interpreter, private tmpfs" if self.mounts
+                     else "own uid, network and IPC namespaces; the host's files readable as that uid" if self.namespaces
+                     else "own uid; the host's files and network reachable as that uid" if self.root else "limits and audit hook only")
+        self.isolation = isolation + ("; no new namespaces (seccomp)" if self.seccomp else "")
 
     def run(self, source: str) -> Outcome:
         """Execute `source` once; whatever it does is an outcome, never an exception here."""
@@ -178,15 +199,23 @@ class Sandbox:
     def _run(self, source: bytes, uid: int, work: str | None) -> Outcome:
         limits = self.limits
         argv = [self.python, "-P", "-s", "-S", "-B", "-c", CONFINE, str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20),
-                str(uid), ",".join(MODULES)]
+                str(uid), ",".join(MODULES), self.seccomp.hex() if self.seccomp else ""]
+        status_read, status_write = os.pipe()
+        argv.append(str(status_write))
         if self.mounts:
             argv = [*bwrap_argv(self.python, limits.tmpfs_mb << 20), *argv[1:]]
         elif self.namespaces:
             argv = ["unshare", "--net", "--ipc", "--", *argv]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         started = time.perf_counter()
-        process = subprocess.Popen(argv, cwd=work or "/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   start_new_session=True)
+        try:
+            process = subprocess.Popen(argv, cwd=work or "/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, start_new_session=True, pass_fds=(status_write,))
+        except OSError:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)  # the child's copy is the only writer left
         out, err = _Capped(process, process.stdout, limits.output_bytes), _Capped(process, process.stderr, limits.output_bytes)
         try:
             process.stdin.write(source)
@@ -199,12 +228,13 @@ class Sandbox:
         err.join(timeout=2)
         seconds = time.perf_counter() - started
         stderr = "".join(err.text().splitlines(keepends=True)[-10:])
-        code = process.returncode
-        if self.mounts and code is not None and code > 128:
-            code = 128 - code  # bubblewrap exits 128 + N when the code died of signal N
-        status = _status(code, timed_out, out.overflow or err.overflow, stderr)
+        code = _ending(process.returncode, exited=_read_status(status_read) == EXITED, bubblewrap=self.mounts)
+        cpu_limit = code in (-signal.SIGXCPU, -signal.SIGKILL)
+        overflow = out.overflow or err.overflow
+        status = _status(code, timed_out or cpu_limit, overflow, stderr)
         stopped_by = None if status != "timeout" else "wall" if timed_out else "cpu"
-        return Outcome(status=status, stdout=out.text(), stderr=stderr, seconds=seconds, stopped_by=stopped_by)
+        exit_code = None if timed_out or cpu_limit or overflow else code
+        return Outcome(status=status, stdout=out.text(), stderr=stderr, seconds=seconds, stopped_by=stopped_by, exit_code=exit_code)
 
 
 class _Capped(threading.Thread):
@@ -271,6 +301,25 @@ def _kill_session(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def _read_status(fd: int) -> bytes:
+    """What the reaped execution wrote to its status pipe, without waiting for writers it may have left; closes the pipe."""
+    try:
+        os.set_blocking(fd, False)
+        return os.read(fd, len(EXITED) + 1)
+    except BlockingIOError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _ending(returncode: int, exited: bool, bubblewrap: bool) -> int:
+    """The exit status, or -N for a death by signal N: bubblewrap reports that as 128 + N, which only the interpreter's
+    word that it exited tells from `sys.exit(128 + N)`."""
+    if bubblewrap and returncode > 128 and not exited:
+        return 128 - returncode
+    return returncode
+
+
 def _sweep(uid: int) -> None:
     """Remove what the sandbox user left in the world-writable directories."""
     for directory in SHARED_DIRS:
@@ -303,10 +352,10 @@ def _force_remove(function, path, _error) -> None:
         pass
 
 
-def _status(code: int | None, timed_out: bool, overflow: bool, stderr: str) -> Status:
+def _status(code: int, limited: bool, overflow: bool, stderr: str) -> Status:
     if overflow:
         return "output_limit"
-    if timed_out or code in (-signal.SIGXCPU, -signal.SIGKILL):
+    if limited:
         return "timeout"
     if code == 0:
         return "ok"

@@ -59,3 +59,25 @@ def test_a_bad_swept_value_names_the_sweep_line(tmp_path, tiny_path):
     write(tmp_path / "typo.md", "extends: base.md\nsweep:\n  pretrain.lrr: [1]\n")
     with pytest.raises(ConfigError, match=r"typo.md:4: pretrain.lrr: unknown key"):
         load_file(tmp_path / "typo.md")
+
+
+@pytest.mark.parametrize(("values", "line", "shown"), [
+    ("[0.001, 1e-3]", 5, "(0.001 and 0.001)"),
+    ("[300, 300.0]", 5, "(300 and 300.0)"),
+    ("\n    - 0.002\n    - 0.001\n    - 1.0E-3", 8, "values 2 and 3 (0.001 and 0.001)"),
+])
+def test_values_of_one_axis_that_the_field_reads_alike_are_refused_at_the_later_one(tmp_path, values, line, shown):
+    field = "steps" if "300" in values else "lr"
+    grid = write(tmp_path / "grid.md", f"pretrain: {{steps: 10}}\nsweep:\n  model.n_layer: [1, 2]\n  pretrain.{field}: {values}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_file(grid)
+    message = str(caught.value)
+    assert message.startswith(f"{grid}:{line}: sweep.pretrain.{field}: ") and shown in message, message
+    assert "would be one recipe twice" in message
+
+
+def test_yaml_exponents_are_numbers_where_a_float_or_a_whole_number_is_expected(tmp_path):
+    experiment = load(write(tmp_path / "exp.md", "pretrain: {steps: 1e3, lr: 3e-4}\n"))
+    assert (experiment.pretrain.steps, experiment.pretrain.lr) == (1000, 0.0003)
+    grid = load_file(write(tmp_path / "grid.md", "pretrain: {steps: 10}\nsweep:\n  pretrain.lr: [1e-3, 2e-3]\n"))
+    assert [v.name for v in grid] == ["grid.lr=0.001", "grid.lr=0.002"]

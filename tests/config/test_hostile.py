@@ -18,7 +18,7 @@ import pytest
 
 from factory.config import load, load_file
 from factory.config.files import DATA_ROOTS_ENV, MAX_FILE_BYTES
-from factory.config.front_matter import MAX_INT_DIGITS, MAX_YAML_DEPTH
+from factory.config.front_matter import MAX_INT, MAX_YAML_DEPTH
 from factory.config.loader import MAX_EXTENDS_DEPTH
 from factory.config.data_sections import SourceConfig
 from factory.config.sources import matching_files, source_files, source_root
@@ -204,15 +204,41 @@ NESTED = "{a: " * (MAX_YAML_DEPTH + 5) + "1" + "}" * (MAX_YAML_DEPTH + 5)
 @pytest.mark.parametrize(("front", "expected"), [
     (f"pretrain: {{steps: 10}}\nx: {NESTED}", f"{{path}}:3: the front matter nests deeper than {MAX_YAML_DEPTH} levels"),
     ("x: &a [*a]\npretrain: {steps: 10}", f"{{path}}:2: the front matter nests deeper than {MAX_YAML_DEPTH} levels"),
-    ("pretrain: {steps: 10}\nseed: " + "9" * 100_000, f"{{path}}:3: an integer of more than {MAX_INT_DIGITS} digits"),
+    ("pretrain: {steps: 10}\nseed: " + "9" * 100_000, f"{{path}}:3: '99999999999999999999...' is not an integer within ±{MAX_INT}"),
     ("pretrain: {steps: 99999999999999999}", "{path}:2: pretrain.steps: Input should be less than or equal to"),
     ("pretrain: {steps: 10}\n#" + "x" * MAX_FILE_BYTES, f"{{path}}: {MAX_FILE_BYTES + 36} bytes, more than the limit of {MAX_FILE_BYTES}"),
     ("pretrain: {steps: 10}\nsweep:\n  pretrain.lr: [0.001, .inf]", "{path}:4: pretrain.lr: inf is not a finite number"),
-    ("pretrain: {steps: 10}\nsweep:\n  pretrain.lr: [0.001, 1.0e-3]", "{path}:3: sweep: variants {{'pretrain.lr': 0.001}} and {{'pretrain.lr': 0.001}} are both named 'bad.lr=0.001'"),
+    ("pretrain: {steps: 10}\nsweep:\n  pretrain.lr: [0.001, 1.0e-3]", "{path}:4: sweep.pretrain.lr: values 1 and 2 (0.001 and 0.001) are one value"),
 ])
 def test_values_out_of_bounds_are_refused_with_their_line(tmp_path, front, expected):
     path = write(tmp_path / "bad.md", f"---\n{front}\n---\nwhy\n")
     assert expected.format(path=path) in error_of(path)
+
+
+HUGE_INTEGERS = ["0x" + "f" * 5000, "0b" + "1" * 64, "0x8000000000000000", "0" + "7" * 22, "9_223_372_036_854_775_808",
+                 "-9223372036854775808", "1" + ":59" * 11, "1" + ":0" * 5000, "!!int abc", "!!int 0o17"]
+
+
+@pytest.mark.parametrize("value", HUGE_INTEGERS)
+def test_integers_are_bounded_by_value_whatever_their_base(tmp_path, value):
+    path = write(tmp_path / "int.md", f"---\npretrain: {{steps: 10}}\nseed: {value}\n---\n")
+    assert f"{path}:3: " in (message := error_of(path)) and f"is not an integer within ±{MAX_INT} (64 bits)" in message, message
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0x7fffffffffffffff", MAX_INT), ("0b101", 5), ("017", 15), ("1_000", 1000),
+                                                 ("1:30", 90), ("0x1_0", 16), ("0" * 5000 + "1", 1)])
+def test_integers_in_range_read_as_yaml_writes_them_in_any_base(tmp_path, value, expected):
+    assert load(write(tmp_path / "int.md", f"---\npretrain: {{steps: 10}}\nseed: {value}\n---\n")).seed == expected
+
+
+def test_check_of_a_directory_with_a_huge_hex_seed_refuses_that_file_and_checks_the_others(tmp_path):
+    write(tmp_path / "good.md", GOOD)
+    bad = write(tmp_path / "hex.md", "---\npretrain: {steps: 10}\nseed: 0x" + "f" * 5000 + "\n---\n")
+    result = subprocess.run([sys.executable, "-m", "factory", "check", str(tmp_path)],
+                            capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=REPO, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert f"{bad}:3: " in output and "good" in output, output
 
 
 def test_a_good_file_still_loads(tmp_path):

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.tables import write_version
 from factory.podium.app import create_app
+from factory.podium.body import MAX_BODY_BYTES, MAX_FORM_FIELDS
 from factory.podium.generate import candidates
 from factory.registry import ArtifactStore
 from tests.podium.conftest import ATTRIBUTE, SAMPLE_SCHEMA, SCRIPT, TABLE, sample
@@ -175,3 +176,37 @@ def test_an_uploaded_file_in_a_form_is_refused(client, path):
     assert response.status_code == 400
     assert "not uploaded files" in response.text or "must be text, not an uploaded file" in response.text
     assert "UploadFile" not in response.text
+
+
+def test_a_request_body_over_the_bound_is_refused_before_it_is_read(client):
+    response = client.post("/prompts", content=b"prompt=" + b"x" * MAX_BODY_BYTES,
+                           headers={"content-type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 413 and "over 1024 KiB" in response.text
+    chunks = (b"q=" + b"x" * (1 << 16) if i == 0 else b"x" * (1 << 16) for i in range(40))  # chunked: no length declared
+    streamed = client.post("/t/sft.samples/sql", content=chunks, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert streamed.status_code == 413 and "over 1024 KiB" in streamed.text
+    assert client.get("/t/sft.samples").status_code == 200, "the server goes on serving"
+
+
+def test_a_form_of_too_many_fields_is_refused(client):
+    response = client.post("/generate", data={f"f{i}": "x" for i in range(999)})
+    assert response.status_code == 400 and f"at most {MAX_FORM_FIELDS} text fields" in response.text
+
+
+def test_a_query_nested_too_deep_is_a_400_not_a_server_error(client):
+    response = client.post("/t/sft.samples/sql", data={"q": "SELECT " + "(SELECT " * 300 + "1" + ")" * 300})
+    assert response.status_code == 400 and "the query nests too deep" in response.text
+
+
+@pytest.mark.parametrize("temperature", ["nan", "1e-320", "-1", "inf", "-inf", "6", "0.001"])
+def test_a_temperature_out_of_range_is_a_400_naming_it(store, client, temperature):
+    shas = [c.sha256 for c in candidates(ArtifactStore(store / "registry"))]
+    response = client.post("/generate", data={"ckpt": shas[:1], "prompt": "def add(a, b):", "new_tokens": "4", "temperature": temperature})
+    assert response.status_code == 400 and "temperature must be 0 (greedy) or between 0.01 and 5.0" in response.text
+    assert 'class="completion"' not in response.text
+
+
+def test_a_sampled_completion_at_a_finite_temperature(store, client):
+    shas = [c.sha256 for c in candidates(ArtifactStore(store / "registry"))]
+    response = client.post("/generate", data={"ckpt": shas[:1], "prompt": "def add(a, b):", "new_tokens": "4", "temperature": "0.7"})
+    assert response.status_code == 200 and response.text.count('class="completion"') == 1

@@ -19,6 +19,7 @@ from tests.podium.conftest import TABLE, versions
     ("WITH x AS (COPY (SELECT 1) TO '/tmp/podium-cte.csv') SELECT 1", "holds COPY inside"),
     ("WITH x AS (DELETE FROM t RETURNING *) SELECT * FROM x", "holds DELETE inside"),
     ("SELECT * FROM (WITH y AS (INSERT INTO t VALUES (1)) SELECT 1)", "holds INSERT inside"),
+    ("SELECT " + "(SELECT " * 300 + "1" + ")" * 300, "the query nests too deep to be checked"),
 ])
 def test_sql_box_refuses_anything_but_one_select_over_the_table(browser, query, message):
     _, v2 = versions(browser)

@@ -2,6 +2,7 @@
 
 import fcntl
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -11,6 +12,7 @@ import pytest
 
 from factory.post import sandbox as sandbox_module
 from factory.post.sandbox import UID_BASE, UID_LOCKS, Limits, Sandbox
+from factory.post.sandbox_seccomp import namespace_filter
 
 ROOT = os.geteuid() == 0
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -78,7 +80,15 @@ def test_an_exception_is_an_error_outcome_with_its_traceback(sandbox):
 
 def test_an_infinite_loop_is_stopped_by_the_cpu_limit_before_the_wall_limit(sandbox):
     outcome = sandbox.run("while True:\n    pass")
-    assert (outcome.status, outcome.stopped_by) == ("timeout", "cpu")  # 1 CPU second; the wall limit is 3
+    assert (outcome.status, outcome.stopped_by, outcome.exit_code) == ("timeout", "cpu", None)  # 1 CPU second; the wall limit is 3
+
+
+@pytest.mark.parametrize("mount_namespace", [True, False])
+@pytest.mark.parametrize("source, status", [("import sys\nsys.exit(137)", 137), ("raise SystemExit(152)", 152), ("import os\nos._exit(3)", 3)])
+def test_an_exit_status_is_reported_as_the_code_gave_it_never_as_a_limit(source, status, mount_namespace):
+    """137 and 152 are what bubblewrap reports for a SIGKILL and a SIGXCPU: an interpreter that exits says so to the parent."""
+    outcome = Sandbox(Limits(cpu_s=1, wall_s=3), mount_namespace=mount_namespace).run(source)
+    assert (outcome.status, outcome.stopped_by, outcome.exit_code) == ("error", None, status)
 
 
 def test_sleeping_forever_is_stopped_by_the_wall_limit(sandbox):
@@ -192,7 +202,8 @@ def test_isolation_says_what_holds_without_bubblewrap_or_without_root(monkeypatc
         assert not fallback.mounts and "host's files readable" in fallback.isolation
     monkeypatch.setattr(sandbox_module.os, "geteuid", lambda: 1000)
     unprivileged = Sandbox()
-    assert (unprivileged.mounts, unprivileged.isolation) == (False, "limits and audit hook only")
+    seccomp = "; no new namespaces (seccomp)" if namespace_filter(platform.machine()) else ""
+    assert (unprivileged.mounts, unprivileged.isolation) == (False, "limits and audit hook only" + seccomp)
 
 
 @pytest.fixture
