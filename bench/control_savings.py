@@ -45,7 +45,7 @@ REGIMES = {  # name -> (training bytes, fixed budget in steps, what the budget i
     "generous": (30_000, 3000, "a generous budget: the runs have nothing left to learn long before it ends"),
     "about-right": (60_000, 2000, "a budget about right: most fixed runs still improve at the end"),
 }
-SMOKE_REGIME = (5_000, 60, "a smoke run: checks the bench runs, its figures mean little")
+SMOKE_REGIME = (5_000, 30, "a smoke run: checks the bench runs, its figures mean little")
 SMOKE_RUNS = ("lr=1e-3", "lr=1")
 FIXED_CHECKPOINT_EVERY = 50
 RUNS = {  # name -> (lr, what it shows)

@@ -37,7 +37,7 @@ from factory.registry import ArtifactStore, Provenance  # noqa: E402
 
 UNBATCHED = 8
 BATCHED = 200
-SMOKE = (2, 4)
+SMOKE = (1, 2)
 """(unbatched, batched) partitions of `--smoke`."""
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
