@@ -160,8 +160,9 @@ def worker(spec: dict[str, Any]) -> None:
         peaks.append(peak_rss_mb())
 
     with timed_loads() as loads:
-        result = pretrain(data_for(world.rank, world.size), VOCAB, ModelConfig(**spec["model"]), config_for(spec["parallelism"], spec["steps"]),
-                          0, Path(spec["work"]), LOG, world=world, on_step=stepped)
+        config = config_for(spec["parallelism"], spec["steps"])
+        result = pretrain(data_for(world.rank, world.size), VOCAB, ModelConfig(**spec["model"]), config, 0, Path(spec["work"]), LOG,
+                          world=world, on_step=stepped)
     record = {
         "rank": world.rank, "baseline_mb": baseline / 2**20, "peak_mb": peak_rss_mb(), "step_peaks_mb": peaks,
         "gpu_peak_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
@@ -181,7 +182,8 @@ def run(work: Path, ranks: int, parallelism: str, device: str, sizes: Sizes, mal
     out = work.parent / f"{work.name}-out"
     out.mkdir(parents=True)
     spec = work.parent / f"{work.name}.json"
-    spec.write_text(json.dumps({"work": str(work), "parallelism": parallelism, "out": str(out), "model": sizes.model(), "steps": sizes.steps}))
+    spec.write_text(json.dumps({"work": str(work), "parallelism": parallelism, "out": str(out), "model": sizes.model(),
+                                "steps": sizes.steps}))
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     threads = max(1, (os.cpu_count() or 1) // ranks)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}),
@@ -225,7 +227,8 @@ def compare(tmp: Path, device: str, allocator: str, sizes: Sizes) -> dict[str, l
     for key, what in measures:
         for parallelism, side in sides.items():
             per_rank = [statistics.median(ranks[r][key] for ranks in side) for r in range(2)]
-            print(f"fsdp: {what} per rank, {parallelism.upper()} on 2 ranks: {per_rank[0]:,.0f} / {per_rank[1]:,.0f} MB (median of {sizes.rounds})")
+            print(f"fsdp: {what} per rank, {parallelism.upper()} on 2 ranks: {per_rank[0]:,.0f} / {per_rank[1]:,.0f} MB "
+                  f"(median of {sizes.rounds})")
         ratios = [max(r[key] for r in f) / max(r[key] for r in d) for f, d in zip(sides["fsdp"], sides["ddp"])]
         print(f"fsdp: FSDP / DDP {what} (largest rank) = {spread(ratios)} (goal <= 0.6)")
     if not gpu:

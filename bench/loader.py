@@ -173,7 +173,8 @@ def packed_fill(loader: BlendLoader, docs: int) -> tuple[float, int, int]:
 
 
 def packing_fill(catalog: Catalog, blend: Blend, tokenizer: Tokenizer, experiment: Experiment, docs: int) -> None:
-    fills = {packing: packed_fill(make_loader(catalog, blend, tokenizer, experiment, packing), docs) for packing in ("best-fit", "next-fit")}
+    fills = {packing: packed_fill(make_loader(catalog, blend, tokenizer, experiment, packing), docs)
+             for packing in ("best-fit", "next-fit")}
     for packing, (fill, count, documents) in fills.items():
         print(f"packing: {packing} fills {100 * fill:.1f}% of positions in {count:,} sequences "
               f"(first {documents:,} train documents, context {experiment.model.context}, window {experiment.data.pack_window_docs})")

@@ -54,8 +54,8 @@ class Sizes:
     stall_model: ModelConfig = ModelConfig(n_layer=4, n_head=8, n_embd=384, context=64)
 
 
-SMOKE = Sizes(overhead_rounds=1, overhead_steps=6, warmup_steps=1, batch_size=2, checkpoint_every=3, stall_rounds=1, stall_steps=6, save_every=2,
-              stall_model=ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16))
+SMOKE = Sizes(overhead_rounds=1, overhead_steps=6, warmup_steps=1, batch_size=2, checkpoint_every=3, stall_rounds=1, stall_steps=6,
+              save_every=2, stall_model=ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16))
 
 
 def make_batches(steps: int, batch_size: int, context: int) -> list[Batch]:
