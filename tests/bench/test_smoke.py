@@ -22,7 +22,7 @@ whole-pipeline runs are."""
 RATIO = re.compile(r"\bratio\b.*\d|\S / \S.*= *[-+]?\d|\d(\.\d+)?x\b")
 """A line that states a ratio: `ratio ...: 1.2x`, `loader / trainer = 24.5x`, or a figure in x."""
 SMOKE_TIMEOUT_S = 600
-pytestmark = pytest.mark.slow  # about two minutes in all on a quiet 2-core machine: scheduled first
+pytestmark = pytest.mark.slow  # about two CPU-minutes in all, one bench after another: scheduled first
 
 
 def smoke(name: str, *options: str) -> subprocess.CompletedProcess:
