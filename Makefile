@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 EXPERIMENT ?= experiments/tiny-code-lm.md
 EXPERIMENTS ?= experiments
+# When this make started, before any prerequisite: `make test` prints its wall time, installs included.
+STARTED_S := $(shell date +%s)
 
 .PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench clean
 
@@ -81,10 +83,12 @@ services:
 
 # Every test, in parallel on every core (pytest-xdist: a module's tests stay on one worker, so its fixtures are
 # built once; tests/conftest.py says how) and in a random order (pytest-randomly prints its seed; `--randomly-seed=N`
-# repeats an order).
+# repeats an order). Ends with the suite's wall time and its ten slowest modules (tests/timing.py), then the wall
+# time of the whole target, installs included.
 test: setup browser sandbox services
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n auto --dist loadscope
+	@$(BIN)/python -m pytest -n auto --dist loadscope; status=$$?; elapsed=$$(( $$(date +%s) - $(STARTED_S) )); \
+		printf "make test wall time, installs included: %d:%02d\n" $$((elapsed / 60)) $$((elapsed % 60)); exit $$status
 
 # The inner loop: everything but whole-pipeline runs and browsers, in about three minutes.
 test-fast: setup sandbox services

@@ -9,7 +9,8 @@ on held-out files that neither side ever evaluated on during training.
 
 Two regimes: a generous budget for the data (where fixed budgets waste compute: the case control
 is for, since nobody knows in advance when a run is done) and a budget about right (where they do
-not). `python bench/control_savings.py generous` runs one regime.
+not). `python bench/control_savings.py generous` runs one regime; `--smoke` two runs of a few dozen steps, to check
+the bench runs.
 
 Targets: >= 3x less compute in total, >= 2x less checkpoint storage, every run's final loss within
 5% of (or better than) its fixed-budget run.
@@ -17,9 +18,9 @@ Targets: >= 3x less compute in total, >= 2x less checkpoint storage, every run's
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
-import sys
 import sysconfig
 import tempfile
 import time
@@ -44,6 +45,8 @@ REGIMES = {  # name -> (training bytes, fixed budget in steps, what the budget i
     "generous": (30_000, 3000, "a generous budget: the runs have nothing left to learn long before it ends"),
     "about-right": (60_000, 2000, "a budget about right: most fixed runs still improve at the end"),
 }
+SMOKE_REGIME = (5_000, 30, "a smoke run: checks the bench runs, its figures mean little")
+SMOKE_RUNS = ("lr=1e-3", "lr=1")
 FIXED_CHECKPOINT_EVERY = 50
 RUNS = {  # name -> (lr, what it shows)
     "lr=1e-4": (1e-4, "slow: keeps improving"),
@@ -108,9 +111,9 @@ def train_one(
                    final_loss=validation_loss(model, test, None, torch.device("cpu")), stopped_by=result.stopped_by)
 
 
-def compare(regime: str, control: ControlConfig) -> None:
-    """Every run of the suite, fixed vs controlled, in one regime; print the table and the ratios."""
-    train_bytes, budget, what = REGIMES[regime]
+def compare(regime: str, sizes: tuple[int, int, str], control: ControlConfig, runs: dict[str, tuple[float, str]]) -> None:
+    """Every run of `runs`, fixed vs controlled, in one regime; print the table and the ratios."""
+    train_bytes, budget, what = sizes
     train, held_out = corpus(train_bytes)
     validation = [batch_of(windows(held_out, 10_000 + i, BATCH), i) for i in range(control.eval_batches)]
     test = [batch_of(windows(held_out, 20_000 + i, BATCH), i) for i in range(32)]
@@ -119,7 +122,7 @@ def compare(regime: str, control: ControlConfig) -> None:
     totals = {"steps": [0, 0], "cpu": [0.0, 0.0], "bytes": [0, 0]}
     worst = -1.0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (lr, kind) in RUNS.items():
+        for name, (lr, kind) in runs.items():
             fixed = train_one(Path(tmp) / f"fixed-{name}", train, validation, test, lr, budget, None)
             ctl = train_one(Path(tmp) / f"ctl-{name}", train, validation, test, lr, budget, control)
             diff = (ctl.final_loss - fixed.final_loss) / fixed.final_loss
@@ -137,15 +140,21 @@ def compare(regime: str, control: ControlConfig) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("regimes", nargs="*", help=f"the regimes to run: {', '.join(REGIMES)} (default: all)", metavar="REGIME")
+    parser.add_argument("--smoke", action="store_true", help="two short runs in a small regime: checks the bench runs")
+    args = parser.parse_args()
+    if unknown := [name for name in args.regimes if name not in REGIMES]:
+        parser.error(f"unknown regime {unknown[0]!r}; regimes: {', '.join(REGIMES)}")
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING, format="  %(message)s")
     control = load(POLICY).control
     assert control is not None, f"{POLICY} has no control section"
-    print(f"control savings: {len(RUNS)} runs per regime, fixed checkpoints every {FIXED_CHECKPOINT_EVERY} steps; policy {POLICY.name}")
-    for regime in sys.argv[1:] or list(REGIMES):
-        if regime not in REGIMES:
-            sys.exit(f"unknown regime {regime!r}; regimes: {', '.join(REGIMES)}")
-        compare(regime, control)
+    runs = {name: RUNS[name] for name in SMOKE_RUNS} if args.smoke else RUNS
+    regimes = {"smoke": SMOKE_REGIME} if args.smoke else {name: REGIMES[name] for name in args.regimes or REGIMES}
+    print(f"control savings: {len(runs)} runs per regime, fixed checkpoints every {FIXED_CHECKPOINT_EVERY} steps; policy {POLICY.name}")
+    for regime, sizes in regimes.items():
+        compare(regime, sizes, control, runs)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ Real checkpoints (tiny GPTs, distinct seeds) are recorded as `checkpoints` parti
 Dagster instance, then evaluated on a benchmark that costs next to nothing, through the same
 code path as `factory evals backfill`: in-process Dagster runs, each launching one evaluation
 process. What is left is what orchestration costs per partition: run launch, process start,
-checkpoint load and checksum, result publish. Both modes run here, one after the other.
+checkpoint load and checksum, result publish. Both modes run here, one after the other. `--smoke`: a few partitions
+each, to check the bench runs.
 """
 
+import argparse
 import hashlib
 import os
 import sys
@@ -27,13 +29,16 @@ from assets.evaluations import EVALS_PER_RUN  # noqa: E402
 from assets.execution import EVERYTHING, failure_messages, resources_at  # noqa: E402
 from assets.partitions import CHECKPOINTS  # noqa: E402
 from factory.cli.common import dagster_home  # noqa: E402
-from factory.config.schema import ModelConfig, TokenizerConfig  # noqa: E402
+from factory.config.kinds import stage_kind  # noqa: E402
+from factory.config.schema import Experiment, ModelConfig, TokenizerConfig  # noqa: E402
 from factory.models.build import build_model  # noqa: E402
 from factory.models.tokenizer import train_tokenizer  # noqa: E402
 from factory.registry import ArtifactStore, Provenance  # noqa: E402
 
 UNBATCHED = 8
 BATCHED = 200
+SMOKE = (1, 2)
+"""(unbatched, batched) partitions of `--smoke`."""
 MODEL = ModelConfig(n_layer=1, n_head=2, n_embd=32, context=64)
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -53,8 +58,9 @@ def record_checkpoints(root: Path, instance: DagsterInstance, count: int) -> lis
     tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300, sample_bytes=100_000))
     upstream = {"tokenizer": publish(registry, "tokenizer", "tokenizer.json", tokenizer.to_str().encode()),
                 "blend": publish(registry, "blend", "blend.json", b'{"parts": [], "validation_percent": 5}')}
-    training = {"kind": "pretrain", "config": {"model": MODEL.model_dump(mode="json"), "seed": 0, "stream": {"shuffle_buffer_docs": 1}},
-                "upstream": upstream, "code": "bench"}
+    experiment = Experiment.model_validate({"name": "bench", "model": MODEL.model_dump(mode="json"), "pretrain": {"steps": 1}})
+    settings = stage_kind("pretrain").fingerprint(experiment).model_dump(mode="json")  # what a pretrain stage records
+    training = {"kind": "pretrain", "config": settings, "upstream": upstream, "code": "bench"}
     keys = [f"bench__pretrain-{step:06d}" for step in range(1, count + 1)]
     instance.add_dynamic_partitions(CHECKPOINTS, keys)
     (root / "checkpoints").mkdir()
@@ -81,17 +87,20 @@ def timed(root: Path, instance: DagsterInstance, keys: list[str], limit: int) ->
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE[0]} and {SMOKE[1]} partitions: checks the bench runs")
+    unbatched, batched = SMOKE if parser.parse_args().smoke else (UNBATCHED, BATCHED)
     warnings.filterwarnings("ignore")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.environ["DAGSTER_HOME"] = str(dagster_home(root))
         instance = DagsterInstance.get()
-        keys = record_checkpoints(root, instance, UNBATCHED + BATCHED)
-        one, one_runs = timed(root, instance, keys[:UNBATCHED], limit=1)
-        many, many_runs = timed(root, instance, keys[UNBATCHED:], limit=EVALS_PER_RUN)
-    per_one, per_many = one / UNBATCHED, many / BATCHED
-    print(f"one run per partition: {UNBATCHED} partitions in {one_runs} runs, {one:.1f} s: {per_one:.2f} s per partition")
-    print(f"backfill policy ({EVALS_PER_RUN} per run): {BATCHED} partitions in {many_runs} runs, {many:.1f} s: {per_many:.3f} s per partition")
+        keys = record_checkpoints(root, instance, unbatched + batched)
+        one, one_runs = timed(root, instance, keys[:unbatched], limit=1)
+        many, many_runs = timed(root, instance, keys[unbatched:], limit=EVALS_PER_RUN)
+    per_one, per_many = one / unbatched, many / batched
+    print(f"one run per partition: {unbatched} partitions in {one_runs} runs, {one:.1f} s: {per_one:.2f} s per partition")
+    print(f"backfill policy ({EVALS_PER_RUN} per run): {batched} partitions in {many_runs} runs, {many:.1f} s: {per_many:.3f} s per partition")
     print(f"ratio per-partition cost, one run each / batched: {per_one / per_many:.1f}x")
 
 

@@ -17,10 +17,11 @@ the world size.
    same size that does not reshard: a checkpoint resumed on the world size that wrote it (the other writer's on the same
    world, and the same checkpoint on its own world); the time inside the trainer from reading the latest checkpoint
    (checksum included) to the state restored into the (sharded) model, slowest rank.
-4. The loss curves of `STEPS` steps on FSDP-2, DDP-2 and 1 rank: the largest difference between them.
+4. The loss curves of `Sizes.steps` steps on FSDP-2, DDP-2 and 1 rank: the largest difference between them.
 
 Runs alternate (FSDP, DDP, FSDP, ...) and each ratio is taken within a round, so a noisy neighbour hurts both sides alike;
-the median and the range over rounds are printed.
+the median and the range over rounds are printed. `--smoke`: a narrow model, a few steps, one round, malloc as the trainer
+sets it and one resharded load with its reference, to check the bench runs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +50,9 @@ MODEL = {"n_layer": 4, "n_head": 8, "n_embd": 768, "context": 32}
 CONTEXT = MODEL["context"]
 GLOBAL_BATCH = 4
 """Sequences a step over all ranks (2 per rank on 2 ranks)."""
-STEPS = 20
 LR = 3e-4
 WARMUP_STEPS = 3
 """Steps left out of tokens/s: the first ones pay for lazy initialisation and the first gathers."""
-ROUNDS = 2
-LOAD_ROUNDS = 3
 TRAINER = "trainer"
 ALLOCATORS = {
     TRAINER: ({}, "glibc's malloc as the trainer sets it (factory/train/heap.py: DDP keeps freed memory and serves buffers up to "
@@ -63,6 +62,27 @@ ALLOCATORS = {
 }
 """The malloc settings memory is measured under (CPU): what the trainer runs with, and the one that explains the difference."""
 LOG = logging.getLogger("bench.fsdp")
+RESUMES = ((2, 1), (1, 1), (1, 2), (2, 2))
+"""(written by, resumed on): each resharded load, then its same-size reference."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sizes:
+    """The model, steps and rounds of the measures."""
+
+    n_layer: int = MODEL["n_layer"]
+    n_embd: int = MODEL["n_embd"]
+    steps: int = 20
+    rounds: int = 2
+    load_rounds: int = 3
+    allocators: tuple[str, ...] = tuple(ALLOCATORS)
+    resumes: tuple[tuple[int, int], ...] = RESUMES
+
+    def model(self) -> dict[str, int]:
+        return {**MODEL, "n_layer": self.n_layer, "n_embd": self.n_embd}
+
+
+SMOKE = Sizes(n_layer=1, n_embd=32, steps=WARMUP_STEPS + 3, rounds=1, load_rounds=1, allocators=(TRAINER,), resumes=RESUMES[:2])
 
 
 def config_for(parallelism: str, steps: int) -> Any:
@@ -140,8 +160,9 @@ def worker(spec: dict[str, Any]) -> None:
         peaks.append(peak_rss_mb())
 
     with timed_loads() as loads:
-        result = pretrain(data_for(world.rank, world.size), VOCAB, ModelConfig(**MODEL), config_for(spec["parallelism"], STEPS), 0,
-                          Path(spec["work"]), LOG, world=world, on_step=stepped)
+        config = config_for(spec["parallelism"], spec["steps"])
+        result = pretrain(data_for(world.rank, world.size), VOCAB, ModelConfig(**spec["model"]), config, 0, Path(spec["work"]), LOG,
+                          world=world, on_step=stepped)
     record = {
         "rank": world.rank, "baseline_mb": baseline / 2**20, "peak_mb": peak_rss_mb(), "step_peaks_mb": peaks,
         "gpu_peak_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
@@ -156,12 +177,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def run(work: Path, ranks: int, parallelism: str, device: str, malloc: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def run(work: Path, ranks: int, parallelism: str, device: str, sizes: Sizes, malloc: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Train (or, with a checkpoint of the last step in `work`, resume) on `ranks` ranks; every rank's record."""
     out = work.parent / f"{work.name}-out"
     out.mkdir(parents=True)
     spec = work.parent / f"{work.name}.json"
-    spec.write_text(json.dumps({"work": str(work), "parallelism": parallelism, "out": str(out)}))
+    spec.write_text(json.dumps({"work": str(work), "parallelism": parallelism, "out": str(out), "model": sizes.model(),
+                                "steps": sizes.steps}))
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     threads = max(1, (os.cpu_count() or 1) // ranks)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}),
@@ -190,12 +212,12 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} median (range {min(values):.3f}-{max(values):.3f}, {len(values)} rounds)"
 
 
-def compare(tmp: Path, device: str, allocator: str, malloc: dict[str, str]) -> dict[str, list[list[dict[str, Any]]]]:
+def compare(tmp: Path, device: str, allocator: str, sizes: Sizes) -> dict[str, list[list[dict[str, Any]]]]:
     """FSDP-2 and DDP-2, alternating, under one setting of glibc's malloc; prints memory and throughput; every run's ranks."""
     sides: dict[str, list[list[dict[str, Any]]]] = {"fsdp": [], "ddp": []}
-    for round_ in range(ROUNDS):
+    for round_ in range(sizes.rounds):
         for parallelism, side in sides.items():
-            side.append(run(tmp / f"{allocator}-{parallelism}2-{round_}" / "work", 2, parallelism, device, malloc))
+            side.append(run(tmp / f"{allocator}-{parallelism}2-{round_}" / "work", 2, parallelism, device, sizes, ALLOCATORS[allocator][0]))
     for ranks in (ranks for side in sides.values() for ranks in side):
         for rank in ranks:
             rank["above"] = rank["peak_mb"] - rank["baseline_mb"]
@@ -205,7 +227,8 @@ def compare(tmp: Path, device: str, allocator: str, malloc: dict[str, str]) -> d
     for key, what in measures:
         for parallelism, side in sides.items():
             per_rank = [statistics.median(ranks[r][key] for ranks in side) for r in range(2)]
-            print(f"fsdp: {what} per rank, {parallelism.upper()} on 2 ranks: {per_rank[0]:,.0f} / {per_rank[1]:,.0f} MB (median of {ROUNDS})")
+            print(f"fsdp: {what} per rank, {parallelism.upper()} on 2 ranks: {per_rank[0]:,.0f} / {per_rank[1]:,.0f} MB "
+                  f"(median of {sizes.rounds})")
         ratios = [max(r[key] for r in f) / max(r[key] for r in d) for f, d in zip(sides["fsdp"], sides["ddp"])]
         print(f"fsdp: FSDP / DDP {what} (largest rank) = {spread(ratios)} (goal <= 0.6)")
     if not gpu:
@@ -216,7 +239,7 @@ def compare(tmp: Path, device: str, allocator: str, malloc: dict[str, str]) -> d
 
             end = statistics.median(max(r["above"] for r in ranks) for ranks in side)
             print(f"fsdp: {parallelism.upper()} peak RSS above baseline (largest rank) by the backward of step 1: {above(0):,.0f} MB, "
-                  f"of step 2 (after the first AdamW update): {above(1):,.0f}, of step {STEPS}: {above(-1):,.0f}; at the end "
+                  f"of step 2 (after the first AdamW update): {above(1):,.0f}, of step {sizes.steps}: {above(-1):,.0f}; at the end "
                   f"(the last update and the final sharded save): {end:,.0f}")
     speeds = [tokens_per_second(f) / tokens_per_second(d) for f, d in zip(sides["fsdp"], sides["ddp"])]
     print(f"fsdp: tokens/s FSDP {statistics.median(tokens_per_second(f) for f in sides['fsdp']):,.0f}, "
@@ -224,49 +247,50 @@ def compare(tmp: Path, device: str, allocator: str, malloc: dict[str, str]) -> d
     return sides
 
 
-def train_side_by_side(tmp: Path, device: str) -> dict[int, Path]:
+def train_side_by_side(tmp: Path, device: str, sizes: Sizes) -> dict[int, Path]:
     """Memory and throughput under each malloc setting (one on a GPU), one rank once, and the loss curves; the work
     directories whose final checkpoints were written by 1 and by 2 ranks."""
     from factory.config.schema import ModelConfig
     from factory.models.build import build_model, count_parameters
 
-    parameters = count_parameters(build_model(ModelConfig(**MODEL), VOCAB, 0))
+    parameters = count_parameters(build_model(ModelConfig(**sizes.model()), VOCAB, 0))
     print(f"fsdp: {parameters / 1e6:.1f}M parameters ({parameters * 4 / 2**20:.0f} MB of fp32 weights; gradients the same, AdamW's "
-          f"moments twice that), {GLOBAL_BATCH} x {CONTEXT} tokens a step, {STEPS} steps, {'2 GPUs' if device == 'cuda' else 'on the CPU'}")
-    for allocator in ALLOCATORS if device == "cpu" else [TRAINER]:
-        sides = compare(tmp, device, allocator, ALLOCATORS[allocator][0])
+          f"moments twice that), {GLOBAL_BATCH} x {CONTEXT} tokens a step, {sizes.steps} steps, {'2 GPUs' if device == 'cuda' else 'on the CPU'}")
+    for allocator in sizes.allocators if device == "cpu" else [TRAINER]:
+        sides = compare(tmp, device, allocator, sizes)
         if device == "cpu" and allocator == TRAINER:
             print(f"fsdp: baseline RSS {statistics.median(r['baseline_mb'] for ranks in sides['fsdp'] for r in ranks):,.0f} MB per rank "
                   "before the model is built (torch, the trainer's imports, the process group)")
     works = {name: tmp / f"{TRAINER}-{name}2-0" / "work" for name in ("fsdp", "ddp")}
     one = tmp / "one" / "work"
-    run(one, 1, "fsdp", device)
+    run(one, 1, "fsdp", device, sizes)
     curves = {"FSDP-2": losses(works["fsdp"]), "DDP-2": losses(works["ddp"]), "1 rank": losses(one)}
-    assert all(len(curve) == STEPS for curve in curves.values())
+    assert all(len(curve) == sizes.steps for curve in curves.values())
     names = list(curves)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
-            print(f"fsdp: loss curves over {STEPS} steps, {a} vs {b}: max |difference| = "
+            print(f"fsdp: loss curves over {sizes.steps} steps, {a} vs {b}: max |difference| = "
                   f"{max(abs(x - y) for x, y in zip(curves[a], curves[b])):.2e} (losses {curves[a][0]:.4f} -> {curves[a][-1]:.4f})")
     return {2: works["fsdp"], 1: one}
 
 
-def resume_side_by_side(tmp: Path, written: dict[int, Path], device: str) -> None:
+def resume_side_by_side(tmp: Path, written: dict[int, Path], device: str, sizes: Sizes) -> None:
     """Each checkpoint resumed on the other world size and on its own, alternating; the load time of the slowest rank."""
-    cases = [(2, 1), (1, 1), (1, 2), (2, 2)]  # (written by, resumed on): the resharded load, then its same-size reference
-    seconds: dict[tuple[int, int], list[float]] = {case: [] for case in cases}
-    for round_ in range(LOAD_ROUNDS):
-        for by, on in cases:
+    seconds: dict[tuple[int, int], list[float]] = {case: [] for case in sizes.resumes}
+    for round_ in range(sizes.load_rounds):
+        for by, on in sizes.resumes:
             work = tmp / f"load-{by}to{on}-{round_}" / "work"
             shutil.copytree(written[by], work)
-            ranks = run(work, on, "fsdp", device)
+            ranks = run(work, on, "fsdp", device, sizes)
             assert all(r["loads"] == 1 for r in ranks), "one resume per rank"
             seconds[(by, on)].append(max(r["load_seconds"] for r in ranks))
     size_mb = sum(p.stat().st_size for p in written[2].rglob("*") if p.is_file()) / 2**20
-    print(f"fsdp: resuming a {size_mb:,.0f} MB sharded checkpoint (the final one, {STEPS} steps) takes, slowest rank:")
-    for by, on in cases:
-        print(f"fsdp:   written by {by}, resumed on {on}: {statistics.median(seconds[(by, on)]):.2f} s (median of {LOAD_ROUNDS})")
+    print(f"fsdp: resuming a {size_mb:,.0f} MB sharded checkpoint (the final one, {sizes.steps} steps) takes, slowest rank:")
+    for by, on in sizes.resumes:
+        print(f"fsdp:   written by {by}, resumed on {on}: {statistics.median(seconds[(by, on)]):.2f} s (median of {sizes.load_rounds})")
     for resharded, same in (((2, 1), (1, 1)), ((1, 2), (2, 2)), ((2, 1), (2, 2)), ((1, 2), (1, 1))):
+        if resharded not in seconds or same not in seconds:
+            continue
         ratios = [a / b for a, b in zip(seconds[resharded], seconds[same])]
         print(f"fsdp: load {resharded[0]} -> {resharded[1]} ranks / {same[0]} -> {same[1]} = {spread(ratios)}")
 
@@ -274,8 +298,10 @@ def resume_side_by_side(tmp: Path, written: dict[int, Path], device: str) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU per rank when there are 2, else the CPU")
+    parser.add_argument("--smoke", action="store_true", help="a narrow model, a few steps, one round: checks the bench runs")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes = SMOKE if args.smoke else Sizes()
     if args.worker is not None:
         worker(json.loads(args.worker.read_text()))
         return
@@ -288,7 +314,8 @@ def main() -> None:
             raise SystemExit(f"--device cuda needs a GPU per rank (2), this machine has {gpus}")
         device = "cuda" if gpus >= 2 else "cpu"
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
-        resume_side_by_side(Path(tmp), train_side_by_side(Path(tmp), device), device)
+        resume_side_by_side(Path(tmp), train_side_by_side(Path(tmp), device, sizes), device, sizes)
+
 
 if __name__ == "__main__":
     main()

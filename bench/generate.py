@@ -14,11 +14,12 @@ position table grows); everything else is the recipe's shape.
 
 One torch thread (`THREADS`): on a busy 2-core machine more threads made every figure swing by an order of magnitude.
 Timed runs alternate (uncached, cached, ...) and the best of each is kept, so a noisy neighbour
-on the shared cores hurts both sides alike.
+on the shared cores hurts both sides alike. `--smoke`: a few new tokens, one round, to check the bench runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -36,6 +37,7 @@ BATCH = 4
 PROMPT_TOKENS = 32
 NEW_TOKENS = (32, 128, 512)
 ROUNDS = 2
+SMOKE_NEW_TOKENS = (4, 8)
 THREADS = 1
 """One intra-op thread: on the shared 2-core machine, two threads stall each other under load (both sides saw 10-30x swings)."""
 SHAPES = {
@@ -66,17 +68,22 @@ def best_seconds(run, rounds: int) -> tuple[float, object]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{' and '.join(map(str, SMOKE_NEW_TOKENS))} new tokens, one round: "
+                        "checks the bench runs")
+    smoke = parser.parse_args().smoke
+    lengths, most_rounds = (SMOKE_NEW_TOKENS, 1) if smoke else (NEW_TOKENS, ROUNDS)
     torch.set_num_threads(THREADS)
     prompts = torch.randint(0, VOCAB, (BATCH, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
     print(f"generation, greedy, batch {BATCH} x {PROMPT_TOKENS} prompt tokens, context {CONTEXT} (see the module docstring), "
-          f"best of {ROUNDS} (512: 1), {torch.get_num_threads()} threads")
+          f"best of {most_rounds} (512: 1), {torch.get_num_threads()} threads")
     print(f"{'model':<8} {'params':>8} {'new':>5} {'uncached tok/s':>15} {'cached tok/s':>13} {'cached / uncached':>18}  same tokens")
     for name, config in SHAPES.items():
         model = build_model(config, VOCAB, seed=0).eval()
         params = sum(p.numel() for p in model.parameters())
         generate(model, prompts[:, :8].tolist(), Sampling(new_tokens=4), context=CONTEXT)  # warm-up, untimed
-        for new in NEW_TOKENS:
-            rounds = 1 if new >= 512 else ROUNDS
+        for new in lengths:
+            rounds = 1 if new >= 512 else most_rounds
             old_s = new_s = float("inf")
             old = cached = None
             for _ in range(rounds):  # alternate, so both sides see the same neighbours

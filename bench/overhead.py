@@ -11,6 +11,9 @@ its clock).
 
 Per-stage overhead is the issue's measure: (wall time of the stages' Dagster run) - (the work each stage process
 reports), divided by the number of stages.
+
+`--smoke` runs one round of a much smaller variant of the experiment (a few files, a few steps; the same stages and
+benchmarks): seconds instead of minutes, so the test suite checks that the bench still runs (its ratio means little).
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ from pathlib import Path
 
 from factory.config import config_hash, load, plan_stage, upstream_of
 from factory.config.stages import stages_of
-from factory.data.catalog import CatalogConfig
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.evals.benchmarks import benchmark
+from factory.evals.heldout import REF, write_heldout_corpus
 from factory.registry import ArtifactStore, Provenance
 from factory.runtime import every_warm_module
 from factory.runtime.request import StageRequest
+from smoke import write_smoke_experiment  # bench/smoke.py (the script's directory is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "tiny-code-lm.md"
 STEP_EVENTS = ("STEP_START", "STEP_SUCCESS")
+LOG = logging.getLogger("bench.overhead")
 
 
-def in_process(root: Path) -> dict[str, float]:
+def in_process(root: Path, path: Path) -> dict[str, float]:
     """Every stage, the evaluations, the leaderboard and the report, called in this process: wall seconds of each."""
     from factory.runtime.__main__ import run
     from factory.stages.evaluation import CheckpointRef, EvalItem, batch_provenance, batch_spec
@@ -49,7 +56,7 @@ def in_process(root: Path) -> dict[str, float]:
     from factory.evals.run_report import publish_report, report_inputs
     from factory.train.records import published
 
-    experiment = load(EXPERIMENT)
+    experiment = load(path)
     registry = ArtifactStore(root / "registry")
     catalog = CatalogConfig.local(root / "iceberg")
     provenance = Provenance(experiment=experiment.name, config_hash=config_hash(experiment), git_commit="bench")
@@ -70,6 +77,8 @@ def in_process(root: Path) -> dict[str, float]:
                             training=spec.to_json(), git_commit="bench",
                             eval={"max_bytes": experiment.eval.max_bytes, "batch_size": experiment.eval.batch_size})
         items += [EvalItem(partition=f"{name}|{ref.key}", benchmark=name, checkpoint=ref) for name in experiment.eval.benchmarks]
+    if any(benchmark(name).data == REF for name in experiment.eval.benchmarks):  # what the evaluations asset does first, once
+        write_heldout_corpus(open_catalog(catalog), LOG)
     batch = batch_spec(tuple(items), spec.code)
     run(StageRequest(spec=batch, registry=str(registry.root), catalog=catalog, provenance=batch_provenance(tuple(items), batch.config, "")))
     times["evaluations"] = time.perf_counter() - started
@@ -80,11 +89,11 @@ def in_process(root: Path) -> dict[str, float]:
     return times
 
 
-def through_factory(root: Path) -> tuple[float, dict[str, tuple[float, float]], list[tuple[str, float]]]:
+def through_factory(root: Path, path: Path) -> tuple[float, dict[str, tuple[float, float]], list[tuple[str, float]]]:
     """`factory run` on a fresh root: its wall time; each stage's (Dagster step wall, work the stage reported); and the
     timeline: the wall time of each Dagster run and of what came before, between and after them."""
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "factory", "run", str(EXPERIMENT), "--root", str(root)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "factory", "run", str(path), "--root", str(root)], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, "FACTORY_PROGRESS": "0"})
     ended = time.time()
     if done.returncode != 0:
@@ -114,41 +123,50 @@ def run_times(root: Path, started: float, ended: float) -> tuple[dict[str, float
     return {key: ends[key] - starts[key] for key in starts if key in ends}, timeline
 
 
-def fresh_process(root: Path) -> tuple[float, float, dict[str, float]]:
+def fresh_process(root: Path, path: Path) -> tuple[float, float, dict[str, float]]:
     """The stages called in a fresh process of their own: its whole wall time (interpreter start and imports included),
     its time after the imports, and each stage's time."""
     result = root / "times.json"
     started = time.perf_counter()
-    subprocess.run([sys.executable, __file__, "--script", str(root), str(result)], check=True, env={**os.environ, "FACTORY_PROGRESS": "0"})
+    subprocess.run([sys.executable, __file__, "--script", str(root), str(result), str(path)], check=True,
+                   env={**os.environ, "FACTORY_PROGRESS": "0"})
     whole = time.perf_counter() - started
     measured = json.loads(result.read_text())
     return whole, measured["wall"], measured["times"]
 
 
-def script(root: Path, result: Path) -> None:
+def script(root: Path, result: Path, path: Path) -> None:
     """The fresh process's side: imports first, off the clock of `wall`, then every call."""
     for module in every_warm_module():
         importlib.import_module(module)
-    logging.getLogger("bench.overhead").addHandler(logging.NullHandler())
+    LOG.addHandler(logging.NullHandler())
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # each stage prints its materialization when not under Pipes
-        times = in_process(root)
+        times = in_process(root, path)
     result.write_text(json.dumps({"wall": time.perf_counter() - started, "times": times}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of both sides (default 2)")
-    parser.add_argument("--script", nargs=2, type=Path, help=argparse.SUPPRESS)  # ROOT RESULT: the fresh process's side
+    parser.add_argument("--smoke", action="store_true", help="one round of a much smaller experiment: checks the bench runs")
+    parser.add_argument("--script", nargs=3, type=Path, help=argparse.SUPPRESS)  # ROOT RESULT EXPERIMENT: the fresh process's side
     args = parser.parse_args()
     os.environ.setdefault("FACTORY_TRACKER", "none")  # both sides alike; tracking is measured by bench/trainer.py
     if args.script:
         script(*args.script)
         return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_smoke_experiment(Path(tmp)) if args.smoke else EXPERIMENT
+        compare(path, 1 if args.smoke else args.rounds)
+
+
+def compare(path: Path, rounds: int) -> None:
+    """`rounds` alternating rounds of both sides on the experiment file `path`; prints each round, the medians, the ratios."""
     ratios, scripts, rows = [], [], []  # rows: per round, each stage's (in one process, factory step, work reported)
-    for round_ in range(args.rounds):
+    for round_ in range(rounds):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            sides = [lambda: fresh_process(Path(a)), lambda: through_factory(Path(b))]
+            sides = [lambda: fresh_process(Path(a), path), lambda: through_factory(Path(b), path)]
             if round_ % 2:
                 sides.reverse()
             outcomes = [side() for side in sides]

@@ -10,11 +10,13 @@ Then, in one process through `create_app` and Starlette's TestClient:
    snapshot, then filter / sort / slice in pyarrow, per page (median of NAIVE_REPEATS). Ratios
    podium / naive are printed for a plain, a filtered and a sorted page, after checking both
    sides show the same first row.
-The goal is every warm page well under a second; the bench prints whether that holds and asserts nothing.
+The goal is every warm page well under a second; the bench prints whether that holds and asserts nothing. `--smoke`:
+10,000 rows, to check the bench runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import statistics
 import sys
@@ -35,6 +37,7 @@ from factory.podium.app import create_app
 LOG = logging.getLogger("bench.podium")
 TABLE = "sft.million"
 ROWS = 1_000_000
+SMOKE_ROWS = 10_000
 SEED = 0
 PAGE_SIZE = 50
 PAGE_REPEATS = 5
@@ -70,42 +73,42 @@ def phrases(rng: np.random.Generator, count: int, low: int, high: int, needle_sh
     return pa.array(out, pa.string())
 
 
-def pick(pool: pa.Array, rng: np.random.Generator) -> pa.Array:
-    return pool.take(pa.array(rng.integers(0, len(pool), ROWS)))
+def pick(pool: pa.Array, rng: np.random.Generator, rows: int) -> pa.Array:
+    return pool.take(pa.array(rng.integers(0, len(pool), rows)))
 
 
-def hex_digests(rng: np.random.Generator) -> pa.Array:
-    """ROWS random 64-character hex strings (digest-shaped; the bench never checks them)."""
-    data = rng.bytes(32 * ROWS).hex().encode()
-    offsets = np.arange(0, 64 * (ROWS + 1), 64, dtype=np.int32)
-    return pa.StringArray.from_buffers(ROWS, pa.py_buffer(offsets), pa.py_buffer(data))
+def hex_digests(rng: np.random.Generator, rows: int) -> pa.Array:
+    """`rows` random 64-character hex strings (digest-shaped; the bench never checks them)."""
+    data = rng.bytes(32 * rows).hex().encode()
+    offsets = np.arange(0, 64 * (rows + 1), 64, dtype=np.int32)
+    return pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
-def build_rows() -> pa.Table:
-    """The million rows, built column by column (no Python loop over rows)."""
+def build_rows(rows: int) -> pa.Table:
+    """The rows, built column by column (no Python loop over rows)."""
     rng = np.random.default_rng(SEED)
-    numbers = pa.array(np.arange(ROWS)).cast(pa.string())
+    numbers = pa.array(np.arange(rows)).cast(pa.string())
     ids = pc.binary_join_element_wise("s", pc.utf8_lpad(numbers, 7, "0"), "")
     heads = pc.binary_join_element_wise("def f", numbers, "(x):\n   ", "")
-    body = [pick(phrases(rng, 3000, 25, 95, needle_share=0.01), rng) for _ in range(3)]
+    body = [pick(phrases(rng, 3000, 25, 95, needle_share=0.01), rng, rows) for _ in range(3)]
     prompts = pc.binary_join_element_wise(heads, *body, " ")
-    completions = pick(phrases(rng, 3000, 20, 80), rng)
-    sources = pa.array(["mined", "synthetic", "curated", "human"]).take(pa.array(rng.integers(0, 4, ROWS)))
-    difficulty = pa.array(rng.integers(1, 6, ROWS)).cast(pa.string())
+    completions = pick(phrases(rng, 3000, 20, 80), rng, rows)
+    sources = pa.array(["mined", "synthetic", "curated", "human"]).take(pa.array(rng.integers(0, 4, rows)))
+    difficulty = pa.array(rng.integers(1, 6, rows)).cast(pa.string())
     metadata = pc.binary_join_element_wise('{"source": "', sources, '", "difficulty": ', difficulty, "}", "")
-    labels = pa.array(LABELS).take(pa.array(rng.choice(len(LABELS), ROWS, p=LABEL_WEIGHTS)))
+    labels = pa.array(LABELS).take(pa.array(rng.choice(len(LABELS), rows, p=LABEL_WEIGHTS)))
     sizes = pc.add(pc.binary_length(prompts.cast(pa.binary())), pc.binary_length(completions.cast(pa.binary()))).cast(pa.int64())
-    columns = [ids, labels, prompts, completions, metadata, pa.array(rng.integers(0, 1_000_000_000, ROWS)), sizes, hex_digests(rng)]
+    columns = [ids, labels, prompts, completions, metadata, pa.array(rng.integers(0, 1_000_000_000, rows)), sizes, hex_digests(rng, rows)]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
-def build_table(catalog: Catalog) -> TableVersion:
+def build_table(catalog: Catalog, count: int) -> TableVersion:
     started = time.perf_counter()
-    rows = build_rows()
+    rows = build_rows(count)
     built = time.perf_counter() - started
     version = write_version(catalog, TABLE, rows, LOG, schema=SCHEMA)
     written = time.perf_counter() - started - built
-    print(f"build: {ROWS:,} rows, {rows.nbytes / 1e6:.0f} MB in Arrow; generated in {built:.1f} s, "
+    print(f"build: {count:,} rows, {rows.nbytes / 1e6:.0f} MB in Arrow; generated in {built:.1f} s, "
           f"written as {version.ref} in {written:.1f} s (not part of the ratios)")
     return version
 
@@ -145,17 +148,18 @@ def naive(catalog: Catalog, version: TableVersion, kind: str, offset: int) -> tu
     return statistics.median(ms for ms, _ in runs), runs[0][1]
 
 
-def warm_pages(client: TestClient, base: str) -> dict[str, tuple[float, float, str]]:
-    """(median ms, max ms, html) of each warm page, printed as it is measured."""
+def warm_pages(client: TestClient, base: str, rows: int) -> dict[str, tuple[float, float, str]]:
+    """(median ms, max ms, html) of each warm page of a table of `rows` rows, printed as it is measured."""
+    middle, last, deep, row = rows // 2, rows - PAGE_SIZE, rows // 20, rows * 654321 // ROWS
     pages = {
         "first page": base,
-        "page at 500,000": f"{base}?offset=500000&size={PAGE_SIZE}",
-        "last page (999,950)": f"{base}?offset=999950&size={PAGE_SIZE}",
+        f"page at {middle:,}": f"{base}?offset={middle}&size={PAGE_SIZE}",
+        f"last page ({last:,})": f"{base}?offset={last}&size={PAGE_SIZE}",
         "filtered label=broken": f"{base}?fc=label&fo=%3D&fv=broken&size={PAGE_SIZE}",
         "sorted score desc": f"{base}?sort=score&desc=1&size={PAGE_SIZE}",
-        "sorted + filtered at 50,000": f"{base}?sort=score&desc=1&fc=label&fo=%3D&fv=broken&offset=50000&size={PAGE_SIZE}",
+        f"sorted + filtered at {deep:,}": f"{base}?sort=score&desc=1&fc=label&fo=%3D&fv=broken&offset={deep}&size={PAGE_SIZE}",
         f"prompt contains {NEEDLE!r}": f"{base}?fc=prompt&fo=contains&fv={NEEDLE}&size={PAGE_SIZE}",
-        "row view /row/654321": f"{base}/row/654321",
+        f"row view /row/{row}": f"{base}/row/{row}",
     }
     warm = {}
     for label, path in pages.items():
@@ -164,9 +168,10 @@ def warm_pages(client: TestClient, base: str) -> dict[str, tuple[float, float, s
     return warm
 
 
-def against_naive(catalog: Catalog, version: TableVersion, warm: dict[str, tuple[float, float, str]]) -> None:
+def against_naive(catalog: Catalog, version: TableVersion, warm: dict[str, tuple[float, float, str]], rows: int) -> None:
     """Ratios podium / naive scan for a plain, a filtered and a sorted page, once both show the same first row."""
-    compared = {"plain": ("page at 500,000", 500_000), "filtered": ("filtered label=broken", 0), "sorted": ("sorted score desc", 0)}
+    middle = rows // 2
+    compared = {"plain": (f"page at {middle:,}", middle), "filtered": ("filtered label=broken", 0), "sorted": ("sorted score desc", 0)}
     for kind, (label, offset) in compared.items():
         naive_ms, first_id = naive(catalog, version, kind, offset)
         if f">{first_id}<" not in warm[label][2]:
@@ -177,17 +182,20 @@ def against_naive(catalog: Catalog, version: TableVersion, warm: dict[str, tuple
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_ROWS:,} rows: checks the bench runs")
+    rows = SMOKE_ROWS if parser.parse_args().smoke else ROWS
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         catalog = open_catalog(CatalogConfig.local(root / "iceberg"))
-        version = build_table(catalog)
+        version = build_table(catalog, rows)
         base = f"/t/{TABLE}"
         with TestClient(create_app(root), base_url=BASE_URL) as client:
             cold, _ = get(client, base)
             print(f"first load: {base} in {cold:.0f} ms (every column read from Parquet into the cache)")
-            warm = warm_pages(client, base)
-        against_naive(catalog, version, warm)
+            warm = warm_pages(client, base, rows)
+        against_naive(catalog, version, warm, rows)
     slowest = max(warm, key=lambda k: warm[k][1])
     verdict = "yes" if warm[slowest][1] < WARM_GOAL_MS else "NO"
     print(f"every warm page under {WARM_GOAL_MS / 1000:.0f} s after the first load: {verdict} "

@@ -4,9 +4,11 @@ The same tiny run (a model taught the answer format for a few steps, 8 tasks x 8
 three ways, side by side: colocated (one process samples, scores and learns); one learner + one
 actor pushing weights after every update (the actor waits for each update); and one learner + one
 actor pushing every 2 updates (the actor samples the next batch while the learner updates, one
-version behind). Prints seconds per step, the ratios, and what a weight push costs.
+version behind). Prints seconds per step, the ratios, and what a weight push costs. `--smoke`: a few short steps of
+the first two ways (the third runs the same code of this bench), to check the bench runs.
 """
 
+import argparse
 import json
 import logging
 import os
@@ -28,31 +30,35 @@ from factory.post.rl import train_rl  # noqa: E402
 from factory.post.weightsync import roles_from  # noqa: E402
 
 STEPS = 12
+SMOKE = (3, 2, 2)
+"""Steps, prompts per step and samples per prompt of `--smoke`: the fewest steps that leave one after the two `per_step`
+leaves out, and a few sandboxed executions a step instead of 64."""
 LOG = logging.getLogger("bench-rl")
 
 
-def config(actors: int, sync_every: int) -> RLConfig:
-    return RLConfig(steps=STEPS, prompts_per_step=8, group_size=8, lr=1e-3, max_new_tokens=8, log_every=1, actors=actors,
+def config(sizes: tuple[int, int, int], actors: int, sync_every: int) -> RLConfig:
+    steps, prompts, group = sizes
+    return RLConfig(steps=steps, prompts_per_step=prompts, group_size=group, lr=1e-3, max_new_tokens=8, log_every=1, actors=actors,
                     sync_every=sync_every, sandbox_seconds=2.0)
 
 
-def run(work: Path, rank: int, actors: int, sync_every: int) -> None:
+def run(work: Path, sizes: tuple[int, int, int], rank: int, actors: int, sync_every: int) -> None:
     tok = tokenizer()
     init = torch.load(work.parent / "init.pt", weights_only=True)
-    train_rl(ROWS * 4, tok, 0, init, MODEL, config(actors, sync_every), 5, roles_from(rank, 1, actors), work, LOG)
+    train_rl(ROWS * 4, tok, 0, init, MODEL, config(sizes, actors, sync_every), 5, roles_from(rank, 1, actors), work, LOG)
 
 
-def _rank(rank: int, port: int, work: str, sync_every: int) -> None:
+def _rank(rank: int, port: int, work: str, sizes: tuple[int, int, int], sync_every: int) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    run(Path(work), rank, 1, sync_every)
+    run(Path(work), sizes, rank, 1, sync_every)
     dist.destroy_process_group()
     os._exit(0)
 
 
-def split(work: Path, sync_every: int) -> None:
+def split(work: Path, sizes: tuple[int, int, int], sync_every: int) -> None:
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    mp.spawn(_rank, args=(store.port, str(work), sync_every), nprocs=2)
+    mp.spawn(_rank, args=(store.port, str(work), sizes, sync_every), nprocs=2)
 
 
 def per_step(work: Path) -> tuple[float, float]:
@@ -63,15 +69,20 @@ def per_step(work: Path) -> tuple[float, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE[0]} short steps each: checks the bench runs")
+    smoke = parser.parse_args().smoke
+    sizes = SMOKE if smoke else (STEPS, 8, 8)
+    ways = {
+        "colocated": lambda w: run(w, sizes, 0, 0, 1),
+        "1 learner + 1 actor, push every update": lambda w: split(w, sizes, 1),
+        "1 learner + 1 actor, push every 2 updates": lambda w: split(w, sizes, 2),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         torch.save(fine_tuned(tokenizer()), root / "init.pt")
         timings = {}
-        for name, action in (
-            ("colocated", lambda w: run(w, 0, 0, 1)),
-            ("1 learner + 1 actor, push every update", lambda w: split(w, 1)),
-            ("1 learner + 1 actor, push every 2 updates", lambda w: split(w, 2)),
-        ):
+        for name, action in list(ways.items())[: 2 if smoke else None]:
             started = time.perf_counter()
             action(root / name.replace(" ", "_"))
             timings[name] = per_step(root / name.replace(" ", "_"))

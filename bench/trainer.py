@@ -8,17 +8,19 @@
    slow down.
 
 Runs alternate (bare, factory, bare, factory, ...) and the best of each is kept, so a noisy
-neighbour hurts both sides alike.
+neighbour hurts both sides alike. `--smoke`: a few steps of one round each, to check the bench runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +36,26 @@ from factory.train.pretrain import build_optimizer, lr_at, pretrain
 
 LOG = logging.getLogger("bench.trainer")
 VOCAB = 2048
-ROUNDS = 3
-OVERHEAD_ROUNDS = 6
-"""Runs of ~2 s each vary by +-4% on a busy 2-core machine: more rounds, and the median beside the best."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sizes:
+    """Rounds and steps of each measure."""
+
+    overhead_rounds: int = 6
+    """Runs of ~2 s each vary by +-4% on a busy 2-core machine: more rounds, and the median beside the best."""
+    overhead_steps: int = 100
+    warmup_steps: int = 10
+    batch_size: int = 16
+    checkpoint_every: int = 25
+    stall_rounds: int = 3
+    stall_steps: int = 30
+    save_every: int = 10
+    stall_model: ModelConfig = ModelConfig(n_layer=4, n_head=8, n_embd=384, context=64)
+
+
+SMOKE = Sizes(overhead_rounds=1, overhead_steps=6, warmup_steps=1, batch_size=2, checkpoint_every=3, stall_rounds=1, stall_steps=6,
+              save_every=2, stall_model=ModelConfig(n_layer=1, n_head=2, n_embd=32, context=16))
 
 
 def make_batches(steps: int, batch_size: int, context: int) -> list[Batch]:
@@ -87,21 +106,22 @@ def factory_loop(batches: list[Batch], model_config: ModelConfig, config: Pretra
     return elapsed, [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def overhead() -> None:
+def overhead(sizes: Sizes) -> None:
     model_config = ModelConfig(n_layer=2, n_head=4, n_embd=128, context=128)
-    config = PretrainConfig(steps=100, batch_size=16, lr=3e-3, warmup_steps=10, checkpoint_every=25, log_every=10, keep_last=2)
+    config = PretrainConfig(steps=sizes.overhead_steps, batch_size=sizes.batch_size, lr=3e-3, warmup_steps=sizes.warmup_steps,
+                            checkpoint_every=sizes.checkpoint_every, log_every=10, keep_last=2)
     batches = make_batches(config.steps, config.batch_size, model_config.context)
     tokens = config.steps * config.batch_size * model_config.context
     bare, ours = [], []
     keep_freed_memory()  # the trainer sets the allocator up for the whole process: the reference gets it from its first round
     bare_loop(batches[:3], model_config, config)  # warm-up, untimed: the process's first steps pay for lazy initialisation
     with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(OVERHEAD_ROUNDS):
+        for round_ in range(sizes.overhead_rounds):
             bare.append(bare_loop(batches, model_config, config))
             ours.append(factory_loop(batches, model_config, config, Path(tmp) / f"run{round_}")[0])
     print(f"trainer: bare torch loop {tokens / min(bare):,.0f} tokens/s, factory trainer {tokens / min(ours):,.0f} tokens/s")
     print(f"trainer: factory / bare = {min(bare) / min(ours):.3f} best, {statistics.median(bare) / statistics.median(ours):.3f} median "
-          f"(goal >= 0.97; {OVERHEAD_ROUNDS} rounds, alternating)")
+          f"(goal >= 0.97; {sizes.overhead_rounds} rounds, alternating)")
 
 
 @contextlib.contextmanager
@@ -124,12 +144,12 @@ def blocked_in_saves() -> Iterator[list[float]]:
         CheckpointDir.save = original  # type: ignore[method-assign]
 
 
-def stall() -> None:
+def stall(sizes: Sizes) -> None:
     """Per mid-run save: the time the loop is blocked in the save call, and, for async saves, how much slower the steps
     that overlap the background write are than the same steps of a run without saves. Median and range over every save
     of every round."""
-    model_config = ModelConfig(n_layer=4, n_head=8, n_embd=384, context=64)
-    steps, every, overlap = 30, 10, 3
+    model_config = sizes.stall_model
+    steps, every, overlap = sizes.stall_steps, sizes.save_every, 3
     batches = make_batches(steps, 8, model_config.context)
     base = PretrainConfig(steps=steps, batch_size=8, lr=1e-3, checkpoint_every=0, log_every=10, keep_last=2)
     sharded = {"checkpoint_every": every, "checkpoint_format": "sharded"}
@@ -140,7 +160,7 @@ def stall() -> None:
     blocked: dict[str, list[float]] = {name: [] for name in modes}
     walls: dict[str, list[list[float]]] = {name: [] for name in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(ROUNDS):
+        for round_ in range(sizes.stall_rounds):
             for name, config in modes.items():
                 with blocked_in_saves() as calls:
                     walls[name].append(factory_loop(batches, model_config, config, Path(tmp) / f"{name}{round_}")[1])
@@ -148,7 +168,7 @@ def stall() -> None:
     state_mb = sum(p.numel() for p in build_model(model_config, VOCAB, 0).parameters()) * 4 * 3 / 1e6
     quiet = [statistics.median(run[i] for run in walls["none"]) for i in range(steps)]  # each step without saves
     print(f"checkpoint stall: {state_mb:.0f} MB of state, a step takes {1000 * statistics.median(quiet):.0f} ms; "
-          f"{len(blocked['sync'])} mid-run saves per mode ({ROUNDS} rounds)")
+          f"{len(blocked['sync'])} mid-run saves per mode ({sizes.stall_rounds} rounds)")
     for name in (n for n in modes if n != "none"):
         ms = [1000 * b for b in blocked[name]]
         # the steps after each save (a step's wall time is counted from its batch to the next one, the save inside it)
@@ -162,9 +182,12 @@ def stall() -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a few steps of one round each: checks the bench runs")
+    sizes = SMOKE if parser.parse_args().smoke else Sizes()
     torch.manual_seed(0)
-    overhead()
-    stall()
+    overhead(sizes)
+    stall(sizes)
 
 
 if __name__ == "__main__":

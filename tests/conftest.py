@@ -16,6 +16,7 @@ import pytest
 
 from factory.registry import ArtifactStore
 
+pytest_plugins = ["tests.timing"]  # the suite's wall time and its ten slowest modules, printed at the end of every run
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "tiny-code-lm.md"
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and inherited by every process a test starts

@@ -1,0 +1,27 @@
+"""The suite's wall time and slowest modules (tests/timing.py), as `make test` prints them under pytest-xdist."""
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+from tests.timing import summary
+
+
+def test_the_summary_gives_the_wall_time_and_the_slowest_modules_first():
+    seconds = {"tests/a.py": 1.0, "tests/b.py": 30.25, "tests/c.py": 5.0}
+    assert summary(125.4, seconds, slowest=2) == ("suite wall time: 2:05\nslowest 2 modules (setup, call and teardown summed):\n"
+                                                  "     30.2 s  tests/b.py\n      5.0 s  tests/c.py")
+
+
+def test_the_controller_adds_up_every_worker_s_modules(tmp_path):
+    (tmp_path / "test_slow.py").write_text("import time\n\ndef test_one():\n    time.sleep(0.6)\n\ndef test_two():\n    time.sleep(0.6)\n")
+    (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.timing", "-p", "no:randomly", "-n", "2", "--dist", "loadscope",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(re.fullmatch(r"suite wall time: \d+:[0-5]\d", line) for line in lines), done.stdout[-3000:]
+    modules = lines[lines.index("slowest 2 modules (setup, call and teardown summed):") + 1 :][:2]
+    assert modules[0].endswith("test_slow.py") and modules[1].endswith("test_quick.py"), modules
+    assert float(modules[0].split()[0]) >= 1.2  # both of its tests, whichever worker ran them

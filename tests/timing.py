@@ -1,0 +1,43 @@
+"""The suite's wall time and its slowest modules, printed at the end of every run (a pytest plugin, loaded by
+tests/conftest.py): what to look at first when the suite grows slower.
+
+Under pytest-xdist every worker's test reports reach the controller, which adds up each module's setup, call and teardown
+durations; a module's seconds are its time on one worker, so their sum exceeds the wall time when workers run side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+
+SLOWEST = 10
+
+
+class SuiteTiming:
+    """Wall time since the session started, and seconds per module from the reports."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid.split("::")[0]] += report.duration
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own sections (--durations), just before the final counts
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        terminalreporter.write_line(summary(time.monotonic() - self.started, self.seconds))
+
+
+def summary(wall_s: float, seconds: dict[str, float], slowest: int = SLOWEST) -> str:
+    """`suite wall time: M:SS`, then the `slowest` modules by their summed test seconds, slowest first."""
+    minutes, rest = divmod(round(wall_s), 60)
+    modules = sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:slowest]
+    lines = [f"suite wall time: {minutes}:{rest:02d}", f"slowest {len(modules)} modules (setup, call and teardown summed):"]
+    return "\n".join(lines + [f"{module_s:9.1f} s  {module}" for module, module_s in modules])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist): workers print no summary
+        config.pluginmanager.register(SuiteTiming(), "suite-timing")
