@@ -70,14 +70,14 @@ def plan(
     cluster: ClusterOption = None,
 ) -> None:
     """Show, without running anything, which stages are cached, will run (and why), or are waiting."""
-    from factory.launch import volcano
-
     experiments = []
     for path in experiment_files(paths):
         experiments += load_file(path)
     registry = ArtifactStore(root / "registry")
     plans = build_plan(experiments, registry)
     if launcher == "volcano":
+        from factory.launch import volcano  # its manifest rules load a Kubernetes schema: only for --launcher volcano
+
         try:
             manifests = volcano.dry_run(experiments, kubernetes(cluster), registry)
         except ConfigError as e:
