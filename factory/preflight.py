@@ -23,7 +23,6 @@ from factory.errors import ConfigError
 from factory.stages.datasets import computed_datasets
 from factory.evals.benchmarks import known, registered
 from factory.evals.custom import NAME as CUSTOM
-from factory.train.control import problems as control_problems
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -244,6 +243,8 @@ def _control_problems(experiment: Experiment) -> list[Problem]:
     """The control section's rules, metrics and operations, checked as the training loop will build them."""
     if experiment.control is None:
         return []
+    from factory.train.control import problems as control_problems  # the controller's code: only for a file with rules
+
     found = control_problems(experiment.control, experiment.pretrain.steps if experiment.pretrain is not None else None)
     if experiment.pretrain is None:
         found.insert(0, (("control",), "rules run inside pretraining, but there is no pretrain section"))

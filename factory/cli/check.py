@@ -71,8 +71,6 @@ def plan(
     cluster: ClusterOption = None,
 ) -> None:
     """Show, without running anything, which stages are cached, will run (and why), or are waiting."""
-    from factory.launch import volcano
-
     files = experiment_files(paths)
     experiments = []
     for path in files:
@@ -80,6 +78,8 @@ def plan(
     registry = ArtifactStore(settings_of(files[0] if files else None, root).root / "registry")
     plans = build_plan(experiments, registry)
     if launcher == "volcano":
+        from factory.launch import volcano  # its manifest rules load a Kubernetes schema: only for --launcher volcano
+
         try:
             manifests = volcano.dry_run(experiments, kubernetes(cluster), registry)
         except ConfigError as e:

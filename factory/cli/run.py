@@ -40,12 +40,12 @@ def run(
     cluster: ClusterOption = None,
 ) -> None:
     """Materialize every asset of one experiment through Dagster, then print the leaderboard."""
-    from factory.launch import volcano
-
     try:
         settings = settings_of(experiment, root)
         variants = load_file(experiment)
         if launcher == "volcano" and dry_run:
+            from factory.launch import volcano  # its manifest rules load a Kubernetes schema: only for --launcher volcano
+
             print(volcano.dry_run(variants, kubernetes(cluster)), end="")
             return
         preflight(experiment, variants, settings, launcher, cluster)

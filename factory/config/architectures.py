@@ -16,10 +16,9 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from importlib.metadata import entry_points
 from typing import Any
 
-from factory.config.plugins import load_declaration, plugin_name, resolve
+from factory.config.plugins import entry_points_of, load_declaration, plugin_name, resolve
 from factory.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "model_factory.models"
@@ -76,7 +75,7 @@ class ModelArch:
 def architectures() -> tuple[ModelArch, ...]:
     """Every registered architecture: the built-in ones, then the plugins' sorted by entry-point name."""
     known: list[ModelArch] = list(importlib.import_module(BUILTIN_MODULE).BUILTIN_ARCHITECTURES)
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for entry in entry_points_of(ENTRY_POINT_GROUP):
         arch = replace(load_declaration(entry, ModelArch, "model architecture"), origin=plugin_name(entry))
         if clash := next((a for a in known if a.name == arch.name), None):
             raise PluginError(f"{arch.origin} declares the model architecture {arch.name!r}, which {clash.origin} declares "

@@ -4,9 +4,10 @@ Whatever cannot be loaded is a `PluginError` naming the plugin and its package a
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, EntryPoints, entry_points
 from typing import Any, TypeVar
 
 from factory.errors import PluginError
@@ -37,7 +38,19 @@ def load_declaration(entry: EntryPoint, declared: type[Declaration], noun: str) 
 
 def load_declarations(group: str, declared: type[Declaration], noun: str) -> list[tuple[EntryPoint, Declaration]]:
     """Every entry point of `group`, by name, with the declaration it names."""
-    return [(entry, load_declaration(entry, declared, noun)) for entry in sorted(entry_points(group=group), key=lambda e: e.name)]
+    return [(entry, load_declaration(entry, declared, noun)) for entry in entry_points_of(group)]
+
+
+def entry_points_of(group: str) -> list[EntryPoint]:
+    """The installed entry points of `group`, sorted by name."""
+    return sorted(_installed().select(group=group), key=lambda e: e.name)
+
+
+@functools.cache
+def _installed() -> EntryPoints:
+    """Every installed entry point, read once per process: a look-up by group reads every installed package's metadata
+    again, and the stage, source and model registries each look up their own group."""
+    return entry_points()
 
 
 def resolve(function: str | Callable[..., Any]) -> Callable[..., Any]:

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import BLEND, provider, stage_kind
 from factory.config.section import Section
 from factory.registry.layout import BLEND_FILE
-from factory.registry.store import ArtifactStore
-from factory.runtime.report import Reporter
-from factory.runtime.request import StageRequest
 
 if TYPE_CHECKING:
     from factory.data.blend import Blend
     from factory.data.loader import BlendStream
+    from factory.registry.store import ArtifactStore
+    from factory.runtime.report import Reporter  # Dagster Pipes: the stage kinds import this module, `factory check` too
+    from factory.runtime.request import StageRequest
 
 # The summary key of what a stage warns about (what to change): logged as a warning and shown on the materialization,
 # also when the artifact comes from the cache.

@@ -2,6 +2,8 @@
 
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,21 @@ def test_server_runs_link_to_the_ui():
     url = run_url("http://mlflow:5000/", experiment_id="3", run_id="ab12")
 
     assert url == "http://mlflow:5000/#/experiments/3/runs/ab12"
+
+
+
+def test_the_sqlite_store_is_imported_with_the_backend_not_when_a_stage_opens_it(tmp_path):
+    """A warm interpreter imports the backend's module once for all the training stages it forks: the sqlite store's code
+    (its SQLAlchemy models, seconds of imports) must come with it, not be imported again by each stage opening its run."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from factory.track.base import TrackingConfig, open_run\n"
+        "import factory.track.mlflow_backend\n"
+        "before = set(sys.modules)\n"
+        "open_run(TrackingConfig(), Path(sys.argv[1]), name='probe', run_key='probe').finish('finished')\n"
+        "print(' '.join(sorted(set(sys.modules) - before)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "mlflow.store.tracking.sqlalchemy_store" not in done.stdout.split()
+    assert (tmp_path / "mlflow" / "mlflow.db").is_file()
