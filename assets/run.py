@@ -23,11 +23,10 @@ from factory.config import Experiment, load_file
 from factory.errors import ConfigError, Interrupted
 from factory.launch import warm_starts
 from factory.registry import ArtifactStore
-from factory.runtime import warm_modules
+from factory.runtime import tracker_backend, warm_modules
 from factory.ops.bases import Base, resolve
 from factory.ops.plan import build_plan
 from factory.runtime.report import exit_now
-from factory.track.base import TrackingConfig
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance, ExecuteInProcessResult
@@ -77,18 +76,10 @@ def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
         plans = []
     kinds = [plan.kind for plan in plans if plan.status == "run"]
     if kinds:
-        with warm_starts(warm_modules(kinds, tracker_backend())):
+        with warm_starts(warm_modules(kinds, tracker_backend(os.environ))):
             yield
     else:
         yield
-
-
-def tracker_backend() -> str:
-    """The tracker the stages will open (a bad setting: none here; the stage that opens it says what to change)."""
-    try:
-        return TrackingConfig.from_env(os.environ).backend
-    except ConfigError:
-        return "none"
 
 
 def main(argv: list[str] | None = None) -> int:

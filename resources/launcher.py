@@ -8,8 +8,9 @@ carries it (a temp file here, the master pod's log on a cluster).
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from factory.errors import FactoryError
 from factory.config.stages import pool_of
 from factory.launch import LocalLauncher, stage_argv
 from factory.launch.slots import pool_slot
+from factory.runtime import tracker_backend, warm_modules
 from factory.runtime.request import StageRequest
 
 SLOTS_DIR = "pool-slots"
@@ -61,7 +63,7 @@ class StageLauncher(ConfigurableResource):
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
-            yield from run_with_pipes(context, argv, kind, on_message)
+            yield from run_with_pipes(context, argv, kind, on_message, warm_modules([kind], tracker_backend(os.environ)))
 
 
 @contextlib.contextmanager
@@ -86,9 +88,10 @@ def machine_slot(context: AssetExecutionContext, pool: str | None, stage: str) -
 
 
 def run_with_pipes(
-    context: AssetExecutionContext, argv: list[str], name: str, on_message: MessageSink | None
+    context: AssetExecutionContext, argv: list[str], name: str, on_message: MessageSink | None, needs: Sequence[str] = ()
 ) -> Iterator[PipesExecutionResult]:
-    """Run `argv` as a local process talking back through Pipes (`on_message`: see `launch`); yield what it reported."""
+    """Run `argv` as a local process talking back through Pipes (`on_message`: see `launch`; `needs`, the modules it will
+    import: see `LocalLauncher.run`); yield what it reported."""
     reader = PipesTempFileMessageReader()
     with open_pipes_session(
         context=context,
@@ -96,7 +99,7 @@ def run_with_pipes(
         message_reader=PipesMessageTap(reader, on_message) if on_message else reader,
     ) as session:
         try:
-            LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name)
+            LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name, needs)
         except FactoryError as e:
             raise Failure(description=str(e)) from e
     yield from pipes_results(session)

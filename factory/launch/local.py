@@ -80,8 +80,9 @@ def progress_env(stream: IO[str] | None = None) -> dict[str, str]:
 class LocalLauncher:
     """Runs a stage command as a child process and waits for it."""
 
-    def run(self, argv: list[str], env: Mapping[str, str], name: str) -> None:
-        """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit.
+    def run(self, argv: list[str], env: Mapping[str, str], name: str, needs: Sequence[str] = ()) -> None:
+        """Run `argv` with `env` added to this process's environment; raise StageFailed on a non-zero exit. `needs`: the
+        modules it will import, which a warm interpreter imports first if it has not yet (`WarmServer.spawn`).
 
         Interrupted while it waits (Ctrl-C, Dagster's termination), it stops the stage in order first (SIGTERM, then
         SIGKILL after STOP_TIMEOUT_S), and the interruption goes on with what the stage said as a note.
@@ -90,7 +91,7 @@ class LocalLauncher:
             error_file = Path(scratch) / "error"
             env = {**env, ERROR_FILE_ENV: str(error_file)}
             full_env = {**progress_env(), **os.environ, **env}
-            process = _start_warm(argv, full_env, [*env, PROGRESS_ENV])
+            process = _start_warm(argv, full_env, [*env, PROGRESS_ENV], needs)
             if process is None:
                 try:
                     process = subprocess.Popen(argv, env=full_env, stderr=subprocess.PIPE)
@@ -137,12 +138,12 @@ def _said(error_file: Path) -> str:
         return ""
 
 
-def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str]) -> WarmProcess | None:
+def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str], needs: Sequence[str]) -> WarmProcess | None:
     """The stage forked from the warm interpreter, or None (no warm block, torchrun, or the interpreter refused; a
     refusal is said once per reason)."""
     if _warm is None:
         return None
-    process = _warm.spawn(argv, env, launch_keys)
+    process = _warm.spawn(argv, env, launch_keys, needs)
     if process is None and _warm.refused and _warm.refused not in _told:
         _told.add(_warm.refused)
         print(f"note: stages start cold from here: {_warm.refused}", file=sys.stderr)

@@ -58,31 +58,37 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
                     pass
         _report_exits(waiting)
         if listener in ready:
-            status = {"imported": len(modules) - len(pending), "modules": len(modules), "problem": problem}
-            _launch(listener, status, sources, base_env, waiting, [owner, wake_read, wake_write])
+            problem = _launch(listener, modules, pending, problem, sources, base_env, waiting, [owner, wake_read, wake_write])
         elif importing:
             problem = _import(pending.pop(0))
 
 
-def _launch(listener: socket.socket, status: dict[str, Any], sources: Mapping[str, tuple[int, int]], base_env: Mapping[str, str],
-            waiting: dict[int, socket.socket], private: list[int]) -> None:
-    """Answer one request: how far the imports are, or a launch (fork its child, or say why not)."""
+def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str], problem: str | None,
+            sources: Mapping[str, tuple[int, int]], base_env: Mapping[str, str], waiting: dict[int, socket.socket],
+            private: list[int]) -> str | None:
+    """Answer one request: how far the imports are, or a launch (import what it needs that is still pending, then fork its
+    child, or say why not); why the server cannot fork from now on, if an import it did failed."""
     connection, _ = listener.accept()
     try:
         request, fds = receive_request(connection)
     except (OSError, ValueError, struct.error):
         connection.close()
-        return
+        return problem
     try:
+        for name in [module for module in request.get("needs", ()) if module in pending]:
+            if problem is None:
+                pending.remove(name)
+                problem = _import(name)
+        status = {"imported": len(modules) - len(pending), "modules": len(modules), "problem": problem}
         if "status" in request:
             _answer(connection, status)
             connection.close()
-            return
+            return problem
         refused = status["problem"] or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])
         if refused:
             _answer(connection, {"refused": refused})
             connection.close()
-            return
+            return problem
         imported_env = _changes(base_env, os.environ)  # what the imports set (mlflow does): a cold start sets it too
         gc.freeze()  # the imported modules' objects: the child's collector never walks (nor copies, by touching) them
         pid = os.fork()
@@ -93,6 +99,7 @@ def _launch(listener: socket.socket, status: dict[str, Any], sources: Mapping[st
     finally:
         for fd in fds:
             os.close(fd)
+    return problem
 
 
 def _import(name: str) -> str | None:

@@ -9,11 +9,12 @@ their run functions import (each kind's `imports`) and the code they load on fir
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from factory.config.kinds import StageKind, registered_kinds, stage_kind
-from factory.track.base import OPENERS
+from factory.errors import ConfigError
+from factory.track.base import OPENERS, TrackingConfig
 
 if TYPE_CHECKING:
     from factory.runtime.context import StageContext
@@ -32,6 +33,14 @@ def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
     training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *scoring]
     checkpoints = any(kind.checkpoints for kind in declared)
     return tuple(dict.fromkeys(["factory.runtime.__main__", *runners, *(training if checkpoints else [])]))
+
+
+def tracker_backend(environ: Mapping[str, str]) -> str:
+    """The tracker the stages will open (a bad setting: none here; the stage that opens it says what to change)."""
+    try:
+        return TrackingConfig.from_env(environ).backend
+    except ConfigError:
+        return "none"
 
 
 def _modules(kind: StageKind) -> tuple[str, ...]:

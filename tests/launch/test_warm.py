@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +49,25 @@ def test_a_forked_child_has_its_own_pid_arguments_directory_environment_output_a
     assert seen == {**seen, "argv": [str(out)], "cwd": str(REPO), "marker": "launch-1", "preloaded": True, "name": "__main__"}
     assert stderr == b"said on stderr\n"
     assert "said on stdout" in capfd.readouterr().out
+
+
+def test_a_launch_gets_the_modules_it_needs_imported_before_its_fork(tmp_path, monkeypatch):
+    """The server imports in order, between launches; a launch that arrives early waits for what it names, not the rest."""
+    monkeypatch.chdir(REPO)
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("WARM_GATE", str(gate))
+    warm = WarmServer(["tests.launch.gated_import", "xml.dom.minidom", "email.mime.text"])
+    try:
+        threading.Timer(0.5, gate.touch).start()  # the launch below is sent while the first import waits
+        out = tmp_path / "seen.json"
+        child = warm.spawn([sys.executable, "-m", CHILD, str(out)], warm.env, [], needs=["email.mime.text"])
+        assert child is not None, warm.refused
+        assert child.wait(timeout=60) == 0
+        assert json.loads(out.read_text())["preloaded"]
+        status = warm.status()
+        assert status["problem"] is None and status["imported"] >= 2
+    finally:
+        warm.close()
 
 
 def test_a_killed_child_reports_its_signal_and_the_server_goes_on(server, tmp_path):
