@@ -105,6 +105,8 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
 SHOTS = REPO / ".test-artifacts" / "dagster-ui"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
+WAIT_MS = 60_000
+"""The most any action or expectation waits for its element or state (a bound on a loaded machine, not how it waits)."""
 RUN_TIMEOUT_MS = 240_000
 NUX_QUERY = "op=ShouldShowNux"
 """The query Dagster's UI asks on every page before it opens its "Join the Dagster community" dialog (CommunityNux.tsx)."""
@@ -130,10 +132,14 @@ def chromium(ui):
 @pytest.fixture
 def browser_page(chromium, ui):
     """A page on `dagster dev` in a fresh context: no local storage, as for a person opening the UI the first time."""
+    from playwright.sync_api import expect
+
     context = chromium.new_context(base_url=f"http://127.0.0.1:{ui}", viewport={"width": 1600, "height": 1000})
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(WAIT_MS)
+    expect.set_options(timeout=WAIT_MS)
     yield page
+    expect.set_options(timeout=None)  # Playwright's default again, for the modules after this one
     context.close()
 
 
@@ -176,7 +182,7 @@ def test_the_ui_opens_with_no_dialog_over_the_asset_graph(browser_page):
     with page.expect_response(lambda response: NUX_QUERY in response.url) as nux:
         page.goto("/")
     assert nux.value.json()["data"]["shouldShowNux"] is False
-    lineage = page.get_by_role("link", name="Lineage", exact=True)
+    lineage = page.get_by_role("navigation").get_by_role("link", name="Lineage")  # its name is its icon's and its text: "lineage Lineage"
     expect(lineage).to_be_visible()
     page.clock.fast_forward(2 * NUX_DELAY_MS)
     expect(page.locator(OVERLAY)).to_have_count(0)
