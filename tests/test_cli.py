@@ -392,6 +392,23 @@ def test_one_sigterm_to_the_ui_stops_every_process_it_started(tmp_path):
     assert code == 0
 
 
+@pytest.mark.parametrize("profile", ["embedded", "deploy"])
+def test_a_fresh_instance_has_the_ui_open_no_community_dialog(profile, tmp_path, monkeypatch, request):
+    """Dagster's UI opens its "Join the Dagster community" dialog over the asset graph when the instance's `nux` is on (and
+    nobody dismissed it yet); the dagster.yaml `dagster_home` writes turns it off, as it turns off telemetry."""
+    from dagster import DagsterInstance
+
+    from factory.cli.common import dagster_home
+
+    if profile == "deploy":
+        monkeypatch.setenv("FACTORY_DATABASE_URL", request.getfixturevalue("postgres"))
+    else:
+        monkeypatch.delenv("FACTORY_DATABASE_URL", raising=False)
+    with DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
+        assert type(instance.run_storage).__name__ == ("PostgresRunStorage" if profile == "deploy" else "SqliteRunStorage")
+        assert not instance.nux_enabled and not instance.telemetry_enabled
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

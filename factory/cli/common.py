@@ -29,20 +29,23 @@ concurrency:
   pools:
     default_limit: {min(POOL_LIMITS.values())}
 """
-DAGSTER_YAML = f"""\
-# Embedded default: sqlite storage under this directory (written by `factory`).
+# No usage reports, and no "Join the Dagster community" dialog over the asset graph of a fresh instance (`nux`).
+QUIET_YAML = """\
 telemetry:
   enabled: false
-{POOLS_YAML}"""
+nux:
+  enabled: false
+"""
+DAGSTER_YAML = f"""\
+# Embedded default: sqlite storage under this directory (written by `factory`).
+{QUIET_YAML}{POOLS_YAML}"""
 DAGSTER_POSTGRES_YAML = f"""\
 # The deploy profile: runs, events and schedules in PostgreSQL (written by `factory`; the URL is read from ${DATABASE_ENV}).
 storage:
   postgres:
     postgres_url:
       env: {DATABASE_ENV}
-telemetry:
-  enabled: false
-{POOLS_YAML}"""
+{QUIET_YAML}{POOLS_YAML}"""
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

@@ -105,12 +105,19 @@ def test_ui_shows_lineage_partition_and_metadata(ui, pipeline):
 SHOTS = REPO / ".test-artifacts" / "dagster-ui"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
+WAIT_MS = 60_000
+"""The most any action or expectation waits for its element or state (a bound on a loaded machine, not how it waits)."""
 RUN_TIMEOUT_MS = 240_000
+NUX_QUERY = "op=ShouldShowNux"
+"""The query Dagster's UI asks on every page before it opens its "Join the Dagster community" dialog (CommunityNux.tsx)."""
+NUX_DELAY_MS = 1_000
+"""How long after that answer the UI waits before opening the dialog: the test moves the page's clock past it."""
+OVERLAY = ".bp5-overlay-backdrop, .bp5-dialog"
 
 
 @pytest.fixture(scope="module")
-def browser_page(ui):
-    """A page in Debian's chromium (Playwright, no downloaded browser) on `dagster dev`."""
+def chromium(ui):
+    """Debian's chromium (Playwright, no downloaded browser)."""
     from playwright.sync_api import sync_playwright
 
     executable = shutil.which("chromium")
@@ -118,21 +125,35 @@ def browser_page(ui):
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        page = browser.new_context(base_url=f"http://127.0.0.1:{ui}", viewport={"width": 1600, "height": 1000}).new_page()
-        page.set_default_timeout(60_000)
-        yield page
+        yield browser
         browser.close()
 
 
-def click_if_shown(page, button: str) -> None:
-    """Click a button that only some states of the UI show: Dagster's first-visit dialog (Skip), or its warning that
-    upstream assets of other experiments (this one has no sft or rl) were never materialized (Confirm)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+@pytest.fixture
+def browser_page(chromium, ui):
+    """A page on `dagster dev` in a fresh context: no local storage, as for a person opening the UI the first time."""
+    from playwright.sync_api import expect
 
-    try:
-        page.get_by_role("button", name=button, exact=True).click(timeout=4_000)
-    except PlaywrightTimeout:
-        pass
+    context = chromium.new_context(base_url=f"http://127.0.0.1:{ui}", viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    expect.set_options(timeout=WAIT_MS)
+    yield page
+    expect.set_options(timeout=None)  # Playwright's default again, for the modules after this one
+    context.close()
+
+
+def open_launch_dialog(page, ready) -> None:
+    """Click `Materialize…` and wait until the launch dialog shows `ready`. Dagster first asks to confirm when upstream
+    assets of other experiments (this one has no sft or rl) were never materialized: confirm when it asks."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("button", name="Materialize…").click()
+    confirm = page.get_by_role("button", name="Confirm", exact=True)
+    expect(confirm.or_(ready).first).to_be_visible()
+    if confirm.is_visible():
+        confirm.click()
+    expect(ready).to_be_visible()
 
 
 def pick_partition(page, dialog, name: str) -> None:
@@ -151,13 +172,36 @@ def pick_partition(page, dialog, name: str) -> None:
 
 
 @pytest.mark.browser
+def test_the_ui_opens_with_no_dialog_over_the_asset_graph(browser_page):
+    """A fresh instance (`nux: enabled: false` in the dagster.yaml factory writes): Dagster's UI answers that it shows no
+    community dialog, and none opens once its delay is past, on the first page or on the asset graph."""
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.clock.install()  # the page's timers run on: the test only moves them past NUX_DELAY_MS when it checks
+    with page.expect_response(lambda response: NUX_QUERY in response.url) as nux:
+        page.goto("/")
+    assert nux.value.json()["data"]["shouldShowNux"] is False
+    lineage = page.get_by_role("navigation").get_by_role("link", name="Lineage")  # its name is its icon's and its text: "lineage Lineage"
+    expect(lineage).to_be_visible()
+    page.clock.fast_forward(2 * NUX_DELAY_MS)
+    expect(page.locator(OVERLAY)).to_have_count(0)
+    page.screenshot(path=str(SHOTS / "first-page.png"))
+    lineage.click()  # a dialog's backdrop would take this click
+    for group in ("data", "pipeline", "evals", "post"):
+        expect(page.locator("[class*=collapsedGroupNode]").get_by_text(group, exact=True)).to_be_visible()
+    page.clock.fast_forward(2 * NUX_DELAY_MS)
+    expect(page.locator(OVERLAY)).to_have_count(0)
+    page.screenshot(path=str(SHOTS / "asset-graph.png"))
+
+
+@pytest.mark.browser
 def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evaluations(browser_page, pipeline):
     from playwright.sync_api import expect
 
     page = browser_page
     # The lineage from the corpus to the leaderboard, upstream of the leaderboard and downstream of training.
     page.goto("/assets/leaderboard?view=lineage&lineageScope=upstream&lineageDepth=12")
-    click_if_shown(page, "Skip")
     for name in ("raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer", "pretrain", "checkpoints", "evaluations"):
         expect(page.get_by_text(name, exact=True).first).to_be_visible()
     page.screenshot(path=str(SHOTS / "lineage.png"))
@@ -167,10 +211,8 @@ def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evalua
 
     # Materialize the experiment's partition of `model` and wait for the run to succeed.
     page.goto("/assets/model")
-    click_if_shown(page, "Skip")
-    page.get_by_role("button", name="Materialize…").click()
-    click_if_shown(page, "Confirm")
     dialog = page.locator(".bp5-dialog")
+    open_launch_dialog(page, dialog.get_by_text("Select a partition or create one"))
     pick_partition(page, dialog, pipeline["name"])
     page.keyboard.press("Escape")
     dialog.get_by_role("button", name="Launch 1 run").click()
@@ -181,12 +223,11 @@ def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evalua
 
     # Backfill evaluations: every checkpoint on every benchmark.
     page.goto("/assets/evaluations")
-    page.get_by_role("button", name="Materialize…").click()
-    click_if_shown(page, "Confirm")
-    dialog = page.locator(".bp5-dialog")
+    launch = dialog.get_by_role("button", name="Launch backfill")
+    open_launch_dialog(page, launch)
     for all_keys in dialog.get_by_role("button", name="All", exact=True).all():
         all_keys.click()
-    dialog.get_by_role("button", name="Launch backfill").click()
+    launch.click()
     page.get_by_role("link", name="View", exact=True).first.click()
     expect(page.get_by_text("Succeeded", exact=True).first).to_be_visible(timeout=RUN_TIMEOUT_MS)
     page.screenshot(path=str(SHOTS / "backfill.png"))

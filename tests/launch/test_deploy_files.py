@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from factory.cli.common import DAGSTER_POSTGRES_YAML
 from factory.config import load_file
 from factory.config.cluster import ClusterProfile, load_profile
 from factory.launch.volcano import dry_run
@@ -205,6 +206,33 @@ def test_a_name_that_drifts_from_the_manifests_is_found(mutate):
     vals, objects = values(), copy.deepcopy(manifests())
     mutate(vals, objects)
     assert disagreements(vals, objects)
+
+
+# --- the release's instance settings -------------------------------------------------------------------------------
+
+def instance_drift(vals: dict) -> list[str]:
+    """Each setting of the dagster.yaml `factory` writes for the deploy profile that the release's instance lacks or gives
+    another value (storage aside: the chart writes its own). The chart writes `telemetry` itself, from its own value."""
+    release = {**vals.get("additionalInstanceConfig", {}), "telemetry": vals.get("telemetry", {"enabled": True})}
+    written = yaml.safe_load(DAGSTER_POSTGRES_YAML)
+    return [f"{key}: the values give {release.get(key)!r}, factory writes {value!r}"
+            for key, value in written.items() if key != "storage" and release.get(key) != value]
+
+
+def test_the_release_instance_has_the_settings_factory_writes():
+    assert instance_drift(values()) == []
+    assert values()["additionalInstanceConfig"]["nux"] == {"enabled": False}  # no community dialog over the asset graph
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda v: v["additionalInstanceConfig"].pop("nux"),
+    lambda v: v.pop("telemetry"),
+    lambda v: v["additionalInstanceConfig"]["concurrency"]["pools"].update(default_limit=4),
+], ids=["nux", "telemetry", "pools"])
+def test_an_instance_setting_that_drifts_is_found(mutate):
+    vals = values()
+    mutate(vals)
+    assert instance_drift(vals)
 
 
 # --- the image ------------------------------------------------------------------------------------------------------
