@@ -63,10 +63,18 @@ def held(instance: DagsterInstance) -> set[str]:
 
 
 def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_next_run(tmp_path, instance):
-    """Ctrl-C while it waits: CANCELED at once, out of the queue. kill -9 while it waits: the next run cancels it and frees
+    """Ctrl-C in a data stage: CANCELED, no lease left. Ctrl-C while it waits: CANCELED at once, out of the queue. kill -9 while it waits: the next run cancels it and frees
     its place in the queue, which would otherwise be given the slot for good. Then a run trains at once, and a Ctrl-C
     while it trains ends it CANCELED too."""
     path, root = small_experiment(tmp_path), tmp_path / "state"
+    data = started("run", str(path), "--root", str(root))  # Ctrl-C in a data stage (or the next: they are quick)
+    read_until(data, r"raw_datasets - \[pipes\] external process successfully opened")
+    os.killpg(data.pid, signal.SIGINT)
+    after, _ = data.communicate(timeout=60)
+    assert data.returncode == 130 and "Traceback" not in after, after
+    assert [r.status for r in runs_of(instance, "small")] == [DagsterRunStatus.CANCELED]
+    assert list((root / "registry" / "leases").glob("*.lease")) == []
+
     holder = hold_training_slot(instance)
     run = started("run", str(path), "--root", str(root))
     read_until(run, rf"pretrain: waiting for a slot of pool training, held by teammate \(run {holder[:8]}\)")
@@ -76,7 +84,7 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
     said = [line for line in after.splitlines() if line.startswith("error:")]
     assert len(said) == 1 and "interrupted while waiting for a slot: pretrain (pool training)" in said[0], after
     assert f"`factory run {path}" in said[0] and "Traceback" not in after
-    [stopped] = runs_of(instance, "small")
+    [stopped] = runs_of(instance, "small")[:1]  # the newest first
     assert stopped.status == DagsterRunStatus.CANCELED and held(instance) == {holder}  # nothing of it left in the queue
     waiting = [e for e in instance.all_logs(stopped.run_id) if "waiting for a slot of pool training" in e.message]
     assert waiting and waiting[0].step_key == "pretrain"  # the run's Dagster log says it too
@@ -87,7 +95,7 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
     for process in [cli, *cli.children(recursive=True)]:  # kill -9 of every process of it: none can clean up
         process.kill()
     killed.communicate(timeout=60)
-    [dead] = [r for r in runs_of(instance, "small") if r.run_id != stopped.run_id]
+    dead = runs_of(instance, "small")[0]
     assert dead.status == DagsterRunStatus.STARTED and dead.run_id in held(instance)  # what wedged the pool before
 
     instance.event_log_storage.free_concurrency_slots_for_run(holder)  # the teammate's training ends
