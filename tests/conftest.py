@@ -136,9 +136,13 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(items):
-    """The heavy modules first, each kept in the random order pytest-randomly gave (it shuffles before this runs)."""
+    """The heavy modules first, the tiny pipeline's readers (the longest unit of work: the pipeline and three modules)
+    before them, each kept in the random order pytest-randomly gave (it shuffles before this runs)."""
     for item in items:
         module = item.nodeid.split("::")[0]
         if "pipeline" in getattr(item, "fixturenames", ()) and module not in TINY_PIPELINE_READERS:
             raise pytest.UsageError(f"{module} reads the shared tiny pipeline: add it to TINY_PIPELINE_READERS in tests/conftest.py")
-    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in HEAVY))
+    def order(item) -> tuple[bool, bool]:
+        return not any(item.get_closest_marker(name) for name in HEAVY), item.nodeid.split("::")[0] not in TINY_PIPELINE_READERS
+
+    items.sort(key=order)

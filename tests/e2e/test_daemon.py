@@ -41,9 +41,9 @@ data:
 tokenizer: {{vocab_size: {vocab}, min_frequency: 2, sample_bytes: 200000}}
 model: {{n_layer: 1, n_head: 2, n_embd: 32, context: 32}}
 pretrain: {{steps: 40, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 20, keep_last: 2, log_every: 10}}
-eval: {{benchmarks: [val_bpb], max_bytes: 20000}}
+eval: null
 ---
-One thin layer on a copy of the json package.
+One thin layer on a copy of the json package, not evaluated: the daemon's runs are what is tested.
 """
 DATA_STAGES = {"raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer"}
 FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}

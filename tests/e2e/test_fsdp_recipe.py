@@ -15,17 +15,25 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = """---
 extends: {base}
+data:
+  datasets:
+    stdlib:
+      source: {{include: ["json/**/*.py", "email/**/*.py"]}}
+    site_packages:
+      source: {{include: ["click/**/*.py"]}}
+tokenizer: {{vocab_size: 512, sample_bytes: 200000}}
 pretrain:
-  steps: 40
-  warmup_steps: 5
-  checkpoint_every: 20
+  steps: 10
+  warmup_steps: 2
+  checkpoint_every: 5
   checkpoint_format: sharded
   parallelism: fsdp
   activation_checkpointing: selective
+eval: {{benchmarks: [heldout_bpb, val_bpb], max_bytes: 20000}}
 resources:
   processes_per_node: 2
 ---
-# tiny-code-lm on two ranks of FSDP
+# tiny-code-lm's model on two ranks of FSDP, on a slice of its data
 """
 
 
@@ -39,11 +47,11 @@ def test_a_fsdp_recipe_trains_on_two_ranks_and_its_sharded_checkpoints_are_evalu
     assert result.success, failure_messages(result)
     manifests = list(ArtifactStore(root / "registry").manifests())
     [pretrain] = [m for m in manifests if m.kind == "pretrain"]
-    assert pretrain.summary["ranks"] == 2 and pretrain.summary["steps"] == 40
+    assert pretrain.summary["ranks"] == 2 and pretrain.summary["steps"] == 10
     assert pretrain.config["pretrain"]["parallelism"] == "fsdp", "in the resolved config and the fingerprint"
     # selective: one of the two blocks recomputes, so some activations are kept and some saved
     assert pretrain.summary["activations_mb"] > 0 and pretrain.summary["activations_saved_mb"] > 0
-    assert {"step_000040/__0_0.distcp", "step_000040/__1_0.distcp", "step_000040/.metadata"} <= set(pretrain.files), "each rank wrote its shard"
+    assert {"step_000010/__0_0.distcp", "step_000010/__1_0.distcp", "step_000010/.metadata"} <= set(pretrain.files), "each rank wrote its shard"
     evaluated = {(m.summary["step"], m.summary["benchmark"]) for m in manifests if m.kind == "evaluations"}
-    assert {(20, "val_bpb"), (40, "val_bpb"), (40, "heldout_bpb")} <= evaluated, evaluated
+    assert {(5, "val_bpb"), (10, "val_bpb"), (10, "heldout_bpb")} <= evaluated, evaluated
     assert any(m.kind == "model" for m in manifests), "the final sharded checkpoint was exported as a model"
