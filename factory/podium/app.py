@@ -190,7 +190,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
                     )
                 except PodiumError as e:
                     error = str(e)
-        return page(request, "generate.html", candidates=candidates(podium.registry), chosen=chosen, prompt=prompt, source=source,
+        return page(request, "generate.html", candidates=candidates(podium.registry, chosen), chosen=chosen, prompt=prompt, source=source,
                     chat=chat, reply=reply, new_tokens=new_tokens, temperature=temperature, max_new_tokens=MAX_NEW_TOKENS, completions=completions,
                     error=error, saved=request.query_params.get("saved", ""), status=400 if error else 200)
 

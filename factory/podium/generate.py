@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,9 @@ class Completion:
     stopped_at_eos: bool
 
 
-def candidates(registry: ArtifactStore) -> list[Candidate]:
-    """Every published model and every checkpoint no model was exported from, newest first (one entry per sha256)."""
+def candidates(registry: ArtifactStore, chosen: Collection[str] = ()) -> list[Candidate]:
+    """Every published model and every checkpoint no model was exported from, newest first (one entry per sha256); a
+    checkpoint a model was exported from too when it is `chosen` (by sha256: a link to that checkpoint opens it)."""
     manifests = list(registry.manifests())
     by_digest = {m.digest: m for m in manifests}
     found: dict[str, Candidate] = {}
@@ -112,7 +114,7 @@ def candidates(registry: ArtifactStore) -> list[Candidate]:
             exported.update((digest, candidate.step) for digest in last)
     for manifest in (m for m in manifests if m.kind in TRAINING_STAGES):
         for c in _checkpoints(registry, manifest):
-            if (c.digest, c.step) not in exported:
+            if (c.digest, c.step) not in exported or c.sha256 in chosen:
                 found.setdefault(c.sha256, c)
     return sorted(found.values(), key=lambda c: (c.created, c.experiment, c.stage, c.step), reverse=True)
 
@@ -182,7 +184,7 @@ class Generator:
         """The candidate with this sha256."""
         if not SHA256.match(sha256):
             raise NotFound(f"{sha256!r} is not a checkpoint sha256 (64 hex digits)")
-        for candidate in candidates(self.registry):
+        for candidate in candidates(self.registry, chosen={sha256}):
             if candidate.sha256 == sha256:
                 return candidate
         raise NotFound(f"no published checkpoint or model has sha256 {sha256[:12]}…; it may not be published yet")

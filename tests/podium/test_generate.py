@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from factory.config.sft_data import DEFAULT_CHAT_TEMPLATES
 from factory.podium.conversation import rendered, sampled, turns_in
@@ -76,7 +77,7 @@ def test_a_model_is_listed_once_with_its_date_and_the_digest_the_cli_prints(stor
     trained = {m.experiment: m for m in registry.manifests("pretrain")}
     source = registry.path(trained["podium-seed1"].digest)
     with registry.staging() as out:  # the model stage exports seed1's final checkpoint (step 10)
-        shutil.copyfile(source / "step_000010.pt", out / "model.pt")
+        torch.save(torch.load(source / "step_000010.pt", weights_only=True)["model"], out / "model.pt")  # the weights alone
         (out / "config.json").write_text(json.dumps({"model": trained["podium-seed1"].config["model"], "steps": 10}))
         shutil.copyfile(registry.path(trained["podium-seed1"].inputs["tokenizer"]) / "tokenizer.json", out / "tokenizer.json")
         model = registry.publish(out, kind="model", fingerprint="podium-model-1", config={}, inputs={"pretrain": trained["podium-seed1"].digest},
@@ -87,6 +88,10 @@ def test_a_model_is_listed_once_with_its_date_and_the_digest_the_cli_prints(stor
     seed1, seed2 = sorted(found, key=lambda c: c.experiment)
     assert seed1.label == f"podium-seed1 · model {model.digest[:12]}" and seed1.made == model.created[:16].replace("T", " ")
     assert seed2.label == f"podium-seed2 · pretrain step 10 of pretrain {trained['podium-seed2'].digest[:12]}"
-    page = TestClient(create_app(tmp_path / "root"), base_url="http://127.0.0.1:8765").get("/generate")
+    client = TestClient(create_app(tmp_path / "root"), base_url="http://127.0.0.1:8765")
+    page = client.get("/generate")
     assert page.status_code == 200 and page.text.count("podium-seed1 ·") == 1
     assert model.digest[:12] in page.text and seed1.made in page.text
+    step10 = json.loads((source / "step_000010.json").read_text())["sha256"]
+    linked = client.get(f"/checkpoint/{step10}")  # the link Dagster's metadata gives that checkpoint still opens it
+    assert linked.status_code == 200 and f'value="{step10}" checked' in linked.text
