@@ -116,17 +116,21 @@ def postgres(postgres_server, request):
 # The modules whose tests read the shared tiny pipeline (tests/e2e/conftest.py): one worker runs them all, so the
 # pipeline is built once and no other worker waits for it. A test elsewhere that asks for it fails at collection.
 TINY_PIPELINE_READERS = ("tests/e2e/test_tiny_experiment.py", "tests/e2e/test_ui.py", "tests/e2e/test_llama.py")
+SPREAD = ("tests/bench/test_smoke.py",)
+"""Modules of independent processes and no module fixture: each test is a unit of its own, so the workers share them."""
 HEAVY = ("e2e", "slow")  # modules that take a minute or more: scheduled first, so none is left to run alone at the end
 
 
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s scheduling (pytest-xdist, `--dist loadscope`): a module's tests go to one worker, whole (its module
-    fixtures are built once), the tiny pipeline's readers together, and the modules in collection order (below)."""
+    fixtures are built once) but SPREAD's, the tiny pipeline's readers together, and the modules in collection order (below)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::")[0]
+            if module in SPREAD:
+                return nodeid
             return "tiny-pipeline" if module in TINY_PIPELINE_READERS else module
 
     if config.getvalue("dist") == "loadscope":
