@@ -23,6 +23,16 @@ from factory.config import load
 from factory.registry import ArtifactStore
 
 BUILT = "pipeline.json"
+TINY_SLICE = """data:
+  datasets:
+    stdlib:
+      source: {include: ["json/**/*.py", "email/**/*.py"]}
+    site_packages:
+      source: {include: ["click/**/*.py"]}
+tokenizer: {vocab_size: 512, sample_bytes: 200000}
+"""
+"""The tiny recipe's data cut to a few packages, with a tokenizer to match: for a recipe that extends it and tests what
+happens after the data (its lines go under `extends:` in the front matter)."""
 
 
 def objects_but_reports(registry: ArtifactStore) -> list[str]:

@@ -10,19 +10,13 @@ from assets.run import run_experiment
 from factory.cli.common import dagster_home
 from factory.config import load
 from factory.registry import ArtifactStore
+from tests.e2e.conftest import TINY_SLICE
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = """---
 extends: {base}
-data:
-  datasets:
-    stdlib:
-      source: {{include: ["json/**/*.py", "email/**/*.py"]}}
-    site_packages:
-      source: {{include: ["click/**/*.py"]}}
-tokenizer: {{vocab_size: 512, sample_bytes: 200000}}
-pretrain:
+{data}pretrain:
   steps: 10
   warmup_steps: 2
   checkpoint_every: 5
@@ -39,7 +33,7 @@ resources:
 
 def test_a_fsdp_recipe_trains_on_two_ranks_and_its_sharded_checkpoints_are_evaluated(tmp_path):
     path = tmp_path / "tiny-fsdp.md"
-    path.write_text(RECIPE.format(base=REPO / "experiments" / "tiny-code-lm.md"))
+    path.write_text(RECIPE.format(base=REPO / "experiments" / "tiny-code-lm.md", data=TINY_SLICE))
     experiment = load(path)
     assert experiment.pretrain.parallelism == "fsdp" and experiment.resources.processes_per_node == 2
     root = tmp_path / "root"

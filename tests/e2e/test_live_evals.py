@@ -14,6 +14,7 @@ from assets.definitions import defs
 from assets.execution import EVERYTHING, resources_at
 from factory.cli.common import dagster_home
 from factory.registry import ArtifactStore
+from tests.e2e.conftest import TINY_SLICE
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -21,14 +22,7 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 TICK_S = 2
 VARIANT = """---
 extends: {base}
-data:
-  datasets:
-    stdlib:
-      source: {{include: ["json/**/*.py", "email/**/*.py"]}}
-    site_packages:
-      source: {{include: ["click/**/*.py"]}}
-tokenizer: {{vocab_size: 512, sample_bytes: 200000}}
-model: {{n_layer: 1, n_head: 2, n_embd: 64, context: 64}}
+{data}model: {{n_layer: 1, n_head: 2, n_embd: 64, context: 64}}
 pretrain:
   steps: 600
   batch_size: 8
@@ -51,7 +45,7 @@ def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny
     home = dagster_home(root)  # the instance `factory run` writes to, and this test's ticks read
     experiments = tmp_path / "experiments"
     experiments.mkdir()
-    (experiments / "longer.md").write_text(VARIANT.format(base=tiny_path))
+    (experiments / "longer.md").write_text(VARIANT.format(base=tiny_path, data=TINY_SLICE))
     log = tmp_path / "training.log"
     with open(log, "w") as out:
         training = subprocess.Popen([sys.executable, "-m", "factory", "run", str(experiments / "longer.md"), "--root", str(root)],
