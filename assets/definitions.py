@@ -6,7 +6,7 @@ from dagster import Definitions
 
 from assets.checkpoints import checkpoints
 from assets.evaluations import evaluations
-from assets.heldout import heldout_corpus
+from assets.benchmark_data import heldout_corpus, humaneval_problems
 from assets.leaderboard import automation, best_model, leaderboard
 from assets.post import code_exec_tasks
 from assets.promote import production_model
@@ -16,7 +16,7 @@ from assets.stages import stage_assets
 from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 defs = Definitions(
-    assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus, production_model],
+    assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus, humaneval_problems, production_model],
     sensors=[experiments_at_head, automation],
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),

@@ -27,7 +27,7 @@ from dagster import (
 )
 from pydantic import ValidationError
 
-from assets.heldout import ensure_heldout_corpus
+from assets.benchmark_data import ensure_benchmark_data
 from assets.partitions import CHECKPOINTS, evaluations_partitions
 from assets.records import latest_metadata
 from factory.config.fingerprint import code_identity
@@ -69,7 +69,7 @@ def evaluations(
         yield MaterializeResult(metadata={"scores": MetadataValue.json(scores), "evaluated": len(scores), "cache": "hit"},
                                 data_version=DataVersion(version))
     else:
-        ensure_heldout_corpus(context, stores, (item.benchmark for item in items if item.partition not in found))
+        ensure_benchmark_data(context, stores, (item.benchmark for item in items if item.partition not in found))
         context.log.info(f"evaluating {len(items) - len(found)} of {len(items)} checkpoint x benchmark pairs in one stage")
         spec = batch_spec(items, code)
         request = StageRequest(spec=spec, registry=str(registry.root), catalog=stores.catalog(),

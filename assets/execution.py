@@ -11,7 +11,7 @@ from dagster import DagsterEventType, Definitions, ExecuteInProcessResult, Field
 
 from assets.checkpoints import checkpoints
 from assets.evaluations import evaluations
-from assets.heldout import heldout_corpus
+from assets.benchmark_data import heldout_corpus, humaneval_problems
 from assets.leaderboard import NO_REGRESSION, best_model, leaderboard
 from assets.post import code_exec_tasks
 from assets.report import run_report
@@ -21,7 +21,7 @@ from resources import ExperimentFiles, FactoryStores, launcher_from_env
 
 # Dagster's step-by-step DEBUG events drown the stage logs on a terminal; the UI keeps them all.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus]
+EVERYTHING = [*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus, humaneval_problems]
 JOB = "__ephemeral_asset_job__"
 """The name `dagster.materialize` gives its job: the UI shows such runs as plain materializations."""
 LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"

@@ -21,7 +21,7 @@ from factory.config.source_kinds import source_kind
 from factory.dataset_names import DatasetOwners
 from factory.errors import ConfigError
 from factory.stages.datasets import computed_datasets
-from factory.evals.benchmarks import known, registered
+from factory.evals.benchmarks import benchmark, known, registered
 from factory.evals.custom import NAME as CUSTOM
 
 if TYPE_CHECKING:
@@ -177,6 +177,9 @@ def _semantic_problems(experiment: Experiment, roots: tuple[Path, ...]) -> list[
         for name in experiment.eval.benchmarks:
             if not known(name):
                 found.append((("eval", "benchmarks"), f"unknown benchmark {name!r}; registered: {', '.join(sorted(registered()))}"))
+            elif missing := benchmark(name).missing:
+                found.append((("eval", "benchmarks"), f"benchmark {name!r} needs the package {', '.join(missing)}, which is not installed "
+                                                      f"here: pip install {' '.join(missing)}"))
     if experiment.eval is not None and experiment.pretrain is None and experiment.base is None:
         found.append((("eval",), "there is no pretrain section, so there is no model to evaluate"))
     return found

@@ -76,17 +76,26 @@ def print_leaderboard(settings: Settings, board: Board | None = None) -> bool:
 
 
 @evals_app.command("list")
-def evals_list(root: RootOption = None) -> None:
-    """The registered benchmarks (those of the repository's settings included); takes --root as every command does."""
+def evals_list(
+    root: RootOption = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+) -> None:
+    """The registered benchmarks (plugins and the repository's settings included); takes --root as every command does."""
     from factory.evals.benchmarks import registered
 
     settings_of(None, root)  # a broken settings file is refused here as by every other command
 
+    benchmarks = sorted(registered().values(), key=lambda b: b.name)
+    if as_json:
+        print(json.dumps([{"name": b.name, "version": b.version, "better": "lower" if b.lower_is_better else "higher",
+                           "data": b.data, "requires": list(b.requires), "missing": list(b.missing), "code": b.code,
+                           "description": b.description} for b in benchmarks], indent=2))
+        return
     table = Table(title="benchmarks", title_justify="left")
     for column in ("name", "version", "better", "description"):
         table.add_column(column)
-    for bench in sorted(registered().values(), key=lambda b: b.name):
-        table.add_row(bench.name, str(bench.version), "lower" if bench.lower_is_better else "higher", bench.description)
+    for bench in benchmarks:
+        missing = f" (needs {', '.join(bench.missing)}: not installed)" if bench.missing else ""
+        table.add_row(bench.name, str(bench.version), "lower" if bench.lower_is_better else "higher", bench.description + missing)
     out.print(table)
 
 

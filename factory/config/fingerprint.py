@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,23 @@ def code_identity(image: str) -> str:
     if image != "local":
         return image
     return "local:" + source_tree_hash(Path(factory.__file__).parent)
+
+
+def plugin_code(declared: Any) -> str:
+    """The code identity of what a plugin declares (a benchmark's function, say): a hash of the sources of the top-level
+    package (or lone module) that defines it, so an edit of the plugin makes what it computed stale without a version bump.
+    "" for the factory's own code, which `code_identity` covers already."""
+    module = sys.modules.get(getattr(declared, "__module__", "") or "")
+    if module is None or module.__name__.partition(".")[0] == factory.__name__:
+        return ""
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    origin = getattr(top, "__file__", None)
+    if origin is None:  # a namespace package or a module made in memory: nothing on disk to hash
+        return ""
+    path = Path(origin)
+    if path.name == "__init__.py":
+        return "plugin:" + source_tree_hash(path.parent)
+    return "plugin:" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 @cache

