@@ -3,8 +3,9 @@
 An answer must be a Python literal on one line (a call such as `f(3)` would pass its own
 assertion, so it earns nothing). A literal answer is checked by executing the task's function
 and an assertion that the call's value is written as the answer's value is (the benchmark's rule:
-`1.0` is not `True`) in the sandbox: 1 when it passes, plus `format_reward` for the well-formed
-literal. Anything else earns 0. Answers repeated within a batch are executed once.
+`1.0` is not `True`) in the sandbox, under the harness HumanEval is scored with
+(`factory.post.execute`): 1 when it passes, plus `format_reward` for the well-formed literal.
+Anything else earns 0. Answers repeated within a batch are executed once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from factory.post.execute import check_programs
 from factory.post.format import answer_line, literal
 from factory.post.sandbox import Sandbox
 
@@ -51,7 +53,8 @@ def rewards(
     checks = {
         check_source(task["function"], task["call"], line): None for task, line in zip(tasks, lines, strict=True) if line
     }
-    outcomes = dict(zip(checks, (o.status == "ok" for o in sandbox.run_many(list(checks))), strict=True))
+    verdicts = check_programs(list(checks), sandbox, timeout_s=sandbox.limits.cpu_s)  # as HumanEval's are run
+    outcomes = dict(zip(checks, (v.passed for v in verdicts), strict=True))
     result = []
     for task, line, well_formed in zip(tasks, lines, formatted, strict=True):
         passed = bool(line) and outcomes[check_source(task["function"], task["call"], line)]
