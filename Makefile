@@ -108,6 +108,7 @@ bench: setup sandbox
 	$(BIN)/python bench/rl_split.py
 	$(BIN)/python bench/podium.py
 	$(BIN)/python bench/generate.py
+	$(BIN)/python bench/humaneval.py
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

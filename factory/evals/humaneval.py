@@ -23,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,11 +200,14 @@ def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
     sampling = Sampling(new_tokens=settings.new_tokens, temperature=settings.temperature, top_p=settings.top_p, eos_id=inputs.eos_id,
                         stop_strings=stops)
     decode = inputs.tokenizer.decode
+    started = time.perf_counter()
     done = generate(inputs.model, prompts, sampling, context=inputs.context, seeds=seeds, batch_size=inputs.batch_size,
                     decode=lambda ids: decode(ids, skip_special_tokens=False))
     completions = [truncated(decode(list(c.text_tokens), skip_special_tokens=True), stops) for c in done]
     programs = [check_program(problems[i // settings.samples], text) for i, text in enumerate(completions)]
+    generated = time.perf_counter()
     verdicts = check_programs(programs, Sandbox(harness_limits(settings.timeout_s), workers=SANDBOXES), settings.timeout_s)
+    executed = time.perf_counter()
     by_problem = [verdicts[i * settings.samples : (i + 1) * settings.samples] for i in range(len(problems))]
     passed = [sum(v.passed for v in these) for these in by_problem]
     value = sum(pass_at_k(settings.samples, c, settings.k) for c in passed) / len(problems)
@@ -211,6 +215,9 @@ def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
     details = {
         f"pass@{settings.k}": value, "problems": len(problems), "samples": settings.samples, "passed": sum(passed),
         "prompts_cut_to_context": sum(len(ids) > room for ids in encoded), "results": results,
+        "new_tokens": sum(len(c.tokens) for c in done), "generation_seconds": round(generated - started, 3),
+        "execution_seconds": round(executed - generated, 3),
+        "completions": {p["task_id"]: completions[i * settings.samples : (i + 1) * settings.samples] for i, p in enumerate(problems)},
         "examples": [{"task_id": p["task_id"], "completion": completions[i * settings.samples], "result": results[p["task_id"]][0]}
                      for i, p in enumerate(problems[:3])],
     }
