@@ -36,7 +36,8 @@ class TokenizerConfig(Section):
 class PretrainConfig(GrownSection):
     """Pretraining from scratch on the blend: AdamW with linear warmup and cosine decay, checkpoints and their retention."""
 
-    DEFAULT_LEFT_OUT = ("parallelism", "reshard_after_forward", "activation_checkpointing", "activation_checkpoint_every")  # recipes written before FSDP keep their fingerprints
+    DEFAULT_LEFT_OUT = ("parallelism", "reshard_after_forward", "activation_checkpointing", "activation_checkpoint_every",
+                        "checkpoint_at_start")  # recipes written before these fields keep their fingerprints
 
     steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps."""
@@ -56,6 +57,9 @@ class PretrainConfig(GrownSection):
     """Clip the global gradient norm to this (0 turns clipping off)."""
     checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS)
     """Save a checkpoint every N steps (0: only the final one); a relaunched stage resumes from the latest."""
+    checkpoint_at_start: bool = False
+    """Also save the weights the stage starts from as the checkpoint of step 0 (kept by retention), so that they are
+    evaluated like every other checkpoint: what a fine-tuning of an imported or base model bought, from its own curve."""
     keep_last: int = Field(2, ge=1, le=10_000)
     """Checkpoints kept besides the best and the final one; older ones are deleted (and the deletion logged)."""
     keep_best_by: Literal["loss"] | None = "loss"

@@ -43,7 +43,8 @@ CheckpointSink = Callable[[CheckpointEvent], None]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetentionPolicy:
-    """Which checkpoints stay: the last `keep_last`, plus the best by `best_metric` (lowest), plus the final one."""
+    """Which checkpoints stay: the last `keep_last`, plus the best by `best_metric` (lowest), plus the final one, plus the
+    one of step 0 (the starting weights) when there is one."""
 
     keep_last: int = 2
     best_metric: str | None = "loss"
@@ -231,6 +232,7 @@ class CheckpointDir:
         checkpoints = self.complete()
         keep = {c.step for c in checkpoints[-self.policy.keep_last :]} if self.policy.keep_last else set()
         keep.add(newest)
+        keep.add(0)  # the weights a stage started from, saved only when asked (`checkpoint_at_start`): what its curve starts at
         metric = self.policy.best_metric
         scored = [c for c in checkpoints if metric and metric in c.metrics]
         if scored:

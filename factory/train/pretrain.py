@@ -190,6 +190,10 @@ def pretrain(
             log.info("step %d validation loss %.4f", done, eval_loss)
             return controller.observe(Observation(event="eval", step=done, eval_loss=eval_loss))
 
+        if config.checkpoint_at_start and start == 0 < end:  # the starting weights, evaluated as step 0 (no loss yet)
+            lr = lr_at(0, config)
+            if world.is_main or checkpoints.sharded:
+                checkpoints.save(0, _state(model, optimizer, 0, position, tokens_seen, world, controller), {"lr": lr, "tokens_seen": 0})
         while step < end:
             step_started = time.perf_counter()
             lr = lr_at(step, config) * (controller.lr_factor if controller else 1.0)

@@ -161,3 +161,20 @@ def test_the_last_logged_step_is_what_a_relaunched_stage_skips_in_the_tracker(ru
     out, _, _ = run
     assert last_logged_step(out / METRICS_FILE) == TRAIN.steps
     assert last_logged_step(tmp_path / "never-written.jsonl") == 0
+
+
+def test_checkpoint_at_start_saves_the_starting_weights_as_step_0_and_retention_keeps_them(tmp_path):
+    from factory.models.build import build_model
+
+    init = build_model(MODEL, VOCAB, seed=7).state_dict()  # not what seed 0 would build
+    config = TRAIN.model_copy(update={"steps": 6, "checkpoint_every": 2, "keep_last": 1, "warmup_steps": 1, "log_every": 2,
+                                      "checkpoint_at_start": True})
+    pretrain(source(), VOCAB, MODEL, config, 0, tmp_path / "run", LOG, init=init)
+    kept = sorted(p.name for p in (tmp_path / "run" / CHECKPOINT_DIR).glob("*.pt"))
+    assert kept[0] == "step_000000.pt" and "step_000006.pt" in kept and "step_000002.pt" not in kept  # 0 survives keep_last 1
+    start = load_weights(tmp_path / "run" / CHECKPOINT_DIR / "step_000000.pt")
+    assert all(torch.equal(start[name], tensor) for name, tensor in init.items())  # exactly the weights it started from
+    record = json.loads((tmp_path / "run" / CHECKPOINT_DIR / "step_000000.json").read_text())
+    assert record["metrics"] == {"lr": lr_at(0, config), "tokens_seen": 0}  # no loss: never the best by loss
+    unset = TRAIN.model_copy(update={"checkpoint_at_start": False})
+    assert "checkpoint_at_start" not in unset.model_dump() and config.model_dump()["checkpoint_at_start"] is True  # old fingerprints hold
