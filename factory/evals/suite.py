@@ -115,3 +115,8 @@ HUMANEVAL_PASS10 = register(humaneval_benchmark(
     f"pass@10 on HumanEval ({HUMANEVAL}) from 20 seeded samples per problem at temperature 0.8, top-p 0.95 (the unbiased "
     "estimator of the Codex paper; pass@1 of the same samples in the details)",
 ))
+HUMANEVAL_QUICK = register(humaneval_benchmark(
+    "humaneval.quick", HumanEvalSettings(problems=20, new_tokens=64),
+    f"pass@1 on the first 20 HumanEval problems ({HUMANEVAL}), greedy, at most 64 new tokens: a check that a model and its "
+    "evaluation are wired, in seconds; not comparable with published figures (use `humaneval`)",
+))

