@@ -8,15 +8,31 @@ its own session. The boundary is the operating system, set up before the code is
   with RLIMIT_NPROC 1, so it cannot start a process or thread, cannot signal other processes and
   cannot write where that uid may not;
 - as root with bubblewrap (`sandbox_mounts`): mount, pid, network, IPC and UTS namespaces in
-  which only the interpreter, its stdlib and the system libraries exist (read-only), and every
-  writable place is a private size-capped tmpfs that ends with the execution: no registry,
-  catalog, repository or other process to read, nothing planted that outlives it. Without
-  bubblewrap, `unshare` gives network and IPC namespaces and the shared directories are swept;
+  which only the interpreter, its stdlib, the packages it was given and the system libraries
+  exist (read-only), and every writable place is a private size-capped tmpfs that ends with the
+  execution: no registry, catalog, repository or other process to read, nothing planted that
+  outlives it. Without bubblewrap, `unshare` gives network and IPC namespaces and the shared
+  directories are swept;
 - a seccomp filter (`sandbox_seccomp`): no `unshare`, `setns` or `clone` into a new namespace, so
   the code cannot become root of a user namespace of its own, whatever it does to the hook;
-- a Python audit hook refuses sockets, fork/exec/subprocess, ctypes, gc, frame access and writes
-  outside the directory. It is defence in depth, never the boundary: code can turn it off, so
-  without root (`Sandbox.isolation` says what holds) the sandbox is best effort.
+- a Python audit hook (and a first import finder) refuses sockets, fork/exec/subprocess, ctypes,
+  gc, the hook's own frames and writes outside the directory (a refused import is an ImportError,
+  so optional imports fall back). It is defence in depth, never the boundary: code can turn it
+  off, so without root (`Sandbox.isolation` says what holds) the sandbox is best effort.
+
+Any module of the standard library imports as that uid, wherever the interpreter is installed, and so
+do the installed distributions a caller names (`packages`: their top-level files bound read-only, the
+directory holding them put on `sys.path`); nothing is imported for the code beforehand. Stdlib modules
+that need a refused one (email.utils imports socket, asyncio) are refused with it. The uid often cannot
+enter the interpreter's directory (a pyenv under /root, mode 0700). With bubblewrap the prefix is bound at
+its own path below directories made enterable in the namespace's own root (`sandbox_mounts`); the host's
+directories are never chmod-ed. Without a mount namespace (and as a fallback with one) each directory on
+`sys.path` is opened while still root and, where the uid cannot enter it, read through `/proc/self/fd/N`
+after the drop (a process may always follow its own descriptors; the others are closed); packages
+imported at start (encodings) look there too. Through `..` such a descriptor also reaches the
+world-readable files between the installation and the directory the uid could not enter (/root/.pyenv's
+other interpreters), never that directory itself: on a path that leaves the host's world-readable files
+to the uid anyway.
 
 The parent enforces wall time and output size, kills the whole session before reaping it, and
 removes the directory. A crash, a limit or a refusal is an outcome (`status`), never an exception.
@@ -44,7 +60,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from factory.errors import ArtifactError
-from factory.post.sandbox_mounts import bwrap_argv, bwrap_works
+from factory.post.sandbox_mounts import bwrap_argv, bwrap_works, package_paths
 from factory.post.sandbox_seccomp import INSTALL, namespace_filter
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
@@ -54,8 +70,8 @@ UID_COUNT = 512
 UID_LOCKS = Path(tempfile.gettempdir()) / "factory-sandbox-uids"
 SHARED_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
 """World-writable places the sandbox user could still reach: swept of its files after each execution."""
-MODULES = ("math", "json", "re", "string", "collections", "itertools", "functools", "operator", "random", "heapq", "bisect", "copy")
-"""Standard-library modules imported before privileges are dropped (the interpreter's files may be unreadable afterwards)."""
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""The code may start no thread (RLIMIT_NPROC 1): a numeric package that starts a pool at import (numpy's OpenBLAS) is told not to."""
 EXITED = b"exited"
 """What the interpreter writes to its status pipe as it exits (an exit status, not a signal, ended it)."""
 
@@ -94,12 +110,12 @@ class Outcome:
 CONFINE = INSTALL + r"""
 def confine():
     import os, resource, sys
-    cpu, memory, fsize, uid, modules = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    cpu, memory, fsize, uid, paths = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     program, status = sys.argv[6], int(sys.argv[7])
     import atexit
     atexit.register(os.write, status, b"exited")  # EXITED, read by the parent: an exit, not a signal (which runs no atexit)
-    for name in modules.split(","):
-        __import__(name)
+    sys.path += [path for path in paths.split(os.pathsep) if path]
+    opened = {path: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in sys.path if os.path.isdir(path)}
     install, code = filter_installer(bytes.fromhex(program)) if program else (None, None)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -111,22 +127,32 @@ def confine():
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    reach_imports(opened)
     if install:
         install()
     del install, code  # the filter's buffer may go: the kernel copied it
     # Defence in depth, not the boundary: code can subvert an audit hook. Builtins are bound here so patching them is no help.
-    isinstance_, any_, all_, str_, bytes_, int_, frozenset_ = isinstance, any, all, str, bytes, int, frozenset
+    isinstance_, any_, all_, str_, bytes_, int_, frozenset_, ImportError_ = isinstance, any, all, str, bytes, int, frozenset, ImportError
     realpath, fsdecode, write = os.path.realpath, os.fsdecode, os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     home = realpath(os.getcwd()) + os.sep
     refused = frozenset_({
         "socket.__new__", "socket.connect", "socket.bind", "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
-        "subprocess.Popen", "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "sys.addaudithook", "sys._getframe",
+        "subprocess.Popen", "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "sys.addaudithook",
         "resource.setrlimit", "resource.prlimit", "os.mkfifo", "os.mknod", "os.setxattr", "os.removexattr",
     })
     blocked = frozenset_({"gc", "ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "socket", "_socket", "signal", "_signal",
                           "resource", "subprocess", "mmap"})
     paths = frozenset_({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
                         "os.truncate", "os.utime", "os.replace", "shutil.rmtree", "shutil.move", "shutil.copyfile"})
+
+    def not_allowed(name):  # an ImportError: optional imports fall back
+        return ImportError_("sandbox: import " + name + " is not allowed", name=name)
+
+    class Blocked:  # importlib.import_module reaches a builtin (gc) or a loaded extension without an import event
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if str_(name).partition(".")[0] in blocked:
+                raise not_allowed(str_(name))
 
     def inside(path):
         try:
@@ -135,8 +161,16 @@ def confine():
             return False
 
     def guard(event, args):
-        if event in refused or (event == "import" and str_(args[0]).partition(".")[0] in blocked):
-            raise PermissionError("sandbox: " + event + (" " + str_(args[0]) if event == "import" else "") + " is not allowed")
+        if event == "sys._getframe":  # the stdlib needs frames (namedtuple, TypeVar); code the hook itself calls gets none
+            frame = args[0]
+            while frame is not None:
+                if frame.f_code is guard.__code__ or frame.f_code is inside.__code__:
+                    raise PermissionError("sandbox: sys._getframe from inside the audit hook is not allowed")
+                frame = frame.f_back
+        if event == "import" and str_(args[0]).partition(".")[0] in blocked:
+            raise not_allowed(str_(args[0]))
+        if event in refused:
+            raise PermissionError("sandbox: " + event + " is not allowed")
         if event == "open" and args[0] is not None:
             writes = (args[1] and any_(c in str_(args[1]) for c in "wax+")) or (int_(args[2] or 0) & write)
             if writes and (isinstance_(args[0], int_) or not inside(args[0])):
@@ -144,9 +178,36 @@ def confine():
         if event in paths and not all_(isinstance_(a, (str_, bytes_)) and inside(a) for a in args[:2] if a is not None and not isinstance_(a, int_)):
             raise PermissionError("sandbox: " + event + " outside the working directory is not allowed")
 
+    for name in [name for name in sys.modules if name.partition(".")[0] in blocked]:
+        del sys.modules[name]  # imported before the hook (resource, _signal): importing them again goes through it
+    sys.meta_path.insert(0, Blocked)
     source = sys.stdin.read()
     sys.addaudithook(guard)
     return source
+
+
+def reach_imports(opened):
+    # A directory on sys.path that the uid cannot enter (an interpreter under /root, no mount namespace) is read through
+    # the descriptor opened before the drop: /proc/self/fd/N stays open to its own process. Others are closed.
+    import os, sys
+    through = {}
+    for path, fd in opened.items():
+        if os.access(path, os.R_OK | os.X_OK):
+            os.close(fd)
+        else:
+            through[path] = "/proc/self/fd/" + str(fd)
+
+    def moved(entry):
+        for path, fd_path in through.items():
+            if entry == path or entry.startswith(path + os.sep):
+                return fd_path + entry[len(path):]
+        return entry
+
+    sys.path[:] = [moved(entry) for entry in sys.path]
+    for module in list(sys.modules.values()):  # packages imported at start (encodings) find their submodules there too
+        if isinstance(getattr(module, "__path__", None), list):
+            module.__path__[:] = [moved(entry) for entry in module.__path__]
+    sys.path_importer_cache.clear()
 
 
 exec(compile(confine(), "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
@@ -159,13 +220,16 @@ class Sandbox:
     `isolation` says what holds the code: as root, its own uid (RLIMIT_NPROC 1: no process of its own); with bubblewrap,
     a mount and pid namespace showing only the interpreter (`mount_namespace=False` keeps the older path, for comparison);
     without it network and IPC namespaces when `unshare` works, files it leaves in shared directories swept; without root
-    only the limits and the hook.
+    only the limits and the hook. `packages` names installed distributions the code may import besides the stdlib (each
+    one's dependencies must be named too); one not installed is a ConfigError.
     """
 
-    def __init__(self, limits: Limits = Limits(), workers: int = 2, python: str = sys.executable, mount_namespace: bool = True) -> None:
+    def __init__(self, limits: Limits = Limits(), workers: int = 2, python: str = sys.executable, mount_namespace: bool = True,
+                 packages: Sequence[str] = ()) -> None:
         self.limits = limits
         self.workers = workers
         self.python = python
+        self.package_entries, self.package_sites = package_paths(packages)
         self.root = os.geteuid() == 0
         self.mounts = mount_namespace and self.root and bwrap_works()
         self.namespaces = self.mounts or (self.root and _unshare_works())
@@ -199,14 +263,14 @@ class Sandbox:
     def _run(self, source: bytes, uid: int, work: str | None) -> Outcome:
         limits = self.limits
         argv = [self.python, "-P", "-s", "-S", "-B", "-c", CONFINE, str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20),
-                str(uid), ",".join(MODULES), self.seccomp.hex() if self.seccomp else ""]
+                str(uid), os.pathsep.join(map(str, self.package_sites)), self.seccomp.hex() if self.seccomp else ""]
         status_read, status_write = os.pipe()
         argv.append(str(status_write))
         if self.mounts:
-            argv = [*bwrap_argv(self.python, limits.tmpfs_mb << 20), *argv[1:]]
+            argv = [*bwrap_argv(self.python, limits.tmpfs_mb << 20, self.package_entries), *argv[1:]]
         elif self.namespaces:
             argv = ["unshare", "--net", "--ipc", "--", *argv]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", **ONE_THREAD}
         started = time.perf_counter()
         try:
             process = subprocess.Popen(argv, cwd=work or "/", env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

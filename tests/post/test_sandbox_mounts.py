@@ -2,8 +2,11 @@
 
 import os
 import sys
+from pathlib import Path
 
-from factory.post.sandbox_mounts import PRIVATE_TMPFS, WORKDIR, bwrap_argv, interpreter_prefix
+import pytest
+
+from factory.post.sandbox_mounts import PRIVATE_TMPFS, WORKDIR, bwrap_argv, interpreter_prefix, package_paths
 
 
 def options(argv: list[str], flag: str, arity: int) -> list[tuple[str, ...]]:
@@ -26,3 +29,17 @@ def test_every_writable_place_is_a_private_size_capped_tmpfs_and_the_namespace_i
     assert set(PRIVATE_TMPFS) <= set(tmpfs) and {"/proc/1", "/dev"} <= set(tmpfs)
     assert all(argv[argv.index(path) - 2] == str(8 << 20) for path in PRIVATE_TMPFS)
     assert argv[argv.index("--chdir") + 1] == WORKDIR and "--unshare-pid" in argv and "--unshare-net" in argv
+
+
+def test_every_directory_above_a_bound_path_is_made_enterable_in_the_namespace_before_the_bind():
+    """Bubblewrap would make them 0700, which the sandbox's uid cannot enter (an interpreter under /root, a venv)."""
+    pytest.importorskip("numpy")
+    entries, sites = package_paths(["numpy"])
+    argv = bwrap_argv(sys.executable, 8 << 20, entries)
+    binds = [target for _, target in options(argv, "--ro-bind", 2)]
+    assert {str(path) for path in entries} <= set(binds) and all(path.parent in sites for path in entries)
+    made = {argv[i + 3]: i for i in range(len(argv) - 3) if argv[i:i + 3] == ["--perms", "0755", "--dir"]}
+    for target in binds:
+        for parent in Path(target).parents[:-1]:
+            inside_earlier_bind = any(parent.is_relative_to(earlier) for earlier in binds[:binds.index(target)])
+            assert inside_earlier_bind or made.get(str(parent), len(argv)) < argv.index(target), (target, parent)
