@@ -74,6 +74,9 @@ class HumanEvalSettings:
     """Seconds a check program may run (the reference harness's default)."""
     problems: int = PROBLEMS
     """The first this many problems, by task id order (all 164 by default)."""
+    packages: tuple[str, ...] = ()
+    """Installed distributions the check programs may import besides the standard library (e.g. `numpy` for a problem
+    set that uses it); the sandbox shows them read-only."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= self.samples:
@@ -206,7 +209,7 @@ def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
     completions = [truncated(decode(list(c.text_tokens), skip_special_tokens=True), stops) for c in done]
     programs = [check_program(problems[i // settings.samples], text) for i, text in enumerate(completions)]
     generated = time.perf_counter()
-    verdicts = check_programs(programs, Sandbox(harness_limits(settings.timeout_s), workers=SANDBOXES), settings.timeout_s)
+    verdicts = check_programs(programs, Sandbox(harness_limits(settings.timeout_s), workers=SANDBOXES, packages=settings.packages), settings.timeout_s)
     executed = time.perf_counter()
     by_problem = [verdicts[i * settings.samples : (i + 1) * settings.samples] for i in range(len(problems))]
     passed = [sum(v.passed for v in these) for these in by_problem]

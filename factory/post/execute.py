@@ -35,8 +35,13 @@ TIMED_OUT = "timed out"
 FAILED = "failed: "
 
 HARNESS = r'''
-def _harness(program, token, timeout):
+def _harness(program, token, timeout, preload):
     import builtins, contextlib, faulthandler, io, os, shutil, sys, time
+    for name in preload:  # as a harness process that had imported them already: their import needs what is disabled below
+        try:
+            __import__(name)
+        except ImportError:
+            pass
 
     class Swallowed(io.StringIO):
         """Where the program's prints and reads go: nothing kept, nothing to read."""
@@ -93,15 +98,18 @@ def harness_limits(timeout_s: float = TIMEOUT_S, memory_mb: int = 1024) -> Limit
     return Limits(cpu_s=max(1, math.ceil(timeout_s)), wall_s=timeout_s + 1.0, memory_mb=memory_mb)
 
 
-def harnessed(program: str, token: str, timeout_s: float) -> str:
-    """The source the sandbox runs: the harness, then `program` run by it."""
-    return f"{HARNESS}\nDISABLED_OS = {DISABLED_OS!r}\n_harness({program!r}, {token!r}, {timeout_s!r})\n"
+def harnessed(program: str, token: str, timeout_s: float, preload: Sequence[str] = ()) -> str:
+    """The source the sandbox runs: the harness, then `program` run by it (`preload`: modules imported first)."""
+    return f"{HARNESS}\nDISABLED_OS = {DISABLED_OS!r}\n_harness({program!r}, {token!r}, {timeout_s!r}, {tuple(preload)!r})\n"
 
 
 def check_programs(programs: Sequence[str], sandbox: Sandbox, timeout_s: float = TIMEOUT_S) -> list[Verdict]:
-    """Run each check program under the harness, `sandbox.workers` at a time; the verdicts in the same order."""
+    """Run each check program under the harness, `sandbox.workers` at a time; the verdicts in the same order. The
+    packages the sandbox shows are imported before the harness disables anything, as in a harness process that had
+    imported them."""
     token = secrets.token_hex(16)
-    outcomes = sandbox.run_many([harnessed(program, token, timeout_s) for program in programs])
+    preload = [name.replace("-", "_") for name in sandbox.packages]
+    outcomes = sandbox.run_many([harnessed(program, token, timeout_s, preload) for program in programs])
     return [_verdict(outcome, token) for outcome in outcomes]
 
 

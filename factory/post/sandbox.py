@@ -229,6 +229,7 @@ class Sandbox:
         self.limits = limits
         self.workers = workers
         self.python = python
+        self.packages = tuple(packages)
         self.package_entries, self.package_sites = package_paths(packages)
         self.root = os.geteuid() == 0
         self.mounts = mount_namespace and self.root and bwrap_works()

