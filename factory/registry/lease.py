@@ -126,31 +126,32 @@ def hold(
     path.parent.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     announced = retried = False
-    while not _try_create(path, owner, token):
-        holder, why = read_holder(path), None
-        if holder is not None and (why := abandoned(holder, stale_after_s)) is not None:
-            if holder.damage:
-                log.warning("taking over lease %s: %s", path, why)
-            if on_takeover:
-                on_takeover(holder)
-            _remove_if_token(path, holder.token)
-        elif holder is not None and on_wait and not announced:
-            on_wait(holder)
-            announced = True
-        if (holder is None or why is not None) and not retried:
-            retried = True  # released or taken over a moment ago: try once more at once
-            continue
-        retried = False
-        time.sleep(poll_s)  # never spin, whatever the lease file holds
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(path, owner, token, stop, heartbeat_s), daemon=True)
-    beat.start()
-    try:
+    try:  # from the first try on: an interrupt between creating the file and holding it must not leave it behind
+        while not _try_create(path, owner, token):
+            holder, why = read_holder(path), None
+            if holder is not None and (why := abandoned(holder, stale_after_s)) is not None:
+                if holder.damage:
+                    log.warning("taking over lease %s: %s", path, why)
+                if on_takeover:
+                    on_takeover(holder)
+                _remove_if_token(path, holder.token)
+            elif holder is not None and on_wait and not announced:
+                on_wait(holder)
+                announced = True
+            if (holder is None or why is not None) and not retried:
+                retried = True  # released or taken over a moment ago: try once more at once
+                continue
+            retried = False
+            time.sleep(poll_s)  # never spin, whatever the lease file holds
+        beat.start()
         yield
     finally:
         stop.set()
-        beat.join()
-        _remove_if_token(path, token)
+        if beat.is_alive():
+            beat.join()
+        _remove_if_token(path, token)  # only a lease of this token: another's stays
 
 
 def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | None:

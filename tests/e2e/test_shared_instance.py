@@ -1,5 +1,6 @@
 """One instance, two runs: a run that waits for the training slot says who holds it, a Ctrl-C while it waits (or while it
-trains) ends it at once as CANCELED holding nothing, and a run killed outright does not keep the next one waiting.
+trains, or evaluates) ends it at once as CANCELED holding nothing, and a run killed outright does not keep the next one
+waiting.
 
 The other run that holds the slot is a real run record of the instance with a real claim of the pool's slot, made by the
 test process (alive throughout, as the run that trains would be); the runs under test are `factory run` processes.
@@ -19,7 +20,9 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from assets.watch import process_tags
 from factory.cli.common import dagster_home
+from factory.config.pools import EVALUATION_POOL
 from factory.config.stages import TRAINING_POOL
+from factory.registry import ArtifactStore
 from tests.test_cli import small_experiment, started
 
 pytestmark = pytest.mark.e2e
@@ -108,3 +111,31 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
     assert again.returncode == 130, after
     assert {r.status for r in runs_of(instance, "small")} == {DagsterRunStatus.CANCELED}
     assert held(instance) == set()
+
+
+def test_a_run_stopped_while_it_evaluates_is_canceled_holding_nothing_and_the_next_run_evaluates_at_once(tmp_path, instance):
+    """Ctrl-C in an evaluation batch (the fourth moment, after a data stage, waiting for a slot and training): exit 130
+    with one line, CANCELED, no slot of the evaluation pool, lease or queue entry left; the next run scores the checkpoints."""
+    path = small_experiment(tmp_path)
+    text = path.read_text().replace("steps: 100000", "steps: 20").replace("checkpoint_every: 20", "checkpoint_every: 10")
+    path.write_text(text.replace("\n---\nTrains", "\neval: {benchmarks: [val_bpb, next_line], max_bytes: 20000}\n---\nTrains"))
+    root = tmp_path / "state"
+    run = started("run", str(path), "--root", str(root))
+    read_until(run, r"evaluations - \[pipes\] external process successfully opened")
+    os.killpg(run.pid, signal.SIGINT)
+    after, _ = run.communicate(timeout=60)
+    assert run.returncode == 130 and "Traceback" not in after, after
+    said = [line for line in after.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and f"`factory run {path}" in said[0], after
+    evaluating, pipeline = instance.get_runs()  # the newest first: the evaluation batch's run, then the experiment's
+    assert "|small__pretrain-" in evaluating.tags["dagster/asset_partition_range_start"] and pipeline.tags["experiment"] == "small"
+    assert (evaluating.status, pipeline.status) == (DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
+    info = instance.event_log_storage.get_concurrency_info(EVALUATION_POOL)
+    assert not info.claimed_slots and not info.pending_steps
+    assert list((root / "registry" / "leases").glob("*.lease")) == []
+
+    again = started("run", str(path), "--root", str(root))
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out
+    scored = {m.summary["benchmark"] for m in ArtifactStore(root / "registry").manifests("evaluations")}
+    assert scored == {"val_bpb", "next_line"}
