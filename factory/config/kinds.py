@@ -232,6 +232,11 @@ def stage_kinds() -> tuple[StageKind, ...]:
     return tuple(kind for kind in registered_kinds() if kind.scope == "experiment")
 
 
+def trains(experiment: Experiment) -> bool:
+    """Whether a kind with checkpoints runs in `experiment`: then it has checkpoints to evaluate and a model to export."""
+    return any(kind.checkpoints and kind.runs_in(experiment) for kind in stage_kinds())
+
+
 def stage_kind(name: str) -> StageKind:
     """The registered kind named `name` (of any scope); a ConfigError naming the known ones otherwise."""
     for kind in registered_kinds():

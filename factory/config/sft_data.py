@@ -104,9 +104,11 @@ class SFTData(GrownSection):
     """The value of the `split` column of the rows that train."""
     chat_template: str | None = None
     """A Jinja2 template that renders `messages` (a list of `{role, content}`) and `add_generation_prompt` into text; it is
-    copied next to the checkpoints and into the exported model. Null: for `prompt_completion`, the turns' text joined
-    with nothing between (prompt then completion); for `messages`, `<|role|>` and a newline before each turn's text, a
-    newline after it, and `<|assistant|>` and a newline as the generation prompt."""
+    copied next to the checkpoints and into the exported model. Null: the template of the model SFT starts from (the
+    checkpoint `model.from_hf` names, or a model made elsewhere that was fine-tuned with one), else for
+    `prompt_completion` the turns' text joined with nothing between (prompt then completion), for `messages` `<|role|>`
+    and a newline before each turn's text, a newline after it, and `<|assistant|>` and a newline as the generation
+    prompt."""
 
     @field_validator("table")
     @classmethod
@@ -148,5 +150,6 @@ class SFTData(GrownSection):
 
     @property
     def template(self) -> str:
-        """The chat template the examples are rendered with: the given one, or the format's default."""
+        """The given chat template, or the format's default (the SFT stage renders with the starting model's before the
+        default: `factory.stages.sft.chat_template`)."""
         return self.chat_template if self.chat_template is not None else DEFAULT_CHAT_TEMPLATES[self.format]

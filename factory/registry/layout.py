@@ -16,7 +16,11 @@ BLEND_FILE = "blend.json"
 TOKENIZER_FILE = "tokenizer.json"
 """tokenizer (and the exported model): the tokenizer, as the `tokenizers` library writes it."""
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
-"""sft on a table of `sft.data` (and the model exported from it): the chat template its examples were rendered with."""
+"""Training stages (and the model exported from them): the chat template the model was fine-tuned with, or the one the
+checkpoint `model.from_hf` names carries; where `transformers` 5 writes a tokenizer's chat template."""
+TOKEN_IDS_FILE = "token_ids.json"
+"""tokenizer of a checkpoint `model.from_hf` names: the special token ids its `config.json` and `generation_config.json`
+give, by file, which the exported model's files give again."""
 RUN_FILE = "run.json"
 """Training stages: how the run ended (steps, tokens, the kept checkpoints, the tracker run)."""
 METRICS_FILE = "metrics.jsonl"

@@ -1,6 +1,7 @@
 """The `model` kind: the final weights of the last training stage (rl, sft or pretrain), exported with their config and
-tokenizer (and the chat template of an sft on a table) as a self-contained model: a Hugging Face model directory when the
-architecture has a layout there (llama; gpt with learned positions), the factory's own files otherwise.
+tokenizer (and the chat template the model was fine-tuned or imported with) as a self-contained model: a Hugging Face
+model directory when the architecture has a layout there (llama; gpt with learned positions), the factory's own files
+otherwise.
 
 Light to import: its run function imports torch and the exporter when it runs.
 """
@@ -11,7 +12,7 @@ import json
 import shutil
 from typing import Any
 
-from factory.config.kinds import StageKind, stage_kinds
+from factory.config.kinds import StageKind, trains
 from factory.config.schema import ModelConfig
 from factory.config.section import Section
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, RUN_FILE, TOKENIZER_FILE
@@ -23,8 +24,8 @@ class ModelSettings(Section):
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """Export the final weights with their config, tokenizer and chat template (when sft had one): a self-contained model,
-    in a Hugging Face layout when its architecture has one."""
+    """Export the final weights with their config, tokenizer and chat template (when the training stage kept one): a
+    self-contained model, in a Hugging Face layout when its architecture has one."""
     from factory.config.stages import TRAINING_STAGES  # derived from the registry: read when it runs, not while it is built
     from factory.models.build import export_model, hugging_face_layout
     from factory.models.hf_export import export_hugging_face
@@ -56,7 +57,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 MODEL = StageKind(
     name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
-    present=lambda e: any(kind.checkpoints and kind.runs_in(e) for kind in stage_kinds()), settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
+    present=trains, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
     artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.models.hf_export", "factory.stages.training", "factory.train.pretrain"),
     description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
 )

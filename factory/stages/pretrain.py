@@ -14,6 +14,7 @@ from pydantic import SerializerFunctionWrapHandler, model_serializer
 from factory.config.control import ControlConfig
 from factory.config.kinds import MetricsPlot, StageKind, as_resources_say
 from factory.config.schema import Experiment, PretrainConfig, TrainedModel
+from factory.config.stages import FROM_HF
 from factory.registry.layout import TOKENIZER_FILE
 from factory.runtime.context import StageContext
 
@@ -45,7 +46,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     from factory.data.catalog import open_catalog
     from factory.data.loader import build_loader
     from factory.models.tokenizer import end_of_text, load_tokenizer
-    from factory.stages.training import train_stage
+    from factory.stages.training import carry_chat_template, train_stage
     from factory.train.distributed import world_from_env
 
     settings = ctx.settings
@@ -70,8 +71,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
         from factory.models.hf_import import import_weights
 
         init = import_weights(model_config.from_hf)
-    return train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation,
-                       init=init)
+    summary = train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation,
+                          init=init)
+    if summary and model_config.from_hf is not None:  # the checkpoint's chat template stays with the model it becomes
+        carry_chat_template(ctx, FROM_HF)
+    return summary
 
 
 PRETRAIN = StageKind(

@@ -1,8 +1,8 @@
 """The `sft` kind: supervised fine-tuning of the pretrained model on code-execution pairs or on any table version
-(`sft.data`, rendered by its chat template), loss on completions only.
+(`sft.data`, rendered by its chat template, else by the one of the model it starts from), loss on completions only.
 
-It starts from the final weights of `pretrain` and writes checkpoints as pretraining does, so they are `checkpoints`
-partitions and get evaluated. Light to import: its run function imports torch and the training loop when it runs.
+It starts from the final weights of `pretrain` (or of a model made elsewhere, or of the checkpoint `model.from_hf` names)
+and writes checkpoints as pretraining does, so they are `checkpoints` partitions and get evaluated. Light to import: its run function imports torch and the training loop when it runs.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pydantic import field_serializer
 
 from factory.config.kinds import MetricsPlot, StageKind, TableNeed, as_resources_say
 from factory.config.schema import Experiment, SFTConfig, TrainedModel
+from factory.config.sft_data import SFTData
 from factory.registry.layout import CHAT_TEMPLATE_FILE
 from factory.runtime.context import StageContext
 from factory.stages.post_training import POST_TRAINING_READS, POST_TRAINING_TASKS, task_table
@@ -49,6 +50,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
     config = ctx.settings.sft
+    start = starts_from(ctx, "pretrain")
+    template = None
     if config.data is None:
         examples = encode_examples(read_tasks(catalog, config.tasks, "train"), tokenizer, eos_id, model_config.context)
         read = {"tasks": config.tasks, "tasks_snapshot": resolve(catalog, *parse_ref(config.tasks))}
@@ -59,22 +62,35 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
         ref = config.data.table or dataset_version(ctx, DATASETS_READ, str(config.data.dataset))
         snapshot, rows = read_rows(catalog, config.data, ref)
-        examples = chat_examples(rows, config.data, tokenizer, eos_id, model_config.context)
-        read = {"data": ref, "data_snapshot": snapshot}
+        template, origin = chat_template(ctx, config.data, start)
+        ctx.log.info("rendering the rows with the chat template of %s", origin)
+        examples = chat_examples(rows, config.data.model_copy(update={"chat_template": template}), tokenizer, eos_id, model_config.context)
+        read = {"data": ref, "data_snapshot": snapshot, "chat_template": origin}
         ctx.log.info("fine-tuning on %d of %d rows of %s (%s)", len(examples), len(rows), ref, config.data.format)
     world = world_from_env()
 
     def data(state: LoaderState | None) -> Iterator[Batch]:
         return sft_batches(examples, config.batch_size, ctx.settings.seed, eos_id, state, world.rank, world.size)
 
-    start = starts_from(ctx, "pretrain")
     summary = train_stage(ctx, "sft", model_config, config, tokenizer.get_vocab_size(), data, init=final_weights(ctx, start))
     if not summary:
         return summary
-    if config.data is not None:  # the template the model was taught with: exported with it
-        (ctx.out / CHAT_TEMPLATE_FILE).write_text(config.data.template)
+    if template is not None:  # the template the model was taught with: exported with it
+        (ctx.out / CHAT_TEMPLATE_FILE).write_text(template)
     carry_chat_template(ctx, start)
     return {**summary, "started_from": start, "pairs": len(examples), **read}
+
+
+def chat_template(ctx: StageContext, data: SFTData, start: str) -> tuple[str, str]:
+    """The chat template the rows are rendered with, and where it comes from: `sft.data.chat_template`, else the one of the
+    model the stage starts from (a Hugging Face checkpoint's ChatML, ...), else the format's default."""
+    from factory.stages.training import starting_template
+
+    if data.chat_template is not None:
+        return data.chat_template, "sft.data.chat_template"
+    if (carried := starting_template(ctx, start)) is not None:
+        return carried
+    return data.template, f"the factory's default for format {data.format!r} (sft.data.chat_template is unset)"
 
 
 def _tables(experiment: Experiment) -> list[TableNeed]:

@@ -22,11 +22,10 @@ from factory.config.control import ControlConfig
 from factory.config.kinds import TOKENIZER, provider
 from factory.config.stages import BASE, FROM_HF
 from factory.config.schema import ModelConfig, PretrainConfig
-from factory.config.sft_data import render_problem, template_problem
 from factory.data.catalog import open_catalog
 from factory.data.loader import Batch, LoaderState
 from factory.errors import StageFailed
-from factory.models.hf_import import imported_chat_template, import_weights
+from factory.models.hf_import import import_weights, planned_checkpoint
 from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE, TOKENIZER_FILE
 from factory.runtime.context import StageContext
@@ -173,22 +172,29 @@ def starts_from(ctx: StageContext, *stages: str) -> str:
     return next((name for name in (BASE, *stages) if name in upstream), FROM_HF)
 
 
+def starting_template(ctx: StageContext, start: str) -> tuple[str, str] | None:
+    """The chat template of the model a post-training stage starts from, and where it was read: the checkpoint's
+    (`from_hf`; one the factory cannot render is left out, with a warning), or the one the stage or model it starts from
+    keeps (`chat_template.jinja`). None without one."""
+    if start == FROM_HF:
+        checkpoint = planned_checkpoint(ctx.settings.model.from_hf)
+        if checkpoint.chat_template is None:
+            return None
+        if problem := checkpoint.chat_template_problem():  # a Hugging Face template may need what the sandbox does not give
+            ctx.log.warning(f"the chat template of {checkpoint.chat_template_source} is left out: {problem}")
+            return None
+        return checkpoint.chat_template, checkpoint.chat_template_source
+    template = ctx.upstream(start) / CHAT_TEMPLATE_FILE
+    return (template.read_text(), f"the {start} input ({CHAT_TEMPLATE_FILE})") if template.is_file() else None
+
+
 def carry_chat_template(ctx: StageContext, start: str) -> None:
-    """Keep the chat template the starting model was fine-tuned with (or the checkpoint's tokenizer config carries) next to
-    this stage's checkpoints (the model stage exports the last training stage's), unless the stage wrote its own."""
+    """Keep the chat template of the model the stage starts from (`starting_template`) next to this stage's checkpoints
+    (the model stage exports the last training stage's), unless the stage wrote its own."""
     if (ctx.out / CHAT_TEMPLATE_FILE).exists():
         return
-    if start == FROM_HF:
-        template = imported_chat_template(ctx.settings.model.from_hf)
-        problem = template_problem(template) or render_problem(template, "messages") if template is not None else None
-        if problem is not None:  # Hugging Face templates may need what the factory's sandbox does not give (bos_token, ...)
-            ctx.log.warning(f"the checkpoint's chat template is not carried to the model: {problem}")
-        elif template is not None:
-            (ctx.out / CHAT_TEMPLATE_FILE).write_text(template)
-        return
-    template = ctx.upstream(start) / CHAT_TEMPLATE_FILE
-    if template.is_file():
-        shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)
+    if (carried := starting_template(ctx, start)) is not None:
+        (ctx.out / CHAT_TEMPLATE_FILE).write_text(carried[0])
 
 
 def describe_action(record: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
-"""`model.from_hf`: a Hugging Face checkpoint directory read into the model's shape, its files in the fingerprints, and
-every bad directory refused before any compute with the file and the mismatch named."""
+"""`model.from_hf`: a Hugging Face checkpoint directory read into the model's shape, its files (the chat template's
+included) in the fingerprints, and every bad directory refused before any compute with the file and the mismatch named;
+`factory check` of such a file: its training stages' checkpoints are evaluated, its chat template must render."""
 
 import json
 import shutil
@@ -9,7 +10,9 @@ import pytest
 
 from factory.config import load_text
 from factory.config.stages import plan_stage, stages_of, upstream_of
+from factory.config.loader import key_locations
 from factory.errors import ConfigError
+from factory.preflight import check_files
 from tests.models.hf_checkpoints import save_llama, tokenizer
 
 FILE = """---
@@ -148,3 +151,46 @@ def test_a_damaged_safetensors_header_is_refused(checkpoint, tmp_path, roots):
     assert "its header gives 'model.norm.weight' no shape" in refusal(copy, tmp_path)
     (copy / "model.safetensors").write_bytes(b"\xff" * 16)
     assert "is not a safetensors file" in refusal(copy, tmp_path)
+
+
+def checked(directory: Path, tmp_path: Path, sections: str, text: str = FILE) -> tuple[Path, list[str]]:
+    """`factory check` of a file (`text`) importing `directory`, with `sections`: the file and its errors."""
+    (tmp_path / "data").mkdir(exist_ok=True)
+    path = tmp_path / "imported.md"
+    path.write_text(text.format(data=tmp_path / "data", model=f"  from_hf: {directory}", sections=sections))
+    [report] = check_files([path])
+    return path, report.errors
+
+
+def test_eval_is_accepted_where_a_stage_trains_and_refused_where_none_does(checkpoint, tmp_path, roots):
+    assert checked(checkpoint, tmp_path, SFT + "\neval: {benchmarks: [val_bpb]}")[1] == []  # its sft checkpoints are evaluated
+    assert checked(checkpoint, tmp_path, "pretrain: {steps: 2, batch_size: 2}\neval: {benchmarks: [val_bpb]}")[1] == []
+    path, errors = checked(checkpoint, tmp_path, "eval: {benchmarks: [val_bpb]}")
+    assert errors == [f"{path}:{key_locations(path)[('eval',)][1]}: eval: no stage of this file trains (a section of pretrain, "
+                      "sft, rl), so there are no checkpoints to evaluate; add one or remove eval"]
+
+
+CHATS = FILE.replace("      source: {{kind: directory, path: {data}}}\n", """      source: {{kind: directory, path: {data}}}
+    chat:
+      source: {{kind: directory, path: {data}, format: jsonl, columns: [messages]}}
+  blend: [{{dataset: code}}]
+""")
+"""The file with a dataset of chats SFT renders."""
+SFT_ON_CHATS = "sft: {steps: 2, batch_size: 2, data: {dataset: chat, format: messages}}"
+
+
+def test_the_chat_template_is_in_the_digest_and_must_render_where_sft_renders_rows_with_it(tmp_path, roots):
+    directory = tmp_path / "chat"
+    save_llama(directory, chat=True)
+    assert checked(directory, tmp_path, SFT_ON_CHATS, CHATS)[1] == []
+    files = experiment(directory, tmp_path).model.from_hf.files
+    (directory / "chat_template.jinja").write_text("{{ bos_token }}" + (directory / "chat_template.jinja").read_text())
+    assert experiment(directory, tmp_path).model.from_hf.files != files  # a changed template: the stages that read it run again
+    path, errors = checked(directory, tmp_path, SFT_ON_CHATS, CHATS)
+    line = key_locations(path)[("sft", "data")][1]
+    assert errors == [f"{path}:{line}: sft.data: the rows would be rendered with the chat template of {directory.resolve()}/chat_template.jinja, "
+                      "but the template does not render a messages conversation of 2 turns (UndefinedError: 'bos_token' is undefined); it gets "
+                      "'messages' (a list of {role, content}) and 'add_generation_prompt' and nothing else; set sft.data.chat_template to one "
+                      "that renders them"]
+    own = SFT_ON_CHATS.replace("format: messages", "format: messages, chat_template: '{{ messages[-1].content }}'")
+    assert checked(directory, tmp_path, own, CHATS)[1] == []  # the file's own template: the checkpoint's is not rendered

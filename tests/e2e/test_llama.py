@@ -1,7 +1,6 @@
 """A llama-arch recipe through Dagster, as `factory run` runs it: `experiments/tiny-llama.md` (shortened) trains on the
 tiny pipeline's cached data and tokenizer, and its model stage publishes a directory `transformers` loads and generates from."""
 
-import json
 import os
 from pathlib import Path
 
@@ -67,23 +66,6 @@ def test_tiny_llama_publishes_a_model_transformers_loads_and_generates_from(pipe
     assert text and text == load_tokenizer(directory / "tokenizer.json").decode(continuation)
 
 
-IMPORTED = """---
-seed: 3
-data:
-  datasets:
-    code:
-      source: {{kind: directory, path: {root}/code, include: ["*.py"]}}
-    chat:
-      source: {{kind: directory, path: {root}/chats, include: ["*.jsonl"], format: jsonl, columns: [messages]}}
-  blend: [{{dataset: code, weight: 1}}]
-  validation_percent: 20
-model:
-  from_hf: {root}/hf
-  context: 64
-{training}
----
-A Llama checkpoint `transformers` saved, {what}.
-"""
 SFT_ON_CHATS = "sft: {steps: 4, batch_size: 4, lr: 0.001, log_every: 1, data: {dataset: chat, format: messages}}"
 PRETRAIN_ON_CODE = "pretrain: {steps: 3, batch_size: 4, lr: 0.001, warmup_steps: 1, checkpoint_every: 0, log_every: 1}"
 
@@ -92,18 +74,13 @@ def test_a_checkpoint_transformers_saved_is_fine_tuned_continued_and_exported_ba
     """`model.from_hf`: fine-tuned (sft on chats) and pretrained further, through Dagster; the exported model loads in
     `transformers` with the checkpoint's tokenizer and end-of-text token; lineage names the checkpoint as an external input."""
     from factory.ops.lineage import Lineage
-    from tests.models.hf_checkpoints import TEXTS, save_llama
-    from tests.stages.test_sft_data import CHATS
+    from tests.models.hf_checkpoints import IMPORTED, TEXTS, save_llama, write_sources
 
     transformers = pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("FACTORY_DATA_ROOTS", str(tmp_path))
     original = save_llama(tmp_path / "hf").state_dict()
-    (tmp_path / "code").mkdir()
-    for i in range(40):
-        (tmp_path / "code" / f"m{i}.py").write_text("".join(TEXTS[i * 7 : i * 7 + 7]) * 3)
-    (tmp_path / "chats").mkdir()
-    (tmp_path / "chats" / "chats.jsonl").write_text("".join(json.dumps({"messages": chat}) + "\n" for chat in CHATS))
+    write_sources(tmp_path)
     files = {}
     for name, training, what in (("imported", SFT_ON_CHATS, "fine-tuned on chats"), ("continued", PRETRAIN_ON_CODE, "pretrained further")):
         files[name] = tmp_path / f"{name}.md"
