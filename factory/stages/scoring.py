@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from factory.config.fingerprint import sha256_of
 from factory.config.kinds import BLEND, TOKENIZER, provider
+from factory.config.stages import BASE
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import BlendStream
@@ -25,7 +26,7 @@ from factory.evals.benchmarks import Benchmark, EvalInputs, benchmark
 from factory.evals.scored_on import own_split, pinned, table_ref
 from factory.models.build import new_model
 from factory.models.tokenizer import end_of_text, load_tokenizer
-from factory.registry.layout import BLEND_FILE, RESULT_FILE, TOKENIZER_FILE
+from factory.registry.layout import BLEND_FILE, CHAT_TEMPLATE_FILE, RESULT_FILE, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.train.checkpoint import load_checkpoint
 
@@ -133,8 +134,30 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     return EvalInputs(
         model=model, tokenizer=tokenizer, eos_id=end_of_text(tokenizer, tokenizer_file), context=settings.model.context,
         validation_texts=validation_texts, seed=settings.seed, batch_size=checkpoint.eval.batch_size,
-        max_bytes=checkpoint.eval.max_bytes, catalog=open_catalog(catalog),
+        max_bytes=checkpoint.eval.max_bytes, catalog=open_catalog(catalog), chat_template=trained_chat_template(registry, checkpoint),
     )
+
+
+def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) -> str | None:
+    """The chat template the checkpoint's model was taught with, as its training stage chose it (`starting_template`):
+    the file's `sft.data.chat_template`, else the template of the model the stage started from (the imported checkpoint's,
+    or the `chat_template.jinja` its input keeps), else, for fine-tuning on rows, the format's default. None without one."""
+    from factory.config.hf_checkpoint import read_checkpoint
+
+    spec, settings = checkpoint.spec, checkpoint.settings()
+    data = getattr(settings, "data", None)  # sft's rows and their template
+    if data is not None and data.chat_template is not None:
+        return data.chat_template
+    start = next((name for name in (BASE, "sft", "pretrain") if name in spec.upstream and name != spec.kind), None)
+    if start is not None:
+        kept = registry.open(spec.upstream[start]) / CHAT_TEMPLATE_FILE
+        if kept.is_file():
+            return kept.read_text()
+    elif (source := settings.model.from_hf) is not None:
+        imported = read_checkpoint(source.path)
+        if imported.chat_template is not None and imported.chat_template_problem() is None:
+            return imported.chat_template
+    return data.template if data is not None else None
 
 
 def locate_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> Path:

@@ -16,6 +16,7 @@ from factory.registry.store import ArtifactStore
 from factory.runtime.__main__ import main
 from factory.runtime.request import StageRequest
 from factory.stages.evaluation import CheckpointRef, EvalItem, batch_provenance, batch_spec
+from factory.stages.scoring import trained_chat_template
 from tests.models.hf_checkpoints import CHATML, IMPORTED, save_llama, write_sources
 from tests.stages.test_sft_data import run_all
 
@@ -77,6 +78,7 @@ def test_the_evaluation_stage_scores_an_sft_checkpoint_of_an_imported_model(impo
     checkpoint = CheckpointRef(key="imported__sft-000002", experiment="imported", step=2, tokens_seen=1, path=str(final),
                                sha256=hashlib.sha256(final.read_bytes()).hexdigest(), training=spec.to_json(),
                                eval=experiment.eval.model_dump(include={"max_bytes", "batch_size"}), git_commit="0" * 40)
+    assert trained_chat_template(registry, checkpoint) == CHATML  # what a chat-prompted benchmark renders its prompts with
     items = (EvalItem(partition=f"val_bpb|{checkpoint.key}", benchmark="val_bpb", checkpoint=checkpoint),)
     batch = batch_spec(items, "test")
     request = StageRequest(spec=batch, registry=str(registry.root), catalog=CatalogConfig.local(imported / "catalog"),
