@@ -7,7 +7,7 @@ first stop sequence, and `prompt + completion + "\\n" + test + "\\n" + "check(<e
 under the reference harness's rules (`factory.post.execute`): it passes when it runs to its end within the timeout.
 
 A benchmark of this family is one set of `HumanEvalSettings`: how the model is prompted (the problem as plain text to
-continue, or inside the model's chat template with the assistant turn opened on the prompt), the stop sequences, the
+continue, or asked for through the model's chat template with the answer's code block run after the prompt), the stop sequences, the
 timeout, and how many samples each problem gets. With one greedy sample the score is pass@1; with `samples` n drawn at
 a temperature it is pass@k, the unbiased estimator of the Codex paper (Chen et al., 2021) averaged over problems:
 1 - C(n - c, k) / C(n, k) for a problem of which c samples of n pass.
@@ -49,8 +49,11 @@ COLUMNS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 """The Codex paper's stop sequences: the function ends where the next top-level statement would start."""
 INSTRUCTION = "Complete the following Python function. Write only the code.\n\n```python\n{prompt}```"
-"""The user turn of a chat prompt; the assistant turn then starts with the problem's own code, which the model continues."""
+"""The user turn of a chat prompt."""
+ANSWER_START = "```python\n"
+"""How the assistant turn of a chat prompt starts: the code block the user asked for, which the model fills."""
 CHAT_STOPS = ("\n```",)
+"""Where a chat answer's code ends: its code block closes (the Codex stops would cut it at a helper function)."""
 SANDBOXES = max(1, min(4, os.cpu_count() or 1))
 """Check programs run at once."""
 
@@ -61,7 +64,9 @@ class HumanEvalSettings:
 
     prompt: Literal["completion", "chat"] = "completion"
     """`completion`: the problem's text as the model continues it; `chat`: the model's chat template, the user asking
-    for the function and the assistant turn opened on the problem's code."""
+    for the function and the assistant turn opened on a Python code block, which the model fills with the whole
+    function. Either way the program runs the prompt first: a whole function written after it replaces the prompt's,
+    whose body is its docstring alone, and keeps the prompt's imports."""
     samples: int = 1
     """Completions per problem (1: greedy)."""
     k: int = 1
@@ -69,7 +74,8 @@ class HumanEvalSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     new_tokens: int = 384
-    stops: tuple[str, ...] = STOPS
+    stops: tuple[str, ...] | None = None
+    """Where a completion ends (None: the Codex stops for `completion`, the closing of the code block for `chat`)."""
     timeout_s: float = 3.0
     """Seconds a check program may run (the reference harness's default)."""
     problems: int = PROBLEMS
@@ -180,7 +186,7 @@ def prompt_text(problem: dict[str, str], settings: HumanEvalSettings, chat_templ
     from factory.post.chat import compile_template
 
     turn = [{"role": "user", "content": INSTRUCTION.format(prompt=problem["prompt"])}]
-    return compile_template(chat_template)(messages=turn, add_generation_prompt=True) + problem["prompt"]
+    return compile_template(chat_template)(messages=turn, add_generation_prompt=True) + ANSWER_START
 
 
 def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
@@ -193,7 +199,7 @@ def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
     if inputs.catalog is None:
         raise ConfigError("the humaneval benchmarks need the Iceberg catalog; they were not given one")
     problems = pinned_problems(inputs.catalog)[: settings.problems]
-    stops = settings.stops + (CHAT_STOPS if settings.prompt == "chat" else ())
+    stops = settings.stops if settings.stops is not None else CHAT_STOPS if settings.prompt == "chat" else STOPS
     room = inputs.context - settings.new_tokens
     if room < 1:
         raise ConfigError(f"the humaneval benchmarks write up to {settings.new_tokens} tokens; the model's context is {inputs.context}")

@@ -107,8 +107,8 @@ HUMANEVAL_BENCHMARK = register(humaneval_benchmark(
 ))
 HUMANEVAL_CHAT = register(humaneval_benchmark(
     "humaneval.chat", HumanEvalSettings(prompt="chat"),
-    f"pass@1 on HumanEval ({HUMANEVAL}), greedy, prompted through the model's chat template (the assistant turn opened on "
-    "the problem's code), as `humaneval` otherwise",
+    f"pass@1 on HumanEval ({HUMANEVAL}), greedy, for instruction-tuned models: asked through the model's chat template, "
+    "the answer's code block (the whole function) run after the problem's prompt, as `humaneval` otherwise",
 ))
 HUMANEVAL_PASS10 = register(humaneval_benchmark(
     "humaneval.pass10", HumanEvalSettings(samples=20, k=10, temperature=0.8, top_p=0.95),

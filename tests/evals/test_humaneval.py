@@ -13,7 +13,8 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.evals.benchmarks import EvalInputs, benchmark
 from factory.evals.humaneval import (
-    STOPS, HumanEvalSettings, check_program, humaneval, pass_at_k, pinned_problems, read_problems, truncated, write_problems,
+    STOPS, HumanEvalSettings, check_program, humaneval, pass_at_k, pinned_problems, prompt_text, read_problems, truncated,
+    write_problems,
 )
 from factory.models.tokenizer import EOS, train_tokenizer
 from factory.post.execute import check_programs, harness_limits
@@ -140,3 +141,26 @@ def test_a_benchmark_declaring_a_package_lets_its_programs_import_it_and_one_wit
     continuations = {tuple(tokenizer.encode(problem["prompt"]).ids): tokenizer.encode(uses_numpy + "\n\ndef x():").ids}
     assert scored(world, continuations, HumanEvalSettings(problems=1, new_tokens=300, packages=("numpy",))).value == 1.0
     assert scored(world, continuations, HumanEvalSettings(problems=1, new_tokens=300)).value == 0.0
+
+
+CHAT = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+def test_a_chat_model_answers_with_the_whole_function_in_a_code_block_and_is_run_after_the_prompt(world):
+    catalog, tokenizer = world
+    problems = pinned_problems(catalog)[:3]
+
+    def chat_inputs(continuations):
+        model = Oracle(continuations, tokenizer.get_vocab_size())
+        return EvalInputs(model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=2048, validation_texts=lambda: iter(()),
+                          seed=0, batch_size=4, max_bytes=1000, catalog=catalog, chat_template=CHAT)
+
+    settings = HumanEvalSettings(prompt="chat", problems=3, new_tokens=500)
+    prompts = {p["task_id"]: prompt_text(p, settings, CHAT) for p in problems}
+    assert all(text.startswith("<user>Complete the following Python function") and text.endswith("<assistant>```python\n")
+               for text in prompts.values())
+    whole = {tuple(tokenizer.encode(prompts[p["task_id"]]).ids):  # a helper function first: the Codex stops would cut it
+             tokenizer.encode("def helper():\n    return 1\n\n" + p["prompt"].split("def ", 1)[0] + "def " +
+                              p["prompt"].split("def ", 1)[1] + p["canonical_solution"] + "```\nThat is all.").ids for p in problems}
+    right = humaneval(chat_inputs(whole), settings)
+    assert right.value == 1.0 and all(c[0].startswith("def helper():") for c in right.details["completions"].values())
