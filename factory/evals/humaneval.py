@@ -200,13 +200,12 @@ def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
         raise ConfigError("the humaneval benchmarks need the Iceberg catalog; they were not given one")
     problems = pinned_problems(inputs.catalog)[: settings.problems]
     stops = settings.stops if settings.stops is not None else CHAT_STOPS if settings.prompt == "chat" else STOPS
-    room = inputs.context - settings.new_tokens
-    if room < 1:
-        raise ConfigError(f"the humaneval benchmarks write up to {settings.new_tokens} tokens; the model's context is {inputs.context}")
+    writes = min(settings.new_tokens, inputs.context // 2)  # a small model's context: half for the prompt (cut from the left)
+    room = inputs.context - writes
     encoded = [inputs.tokenizer.encode(prompt_text(p, settings, inputs.chat_template)).ids for p in problems]
     prompts = [ids[-room:] for ids in encoded for _ in range(settings.samples)]
     seeds = None if settings.samples == 1 else [inputs.seed * 1_000_003 + i for i in range(len(prompts))]
-    sampling = Sampling(new_tokens=settings.new_tokens, temperature=settings.temperature, top_p=settings.top_p, eos_id=inputs.eos_id,
+    sampling = Sampling(new_tokens=writes, temperature=settings.temperature, top_p=settings.top_p, eos_id=inputs.eos_id,
                         stop_strings=stops)
     decode = inputs.tokenizer.decode
     started = time.perf_counter()
@@ -223,7 +222,7 @@ def humaneval(inputs: EvalInputs, settings: HumanEvalSettings) -> Score:
     results = {p["task_id"]: [v.result for v in these] for p, these in zip(problems, by_problem, strict=True)}
     details = {
         f"pass@{settings.k}": value, "problems": len(problems), "samples": settings.samples, "passed": sum(passed),
-        "prompts_cut_to_context": sum(len(ids) > room for ids in encoded), "results": results,
+        "prompts_cut_to_context": sum(len(ids) > room for ids in encoded), "new_tokens_at_most": writes, "results": results,
         "new_tokens": sum(len(c.tokens) for c in done), "generation_seconds": round(generated - started, 3),
         "execution_seconds": round(executed - generated, 3),
         "completions": {p["task_id"]: completions[i * settings.samples : (i + 1) * settings.samples] for i, p in enumerate(problems)},

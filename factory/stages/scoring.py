@@ -145,7 +145,7 @@ def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) ->
     from factory.config.hf_checkpoint import read_checkpoint
 
     spec, settings = checkpoint.spec, checkpoint.settings()
-    data = getattr(settings, "data", None)  # sft's rows and their template
+    data = getattr(getattr(settings, spec.kind, None), "data", None)  # sft's rows and their template
     if data is not None and data.chat_template is not None:
         return data.chat_template
     start = next((name for name in (BASE, "sft", "pretrain") if name in spec.upstream and name != spec.kind), None)

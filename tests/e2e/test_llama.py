@@ -1,17 +1,20 @@
 """A llama-arch recipe through Dagster, as `factory run` runs it: `experiments/tiny-llama.md` (shortened) trains on the
 tiny pipeline's cached data and tokenizer, and its model stage publishes a directory `transformers` loads and generates from."""
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
 from assets.execution import failure_messages
 from assets.run import run_experiment
 from factory.cli.common import dagster_home
 from factory.config.schema import ModelConfig
+from factory.data.catalog import CatalogConfig, open_catalog
+from factory.data.tables import content_of
 from factory.models.build import new_model
 from factory.models.generate import generate
 from factory.models.sampling import Sampling
@@ -67,6 +70,9 @@ def test_tiny_llama_publishes_a_model_transformers_loads_and_generates_from(pipe
 
 
 SFT_ON_CHATS = "sft: {steps: 4, batch_size: 4, lr: 0.001, log_every: 1, data: {dataset: chat, format: messages}}"
+SCORED_ON_HUMANEVAL = (", checkpoint_every: 4, checkpoint_at_start: true}\n"
+                       "eval: {benchmarks: [humaneval.quick], primary: humaneval.quick, batch_size: 8}")
+"""The imported model scored before its fine-tuning (step 0) and after, on the first 20 HumanEval problems (seconds)."""
 PRETRAIN_ON_CODE = "pretrain: {steps: 3, batch_size: 4, lr: 0.001, warmup_steps: 1, checkpoint_every: 0, log_every: 1}"
 
 
@@ -82,9 +88,10 @@ def test_a_checkpoint_transformers_saved_is_fine_tuned_continued_and_exported_ba
     original = save_llama(tmp_path / "hf").state_dict()
     write_sources(tmp_path)
     files = {}
-    for name, training, what in (("imported", SFT_ON_CHATS, "fine-tuned on chats"), ("continued", PRETRAIN_ON_CODE, "pretrained further")):
+    tuned_and_scored = SFT_ON_CHATS.removesuffix("}") + SCORED_ON_HUMANEVAL
+    for name, training, what in (("imported", tuned_and_scored, "fine-tuned on chats"), ("continued", PRETRAIN_ON_CODE, "pretrained further")):
         files[name] = tmp_path / f"{name}.md"
-        files[name].write_text(IMPORTED.format(root=tmp_path, training=training, what=what))
+        files[name].write_text(IMPORTED.format(root=tmp_path, training=training, what=what).replace("context: 64", "context: 128"))
     root = tmp_path / "factory"
     instance = DagsterInstance.from_config(str(dagster_home(root)))
     result = run_experiment(files["imported"], root, instance)
@@ -113,6 +120,13 @@ def test_a_checkpoint_transformers_saved_is_fine_tuned_continued_and_exported_ba
         assert (ours.eval()(ids) - loaded(ids).logits).abs().max().item() <= 1e-5
     [imported] = Lineage(registry).imported(made.digest)
     assert imported == {"path": str(tmp_path / "hf"), "files": from_hf["files"], "read_by": ["tokenizer (imported)", "sft (imported)"]}
+    scores = {(m.summary["benchmark"], m.summary["step"]): m for m in registry.manifests("evaluations")}
+    assert set(scores) == {("humaneval.quick", 0), ("humaneval.quick", 4)}  # before its fine-tuning and after
+    content = content_of(open_catalog(CatalogConfig.local(root / "iceberg")), "eval.humaneval@v1")
+    assert {m.summary["data"] for m in scores.values()} == {f"eval.humaneval@v1#{content}"}
+    quick = json.loads((registry.path(scores[("humaneval.quick", 4)].digest) / "result.json").read_text())["details"]
+    assert quick["problems"] == 20 and len(quick["results"]) == 20 and quick["new_tokens"] > 0
+    assert instance.get_latest_materialization_event(AssetKey("humaneval_problems")) is not None
 
     result = run_experiment(files["continued"], root, instance)
     assert result.success, failure_messages(result)
