@@ -148,6 +148,12 @@ def test_evals_stages_shows_what_each_training_stage_bought(tmp_path):
     assert worse.returncode == 1 and "rl did not improve on sft" in worse.stderr
     none = factory("evals", "stages", "nope", "--root", str(tmp_path))
     assert none.returncode == 2 and "no code_exec results for nope" in none.stderr
+    for step, value in ((0, 0.05), (40, 0.05)):  # an imported model fine-tuned with checkpoint_at_start: its step 0 is the start
+        publish_result(registry, "tuned", "code_exec", value, step=step, training="t", stage="sft")
+    started = factory("evals", "stages", "tuned", "--benchmark", "code_exec", "--must-improve", "sft", "--root", str(tmp_path))
+    rows = [line for line in started.stdout.splitlines() if "tuned__" in line]
+    assert "sft (start)" in rows[0] and "sft-000000" in rows[0] and "sft-000040" in rows[1] and "+0.0000" in rows[1]
+    assert started.returncode == 1 and "sft did not improve on sft (start)" in started.stderr
 
 
 def test_leaderboard_json_and_html_from_the_registry(tmp_path):

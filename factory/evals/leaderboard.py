@@ -185,20 +185,31 @@ class StageScore:
 
 
 def stage_scores(results: Iterable[Manifest], experiment: str, benchmark: str) -> list[StageScore]:
-    """What each training stage of an experiment bought: its last evaluated checkpoint's score, in stage order."""
+    """What each training stage of an experiment bought: its last evaluated checkpoint's score, in stage order, each after
+    the score of the weights it started from when it saved them (`checkpoint_at_start`: its step 0, as `<stage> (start)`)."""
     last: dict[str, Manifest] = {}
+    start: dict[str, Manifest] = {}
     for m in latest_results(results):
         s = m.summary
         if s["experiment"] == experiment and s["benchmark"] == benchmark:
             stage = stage_of(s["checkpoint"])
             if stage not in last or s["step"] > last[stage].summary["step"]:
                 last[stage] = m
+            if s["step"] == 0:
+                start[stage] = m
     order = {stage: i for i, stage in enumerate(TRAINING_STAGES)}
-    return [
-        StageScore(stage=stage, checkpoint=m.summary["checkpoint"], step=m.summary["step"], value=m.summary["value"], count=m.summary["count"],
-                   lower_is_better=bool(m.summary["lower_is_better"]))
-        for stage, m in sorted(last.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
-    ]
+    scores = []
+    for stage, m in sorted(last.items(), key=lambda item: (order.get(item[0], len(order)), item[0])):
+        if stage in start and start[stage] is not m:
+            scores.append(_stage_score(f"{stage} (start)", start[stage]))
+        scores.append(_stage_score(stage, m))
+    return scores
+
+
+def _stage_score(stage: str, result: Manifest) -> StageScore:
+    s = result.summary
+    return StageScore(stage=stage, checkpoint=s["checkpoint"], step=s["step"], value=s["value"], count=s["count"],
+                      lower_is_better=bool(s["lower_is_better"]))
 
 
 def build_board(
