@@ -40,7 +40,7 @@ data:
   validation_percent: 10
 tokenizer: {{vocab_size: {vocab}, min_frequency: 2, sample_bytes: 200000}}
 model: {{n_layer: 1, n_head: 2, n_embd: 32, context: 32}}
-pretrain: {{steps: 40, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 20, keep_last: 2, log_every: 10}}
+pretrain: {{steps: 20, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 10, keep_last: 2, log_every: 10}}
 eval: null
 ---
 One thin layer on a copy of the json package, not evaluated: the daemon's runs are what is tested.
@@ -211,33 +211,31 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
     materialization = factory.instance.get_latest_materialization_event(AssetKey("model")).asset_materialization
     assert materialization.metadata["experiment_file"].value == f"experiments/a.md at {merge[:12]}"
 
-    # 2. One hyperparameter changes: only the stages that read it compute again.
+    # 2. One merge, four files, so that the daemon runs them side by side:
+    # - a's learning rate changes: only the stages that read it compute again;
+    # - b is a's first recipe under another name: every stage is already in the registry;
+    # - a broken file: the good ones run, the broken one is a warning on the tick with file:line;
+    # - c and d share a new tokenizer: it is computed once (the lease), and the trainings (a's, c's, d's) take the one slot
+    #   of the `training` pool in turn, the waiting ones saying why.
     write("a.md", lr=0.002)
-    commit(work, "a: lower lr")
-    second = factory.finished({"a.md": 2})["a.md"][1]
-    assert factory.stages(second.run_id) == ({"pretrain", "model"}, DATA_STAGES)
-
-    # 3. A broken file beside a good one: the good one runs, the broken one is a warning on the tick with file:line.
+    write("b.md")
     (experiments / "broken.md").write_text("---\nmodel: [1\n---\n")
-    write("b.md", lr=0.002)  # a's recipe under another name: every stage is already in the registry
-    commit(work, "broken and b")
-    [b] = factory.finished({"b.md": 1})["b.md"]
+    for name, lr in (("c.md", 0.001), ("d.md", 0.004)):
+        write(name, lr=lr, vocab=310)
+    commit(work, "a: lower lr; b, c, d and a broken file")
+    runs = factory.finished({"a.md": 2, "b.md": 1, "c.md": 1, "d.md": 1})
+    second, [b], [c], [d] = runs["a.md"][1], runs["b.md"], runs["c.md"], runs["d.md"]
+    assert factory.stages(second.run_id) == ({"pretrain", "model"}, DATA_STAGES)
     assert factory.stages(b.run_id) == (set(), {*DATA_STAGES, "pretrain", "model"})
     warnings = factory.tick_messages("WARNING")
     assert any(re.search(r"skipped, does not load: experiments/broken\.md:3: invalid YAML", message) for message in warnings), warnings
     assert not factory.runs_of("broken.md")["broken.md"]
-
-    # 4. Three experiments at once, sharing a new tokenizer: it is computed once (the lease), and their trainings take
-    # the one slot of the `training` pool in turn, the waiting ones saying why.
-    for name, lr in (("c.md", 0.001), ("d.md", 0.004), ("e.md", 0.005)):
-        write(name, lr=lr, vocab=310)
-    commit(work, "three more")
-    runs = [rs[0] for rs in factory.finished({"c.md": 1, "d.md": 1, "e.md": 1}).values()]
-    tokenizers = [run for run in runs if "tokenizer" in factory.stages(run.run_id)[0]]
-    assert len(tokenizers) == 1 and all("pretrain" in factory.stages(run.run_id)[0] for run in runs)
-    windows = sorted(factory.compute_window(run.run_id, "pretrain") for run in runs)
+    tokenizers = [run for run in (c, d) if "tokenizer" in factory.stages(run.run_id)[0]]
+    assert len(tokenizers) == 1 and all("pretrain" in factory.stages(run.run_id)[0] for run in (c, d))
+    trainings = (second, c, d)
+    windows = sorted(factory.compute_window(run.run_id, "pretrain") for run in trainings)
     assert all(earlier[1] <= later[0] + 1 for earlier, later in zip(windows, windows[1:])), windows  # `created` is to the second
-    blocked = [m for run in runs for m in factory.engine_messages(run.run_id) if "blocked by limit for pool training" in m]
+    blocked = [m for run in trainings for m in factory.engine_messages(run.run_id) if "blocked by limit for pool training" in m]
     assert blocked, "no training waited for the pool"
 
     # A restarted daemon does not start the same commit's runs again.
