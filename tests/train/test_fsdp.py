@@ -1,5 +1,6 @@
 """FSDP2 on two CPU ranks (gloo): the same training as DDP and one rank, shards of about 1/N each, checkpoints that reshard
-between world sizes and between FSDP and DDP, and clear errors for what cannot be split or resumed."""
+between world sizes and between FSDP and DDP, `compile: true` (inductor compiles the sharded blocks, with the machine's
+C++ compiler) training as the uncompiled run does, and clear errors for what cannot be split or resumed."""
 
 import json
 import os
@@ -118,6 +119,18 @@ def test_fsdp_on_two_ranks_follows_the_loss_curve_of_ddp_and_of_one_rank(runs):
 def test_recomputed_activations_and_unsharded_backward_give_the_same_fsdp_weights(runs):
     ours, theirs = (load_checkpoint(runs[name] / CHECKPOINT_DIR / "step_000008") for name in ("fsdp2-recompute", "fsdp2"))
     assert all(torch.equal(ours["model"][name], weight) for name, weight in theirs["model"].items())
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="inductor compiles C++ on the CPU")
+def test_a_compiled_fsdp_run_follows_the_uncompiled_one(runs, tmp_path):
+    work = tmp_path / "work"  # inductor's first compile: about 25 s on 2 cores
+    finish(launch(work, steps=8, every=4, ranks=2, dropout=0.0, sharded=True, parallelism="fsdp", extra={"compile": True}))
+    eager, compiled = losses(runs["fsdp2"]), losses(work)
+    assert len(compiled) == 8 and compiled[-1] < compiled[0], "it learns"
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-5, atol=1e-5)  # fused kernels round otherwise
+    ours, theirs = (load_checkpoint(w / CHECKPOINT_DIR / "step_000008") for w in (work, runs["fsdp2"]))
+    for name, weight in theirs["model"].items():
+        torch.testing.assert_close(ours["model"][name], weight, rtol=1e-3, atol=1e-4)  # float noise, amplified by Adam
 
 
 def test_each_fsdp_rank_writes_about_half_of_the_state(runs):
