@@ -86,7 +86,7 @@ sft: {from: "base.md#model", steps: 1, batch_size: 2}
 ---
 Merged with the base, so it waits for the base's model.
 """
-SMALL_TASKS = {"ops": {"code_exec_tasks": {"config": {"functions": 60, "calls_per_function": 2, "stdlib_functions": 0, "seed": 0}}}}
+SMALL_TASKS = {"ops": {"code_exec_tasks": {"config": {"functions": 40, "calls_per_function": 2, "stdlib_functions": 0, "seed": 0}}}}
 
 
 def tick(instance: DagsterInstance, directory: Path, root: Path, cursor: str | None = None) -> SensorResult:

@@ -122,7 +122,7 @@ def test_plan_counts_match_execution_counts_and_a_post_training_sweep_shares_its
 
     post = tmp_path / "post.md"
     post.write_text(POST.format(base=tiny_path))
-    small = {"ops": {"code_exec_tasks": {"config": {"functions": 80, "calls_per_function": 2, "stdlib_functions": 0, "seed": 0}}}}
+    small = {"ops": {"code_exec_tasks": {"config": {"functions": 40, "calls_per_function": 2, "stdlib_functions": 0, "seed": 0}}}}
     assert materialize(EVERYTHING, selection=["code_exec_tasks"], instance=instance, resources=resources_at(root), run_config=small).success
     variants = load_file(post)
     predicted = counts(build_plan(variants, registry))
