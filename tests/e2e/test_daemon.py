@@ -1,6 +1,7 @@
 """Merge to run under the real daemon: `factory ui` (dagster dev: webserver, daemon, code server) follows a bare git
 repository standing in for the remote; commits pushed to it become runs that the daemon launches, queues and finishes."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.definitions.instigation_logger import get_instigation_log_records
@@ -20,7 +22,6 @@ from dagster._core.scheduler.instigation import InstigatorType
 from assets.partitions import COMMIT_TAG, FILE_TAG, MERGE_TAG
 from factory.cli.common import dagster_home
 from factory.config.stages import STAGES
-from factory.launch.group import members
 from factory.registry import ArtifactStore
 from tests.e2e.test_ui import free_port
 
@@ -70,19 +71,27 @@ class Factory:
             self.process = subprocess.Popen([sys.executable, "-m", "factory", "ui", "--root", str(self.root), "--port", str(free_port())],
                                             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
+    def started_by_it(self) -> list[psutil.Process]:
+        """Every process `factory ui` started, however deep (Dagster's own are in a process group of their own)."""
+        assert self.process is not None
+        return psutil.Process(self.process.pid).children(recursive=True)
+
     def stop(self) -> None:
-        """SIGTERM, as a terminal's Ctrl-C or a pod's stop: `factory ui` stops its whole process group, the runs included."""
+        """SIGTERM to `factory ui` alone, as a service manager or a pod's stop sends it: it exits 0 and stops every process
+        it started (webserver, daemon, code servers; run workers and their stages too: Dagster starts them all in the
+        process group it was started in)."""
         if self.process is None:
             return
-        group, self.process = self.process.pid, None
-        os.killpg(group, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while members(group) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = members(group)
-        if left:
-            os.killpg(group, signal.SIGKILL)
-        assert not left, f"processes left after `factory ui` was stopped: {left}"
+        started_by_it, process = self.started_by_it(), self.process
+        self.process = None
+        os.kill(process.pid, signal.SIGTERM)
+        code = process.wait(timeout=120)
+        _, alive = psutil.wait_procs(started_by_it, timeout=30)
+        left = [p for p in alive if running(p)]
+        for leftover in left:  # not to leave them running after a failure
+            leftover.kill()
+        assert left == [], f"processes left after `factory ui` was stopped: {commands(left)}\n{self.log.read_text()[-3000:]}"
+        assert code == 0
 
     def ticks(self) -> list:
         """The experiments sensor's ticks, newest first."""
@@ -160,6 +169,23 @@ def remote(tmp_path):
     return bare, work
 
 
+def running(process: psutil.Process) -> bool:
+    """Whether `process` is still there and not a zombie (dead, waiting for its parent)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def commands(processes: list[psutil.Process]) -> str:
+    """The command lines of those of `processes` still there."""
+    said = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            said.append(" ".join(process.cmdline()))
+    return "; ".join(said)
+
+
 def commit(work: Path, message: str) -> str:
     git(work, "add", "-A")
     git(work, "commit", "-qm", message)
@@ -190,6 +216,8 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
     factory.start()
     start = git(work, "rev-parse", "HEAD")
     factory.wait_for("the sensor's first tick", lambda: any(t.cursor == start for t in factory.ticks()))
+    names = commands(factory.started_by_it())
+    assert "dagster_webserver" in names and "dagster._daemon" in names and "code-server" in names, names
     assert not factory.instance.get_runs(), "a new sensor runs nothing already on the branch"
 
     # 1. A pull request adds a.md; its merge commit reaches main: the daemon runs it, the registry holds its model.
@@ -238,7 +266,7 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
     blocked = [m for run in trainings for m in factory.engine_messages(run.run_id) if "blocked by limit for pool training" in m]
     assert blocked, "no training waited for the pool"
 
-    # A restarted daemon does not start the same commit's runs again.
+    # A restarted daemon does not start the same commit's runs again (and the stop leaves none of the processes behind).
     from_git = lambda: [run.run_id for run in factory.instance.get_runs() if run.tags.get(FILE_TAG)]  # noqa: E731
     before = from_git()
     factory.stop()
