@@ -15,10 +15,12 @@ STARTED_S := $(shell date +%s)
 
 setup: $(STAMP)
 
+# --no-compile: pip would byte-compile every file of every package (~370 MB of source, half a minute); a process
+# compiles what it imports once, on first use, and the import check below does so for the heaviest.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV) (first time: about a minute)"
-	@$(BIN)/python -m pip install --disable-pip-version-check -e '.[dev]' > $(VENV)/install.log 2>&1 \
+	@$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e '.[dev]' > $(VENV)/install.log 2>&1 \
 		|| { grep -v "is ignored: it is neither" $(VENV)/install.log | tail -40; echo "pip install failed: see $(VENV)/install.log"; exit 1; }
 	@$(BIN)/python -c "import factory, assets, resources, torch, dagster, pyiceberg"
 	@rm -f $(VENV)/.installed-* && touch $@

@@ -51,12 +51,15 @@ def process_tags() -> dict[str, str]:
 
 
 def _started(pid: int) -> str:
-    """When process `pid` started (clock ticks since boot: with the pid, one process for good); "" when there is none."""
+    """When process `pid` started (clock ticks since boot: with the pid, one process for good); "" when there is none, or
+    when it has ended and only waits to be reaped (a zombie: a process killed with its parent waits for init, seconds under
+    load, and a run that took it for alive would wait behind the dead run's place in the pool's queue for good)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
-    return stat[stat.rindex(")") + 2 :].split()[19]
+    state, *rest = stat[stat.rindex(")") + 2 :].split()
+    return "" if state == "Z" else rest[18]
 
 
 def _gone(tags: dict[str, str]) -> bool:

@@ -5,12 +5,9 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -370,34 +367,6 @@ def test_a_failing_stage_is_its_own_message_and_the_log_path(tmp_path):
 
 
 @pytest.mark.e2e
-def test_one_sigterm_to_the_ui_stops_every_process_it_started(tmp_path):
-    """The webserver, the daemon and the code servers; run workers and their stages too: Dagster starts them all in the
-    process group it was started in (no experiments here, so that the git sensor starts no run while the test waits)."""
-    import psutil
-
-    port, log, experiments = free_port(), tmp_path / "ui.log", tmp_path / "experiments"
-    experiments.mkdir()
-    with open(log, "w") as out:
-        ui = subprocess.Popen([sys.executable, "-m", "factory", "ui", "--root", str(tmp_path / "state"), "--port", str(port)],
-                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "FACTORY_EXPERIMENTS": str(experiments)})
-    deadline = time.monotonic() + 180
-    while not answers(port):
-        assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
-    started_by_it = psutil.Process(ui.pid).children(recursive=True)
-    names = " ".join(" ".join(process.cmdline()) for process in started_by_it)
-    assert "dagster_webserver" in names and "dagster._daemon" in names and "code-server" in names
-    os.kill(ui.pid, signal.SIGTERM)  # to `factory ui` alone, as a service manager stops it
-    code = ui.wait(timeout=120)
-    _, alive = psutil.wait_procs(started_by_it, timeout=30)
-    left = {process: " ".join(process.cmdline()) for process in alive if process.status() != psutil.STATUS_ZOMBIE}
-    for process in left:  # not to leave them running after a failure
-        process.kill()
-    assert list(left.values()) == [], log.read_text()[-3000:]
-    assert code == 0
-
-
 @pytest.mark.parametrize("profile", ["embedded", "deploy"])
 def test_a_fresh_instance_has_the_ui_open_no_community_dialog(profile, tmp_path, monkeypatch, request):
     """Dagster's UI opens its "Join the Dagster community" dialog over the asset graph when the instance's `nux` is on (and
@@ -413,20 +382,6 @@ def test_a_fresh_instance_has_the_ui_open_no_community_dialog(profile, tmp_path,
     with DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
         assert type(instance.run_storage).__name__ == ("PostgresRunStorage" if profile == "deploy" else "SqliteRunStorage")
         assert not instance.nux_enabled and not instance.telemetry_enabled
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def test_leaderboard_skips_a_garbage_manifest_with_a_warning_naming_it(tmp_path):

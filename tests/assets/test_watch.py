@@ -2,12 +2,14 @@
 
 import socket
 import subprocess
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
-from assets.watch import HOST_TAG, PID_TAG, START_TAG, process_tags, reap, waiting_steps
+from assets.watch import HOST_TAG, PID_TAG, START_TAG, _started, process_tags, reap, waiting_steps
 from factory.cli.common import dagster_home
 from factory.config.stages import TRAINING_POOL
 
@@ -46,6 +48,22 @@ def test_a_run_whose_process_is_gone_is_canceled_and_its_place_in_the_queue_free
     assert instance.get_run_by_id(alive).status == DagsterRunStatus.STARTED
     info = storage.get_concurrency_info(TRAINING_POOL)
     assert {slot.run_id for slot in info.claimed_slots} == {alive} == {step.run_id for step in info.pending_steps}
+
+
+def test_a_killed_process_its_parent_has_not_reaped_yet_is_gone(instance):
+    probe = subprocess.Popen(["sleep", "60"])
+    tags = {PID_TAG: str(probe.pid), HOST_TAG: socket.gethostname(), START_TAG: _started(probe.pid)}
+    run = a_run(instance, tags)
+    assert reap(instance) == [] and instance.get_run_by_id(run).status == DagsterRunStatus.STARTED
+    probe.kill()
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{probe.pid}/stat").read_text().split(")")[1].split()[0] != "Z":  # killed, not waited for: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert reap(instance) == [f"run {run[:8]} of x was left running by a process that is gone: canceled"]
+    finally:
+        probe.wait()
 
 
 def test_slots_held_by_a_finished_or_unknown_run_are_given_back(instance):

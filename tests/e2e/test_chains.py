@@ -41,6 +41,8 @@ data:
   datasets:
     stdlib:
       source: {{include: ["json/**/*.py", "email/**/*.py", "http/**/*.py"]}}
+    site_packages:
+      source: {{include: ["click/**/*.py"]}}
   validation_percent: 20
 tokenizer: {{vocab_size: 320, sample_bytes: 200000}}
 model: {{n_layer: 1, n_embd: 32, context: 64}}
@@ -84,7 +86,7 @@ sft: {from: "base.md#model", steps: 1, batch_size: 2}
 ---
 Merged with the base, so it waits for the base's model.
 """
-SMALL_TASKS = {"ops": {"code_exec_tasks": {"config": {"functions": 60, "calls_per_function": 2, "stdlib_functions": 8, "seed": 0}}}}
+SMALL_TASKS = {"ops": {"code_exec_tasks": {"config": {"functions": 40, "calls_per_function": 2, "stdlib_functions": 0, "seed": 0}}}}
 
 
 def tick(instance: DagsterInstance, directory: Path, root: Path, cursor: str | None = None) -> SensorResult:

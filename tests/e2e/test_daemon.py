@@ -1,6 +1,7 @@
 """Merge to run under the real daemon: `factory ui` (dagster dev: webserver, daemon, code server) follows a bare git
 repository standing in for the remote; commits pushed to it become runs that the daemon launches, queues and finishes."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.definitions.instigation_logger import get_instigation_log_records
@@ -20,7 +22,6 @@ from dagster._core.scheduler.instigation import InstigatorType
 from assets.partitions import COMMIT_TAG, FILE_TAG, MERGE_TAG
 from factory.cli.common import dagster_home
 from factory.config.stages import STAGES
-from factory.launch.group import members
 from factory.registry import ArtifactStore
 from tests.e2e.test_ui import free_port
 
@@ -40,7 +41,7 @@ data:
   validation_percent: 10
 tokenizer: {{vocab_size: {vocab}, min_frequency: 2, sample_bytes: 200000}}
 model: {{n_layer: 1, n_head: 2, n_embd: 32, context: 32}}
-pretrain: {{steps: 40, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 20, keep_last: 2, log_every: 10}}
+pretrain: {{steps: 20, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 10, keep_last: 2, log_every: 10}}
 eval: null
 ---
 One thin layer on a copy of the json package, not evaluated: the daemon's runs are what is tested.
@@ -70,19 +71,27 @@ class Factory:
             self.process = subprocess.Popen([sys.executable, "-m", "factory", "ui", "--root", str(self.root), "--port", str(free_port())],
                                             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
+    def started_by_it(self) -> list[psutil.Process]:
+        """Every process `factory ui` started, however deep (Dagster's own are in a process group of their own)."""
+        assert self.process is not None
+        return psutil.Process(self.process.pid).children(recursive=True)
+
     def stop(self) -> None:
-        """SIGTERM, as a terminal's Ctrl-C or a pod's stop: `factory ui` stops its whole process group, the runs included."""
+        """SIGTERM to `factory ui` alone, as a service manager or a pod's stop sends it: it exits 0 and stops every process
+        it started (webserver, daemon, code servers; run workers and their stages too: Dagster starts them all in the
+        process group it was started in)."""
         if self.process is None:
             return
-        group, self.process = self.process.pid, None
-        os.killpg(group, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while members(group) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = members(group)
-        if left:
-            os.killpg(group, signal.SIGKILL)
-        assert not left, f"processes left after `factory ui` was stopped: {left}"
+        started_by_it, process = self.started_by_it(), self.process
+        self.process = None
+        os.kill(process.pid, signal.SIGTERM)
+        code = process.wait(timeout=120)
+        _, alive = psutil.wait_procs(started_by_it, timeout=30)
+        left = [p for p in alive if running(p)]
+        for leftover in left:  # not to leave them running after a failure
+            leftover.kill()
+        assert left == [], f"processes left after `factory ui` was stopped: {commands(left)}\n{self.log.read_text()[-3000:]}"
+        assert code == 0
 
     def ticks(self) -> list:
         """The experiments sensor's ticks, newest first."""
@@ -160,6 +169,23 @@ def remote(tmp_path):
     return bare, work
 
 
+def running(process: psutil.Process) -> bool:
+    """Whether `process` is still there and not a zombie (dead, waiting for its parent)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def commands(processes: list[psutil.Process]) -> str:
+    """The command lines of those of `processes` still there."""
+    said = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            said.append(" ".join(process.cmdline()))
+    return "; ".join(said)
+
+
 def commit(work: Path, message: str) -> str:
     git(work, "add", "-A")
     git(work, "commit", "-qm", message)
@@ -190,6 +216,8 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
     factory.start()
     start = git(work, "rev-parse", "HEAD")
     factory.wait_for("the sensor's first tick", lambda: any(t.cursor == start for t in factory.ticks()))
+    names = commands(factory.started_by_it())
+    assert "dagster_webserver" in names and "dagster._daemon" in names and "code-server" in names, names
     assert not factory.instance.get_runs(), "a new sensor runs nothing already on the branch"
 
     # 1. A pull request adds a.md; its merge commit reaches main: the daemon runs it, the registry holds its model.
@@ -211,36 +239,34 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
     materialization = factory.instance.get_latest_materialization_event(AssetKey("model")).asset_materialization
     assert materialization.metadata["experiment_file"].value == f"experiments/a.md at {merge[:12]}"
 
-    # 2. One hyperparameter changes: only the stages that read it compute again.
+    # 2. One merge, four files, so that the daemon runs them side by side:
+    # - a's learning rate changes: only the stages that read it compute again;
+    # - b is a's first recipe under another name: every stage is already in the registry;
+    # - a broken file: the good ones run, the broken one is a warning on the tick with file:line;
+    # - c and d share a new tokenizer: it is computed once (the lease), and the trainings (a's, c's, d's) take the one slot
+    #   of the `training` pool in turn, the waiting ones saying why.
     write("a.md", lr=0.002)
-    commit(work, "a: lower lr")
-    second = factory.finished({"a.md": 2})["a.md"][1]
-    assert factory.stages(second.run_id) == ({"pretrain", "model"}, DATA_STAGES)
-
-    # 3. A broken file beside a good one: the good one runs, the broken one is a warning on the tick with file:line.
+    write("b.md")
     (experiments / "broken.md").write_text("---\nmodel: [1\n---\n")
-    write("b.md", lr=0.002)  # a's recipe under another name: every stage is already in the registry
-    commit(work, "broken and b")
-    [b] = factory.finished({"b.md": 1})["b.md"]
+    for name, lr in (("c.md", 0.001), ("d.md", 0.004)):
+        write(name, lr=lr, vocab=310)
+    commit(work, "a: lower lr; b, c, d and a broken file")
+    runs = factory.finished({"a.md": 2, "b.md": 1, "c.md": 1, "d.md": 1})
+    second, [b], [c], [d] = runs["a.md"][1], runs["b.md"], runs["c.md"], runs["d.md"]
+    assert factory.stages(second.run_id) == ({"pretrain", "model"}, DATA_STAGES)
     assert factory.stages(b.run_id) == (set(), {*DATA_STAGES, "pretrain", "model"})
     warnings = factory.tick_messages("WARNING")
     assert any(re.search(r"skipped, does not load: experiments/broken\.md:3: invalid YAML", message) for message in warnings), warnings
     assert not factory.runs_of("broken.md")["broken.md"]
-
-    # 4. Three experiments at once, sharing a new tokenizer: it is computed once (the lease), and their trainings take
-    # the one slot of the `training` pool in turn, the waiting ones saying why.
-    for name, lr in (("c.md", 0.001), ("d.md", 0.004), ("e.md", 0.005)):
-        write(name, lr=lr, vocab=310)
-    commit(work, "three more")
-    runs = [rs[0] for rs in factory.finished({"c.md": 1, "d.md": 1, "e.md": 1}).values()]
-    tokenizers = [run for run in runs if "tokenizer" in factory.stages(run.run_id)[0]]
-    assert len(tokenizers) == 1 and all("pretrain" in factory.stages(run.run_id)[0] for run in runs)
-    windows = sorted(factory.compute_window(run.run_id, "pretrain") for run in runs)
+    tokenizers = [run for run in (c, d) if "tokenizer" in factory.stages(run.run_id)[0]]
+    assert len(tokenizers) == 1 and all("pretrain" in factory.stages(run.run_id)[0] for run in (c, d))
+    trainings = (second, c, d)
+    windows = sorted(factory.compute_window(run.run_id, "pretrain") for run in trainings)
     assert all(earlier[1] <= later[0] + 1 for earlier, later in zip(windows, windows[1:])), windows  # `created` is to the second
-    blocked = [m for run in runs for m in factory.engine_messages(run.run_id) if "blocked by limit for pool training" in m]
+    blocked = [m for run in trainings for m in factory.engine_messages(run.run_id) if "blocked by limit for pool training" in m]
     assert blocked, "no training waited for the pool"
 
-    # A restarted daemon does not start the same commit's runs again.
+    # A restarted daemon does not start the same commit's runs again (and the stop leaves none of the processes behind).
     from_git = lambda: [run.run_id for run in factory.instance.get_runs() if run.tags.get(FILE_TAG)]  # noqa: E731
     before = from_git()
     factory.stop()

@@ -74,7 +74,7 @@ LRS = {"vc-oom": 0.0022, "vc-pull": 0.0023, "vc-queue": 0.0024, "vc-cancel": 0.0
 LONGER = """---
 extends: vc-ok.md
 pretrain:
-  steps: 400
+  steps: 120
   checkpoint_every: 50
   log_every: 10
 ---
@@ -169,13 +169,13 @@ def test_an_evaluation_batch_is_a_volcano_job_in_the_code_locations_image(site):
 
 def test_an_evicted_gang_restarts_and_resumes_from_its_checkpoint(site):
     cluster = site["cluster"]
-    cluster.inject("evict", job="vc-evict-pretrain", after=r"step 60/400")
+    cluster.inject("evict", job="vc-evict-pretrain", after=r"step 60/120")
     result = run(site, "vc-evict")
     assert result.success, failure_messages(result)
     [job] = jobs_posted(cluster, "vc-evict", "pretrain")
     assert cluster.attempts[job.removeprefix("jobs/")] == 2
     metadata = stage_metadata(result)
-    assert 50 <= metadata["summary/resumed_from_step"].value < 400 and metadata["summary/steps"].value == 400
+    assert 50 <= metadata["summary/resumed_from_step"].value < 120 and metadata["summary/steps"].value == 120
     assert "(restart 1)" in logs(site, result)
     leaves_nothing(cluster)
 

@@ -58,7 +58,7 @@ def test_a_call_that_fails_in_the_sandbox_is_left_out_and_counted():
 
 
 def test_the_asset_writes_a_versioned_iceberg_table(tmp_path):
-    config = {"ops": {"code_exec_tasks": {"config": {"functions": 24, "calls_per_function": 2, "stdlib_functions": 8, "seed": 0}}}}
+    config = {"ops": {"code_exec_tasks": {"config": {"functions": 24, "calls_per_function": 2, "stdlib_functions": 0, "seed": 0}}}}
     run = materialize([code_exec_tasks], instance=DagsterInstance.ephemeral(), resources={"stores": FactoryStores(root=str(tmp_path))},
                       run_config=config)
     assert run.success
