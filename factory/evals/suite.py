@@ -5,6 +5,8 @@ Their code is imported when a benchmark runs, so reading the registry (`factory 
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from factory.evals.base import Benchmark, EvalInputs, Score
 from factory.evals.benchmarks import register
 from factory.evals.heldout import REF as HELDOUT
@@ -91,7 +93,7 @@ def humaneval_benchmark(name: str, settings: HumanEvalSettings, description: str
         return humaneval(inputs, settings)
 
     return Benchmark(name=name, version=version, lower_is_better=False, run=run, data=HUMANEVAL, prepare=write_problems,
-                     requires=(HUMANEVAL_PACKAGE,), description=description)
+                     requires=(HUMANEVAL_PACKAGE,), settings=asdict(settings), description=description)
 
 
 HUMANEVAL_BENCHMARK = register(humaneval_benchmark(

@@ -82,6 +82,7 @@ class EvalItem(Section):
             "checkpoint": checkpoint.sha256, "model": trained.model.model_dump(mode="json"), "seed": trained.seed,
             "stream": trained.stream.model_dump(mode="json"), "upstream": checkpoint.spec.upstream,
             "max_bytes": checkpoint.eval.max_bytes, "code": code, **({"benchmark_code": bench.code} if bench.code else {}),
+            **({"benchmark_settings": dict(bench.settings)} if bench.settings else {}),
         })
 
 

@@ -85,3 +85,13 @@ def test_a_file_naming_a_benchmark_whose_package_is_missing_is_refused_at_check_
     assert f"needy.md:{line + 1}" in refused.stderr or f"needy.md:{line}" in refused.stderr
     assert "benchmark 'needy' needs the package no-such-dist, which is not installed here: pip install no-such-dist" in refused.stderr
     assert factory_with(site, "check", str(tmp_path / "brevity.md")).returncode == 0
+
+
+def test_a_humaneval_variant_declared_elsewhere_scores_again_when_its_settings_change():
+    from factory.evals.humaneval import HumanEvalSettings
+    from factory.evals.suite import humaneval_benchmark
+
+    first = humaneval_benchmark("humaneval.mine", HumanEvalSettings(problems=10), "mine")
+    assert first.code == ""  # the family's run is the factory's own code: only its settings tell variants apart
+    assert score_fingerprint(first) == score_fingerprint(humaneval_benchmark("humaneval.mine", HumanEvalSettings(problems=10), "mine"))
+    assert score_fingerprint(first) != score_fingerprint(humaneval_benchmark("humaneval.mine", HumanEvalSettings(problems=12), "mine"))
