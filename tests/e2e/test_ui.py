@@ -225,8 +225,13 @@ def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evalua
     page.goto("/assets/evaluations")
     launch = dialog.get_by_role("button", name="Launch backfill")
     open_launch_dialog(page, launch)
-    for all_keys in dialog.get_by_role("button", name="All", exact=True).all():
-        all_keys.click()
+    # One `All` per dimension (checkpoint, benchmark). The second renders once its partitions load: wait for both, or a
+    # loaded machine clicks only the first and the launch button stays disabled.
+    all_keys = dialog.get_by_role("button", name="All", exact=True)
+    expect(all_keys).to_have_count(2)
+    for button in all_keys.all():
+        button.click()
+    expect(launch).to_be_enabled()
     launch.click()
     page.get_by_role("link", name="View", exact=True).first.click()
     expect(page.get_by_text("Succeeded", exact=True).first).to_be_visible(timeout=RUN_TIMEOUT_MS)
