@@ -2,7 +2,7 @@
 
 import os
 
-from dagster import Definitions
+from dagster import Definitions, multiprocess_executor
 
 from assets.checkpoints import checkpoints
 from assets.evaluations import evaluations
@@ -18,6 +18,9 @@ from resources import ExperimentFiles, FactoryStores, launcher_from_env
 defs = Definitions(
     assets=[*stage_assets, checkpoints, evaluations, leaderboard, best_model, run_report, code_exec_tasks, heldout_corpus, humaneval_problems, production_model],
     sensors=[experiments_at_head, automation],
+    # A run the daemon or the UI launches starts each step as a process: forked from a server that imported this code
+    # location once, not a fresh interpreter that imports Dagster and the code location again (about 1.3 s of CPU a step).
+    executor=multiprocess_executor.configured({"start_method": {"forkserver": {}}}),
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
         "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),

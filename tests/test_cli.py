@@ -2,9 +2,7 @@
 
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -324,33 +322,6 @@ def started(*args: str) -> subprocess.Popen:
     """`factory ARGS` in a session of its own, as a terminal starts a command: `os.killpg` is then Ctrl-C."""
     return subprocess.Popen([sys.executable, "-m", "factory", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "FACTORY_TRACKER": "none"})
-
-
-@pytest.mark.e2e
-def test_ctrl_c_during_a_run_says_where_training_stopped_in_one_line_and_releases_the_lease(tmp_path):
-    path, root = small_experiment(tmp_path), tmp_path / "state"
-    run = started("run", str(path), "--root", str(root))
-    before = []
-    for line in run.stdout:  # step 30 is logged after the checkpoint of step 20 was saved
-        before.append(line)
-        if "pretrain - step 30/100000" in line:
-            break
-    else:
-        pytest.fail("training never reached step 30:\n" + "".join(before))
-    os.killpg(run.pid, signal.SIGINT)
-    after, _ = run.communicate(timeout=120)
-    assert run.returncode == 130
-    assert "Traceback" not in after and "Warning" not in "".join(before) + after
-    # Steps the stage logged before the interrupt reached it may follow (more of them on a loaded machine); then one line.
-    [said] = [line for line in after.splitlines() if not re.match(r"\d\d:\d\d:\d\d |.* - (INFO|DEBUG) - ", line)]
-    assert re.search(r"^error: pretrain: interrupted at step \d+ of 100000; its last checkpoint is step_\d{6}\.pt; "
-                     rf"`factory run {re.escape(str(path))} --root {re.escape(str(root.resolve()))}` goes on from there \(full log: .+\)$",
-                     said), said
-    log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
-    assert log.parent == (root / "logs").resolve() and "DagsterExecutionInterruptedError" in log.read_text()
-    assert list((root / "registry" / "leases").glob("*.lease")) == []
-    plan = factory("plan", str(path), "--root", str(root), "--json")
-    assert {stage["kind"]: stage["status"] for stage in json.loads(plan.stdout)["stages"]}["pretrain"] == "run"
 
 
 @pytest.mark.e2e

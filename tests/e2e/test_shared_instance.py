@@ -6,6 +6,7 @@ The other run that holds the slot is a real run record of the instance with a re
 test process (alive throughout, as the run that trains would be); the runs under test are `factory run` processes.
 """
 
+import json
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ from factory.cli.common import dagster_home
 from factory.config.pools import EVALUATION_POOL
 from factory.config.stages import TRAINING_POOL
 from factory.registry import ArtifactStore
-from tests.test_cli import small_experiment, started
+from tests.test_cli import factory, small_experiment, started
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +69,7 @@ def held(instance: DagsterInstance) -> set[str]:
 def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_next_run(tmp_path, instance):
     """Ctrl-C in a data stage: CANCELED, no lease left. Ctrl-C while it waits: CANCELED at once, out of the queue. kill -9 while it waits: the next run cancels it and frees
     its place in the queue, which would otherwise be given the slot for good. Then a run trains at once, and a Ctrl-C
-    while it trains ends it CANCELED too."""
+    while it trains ends it CANCELED too, saying in one line where training stopped and how to go on from there."""
     path, root = small_experiment(tmp_path), tmp_path / "state"
     data = started("run", str(path), "--root", str(root))  # Ctrl-C in a data stage (or the next: they are quick)
     read_until(data, r"raw_datasets - \[pipes\] external process successfully opened")
@@ -103,13 +104,25 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
 
     instance.event_log_storage.free_concurrency_slots_for_run(holder)  # the teammate's training ends
     again = started("run", str(path), "--root", str(root))
-    before = read_until(again, r"pretrain - step 10/100000")
+    before = read_until(again, r"pretrain - step 30/100000")  # logged after the checkpoint of step 20 was saved
     assert any(f"run {dead.run_id[:8]} of small was left running by a process that is gone: canceled" in line for line in before)
     assert not [line for line in before if "waiting for a slot" in line]
     os.killpg(again.pid, signal.SIGINT)
     after, _ = again.communicate(timeout=120)
     assert again.returncode == 130, after
     assert {r.status for r in runs_of(instance, "small")} == {DagsterRunStatus.CANCELED}
+    # Ctrl-C while it trains says where training stopped, in one line, and how to go on from there.
+    assert "Traceback" not in after and "Warning" not in "".join(before) + after
+    # Steps the stage logged before the interrupt reached it may follow (more of them on a loaded machine); then one line.
+    [said] = [line for line in after.splitlines() if not re.match(r"\d\d:\d\d:\d\d |.* - (INFO|DEBUG) - ", line)]
+    assert re.search(r"^error: pretrain: interrupted at step \d+ of 100000; its last checkpoint is step_\d{6}\.pt; "
+                     rf"`factory run {re.escape(str(path))} --root {re.escape(str(root.resolve()))}` goes on from there \(full log: .+\)$",
+                     said), said
+    log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
+    assert log.parent == (root / "logs").resolve() and "DagsterExecutionInterruptedError" in log.read_text()
+    assert list((root / "registry" / "leases").glob("*.lease")) == []
+    plan = factory("plan", str(path), "--root", str(root), "--json")
+    assert {stage["kind"]: stage["status"] for stage in json.loads(plan.stdout)["stages"]}["pretrain"] == "run"
     assert held(instance) == set()
 
 
