@@ -12,6 +12,7 @@ import os
 import stat
 from pathlib import Path
 
+from factory.bounded import NotRegular, TooLarge, read_regular
 from factory.errors import ConfigError
 
 MAX_FILE_BYTES = 1 << 20
@@ -20,8 +21,6 @@ DATA_ROOTS_ENV = "FACTORY_DATA_ROOTS"
 """os.pathsep-separated directories directory sources may read under (over `data_roots` of the settings file,
 `factory.config.settings`; default: the repository only)."""
 SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
-KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-         stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
 
 def repository_root(directory: Path) -> Path:
@@ -45,41 +44,18 @@ def outside_roots(path: Path, roots: tuple[Path, ...]) -> str | None:
     return None
 
 
-def kind_of(mode: int) -> str:
-    """`a FIFO`, `a directory`, ...: what a non-regular file is, for a message."""
-    return KINDS.get(stat.S_IFMT(mode), "not a regular file")
-
-
 def read_bounded(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of a regular file of at most `max_bytes`; a ConfigError (never a hang) for anything else."""
     try:
-        info = os.stat(path)
+        return read_regular(path, max_bytes, follow_links=True)
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: no such experiment file") from e
+    except NotRegular as e:
+        raise ConfigError(f"{path}: {e}; name an experiment file") from e
+    except TooLarge as e:
+        raise ConfigError(f"{path}: {e}; an experiment file is a short recipe") from e
     except (OSError, ValueError) as e:  # ValueError: a path no file system accepts
         raise ConfigError(f"{path}: cannot read the file ({e})") from e
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"{path}: is {kind_of(info.st_mode)}, not a regular file; name an experiment file")
-    if info.st_size > max_bytes:
-        raise ConfigError(f"{path}: {info.st_size} bytes, more than the limit of {max_bytes}; an experiment file is a short recipe")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the file ({e})") from e
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the stat and the open
-            raise ConfigError(f"{path}: is not a regular file; name an experiment file")
-        chunks, size = [], 0
-        while size <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the file ({e})") from e
-    finally:
-        os.close(fd)
-    if size > max_bytes:
-        raise ConfigError(f"{path}: more than the limit of {max_bytes} bytes; an experiment file is a short recipe")
-    return b"".join(chunks)
 
 
 def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:

@@ -8,15 +8,42 @@ changing its mode would change a file that is not ours.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from factory.bounded import read_regular
 from factory.errors import ArtifactError
 
 CHUNK_BYTES = 1 << 20
+RECORD_BYTES = 16 << 20
+"""The largest registry record read (a manifest, a lease, a promotion, the stamps): a manifest listing thousands of files
+is a few MiB."""
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+"""An artifact's digest (the sha256 of its file listing): the name of its directory."""
+NAME = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,127}$")
+"""A fingerprint, a ref: one path component of the registry, never `..` nor hidden."""
+
+
+def read_record(path: Path, max_bytes: int = RECORD_BYTES) -> bytes:
+    """The bytes of a small registry file: a regular file of at most `max_bytes`, opened without following a link and
+    without blocking (a FIFO, a device or a link to /dev/zero is refused at once, never read). FileNotFoundError when
+    there is none; another OSError saying what is there instead."""
+    return read_regular(path, max_bytes, follow_links=False)
+
+
+def load_record(path: Path, max_bytes: int = RECORD_BYTES) -> Any:
+    """A small registry file parsed as JSON (`read_record`): ValueError when it is not JSON the factory could have
+    written (nested past what the parser follows, an integer of thousands of digits)."""
+    text = read_record(path, max_bytes)
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deeply") from e
 
 
 def entries(base: Path) -> tuple[dict[str, os.stat_result], list[str]]:

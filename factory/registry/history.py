@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from factory.atomic import synced_temp
-from factory.errors import ConfigError
+from factory.errors import ArtifactError, ConfigError
+from factory.registry.files import load_record
 
 TOPIC = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 RECORD = re.compile(r"^(\d{6})\.json$")
@@ -34,7 +35,7 @@ class History:
         if not self.path.is_dir():
             return []
         found = sorted((int(m.group(1)), p) for p in self.path.iterdir() if (m := RECORD.match(p.name)))
-        return [{**json.loads(path.read_text()), "seq": seq} for seq, path in found]
+        return [{**_read(path), "seq": seq} for seq, path in found]
 
     def append(self, record: Mapping[str, Any]) -> int:
         """Add a record under the next number; that number."""
@@ -48,3 +49,15 @@ class History:
                     return seq
                 except FileExistsError:
                     continue
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """One record; an ArtifactError naming it when it is damaged (a history is never read past a record it lost)."""
+    try:
+        record = load_record(path)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+        return record
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"history record {path} is damaged ({e}); restore it from a backup, or remove it and the "
+                            "records after it to forget them") from e

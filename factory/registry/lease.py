@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import shutil
 import socket
 import threading
 import time
@@ -31,11 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from factory.atomic import synced_temp
+from factory.registry.files import load_record
 
 LEASE_STALE_S = 120.0
 LEASE_HEARTBEAT_S = 10.0
 LEASE_POLL_S = 0.5
 LEASE_KEYS = {"owner": str, "token": str, "host": str, "pid": int, "beat": (int, float)}
+LEASE_BYTES = 64 << 10
+"""A lease is a line of JSON: anything larger is damage."""
+MAX_PID = 1 << 31
+"""Above any process id a kernel gives (Linux's pid_max is at most 2^22)."""
 
 log = logging.getLogger(__name__)
 _first_seen: dict[str, tuple[tuple[Any, ...], float]] = {}
@@ -77,26 +84,28 @@ def _load(path: Path) -> tuple[dict[str, Any], str, str, float] | None:
     """(record, token, damage, claimed age) of the lease file, or None when there is none. An unreadable file's
     token names the file itself (inode, mtime, size), and its claimed age is its mtime's."""
     try:
-        info = os.stat(path)
+        info = os.lstat(path)
     except FileNotFoundError:
         return None
     unreadable = f"unreadable:{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
     try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:  # no permission to read it, or not a file: nobody can tell who holds it
-        return {}, unreadable, e.strerror or str(e), time.time() - info.st_mtime
-    try:
-        data = json.loads(text)
+        data = load_record(path, LEASE_BYTES)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         if bad := [k for k, kind in LEASE_KEYS.items() if not isinstance(data.get(k), kind)]:
             raise ValueError(f"missing or wrong: {', '.join(bad)}")
-    except ValueError as e:
-        damage = "empty" if not text.strip() else str(e)
+        if type(data["pid"]) is not int or not 0 < data["pid"] < MAX_PID:
+            raise ValueError(f"pid {str(data['pid'])[:24]} is no process id")
+        if not math.isfinite(beat := float(data["beat"])):
+            raise ValueError("beat is not a time")
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # no permission to read it, or not a regular file: nobody can tell who holds it
+        return {}, unreadable, e.strerror or str(e), time.time() - info.st_mtime
+    except (ValueError, OverflowError) as e:  # OverflowError: a beat of hundreds of digits
+        damage = "empty" if info.st_size == 0 else str(e)
         return {}, unreadable, damage, time.time() - info.st_mtime
-    return data, data["token"], "", time.time() - float(data["beat"])
+    return data, data["token"], "", time.time() - beat
 
 
 def _age(path: Path, seen: tuple[Any, ...], claimed_s: float) -> float:
@@ -201,10 +210,19 @@ def _remove_if_token(path: Path, token: str) -> None:
         return
     loaded = _load(aside)
     if loaded is None or loaded[1] == token:
-        aside.unlink(missing_ok=True)
+        _remove(aside)
         return
     try:
         os.link(aside, path)  # it was someone else's: put it back unless a newer one appeared
-    except FileExistsError:
+    except (FileExistsError, IsADirectoryError, PermissionError):  # a directory cannot be linked: it was damage anyway
         pass
-    aside.unlink(missing_ok=True)
+    _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    """Remove a lease put aside: a file, or whatever took a lease's name (a directory is removed with what it holds)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

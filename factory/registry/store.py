@@ -34,7 +34,17 @@ from typing import Any
 
 from factory.atomic import fsync_directory, synced_temp, write_atomic
 from factory.errors import ArtifactError
-from factory.registry.files import hash_files, make_read_only, make_writable, sha256_file, structural_damage
+from factory.registry.files import (
+    DIGEST,
+    NAME,
+    hash_files,
+    load_record,
+    make_read_only,
+    make_writable,
+    read_record,
+    sha256_file,
+    structural_damage,
+)
 from factory.registry.lease import Holder, hold, read_holder
 
 MANIFEST_VERSION = 1
@@ -106,6 +116,8 @@ class ArtifactStore:
 
     def path(self, digest: str) -> Path:
         """Directory of a published artifact."""
+        if not isinstance(digest, str) or not DIGEST.match(digest):
+            raise ArtifactError(f"{digest!r} is not an artifact digest (64 hex digits)")
         return self.root / "objects" / digest
 
     def lookup(self, fingerprint: str, rehash: bool = False) -> Manifest | None:
@@ -113,7 +125,7 @@ class ArtifactStore:
 
         Files unchanged since their sha256 was last checked are not read again, unless `rehash`."""
         manifest_path = self._manifest_path(fingerprint)
-        if not manifest_path.exists():
+        if not os.path.lexists(manifest_path):
             return None
         manifest = self._read_or_warn(manifest_path)
         return manifest if manifest is not None and self._intact(manifest, rehash) else None
@@ -128,14 +140,18 @@ class ArtifactStore:
     def set_ref(self, name: str, digest: str) -> None:
         """Point the named ref (like a git branch) at a published artifact, atomically."""
         self.open(digest)
-        _write_private(self.root / "refs" / name, digest)
+        _write_private(self._name_path("refs", name, ""), digest)
 
     def ref(self, name: str) -> str | None:
         """The digest a named ref points at, or None."""
         try:
-            return (self.root / "refs" / name).read_text().strip() or None
+            digest = read_record(self._name_path("refs", name, "")).decode().strip()
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as e:
+            log.warning("ref %s in %s cannot be read (%s); it names nothing until it is set again", name, self.root, e)
+            return None
+        return digest if DIGEST.match(digest) else None
 
     def lease(self, fingerprint: str, owner: str, **options: Any) -> contextlib.AbstractContextManager[None]:
         """Hold the lease on computing `fingerprint` (waiting while someone else holds it)."""
@@ -244,9 +260,13 @@ class ArtifactStore:
         return self.lookup(fingerprint) or manifest
 
     def read_manifest(self, path: Path) -> Manifest:
-        """Parse one manifest file; raise ArtifactError when it is not JSON, lacks a key or has a value of the wrong type."""
+        """Parse one manifest file; raise ArtifactError when it is not a regular file of JSON, lacks a key, has a value of
+        the wrong type, or names another fingerprint than its file's."""
         try:
-            return _parse_manifest(json.loads(path.read_text()))
+            manifest = _parse_manifest(load_record(path))
+            if manifest.fingerprint != path.name.removesuffix(".json"):
+                raise ValueError(f"it is the manifest of {manifest.fingerprint[:76]!r}, not of its file's name")
+            return manifest
         except (OSError, ValueError, TypeError) as e:
             raise ArtifactError(f"manifest {path} is unreadable ({e}); remove it to recompute the stage") from e
 
@@ -261,13 +281,20 @@ class ArtifactStore:
             return None
 
     def _lease_path(self, fingerprint: str) -> Path:
-        return self.root / "leases" / f"{fingerprint}.lease"
+        return self._name_path("leases", fingerprint, ".lease")
 
     def _manifest_path(self, fingerprint: str) -> Path:
-        return self.root / "manifests" / f"{fingerprint}.json"
+        return self._name_path("manifests", fingerprint, ".json")
 
     def _stamps_path(self, digest: str) -> Path:
+        self.path(digest)  # refuses what is not a digest
         return self.root / "verified" / f"{digest}.json"
+
+    def _name_path(self, directory: str, name: str, suffix: str) -> Path:
+        """`<root>/<directory>/<name><suffix>`, for a name that is one path component (a fingerprint, a ref)."""
+        if not isinstance(name, str) or not NAME.match(name):
+            raise ArtifactError(f"{name!r} is not a registry name (letters, digits, '_', '.', '-'; 128 at most)")
+        return self.root / directory / f"{name}{suffix}"
 
     def _intact(self, manifest: Manifest, rehash: bool) -> bool:
         """Every file is there with its size, and its bytes hash as recorded (unchanged since last checked, or hashed now)."""
@@ -297,13 +324,15 @@ class ArtifactStore:
         """The recorded stamps that prove their file unchanged: those of files last written before the record was."""
         path = self._stamps_path(digest)
         try:
-            recorded_ns = path.stat().st_mtime_ns
-            stamps = json.loads(path.read_text())
+            recorded_ns = os.lstat(path).st_mtime_ns
+            stamps = load_record(path)
         except (OSError, ValueError):
             return {}
         if not isinstance(stamps, dict):
             return {}
-        return {name: value for name, value in stamps.items() if isinstance(value, list) and len(value) == 3 and value[1] < recorded_ns}
+        return {name: value for name, value in stamps.items()
+                if isinstance(value, list) and len(value) == 4 and all(type(n) is int for n in value)
+                and value[1] < recorded_ns and value[3] < recorded_ns}
 
     @staticmethod
     def _matches(base: Path, files: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -330,8 +359,15 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _stamp(info: os.stat_result) -> list[int]:
-    """What changes when a file's bytes are written: its size and mtime (and its inode, when it is replaced)."""
-    return [info.st_size, info.st_mtime_ns, info.st_ino]
+    """What changes when a file's bytes are written: its size and mtime (and its inode, when it is replaced), and its
+    ctime, which no one can set back: restoring the mtime after a write (`touch -d`, `os.utime`) moves the ctime on."""
+    return [info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns]
+
+
+def _inside(name: str) -> bool:
+    """Whether a manifest's file name is a relative path that stays inside its artifact's directory."""
+    parts = name.split("/")
+    return bool(name) and "\0" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
 def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:
@@ -356,9 +392,15 @@ def _parse_manifest(data: Any) -> Manifest:
         expected = _MANIFEST_TYPES.get(f.name, str)
         if f.name in data and not isinstance(data[f.name], expected):
             raise TypeError(f"{f.name} is {type(data[f.name]).__name__}, expected {_TYPE_NAMES[expected]}")
+    if not DIGEST.match(data["digest"]):
+        raise ValueError(f"digest {data['digest'][:80]!r} is not 64 hex digits")
+    if not NAME.match(data["fingerprint"]):
+        raise ValueError(f"fingerprint {data['fingerprint'][:80]!r} is not a registry name")
     for name, entry in data["files"].items():
+        if not _inside(name):
+            raise ValueError(f"files names {name[:80]!r}, which is not a path inside the artifact")
         if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int)):
             raise TypeError(f"files.{name} needs sha256 (a string) and bytes (an integer)")
-    if not all(isinstance(value, str) for value in data["inputs"].values()):
-        raise TypeError("inputs must map names to digests (strings)")
+    if not all(isinstance(value, str) and DIGEST.match(value) for value in data["inputs"].values()):
+        raise TypeError("inputs must map names to digests (64 hex digits)")
     return Manifest(**data)

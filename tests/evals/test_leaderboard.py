@@ -286,7 +286,7 @@ def test_the_current_board_reads_which_runs_finished_and_what_they_exported_from
 
 def test_the_primary_an_experiment_file_names_is_recorded_with_its_scores_and_ranks_the_current_board(tmp_path):
     registry = ArtifactStore(tmp_path)
-    for name, blend, own, shared in (("notes", "n" * 64, 1.0, 3.0), ("more", "n" * 64, 1.5, 2.0)):
+    for name, blend, own, shared in (("notes", "e" * 64, 1.0, 3.0), ("more", "e" * 64, 1.5, 2.0)):
         publish_result(registry, name, "val_bpb", own, blend=blend, training=name, primary="val_bpb")
         publish_result(registry, name, "heldout_bpb", shared, blend=blend, training=name, primary="val_bpb")
         publish_model(registry, name, blend=blend, training=name)
