@@ -67,17 +67,33 @@ def read_holder(path: Path) -> Holder | None:
 
     A lease that cannot be read is a holder with `damage` set (and a warning, once per file), aged by the file."""
     loaded = _load(path)
-    if loaded is None:
-        return None
-    data, token, damage, claimed_s = loaded
+    return None if loaded is None else holder_of(str(path), *loaded)
+
+
+def holder_of(where: str, data: dict[str, Any], token: str, damage: str, claimed_s: float) -> Holder:
+    """The holder a lease record names (`where` it was read, for the warning about damage and for its age)."""
     if damage:
-        if str(path) not in _warned:
-            _warned.add(str(path))
-            log.warning("lease %s cannot be read (%s); it is taken over once it stays unchanged past the lease timeout", path, damage)
-        age = _age(path, (token,), claimed_s)
+        if where not in _warned:
+            _warned.add(where)
+            log.warning("lease %s cannot be read (%s); it is taken over once it stays unchanged past the lease timeout", where, damage)
+        age = _age(where, (token,), claimed_s)
         return Holder(owner=f"an unreadable lease ({damage})", token=token, host="", pid=0, age_s=age, damage=damage)
-    age = _age(path, (token, data["beat"]), claimed_s)
+    age = _age(where, (token, data["beat"]), claimed_s)
     return Holder(owner=data["owner"], token=token, host=data["host"], pid=data["pid"], age_s=age)
+
+
+def parse_lease(data: Any) -> float:
+    """The beat of a parsed lease record (its holder's clock when it last proved alive); ValueError (or OverflowError,
+    for a beat of hundreds of digits) when the record is not one the factory writes."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if bad := [k for k, kind in LEASE_KEYS.items() if not isinstance(data.get(k), kind)]:
+        raise ValueError(f"missing or wrong: {', '.join(bad)}")
+    if type(data["pid"]) is not int or not 0 < data["pid"] < MAX_PID:
+        raise ValueError(f"pid {str(data['pid'])[:24]} is no process id")
+    if not math.isfinite(beat := float(data["beat"])):
+        raise ValueError("beat is not a time")
+    return beat
 
 
 def _load(path: Path) -> tuple[dict[str, Any], str, str, float] | None:
@@ -90,32 +106,24 @@ def _load(path: Path) -> tuple[dict[str, Any], str, str, float] | None:
     unreadable = f"unreadable:{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
     try:
         data = load_record(path, LEASE_BYTES)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        if bad := [k for k, kind in LEASE_KEYS.items() if not isinstance(data.get(k), kind)]:
-            raise ValueError(f"missing or wrong: {', '.join(bad)}")
-        if type(data["pid"]) is not int or not 0 < data["pid"] < MAX_PID:
-            raise ValueError(f"pid {str(data['pid'])[:24]} is no process id")
-        if not math.isfinite(beat := float(data["beat"])):
-            raise ValueError("beat is not a time")
+        beat = parse_lease(data)
     except FileNotFoundError:
         return None
     except OSError as e:  # no permission to read it, or not a regular file: nobody can tell who holds it
         return {}, unreadable, e.strerror or str(e), time.time() - info.st_mtime
-    except (ValueError, OverflowError) as e:  # OverflowError: a beat of hundreds of digits
+    except (ValueError, OverflowError) as e:
         damage = "empty" if info.st_size == 0 else str(e)
         return {}, unreadable, damage, time.time() - info.st_mtime
     return data, data["token"], "", time.time() - beat
 
 
-def _age(path: Path, seen: tuple[Any, ...], claimed_s: float) -> float:
+def _age(where: str, seen: tuple[Any, ...], claimed_s: float) -> float:
     """The age a lease claims, at least 0 (a beat from the future is "now") and at least the time since this
     process first saw it in this state (so a frozen future beat still ages on the reader's clock)."""
     now = time.monotonic()
-    key = str(path)
-    first = _first_seen.get(key)
+    first = _first_seen.get(where)
     if first is None or first[0] != seen:
-        _first_seen[key] = (seen, now)
+        _first_seen[where] = (seen, now)
         return max(0.0, claimed_s)
     return max(0.0, claimed_s, now - first[1])
 
@@ -178,13 +186,14 @@ def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | Non
     return None
 
 
-def _record(owner: str, token: str) -> bytes:
+def record(owner: str, token: str) -> bytes:
+    """A lease record: who holds it, on which machine, and its beat (now, on this clock)."""
     return json.dumps({"owner": owner, "token": token, "host": socket.gethostname(), "pid": os.getpid(), "beat": time.time()}).encode()
 
 
 def _try_create(path: Path, owner: str, token: str) -> bool:
     """Create the lease with its content in one step (a link never replaces), so no reader sees it empty."""
-    with synced_temp(path, _record(owner, token), mode=0o600) as tmp:
+    with synced_temp(path, record(owner, token), mode=0o600) as tmp:
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -197,7 +206,7 @@ def _heartbeat(path: Path, owner: str, token: str, stop: threading.Event, interv
         holder = read_holder(path)
         if holder is None or holder.token != token:
             return  # taken over: it is no longer ours to keep alive
-        with synced_temp(path, _record(owner, token), mode=0o600) as tmp:
+        with synced_temp(path, record(owner, token), mode=0o600) as tmp:
             os.replace(tmp, path)
 
 

@@ -215,7 +215,7 @@ class ArtifactStore:
         files = hash_files(staging)
         if not files:
             raise ArtifactError(f"stage {kind!r} staged no files in {staging}; nothing to publish")
-        digest = _digest(files)
+        digest = artifact_digest(files)
         target = self.path(digest)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists() and self._matches(target, files):
@@ -263,7 +263,7 @@ class ArtifactStore:
         """Parse one manifest file; raise ArtifactError when it is not a regular file of JSON, lacks a key, has a value of
         the wrong type, or names another fingerprint than its file's."""
         try:
-            manifest = _parse_manifest(load_record(path))
+            manifest = parse_manifest(load_record(path))
             if manifest.fingerprint != path.name.removesuffix(".json"):
                 raise ValueError(f"it is the manifest of {manifest.fingerprint[:76]!r}, not of its file's name")
             return manifest
@@ -370,7 +370,8 @@ def _inside(name: str) -> bool:
     return bool(name) and "\0" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def _digest(files: Mapping[str, Mapping[str, Any]]) -> str:
+def artifact_digest(files: Mapping[str, Mapping[str, Any]]) -> str:
+    """An artifact's digest: the sha256 of its file listing (each name with its sha256)."""
     listing = "\n".join(f"{name}\0{entry['sha256']}" for name, entry in sorted(files.items()))
     return hashlib.sha256(listing.encode()).hexdigest()
 
@@ -381,8 +382,9 @@ _OPTIONAL = ("run_id", "version", "base")
 _TYPE_NAMES = {dict: "an object", int: "an integer", str: "a string"}
 
 
-def _parse_manifest(data: Any) -> Manifest:
-    """A Manifest from parsed JSON, checking every key is present and of its type (TypeError names what is wrong)."""
+def parse_manifest(data: Any) -> Manifest:
+    """A Manifest from parsed JSON, checking every key is present and of its type (TypeError names what is wrong), and
+    that its digest, fingerprint, file names and inputs name nothing outside the registry (ValueError)."""
     if not isinstance(data, dict):
         raise TypeError(f"expected a JSON object, found {type(data).__name__}")
     missing = [f.name for f in fields(Manifest) if f.name not in data and f.name not in _OPTIONAL]
