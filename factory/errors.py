@@ -21,6 +21,11 @@ class ArtifactError(FactoryError):
     """An artifact is missing, incomplete or does not match its manifest."""
 
 
+class StorageError(FactoryError):
+    """The artifact store failed a request after its retries (unreachable, refused, timed out); the message names the
+    store and the object. Opening a store that cannot work at all is a ConfigError instead."""
+
+
 class LaunchError(FactoryError):
     """A stage process could not be started."""
 

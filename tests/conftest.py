@@ -105,6 +105,16 @@ def postgres_server():
         yield url
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (moto's, tests/s3server.py) for this test process, with one empty bucket; `kill` and `restart`
+    take its endpoint away and back (the objects stay). A test that kills it restarts it before it ends."""
+    from tests.s3server import running_s3
+
+    with running_s3() as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def postgres(postgres_server, request):
     """A database of its own on the server, for one test module: no module sees another's catalog or Dagster storage."""

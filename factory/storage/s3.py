@@ -1,0 +1,273 @@
+"""The store on S3 or any S3-compatible server (MinIO, Ceph, moto), through obstore (Rust's object_store).
+
+obstore was chosen by measuring it beside boto3 and s3fs against one S3 server (bench/store_clients.py): the lowest
+latency for the 1 KB objects the registry writes most (manifests, aliases, leases), downloads as fast or faster,
+conditional writes both ways (s3fs offers only If-None-Match), a seekable reader built in, and no botocore to pin.
+
+Settings are AWS's own variables: the endpoint from `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` (default: AWS), the
+region from `AWS_REGION` or `AWS_DEFAULT_REGION`, credentials from `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`
+(`AWS_SESSION_TOKEN`) or, without them, what obstore finds itself (a web identity token on Kubernetes, instance
+metadata). Opening a store lists one key of its prefix, so that a missing bucket, an unreachable endpoint or refused
+credentials is one ConfigError naming the setting to change, before any work starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import stat
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
+from obstore.store import S3Store as _ObstoreS3
+
+from factory.errors import ArtifactError, ConfigError, StorageError
+from factory.storage.base import Blob, ObjectStore, Stat, check_key, too_large
+from factory.storage.local import write_all, write_file_atomically
+
+ENDPOINT_SETTINGS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+REGION_SETTINGS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+CREDENTIAL_SETTINGS = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+DEFAULT_REGION = "us-east-1"
+SHA256_METADATA = "sha256"
+"""The user metadata (`x-amz-meta-sha256`) that holds the sha256 `upload` was given."""
+PART_BYTES = 16 << 20
+"""Upload part size: a file larger than this is uploaded in parts, several at once."""
+PARTS_AT_ONCE = 8
+READ_BUFFER_BYTES = 8 << 20
+"""What `open_read` fetches per request (a range GET) and keeps."""
+CONNECT_TIMEOUT = timedelta(seconds=5)
+REQUEST_TIMEOUT = timedelta(minutes=10)
+"""One request, its body included (a part, a range, a streamed download's whole body)."""
+RETRIES, RETRY_TIMEOUT = 4, timedelta(seconds=30)
+"""Connection errors, 5xx and timeouts are retried with backoff; the check at open retries once."""
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class S3Settings:
+    """Where the S3 API is, read from the environment once, with the names of the settings it came from."""
+
+    endpoint: str | None
+    """None: AWS itself."""
+    endpoint_setting: str
+    region: str
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> S3Settings:
+        endpoint_setting = next((name for name in ENDPOINT_SETTINGS if environ.get(name)), ENDPOINT_SETTINGS[1])
+        region = next((environ[name] for name in REGION_SETTINGS if environ.get(name)), DEFAULT_REGION)
+        return cls(endpoint=environ.get(endpoint_setting) or None, endpoint_setting=endpoint_setting, region=region)
+
+
+class S3Store(ObjectStore):
+    """Objects under `s3://bucket/prefix`; ETags are the server's, conditional writes are `If-None-Match`/`If-Match`."""
+
+    def __init__(self, bucket: str, prefix: str, settings: S3Settings, *, retries: int = RETRIES) -> None:
+        self.bucket, self.prefix, self.settings = bucket, prefix, settings
+        self.uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        endpoint = {"endpoint": settings.endpoint} if settings.endpoint else {}
+        self._store = _ObstoreS3(bucket, prefix=prefix or None, region=settings.region, **endpoint,
+                                 client_options={"allow_http": (settings.endpoint or "").startswith("http://"),
+                                                 "connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT},
+                                 retry_config={"max_retries": retries, "retry_timeout": RETRY_TIMEOUT})
+
+    @classmethod
+    def from_uri(cls, uri: str, setting: str) -> S3Store:
+        """`s3://bucket/prefix`, checked against the server (module docstring)."""
+        parts = urlsplit(uri)
+        prefix = parts.path.strip("/")
+        if not _BUCKET.fullmatch(parts.netloc) or parts.query or parts.fragment:
+            raise ConfigError(f"{setting}={uri}: an S3 store is s3://bucket/prefix, with a bucket name of 3-63 characters "
+                              f"(a-z, 0-9, '.', '-')")
+        if prefix:
+            try:
+                check_key(prefix)
+            except ArtifactError as e:
+                raise ConfigError(f"{setting}={uri}: the prefix {e}") from e
+        settings = S3Settings.from_environment(os.environ)
+        cls(parts.netloc, prefix, settings, retries=1)._check(setting)
+        return cls(parts.netloc, prefix, settings)
+
+    def _check(self, setting: str) -> None:
+        """Raise a ConfigError naming the setting to change unless the bucket answers a listing with these credentials."""
+        where = self.settings.endpoint or f"AWS S3 ({self.settings.region})"
+        try:
+            next(iter(obstore.list(self._store, None, chunk_size=1)), None)
+        except (PermissionDeniedError, UnauthenticatedError) as e:
+            raise ConfigError(f"{setting}={self.uri}: {where} refused the credentials: check {CREDENTIAL_SETTINGS} "
+                              f"({_reason(e)})") from e
+        except BaseError as e:
+            reason = _reason(e)
+            if "NoSuchBucket" in str(e):
+                raise ConfigError(f"{setting}={self.uri}: {where} has no bucket {self.bucket!r}: create it, or change {setting}") from e
+            if re.search(r"PermanentRedirect|AuthorizationHeaderMalformed|\b301\b", str(e)):
+                raise ConfigError(f"{setting}={self.uri}: the bucket {self.bucket!r} is in another region than "
+                                  f"{self.settings.region}: check AWS_REGION ({reason})") from e
+            if re.search(r"\b40[13]\b|InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied", str(e)):
+                raise ConfigError(f"{setting}={self.uri}: {where} refused the credentials: check {CREDENTIAL_SETTINGS} "
+                                  f"({reason})") from e
+            raise ConfigError(f"{setting}={self.uri}: cannot reach {where}: check {self.settings.endpoint_setting} "
+                              f"({reason})") from e
+
+    def _get(self, key: str, limit: int) -> Blob | None:
+        with self._request("read", key):
+            try:
+                result = obstore.get(self._store, key)
+            except FileNotFoundError:
+                return None
+            if result.meta["size"] > limit:
+                raise too_large(f"{self.uri}/{key}", result.meta["size"], limit)
+            data = bytearray()
+            for chunk in result.stream():  # bounded even if the body is longer than the server said
+                data += chunk
+                if len(data) > limit:
+                    raise too_large(f"{self.uri}/{key}", len(data), limit)
+        return Blob(bytes(data), _etag(result.meta, key))
+
+    def _stat(self, key: str) -> Stat | None:
+        with self._request("stat", key):
+            try:
+                result = obstore.get(self._store, key, options={"head": True})
+            except FileNotFoundError:
+                return None
+        sha256 = result.attributes.get(SHA256_METADATA)
+        return Stat(size=result.meta["size"], etag=_etag(result.meta, key),
+                    sha256=sha256 if sha256 and re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
+
+    def _create(self, key: str, data: bytes) -> str | None:
+        with self._request("create", key):
+            try:
+                return _etag(obstore.put(self._store, key, data, mode="create"), key)
+            except AlreadyExistsError:
+                return None
+
+    def _replace(self, key: str, data: bytes, etag: str) -> str | None:
+        with self._request("replace", key):
+            try:
+                return _etag(obstore.put(self._store, key, data, mode={"e_tag": etag}), key)
+            except (PreconditionError, FileNotFoundError):  # another version now, or none
+                return None
+
+    def _put(self, key: str, data: bytes) -> str:
+        with self._request("write", key):
+            return _etag(obstore.put(self._store, key, data), key)
+
+    def _upload(self, key: str, path: Path, sha256: str) -> str:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise ArtifactError(f"{path}: not a regular file: only a regular file can be uploaded")
+        with self._request("upload", key):
+            result = obstore.put(self._store, key, path, attributes={SHA256_METADATA: sha256}, chunk_size=PART_BYTES,
+                                 max_concurrency=PARTS_AT_ONCE)
+        return _etag(result, key)
+
+    def _download(self, key: str, path: Path) -> None:
+        with self._request("download", key):
+            try:
+                result = obstore.get(self._store, key)
+            except FileNotFoundError:
+                raise self.missing(key) from None
+
+            def fill(fd: int) -> None:
+                for chunk in result.stream(min_chunk_size=READ_BUFFER_BYTES):
+                    write_all(fd, chunk)
+
+            write_file_atomically(path, fill)
+
+    def _open_read(self, key: str) -> BinaryIO:
+        with self._request("open", key):
+            try:
+                reader = obstore.open_reader(self._store, key, buffer_size=READ_BUFFER_BYTES)
+            except FileNotFoundError:
+                raise self.missing(key) from None
+        return io.BufferedReader(_RangeReader(reader, self, key), buffer_size=io.DEFAULT_BUFFER_SIZE)
+
+    def _list(self, prefix: str) -> list[str]:
+        directory = prefix.rpartition("/")[0]  # obstore lists by whole segments: the rest of the prefix is filtered here
+        with self._request("list", prefix or "/"):
+            paths = [meta["path"] for chunk in obstore.list(self._store, directory or None) for meta in chunk]
+        return [path for path in paths if path.startswith(prefix) and _valid(path)]
+
+    def _delete(self, key: str) -> None:
+        with self._request("delete", key):
+            obstore.delete(self._store, key)
+
+    @contextlib.contextmanager
+    def _request(self, what: str, key: str) -> Iterator[None]:
+        """obstore's failures (after its retries) as StorageError naming the store, the key and the settings to check."""
+        try:
+            yield
+        except (PermissionDeniedError, UnauthenticatedError) as e:
+            raise StorageError(f"{self.uri}/{key}: {what} refused: check {CREDENTIAL_SETTINGS} ({_reason(e)})") from e
+        except (FileNotFoundError, AlreadyExistsError, PreconditionError):
+            raise  # outcomes the hooks handle
+        except BaseError as e:
+            where = self.settings.endpoint or "AWS S3"
+            raise StorageError(f"{self.uri}/{key}: {what} failed at {where} ({_reason(e)})") from e
+
+
+class _RangeReader(io.RawIOBase):
+    """obstore's seekable reader (range GETs, buffered) as a raw binary file: obstore's returns its own Bytes type, which
+    torch.load does not take."""
+
+    def __init__(self, reader, store: S3Store, key: str) -> None:
+        self._reader, self._store, self._key = reader, store, key
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        with self._store._request("read", self._key):
+            data = self._reader.read(len(buffer))
+        count = len(data)
+        memoryview(buffer).cast("B")[:count] = memoryview(data)
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._reader.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._reader.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._reader.close()
+        super().close()
+
+
+def _etag(meta: Mapping, key: str) -> str:
+    etag = meta.get("e_tag")
+    if not etag:
+        raise StorageError(f"{key}: the server sent no ETag, which conditional writes need: this S3 server cannot hold the store")
+    return etag
+
+
+def _valid(key: str) -> bool:
+    """Whether a listed key is one the store could have written (another writer may leave others in the bucket)."""
+    try:
+        check_key(key)
+    except ArtifactError:
+        return False
+    return True
+
+
+def _reason(error: BaseException) -> str:
+    """What went wrong, from obstore's message: the server's error code and message when it sent one, else the end of
+    the message's first line (after the request and its retries), never the debug dump that follows."""
+    text = str(error)
+    code, message = re.search(r"<Code>([^<]*)</Code>", text), re.search(r"<Message>([^<]*)</Message>", text)
+    if code:
+        return f"{code[1]}: {message[1]}" if message else code[1]
+    first = text.strip().splitlines()[0]
+    return first.rpartition(" - ")[2][:200] if " - " in first else first[:200]

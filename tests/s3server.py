@@ -1,0 +1,184 @@
+"""A real S3 server for the tests and benches: moto's standalone server, a process on 127.0.0.1 with its objects in memory.
+
+Moto's handler checks `If-None-Match`/`If-Match` and then writes, under no lock (moto/s3/responses.py, put_object),
+and `python -m moto.server` serves each request on a thread of its own: racing creates of one key both won once in
+400 races here. Real S3 decides a conditional write atomically, so the server here is moto's own application with
+one request handled at a time (a lock around it). `running_s3(parallel=True)` serves requests in parallel, as
+`python -m moto.server` does: for measuring throughput, where conditional writes do not race.
+
+With `relay=True` the endpoint is a second process that relays connections to moto: `kill` SIGKILLs it (requests in
+flight are cut, new ones refused) and `restart` starts it again, and the objects written before are still there, as
+with a real store after an outage. `python tests/s3server.py` serves one until Ctrl-C and prints its endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+START_TIMEOUT_S = 30
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "factory-test", "AWS_SECRET_ACCESS_KEY": "factory-test-secret", "AWS_REGION": "us-east-1"}
+"""Moto accepts any credentials; these are the ones the tests' clients send."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """A started server (`running_s3`): its endpoint, its bucket, the AWS variables that reach it; `kill` and `restart`."""
+
+    def __init__(self, bucket: str, relay: bool, parallel: bool, checks_credentials: bool) -> None:
+        self.bucket = bucket
+        self._moto_port = free_port()
+        argv = [sys.executable, __file__, "serve", str(self._moto_port), *(["--parallel"] if parallel else [])]
+        # moto checks credentials against its IAM users after this many requests: the one creating the bucket passes,
+        # and no later one does (it knows no user)
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "1"} if checks_credentials else None
+        self._moto = _start(argv, self._moto_port, env)
+        self._relay_port = free_port() if relay else None
+        self._relay: subprocess.Popen | None = None
+        if relay:
+            self.restart()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._relay_port or self._moto_port}"
+
+    @property
+    def url(self) -> str:
+        """The store's URI for `open_store`: the bucket and a prefix of its own."""
+        return f"s3://{self.bucket}/factory"
+
+    def env(self) -> dict[str, str]:
+        """The variables a client (or a process a test starts) needs to reach this server."""
+        return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def kill(self) -> None:
+        """The endpoint goes away at once (SIGKILL): requests in flight are cut, new ones refused. The objects stay."""
+        assert self._relay is not None, "kill needs running_s3(relay=True)"
+        self._relay.kill()
+        self._relay.wait()
+
+    def restart(self) -> None:
+        """The endpoint answers again, with the objects written before `kill`."""
+        assert self._relay_port is not None
+        argv = [sys.executable, __file__, "relay", str(self._relay_port), str(self._moto_port)]
+        self._relay = _start(argv, self._relay_port)
+
+    def stop(self) -> None:
+        for process in (self._relay, self._moto):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+@contextlib.contextmanager
+def running_s3(bucket: str = "factory-test", *, relay: bool = True, parallel: bool = False,
+               checks_credentials: bool = False) -> Iterator[S3Server]:
+    """A started server holding one empty bucket; stopped when the block ends. `relay`: `kill` and `restart` work;
+    `parallel`: requests are not handled one at a time (module docstring); `checks_credentials`: every request after
+    the bucket's creation is refused as from an unknown access key."""
+    import boto3
+
+    server = S3Server(bucket, relay, parallel, checks_credentials)
+    try:
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name=CREDENTIALS["AWS_REGION"],
+                              aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+        client.create_bucket(Bucket=bucket)
+        yield server
+    finally:
+        server.stop()
+
+
+def _start(argv: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a server process and wait until its port answers HTTP (any status)."""
+    log = tempfile.TemporaryFile()  # not a pipe: a pipe nobody reads fills up, and the server blocks on its next line
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{' '.join(argv)} exited {process.returncode}:\n{log.read().decode()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=2).close()
+            return process
+        except urllib.error.HTTPError:
+            return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{' '.join(argv)} did not answer on 127.0.0.1:{port} within {START_TIMEOUT_S} s")
+
+
+def _serve(port: int, parallel: bool) -> None:
+    """Moto's application on 127.0.0.1:`port`, one request at a time unless `parallel` (module docstring)."""
+    os.environ["MOTO_PORT"] = str(port)  # moto reads it on import, for the URLs it writes into responses
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
+    moto = DomainDispatcherApplication(create_backend_app)
+    lock = threading.Lock()
+
+    def one_at_a_time(environ, start_response):
+        with lock:
+            return list(moto(environ, start_response))  # the whole response, before the next request starts
+
+    run_simple("127.0.0.1", port, moto if parallel else one_at_a_time, threaded=True, request_handler=MotoRequestHandler)
+
+
+async def _relay(port: int, target: int) -> None:
+    """Relay every connection to 127.0.0.1:`port` to 127.0.0.1:`target`, byte for byte."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass  # the other side went away: so does this one
+        finally:
+            writer.close()
+
+    async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", target)
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    server = await asyncio.start_server(connect, "127.0.0.1", port)
+    await server.serve_forever()
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["serve"]:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        _serve(int(sys.argv[2]), parallel="--parallel" in sys.argv[3:])
+    elif sys.argv[1:2] == ["relay"]:
+        asyncio.run(_relay(int(sys.argv[2]), int(sys.argv[3])))
+    else:
+        with running_s3() as server:
+            print(" ".join(f"{name}={value}" for name, value in server.env().items()), f"FACTORY_STORE={server.url}", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+
+
+if __name__ == "__main__":
+    main()

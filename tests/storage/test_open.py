@@ -1,0 +1,75 @@
+"""Opening a store: a location that cannot work is one ConfigError naming the setting to change, before any work; an
+S3 endpoint that goes away later is a StorageError, and the objects are there again when it is back."""
+
+import pytest
+
+from factory.errors import ConfigError, StorageError
+from factory.storage import BACKENDS, open_store
+from tests.s3server import free_port, running_s3
+
+
+@pytest.fixture
+def aws(s3_server, monkeypatch):
+    """The session's S3 server's variables, set for this test."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    return s3_server
+
+
+def one_line_config_error(location: str, **options) -> str:
+    with pytest.raises(ConfigError) as raised:
+        open_store(location, **options)
+    message = str(raised.value)
+    assert "\n" not in message and "Traceback" not in message and "Debug" not in message, message
+    assert raised.value.exit_code == 2
+    return message
+
+
+def test_an_unknown_scheme_names_the_setting_and_the_schemes_known():
+    message = one_line_config_error("gs://bucket/prefix")
+    assert message.startswith("FACTORY_STORE=gs://bucket/prefix: unknown scheme gs://")
+    assert all(f"{scheme}://" in message for scheme in BACKENDS)
+    assert one_line_config_error("gs://b/p", setting="store (deploy/cluster.yaml)").startswith("store (deploy/cluster.yaml)=gs://")
+
+
+def test_a_bucket_that_does_not_exist(aws):
+    message = one_line_config_error("s3://no-such-bucket/prefix")
+    assert f"FACTORY_STORE=s3://no-such-bucket/prefix: {aws.endpoint} has no bucket 'no-such-bucket': create it, or change FACTORY_STORE" == message
+
+
+def test_an_endpoint_that_does_not_answer_names_the_variable_that_set_it(aws, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    assert "cannot reach http://127.0.0.1:" in one_line_config_error(aws.url)
+    assert one_line_config_error(aws.url).split(": check ")[1].startswith("AWS_ENDPOINT_URL (")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
+    assert ": check AWS_ENDPOINT_URL_S3 (" in one_line_config_error(aws.url)
+
+
+def test_malformed_s3_locations():
+    assert "bucket name of 3-63 characters" in one_line_config_error("s3://UPPER/prefix")
+    assert "bucket name of 3-63 characters" in one_line_config_error("s3:///prefix")
+    assert "the prefix '../up' is not a valid object key" in one_line_config_error("s3://bucket/../up")
+
+
+def test_refused_credentials_name_the_variables(monkeypatch):
+    with running_s3(relay=False, checks_credentials=True) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        message = one_line_config_error(server.url)
+    assert "refused the credentials: check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (InvalidAccessKeyId" in message
+
+
+def test_an_endpoint_that_goes_away_is_a_storage_error_and_the_objects_are_there_when_it_is_back(aws):
+    store = open_store(f"{aws.url}/outage")
+    etag = store.create("manifests/a.json", b"{}")
+    aws.kill()
+    try:
+        with pytest.raises(StorageError, match=r"s3://factory-test/factory/outage/manifests/a.json: read failed at http://127\.0\.0\.1:\d+ "):
+            store.get("manifests/a.json", limit=100)
+        with pytest.raises(StorageError, match="create failed"):
+            store.create("manifests/b.json", b"{}")
+    finally:
+        aws.restart()
+    assert store.get("manifests/a.json", limit=100).etag == etag
+    assert store.list() == ["manifests/a.json"]
