@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
@@ -299,8 +298,7 @@ def record_batches(table: Table, snapshot_id: int, columns: tuple[str, ...]) -> 
     schema = version_schema(table, snapshot_id)
     field_ids = {c: schema.find_field(c).field_id for c in columns}
     for task in tasks:
-        filesystem, path = pafs.FileSystem.from_uri(task.file.file_path)
-        with filesystem.open_input_file(path) as handle:
+        with table.io.new_input(task.file.file_path).open(seekable=True) as handle:  # the catalog's file IO: disk or S3
             parquet = pq.ParquetFile(handle)
             stored = _names_by_field_id(parquet.schema_arrow)  # Iceberg writes `my col` as `my_x20col`
             names = [stored.get(field_ids[c], c) for c in columns]

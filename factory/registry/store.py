@@ -74,6 +74,15 @@ class Manifest:
     """For an experiment that starts from a model made elsewhere: its `from` and the model it resolved to when the run
     was planned (section, from, model, experiment, said)."""
 
+    @classmethod
+    def new(cls, *, kind: str, fingerprint: str, digest: str, files: Mapping[str, Mapping[str, Any]], config: Mapping[str, Any],
+            inputs: Mapping[str, str], code: str, provenance: Provenance, summary: Mapping[str, Any]) -> Manifest:
+        """The manifest of an artifact published now."""
+        return cls(kind=kind, fingerprint=fingerprint, digest=digest, files=files, config=dict(config), inputs=dict(inputs),
+                   code=code, experiment=provenance.experiment, config_hash=provenance.config_hash,
+                   git_commit=provenance.git_commit, created=datetime.now(UTC).isoformat(timespec="seconds"),
+                   summary=dict(summary), run_id=provenance.run_id, base=dict(provenance.base))
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
         return asdict(self)
@@ -108,7 +117,40 @@ class Provenance:
     """What the experiment's `from` resolved to (`factory.ops.bases.Base.record`); empty when it starts from its own."""
 
 
-class ArtifactStore:
+class Scratch:
+    """A registry's local directories: staging (an artifact being written) and work (a stage's scratch that outlives its
+    process: checkpoints to resume from). Under `root`, on local disk whatever the registry's store."""
+
+    root: Path
+
+    def work(self, fingerprint: str) -> Path:
+        """A stage's scratch directory that outlives its process (checkpoints to resume from); removed once it publishes."""
+        path = self.work_path(fingerprint)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def work_path(self, fingerprint: str) -> Path:
+        """Where a stage's scratch directory is while it runs (it may not exist)."""
+        if not isinstance(fingerprint, str) or not NAME.match(fingerprint):
+            raise ArtifactError(f"{fingerprint!r} is not a fingerprint (letters, digits, '_', '.', '-')")
+        return self.root / "work" / fingerprint
+
+    def drop_work(self, fingerprint: str) -> None:
+        """Remove a stage's scratch directory (after its artifact is published)."""
+        shutil.rmtree(self.work_path(fingerprint), ignore_errors=True)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A fresh directory to write an artifact into; removed unless it was published."""
+        (self.root / "staging").mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="stage-", dir=self.root / "staging"))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class ArtifactStore(Scratch):
     """A local directory of published artifacts."""
 
     def __init__(self, root: str | Path) -> None:
@@ -172,30 +214,6 @@ class ArtifactStore:
         """Every manifest file in the registry, readable or not."""
         return sorted((self.root / "manifests").glob("*.json"))
 
-    def work(self, fingerprint: str) -> Path:
-        """A stage's scratch directory that outlives its process (checkpoints to resume from); removed once it publishes."""
-        path = self.work_path(fingerprint)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def work_path(self, fingerprint: str) -> Path:
-        """Where a stage's scratch directory is while it runs (it may not exist)."""
-        return self.root / "work" / fingerprint
-
-    def drop_work(self, fingerprint: str) -> None:
-        """Remove a stage's scratch directory (after its artifact is published)."""
-        shutil.rmtree(self.work_path(fingerprint), ignore_errors=True)
-
-    @contextlib.contextmanager
-    def staging(self) -> Iterator[Path]:
-        """A fresh directory to write an artifact into; removed unless it was published."""
-        (self.root / "staging").mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix="stage-", dir=self.root / "staging"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-
     def publish(
         self,
         staging: Path,
@@ -240,22 +258,8 @@ class ArtifactStore:
                 fsync_directory(target.parent)
                 make_read_only(target)
                 self._record_checked(digest, files)  # hashed a moment ago, in a directory only this process writes
-        manifest = Manifest(
-            kind=kind,
-            fingerprint=fingerprint,
-            digest=digest,
-            files=files,
-            config=dict(config),
-            inputs=dict(inputs),
-            code=code,
-            experiment=provenance.experiment,
-            config_hash=provenance.config_hash,
-            git_commit=provenance.git_commit,
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            summary=dict(summary),
-            run_id=provenance.run_id,
-            base=dict(provenance.base),
-        )
+        manifest = Manifest.new(kind=kind, fingerprint=fingerprint, digest=digest, files=files, config=config, inputs=inputs,
+                                code=code, provenance=provenance, summary=summary)
         self._write_manifest(manifest)
         return self.lookup(fingerprint) or manifest
 

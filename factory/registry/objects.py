@@ -1,0 +1,236 @@
+"""The registry in an object store (S3), where there is no rename: the same artifacts, manifests, leases and refs as
+`ArtifactStore` keeps on disk, through the storage seam (`factory.storage.ObjectStore`).
+
+Keys in the store:
+    objects/<digest>/<name>       each file of an artifact, uploaded with its sha256 recorded as object metadata
+    manifests/<fingerprint>.json  written last and only if absent (`If-None-Match: *`): only a manifest makes an
+                                  artifact exist, so a publish cut short leaves no artifact, only objects no one names
+    verified/<digest>.json        the ETag of each file when its sha256 was last checked (at upload, or by reading)
+    leases/<fingerprint>.lease    see `factory.registry.object_lease`
+    refs/<name>                   a named digest
+
+A lookup proves an artifact intact from the store's own metadata, reading no bytes: every file is there with its size,
+and with the ETag it had when its sha256 was checked (an object written again gets another ETag, and is read and hashed
+again). A damaged or missing object is a miss, which the stage recomputes. Of two processes publishing one fingerprint
+at once, one manifest is written and the other process returns it.
+
+Reading an artifact (`open`) copies it into a local directory (`cache/objects/<digest>`), hashing every file on the way:
+the copy is put in place only when its files give the digest, so what is served is exactly what was published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from factory.errors import ArtifactError
+from factory.registry import object_lease
+from factory.registry.files import DIGEST, NAME, RECORD_BYTES, hash_files, make_read_only, sha256_file
+from factory.registry.lease import Holder
+from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
+from factory.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+class ObjectRegistry(Scratch):
+    """Published artifacts in an object store; a local directory (`local`) for staging, scratch work and copies read."""
+
+    def __init__(self, store: ObjectStore, local: str | Path) -> None:
+        self.store = store
+        self.root = Path(local).resolve()
+        self.location = store.uri
+
+    def path(self, digest: str) -> Path:
+        """Where `open` puts the local copy of an artifact (it may not be there yet)."""
+        _check(DIGEST, digest, "an artifact digest (64 hex digits)")
+        return self.root / "cache" / "objects" / digest
+
+    def lookup(self, fingerprint: str, rehash: bool = False) -> Manifest | None:
+        """The manifest for a fingerprint if its artifact is published and intact, else None. Files whose ETag is the
+        one recorded when their sha256 was checked are not read, unless `rehash`."""
+        manifest = self._manifest(fingerprint)
+        return manifest if manifest is not None and self._intact(manifest, rehash) else None
+
+    def open(self, digest: str) -> Path:
+        """A local directory holding the artifact's files, each checked against its sha256; raise if it is not there."""
+        target = self.path(digest)
+        if target.is_dir():
+            return target
+        names = [key.removeprefix(f"objects/{digest}/") for key in self.store.list(f"objects/{digest}/")]
+        if not names:
+            raise ArtifactError(f"artifact {digest[:12]} is not in the registry at {self.location}; rerun its stage")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f"{digest[:12]}-", dir=target.parent) as scratch:
+            copy = Path(scratch) / "copy"
+            for name in names:
+                (copy / name).parent.mkdir(parents=True, exist_ok=True)
+                self.store.download(f"objects/{digest}/{name}", copy / name)
+            if artifact_digest(hash_files(copy)) != digest:
+                raise ArtifactError(f"artifact {digest[:12]} in {self.location} does not hash to its digest (damaged); "
+                                    "rerun its stage to publish it again")
+            make_read_only(copy)
+            with contextlib.suppress(OSError):  # another process put the same verified copy there a moment ago
+                os.rename(copy, target)
+        return target
+
+    def set_ref(self, name: str, digest: str) -> None:
+        """Point the named ref at a published artifact."""
+        if not self.store.list(f"objects/{_check(DIGEST, digest, 'an artifact digest')}/"):
+            raise ArtifactError(f"artifact {digest[:12]} is not in the registry at {self.location}; rerun its stage")
+        self.store.put(f"refs/{_check(NAME, name, 'a ref name')}", digest.encode())
+
+    def ref(self, name: str) -> str | None:
+        """The digest a named ref points at, or None."""
+        blob = self.store.get(f"refs/{_check(NAME, name, 'a ref name')}", limit=RECORD_BYTES)
+        digest = blob.data.decode(errors="replace").strip() if blob is not None else ""
+        return digest if DIGEST.match(digest) else None
+
+    def lease(self, fingerprint: str, owner: str, **options: Any) -> contextlib.AbstractContextManager[None]:
+        """Hold the lease on computing `fingerprint` (waiting while someone else holds it)."""
+        return object_lease.hold(self.store, self._lease_key(fingerprint), owner, **options)
+
+    def holder(self, fingerprint: str) -> Holder | None:
+        """Who is computing `fingerprint` right now, if anyone."""
+        return object_lease.read_holder(self.store, self._lease_key(fingerprint))
+
+    def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every readable manifest, optionally of one kind; a damaged one is skipped with a warning."""
+        for key in self.store.list("manifests/"):
+            if key.endswith(".json") and NAME.match(fingerprint := key.removeprefix("manifests/").removesuffix(".json")):
+                manifest = self._manifest(fingerprint)
+                if manifest is not None and (kind is None or manifest.kind == kind):
+                    yield manifest
+
+    def publish(
+        self,
+        staging: Path,
+        *,
+        kind: str,
+        fingerprint: str,
+        config: Mapping[str, Any],
+        inputs: Mapping[str, str],
+        code: str,
+        provenance: Provenance,
+        summary: Mapping[str, Any],
+    ) -> Manifest:
+        """Upload a staged directory's files to their content address, then write the manifest if none exists; the
+        manifest that stands (this one, or one another process wrote first)."""
+        existing = self.lookup(fingerprint)
+        if existing is not None:
+            return existing
+        files = hash_files(staging)
+        if not files:
+            raise ArtifactError(f"stage {kind!r} staged no files in {staging}; nothing to publish")
+        digest = artifact_digest(files)
+        trusted = self._trusted_etags(digest)
+        etags = {}
+        for name, entry in files.items():
+            key = f"objects/{digest}/{name}"
+            found = self.store.stat(key)
+            if found is not None and found.size == entry["bytes"] and trusted.get(name) == found.etag:
+                etags[name] = found.etag  # these bytes were published before and are still there
+            else:
+                etags[name] = self.store.upload(key, staging / name, sha256=entry["sha256"])
+        self.store.put(f"verified/{digest}.json", json.dumps(etags, sort_keys=True).encode())
+        manifest = Manifest.new(kind=kind, fingerprint=fingerprint, digest=digest, files=files, config=config, inputs=inputs,
+                                code=code, provenance=provenance, summary=summary)
+        text = json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode()
+        key = self._manifest_key(fingerprint)
+        if self.store.create(key, text) is None:  # another publisher was first, or a damaged manifest is there
+            standing = self.lookup(fingerprint)
+            if standing is not None:
+                return standing
+            blob = self.store.get(key, limit=RECORD_BYTES)
+            if blob is not None:
+                self.store.replace(key, text, blob.etag)  # loses to a publisher that repaired it first: read below
+        return self.lookup(fingerprint) or manifest
+
+    def damage(self, manifest: Manifest) -> list[str]:
+        """What is wrong with a manifest's artifact, every byte read (what `factory registry verify` reports)."""
+        problems = []
+        with tempfile.TemporaryDirectory(prefix="verify-", dir=self._scratch()) as scratch:
+            for name, entry in sorted(manifest.files.items()):
+                key = f"objects/{manifest.digest}/{name}"
+                if self.store.stat(key) is None:
+                    problems.append(f"{name}: missing")
+                    continue
+                copy = Path(scratch) / "file"
+                self.store.download(key, copy)
+                if copy.stat().st_size != entry["bytes"]:
+                    problems.append(f"{name}: {copy.stat().st_size} bytes, manifest says {entry['bytes']}")
+                elif sha256_file(copy) != entry["sha256"]:
+                    problems.append(f"{name}: sha256 differs from the manifest's")
+        return problems
+
+    def _manifest(self, fingerprint: str) -> Manifest | None:
+        """The manifest stored for `fingerprint`, or None (with a warning, once, when it is damaged)."""
+        key = self._manifest_key(fingerprint)
+        try:
+            blob = self.store.get(key, limit=RECORD_BYTES)
+            if blob is None:
+                return None
+            manifest = parse_manifest(json.loads(blob.data))
+            if manifest.fingerprint != fingerprint:
+                raise ValueError(f"it is the manifest of {manifest.fingerprint[:76]!r}, not of its key's name")
+            return manifest
+        except (ArtifactError, ValueError, TypeError, RecursionError) as e:
+            where = f"{self.location}/{key}"
+            if where not in _warned:
+                _warned.add(where)
+                log.warning("skipping damaged manifest %s (%s); remove it to recompute the stage", where, e)
+            return None
+
+    def _intact(self, manifest: Manifest, rehash: bool) -> bool:
+        """Every file is there with its size and the ETag recorded when its sha256 was checked, or hashes right now."""
+        if rehash:
+            return not self.damage(manifest)
+        trusted = self._trusted_etags(manifest.digest)
+        unchecked = {}
+        for name, entry in manifest.files.items():
+            found = self.store.stat(f"objects/{manifest.digest}/{name}")
+            if found is None or found.size != entry["bytes"]:
+                return False
+            if trusted.get(name) != found.etag:
+                unchecked[name] = found.etag
+        if unchecked:
+            partial = Manifest(**{**manifest.to_json(), "files": {name: manifest.files[name] for name in unchecked}})
+            if self.damage(partial):
+                return False
+            self.store.put(f"verified/{manifest.digest}.json", json.dumps({**trusted, **unchecked}, sort_keys=True).encode())
+        return True
+
+    def _trusted_etags(self, digest: str) -> dict[str, str]:
+        """The ETag of each file of `digest` when its sha256 was last checked (empty when none is recorded or readable)."""
+        blob = self.store.get(f"verified/{digest}.json", limit=RECORD_BYTES)
+        try:
+            etags = json.loads(blob.data) if blob is not None else {}
+        except (ValueError, RecursionError):
+            return {}
+        return {k: v for k, v in etags.items() if isinstance(v, str)} if isinstance(etags, dict) else {}
+
+    def _scratch(self) -> Path:
+        path = self.root / "staging"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @staticmethod
+    def _manifest_key(fingerprint: str) -> str:
+        return f"manifests/{_check(NAME, fingerprint, 'a fingerprint')}.json"
+
+    @staticmethod
+    def _lease_key(fingerprint: str) -> str:
+        return f"leases/{_check(NAME, fingerprint, 'a fingerprint')}.lease"
+
+
+def _check(pattern: Any, value: str, what: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ArtifactError(f"{value!r} is not {what}")
+    return value

@@ -1,0 +1,244 @@
+"""The registry in an object store, on local disk and on a real S3 server process (moto's, `tests/s3server.py`):
+publishing without rename, two publishers of one fingerprint, damage found from the store's metadata, leases by
+conditional writes, and a server that goes away in the middle of a publish."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from factory.errors import FactoryError
+from factory.registry.objects import ObjectRegistry
+from factory.registry.store import Provenance
+from factory.storage import ObjectStore, open_store
+from tests.s3server import running_s3
+
+ROOT = Path(__file__).parents[2]
+PROVENANCE = Provenance(experiment="tiny", config_hash="0123456789abcdef", git_commit="f" * 40)
+FILES = {"tokenizer.json": b'{"vocab": {}}\n', "stats/counts.txt": b"merges 1790\n"}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with running_s3() as server:
+        yield server
+
+
+@pytest.fixture(params=["file", "s3"])
+def location(request, tmp_path) -> tuple[str, dict[str, str]]:
+    """Where a test's store is, and the environment a process needs to reach it."""
+    if request.param == "file":
+        return str(tmp_path / "store"), {}
+    server = request.getfixturevalue("s3")
+    return f"s3://{server.bucket}/{uuid.uuid4().hex[:12]}", server.env()
+
+
+@pytest.fixture
+def registry(location, tmp_path, monkeypatch) -> ObjectRegistry:
+    for name, value in location[1].items():
+        monkeypatch.setenv(name, value)
+    return ObjectRegistry(open_store(location[0]), tmp_path / "local")
+
+
+def publish(registry: ObjectRegistry, fingerprint: str, files=FILES, run_id: str = "") -> object:
+    with registry.staging() as out:
+        for name, data in files.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
+        return registry.publish(out, kind="tokenizer", fingerprint=fingerprint, config={"vocab_size": 2048},
+                                inputs={"corpus": "c" * 64}, code="local:0123456789abcdef",
+                                provenance=dataclasses.replace(PROVENANCE, run_id=run_id),
+                                summary={})
+
+
+def test_an_artifact_is_its_objects_and_then_its_manifest_and_reads_back_verified(registry):
+    assert registry.lookup("fp-a") is None
+    manifest = publish(registry, "fp-a")
+    keys = registry.store.list()
+    assert [k for k in keys if k.startswith("objects/")] == [f"objects/{manifest.digest}/{name}" for name in sorted(FILES)]
+    assert "manifests/fp-a.json" in keys
+    assert registry.lookup("fp-a") == manifest
+    copy = registry.open(manifest.digest)
+    assert {p.relative_to(copy).as_posix(): p.read_bytes() for p in copy.rglob("*") if p.is_file()} == FILES
+    assert publish(registry, "fp-a") == manifest  # the first manifest for a fingerprint stands
+
+
+PUBLISHER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+    from tests.registry.test_objects import publish
+    location, local, go, name = sys.argv[1:]
+    registry = ObjectRegistry(open_store(location), local)
+    while not Path(go).exists():
+        time.sleep(0.005)
+    manifest = publish(registry, "fp-race", run_id=name)
+    print(json.dumps({"digest": manifest.digest, "run_id": manifest.run_id}))
+    """
+)
+
+
+def test_two_processes_publishing_one_fingerprint_at_once_make_one_artifact_and_both_name_it(location, tmp_path):
+    uri, env = location
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", PUBLISHER, uri, str(tmp_path / name), str(go), name],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, **env, "PYTHONPATH": str(ROOT)}) for name in ("first", "second")]
+    time.sleep(1.0)  # both are importing, then waiting for `go`
+    go.touch()
+    said = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        said.append(json.loads(out))
+    assert said[0] == said[1]  # one digest, and the manifest of the one that won, for both
+    assert said[0]["run_id"] in ("first", "second")
+    for name, value in env.items():
+        os.environ[name] = value
+    store = open_store(uri)
+    assert [k for k in store.list("manifests/")] == ["manifests/fp-race.json"]
+
+
+def test_a_changed_or_deleted_object_is_a_miss_and_publishing_again_repairs_it(registry):
+    manifest = publish(registry, "fp-a")
+    key = f"objects/{manifest.digest}/tokenizer.json"
+    original = FILES["tokenizer.json"]
+    registry.store.put(key, bytes([original[0] ^ 1]) + original[1:])  # same size, one byte changed
+    assert registry.lookup("fp-a") is None
+    assert registry.damage(manifest) == ["tokenizer.json: sha256 differs from the manifest's"]
+    assert publish(registry, "fp-a") == manifest
+    assert registry.lookup("fp-a") == manifest and registry.lookup("fp-a", rehash=True) == manifest
+    registry.store.delete(key)
+    assert registry.lookup("fp-a") is None
+    assert publish(registry, "fp-a") == manifest
+    assert registry.open(manifest.digest).joinpath("tokenizer.json").read_bytes() == original
+
+
+def test_a_damaged_manifest_is_a_miss_and_publishing_again_replaces_it(registry):
+    registry.store.put("manifests/fp-a.json", b'{"kind": ')
+    assert registry.lookup("fp-a") is None and list(registry.manifests()) == []
+    manifest = publish(registry, "fp-a")
+    assert registry.lookup("fp-a") == manifest and [m.fingerprint for m in registry.manifests()] == ["fp-a"]
+
+
+def test_a_manifest_naming_paths_outside_is_damage(registry):
+    manifest = publish(registry, "fp-a")
+    registry.store.put("manifests/fp-b.json", json.dumps({**manifest.to_json(), "fingerprint": "fp-b", "digest": "../x"}).encode())
+    assert registry.lookup("fp-b") is None
+    with pytest.raises(FactoryError, match="not an artifact digest"):
+        registry.open("../x")
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+    registry = ObjectRegistry(open_store(sys.argv[1]), sys.argv[2])
+    with registry.lease("fp-a", sys.argv[3]):
+        print("holding", flush=True)
+        time.sleep(float(sys.argv[4]))
+    """
+)
+
+
+def holding(location, tmp_path, owner: str, seconds: float) -> subprocess.Popen:
+    """A process that holds the lease on fp-a for `seconds`, started once it says so."""
+    uri, env = location
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, uri, str(tmp_path / owner), owner, str(seconds)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline() == "holding\n"
+    return proc
+
+
+def test_a_lease_whose_holder_was_killed_is_taken_over(registry, location, tmp_path):
+    victim = holding(location, tmp_path, "victim", 600)
+    assert registry.holder("fp-a").owner == "victim"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    taken = []
+    with registry.lease("fp-a", "me", on_takeover=taken.append, poll_s=0.05):
+        assert registry.holder("fp-a").owner == "me"
+    assert [h.owner for h in taken] == ["victim"]
+    assert registry.holder("fp-a") is None
+
+
+def test_a_waiter_is_told_who_holds_the_lease_and_gets_it_when_it_is_released(registry, location, tmp_path):
+    other = holding(location, tmp_path, "teammate", 1.5)
+    waited = []
+    with registry.lease("fp-a", "me", on_wait=waited.append, poll_s=0.05):
+        assert other.poll() == 0  # it had released the lease and exited
+        assert registry.holder("fp-a").owner == "me"
+    assert [h.owner for h in waited] == ["teammate"]
+
+
+def test_a_heartbeat_keeps_a_lease_and_a_taken_over_one_stops_beating(registry):
+    key = "leases/fp-a.lease"
+    with registry.lease("fp-a", "me", heartbeat_s=0.05):
+        first = registry.store.get(key, limit=1 << 16).etag
+        deadline = time.monotonic() + 30
+        while registry.store.get(key, limit=1 << 16).etag == first and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert registry.store.get(key, limit=1 << 16).etag != first  # renewed by a conditional write
+    assert registry.holder("fp-a") is None
+
+
+def test_two_waiters_at_one_abandoned_lease_never_both_hold_it(registry):
+    registry.store.put("leases/fp-a.lease", b"garbage")  # unreadable: abandoned once unchanged for 0.5 s
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def worker(name: str) -> None:
+        with registry.lease("fp-a", name, stale_after_s=0.5, poll_s=0.01):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.2)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert most[0] == 1
+
+
+def test_the_server_going_away_in_the_middle_of_a_publish_leaves_no_manifest_and_the_rerun_succeeds(tmp_path, monkeypatch):
+    with running_s3() as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        registry = ObjectRegistry(open_store(server.url), tmp_path / "local")
+        big = {f"part-{i}.bin": os.urandom(1 << 20) for i in range(24)}
+        cut = threading.Timer(0.0, server.kill)
+        uploaded = []
+        original = registry.store.upload
+
+        def upload(key, path, *, sha256):  # the server goes away once the first object is in
+            if uploaded:
+                cut.run()
+            uploaded.append(key)
+            return original(key, path, sha256=sha256)
+
+        monkeypatch.setattr(registry.store, "upload", upload)
+        with pytest.raises(FactoryError):
+            publish(registry, "fp-big", files=big)
+        monkeypatch.setattr(registry.store, "upload", original)
+        server.restart()
+        assert registry.store.list("manifests/") == [] and registry.lookup("fp-big") is None
+        assert len([k for k in registry.store.list("objects/")]) == 1  # what got in before the cut, named by no manifest
+        manifest = publish(registry, "fp-big", files=big)
+        assert registry.lookup("fp-big", rehash=True) == manifest
