@@ -104,6 +104,7 @@ bench: setup sandbox
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/trainer.py
 	$(BIN)/python bench/fsdp.py
+	$(BIN)/python bench/store.py
 	$(BIN)/python bench/control_savings.py
 	$(BIN)/python bench/eval_backfill.py
 	$(BIN)/python bench/sandbox.py

@@ -6,6 +6,7 @@ Keys in the store:
     manifests/<fingerprint>.json  written last and only if absent (`If-None-Match: *`): only a manifest makes an
                                   artifact exist, so a publish cut short leaves no artifact, only objects no one names
     verified/<digest>.json        the ETag of each file when its sha256 was last checked (at upload, or by reading)
+    layout.json                   the layout of these keys (`LAYOUT`): a store written by a newer factory is refused
     leases/<fingerprint>.lease    see `factory.registry.object_lease`
     refs/<name>                   a named digest
 
@@ -29,13 +30,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from factory.errors import ArtifactError
+from factory.errors import ArtifactError, ConfigError
 from factory.registry import object_lease
 from factory.registry.files import DIGEST, NAME, RECORD_BYTES, hash_files, make_read_only, sha256_file
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
 from factory.storage import ObjectStore
 
+LAYOUT = 1
+"""The layout of the keys above; a factory refuses a store whose layout is newer than the one it writes."""
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
@@ -43,10 +46,11 @@ _warned: set[str] = set()
 class ObjectRegistry(Scratch):
     """Published artifacts in an object store; a local directory (`local`) for staging, scratch work and copies read."""
 
-    def __init__(self, store: ObjectStore, local: str | Path) -> None:
+    def __init__(self, store: ObjectStore, local: str | Path, *, setting: str = "FACTORY_STORE") -> None:
         self.store = store
         self.root = Path(local).resolve()
         self.location = store.uri
+        self._check_layout(setting)
 
     def path(self, digest: str) -> Path:
         """Where `open` puts the local copy of an artifact (it may not be there yet)."""
@@ -215,6 +219,23 @@ class ObjectRegistry(Scratch):
         except (ValueError, RecursionError):
             return {}
         return {k: v for k, v in etags.items() if isinstance(v, str)} if isinstance(etags, dict) else {}
+
+    def _check_layout(self, setting: str) -> None:
+        """Mark an empty store with this factory's layout; refuse one that another factory wrote with a newer layout."""
+        record = json.dumps({"layout": LAYOUT}).encode()
+        if self.store.create("layout.json", record) is not None:
+            return
+        blob = self.store.get("layout.json", limit=RECORD_BYTES)
+        try:
+            layout = json.loads(blob.data)["layout"] if blob is not None else LAYOUT
+            if type(layout) is not int:
+                raise ValueError(f"layout {str(layout)[:20]!r} is not a number")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise ConfigError(f"{setting}={self.location}: its layout.json is unreadable ({e}); point {setting} at the "
+                              "factory's own prefix") from e
+        if layout > LAYOUT:
+            raise ConfigError(f"{setting}={self.location}: written by a newer factory (layout {layout}; this one reads "
+                              f"layout {LAYOUT}); upgrade the factory, or point {setting} at another prefix")
 
     def _scratch(self) -> Path:
         path = self.root / "staging"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.errors import FactoryError
+from factory.errors import ConfigError, FactoryError
 from factory.registry.objects import ObjectRegistry
 from factory.registry.store import Provenance
 from factory.storage import ObjectStore, open_store
@@ -180,8 +180,8 @@ def test_a_waiter_is_told_who_holds_the_lease_and_gets_it_when_it_is_released(re
     other = holding(location, tmp_path, "teammate", 1.5)
     waited = []
     with registry.lease("fp-a", "me", on_wait=waited.append, poll_s=0.05):
-        assert other.poll() == 0  # it had released the lease and exited
         assert registry.holder("fp-a").owner == "me"
+        assert other.wait(timeout=60) == 0  # it released the lease as its block ended
     assert [h.owner for h in waited] == ["teammate"]
 
 
@@ -242,3 +242,18 @@ def test_the_server_going_away_in_the_middle_of_a_publish_leaves_no_manifest_and
         assert len([k for k in registry.store.list("objects/")]) == 1  # what got in before the cut, named by no manifest
         manifest = publish(registry, "fp-big", files=big)
         assert registry.lookup("fp-big", rehash=True) == manifest
+
+
+def test_a_store_another_factory_wrote_with_a_newer_layout_is_refused_naming_the_setting(location, tmp_path, monkeypatch):
+    for name, value in location[1].items():
+        monkeypatch.setenv(name, value)
+    store = open_store(location[0])
+    ObjectRegistry(store, tmp_path / "local")
+    assert json.loads(store.get("layout.json", limit=100).data) == {"layout": 1}
+    ObjectRegistry(store, tmp_path / "local")  # its own layout: opens again
+    store.put("layout.json", b'{"layout": 2}')
+    with pytest.raises(ConfigError, match=r"^FACTORY_STORE=.*: written by a newer factory \(layout 2; this one reads layout 1\)"):
+        ObjectRegistry(store, tmp_path / "local")
+    store.put("layout.json", b"[")
+    with pytest.raises(ConfigError, match="layout.json is unreadable"):
+        ObjectRegistry(store, tmp_path / "local")

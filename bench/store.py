@@ -1,0 +1,134 @@
+"""The registry and the warehouse in an object store against the same on local disk, side by side in one run.
+
+Against one moto server on 127.0.0.1 (tests/s3server.py, handling requests in parallel), beside local disk:
+- a checkpoint-sized artifact (`--checkpoint-mb`): publish (upload) and open then read (on S3: download and verify every
+  byte into the local copy first), in MB/s,
+  `ObjectRegistry` on S3 against `ArtifactStore` on disk;
+- a table of documents (`--documents`) streamed back as the training loader reads it, in MB/s of text, from a warehouse
+  in the bucket against one on disk;
+- one `lookup` (what `factory plan` asks of each stage) against a store holding 10, 100 and 1,000 artifacts: the
+  requests it sends and its time, which must not grow with the number of artifacts (it reads no other manifest).
+
+`--smoke`: 2 MB, 200 documents, 10 and 30 artifacts.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.s3server import running_s3  # noqa: E402  (the tests' S3 server)
+
+from factory.data.catalog import CatalogConfig, open_catalog  # noqa: E402
+from factory.data.tables import stream_version, write_version  # noqa: E402
+from factory.registry import ArtifactStore, Provenance  # noqa: E402
+from factory.registry.objects import ObjectRegistry  # noqa: E402
+from factory.storage import open_store  # noqa: E402
+from tests.data.conftest import LOG, documents  # noqa: E402
+
+MB = 1 << 20
+PROVENANCE = Provenance(experiment="bench", config_hash="0" * 16, git_commit="0" * 40)
+
+
+def publish(registry, fingerprint: str, files: dict[str, bytes]):
+    with registry.staging() as out:
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+        return registry.publish(out, kind="pretrain", fingerprint=fingerprint, config={}, inputs={}, code="bench",
+                                provenance=PROVENANCE, summary={})
+
+
+def timed(action) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def checkpoint(local: ArtifactStore, remote: ObjectRegistry, megabytes: int) -> None:
+    files = {"step_000100.pt": os.urandom(megabytes * MB)}
+    figures = {}
+    for name, registry in (("local disk", local), ("s3", remote)):
+        published = timed(lambda r=registry: publish(r, "fp-checkpoint", files))
+        manifest = registry.lookup("fp-checkpoint")
+        opened = timed(lambda r=registry, m=manifest: [p.read_bytes() for p in r.open(m.digest).iterdir()])  # as a load reads it
+        figures[name] = (megabytes / published, megabytes / opened)
+        print(f"checkpoint {megabytes} MB on {name}: publish {figures[name][0]:.0f} MB/s, open {figures[name][1]:.0f} MB/s")
+    for i, what in enumerate(("publish", "open")):
+        print(f"ratio checkpoint {what} s3 / local disk: {figures['s3'][i] / figures['local disk'][i]:.2f}x")
+
+
+def loader(root: Path, url: str, count: int) -> None:
+    texts = {f"doc{i:06d}.py": f"def f{i}(x):\n    return x * {i}\n" * 40 for i in range(count)}
+    rates = {}
+    for name, store in (("local disk", ""), ("s3", url)):
+        os.environ["FACTORY_STORE"] = store
+        catalog = open_catalog(CatalogConfig.at(root / name.replace(" ", "-")))
+        version = write_version(catalog, "filtered.bench", documents("bench", texts), LOG)
+        size = [0]
+
+        def read(c=catalog, v=version):
+            size[0] = sum(sum(len(t) for t in b.column("text").to_pylist()) for b in stream_version(c, "filtered.bench", v.snapshot_id, ("text",)))
+
+        seconds = timed(read)
+        rates[name] = size[0] / MB / seconds
+        print(f"loader on {name}: {size[0] / MB:.1f} MB of text in {seconds:.2f} s, {rates[name]:.1f} MB/s")
+    os.environ.pop("FACTORY_STORE")
+    print(f"ratio loader s3 / local disk: {rates['s3'] / rates['local disk']:.2f}x")
+
+
+class Counted:
+    """An object store that counts the requests made through it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+        if not callable(method):
+            return method
+
+        def counted(*args, **kwargs):
+            self.requests += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def lookups(url: str, local: Path, sizes: list[int]) -> None:
+    counted = Counted(open_store(url))
+    registry = ObjectRegistry(counted, local)
+    published, first, figures = 0, None, []
+    for size in sizes:
+        while published < size:
+            manifest = publish(registry, f"fp-{published:06d}", {"result.json": f'{{"n": {published}}}'.encode()})
+            first = first or manifest
+            published += 1
+        registry.lookup(first.fingerprint)  # its ETags recorded: a warm hit, as plan sees it
+        counted.requests = 0
+        seconds = min(timed(lambda: registry.lookup(first.fingerprint)) for _ in range(5))
+        figures.append((counted.requests // 5, seconds))
+        print(f"lookup among {size} artifacts: {figures[-1][0]} requests, {seconds * 1000:.1f} ms")
+    (few, fast), (many, slow) = figures[0], figures[-1]
+    print(f"ratio lookup among {sizes[-1]} / among {sizes[0]} artifacts: {slow / fast:.2f}x time, {many} / {few} requests")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--checkpoint-mb", type=int, default=256)
+    parser.add_argument("--documents", type=int, default=20_000)
+    args = parser.parse_args()
+    megabytes, count, sizes = (2, 200, [10, 30]) if args.smoke else (args.checkpoint_mb, args.documents, [10, 100, 1000])
+    with running_s3(relay=False, parallel=True) as server, tempfile.TemporaryDirectory(prefix="bench-store-") as scratch:
+        os.environ.update(server.env())
+        root = Path(scratch)
+        checkpoint(ArtifactStore(root / "disk"), ObjectRegistry(open_store(server.url), root / "s3-local"), megabytes)
+        loader(root, server.url, count)
+        lookups(f"s3://{server.bucket}/lookups", root / "lookups", sizes)
+
+
+if __name__ == "__main__":
+    main()
