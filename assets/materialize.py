@@ -15,7 +15,7 @@ from assets.stages import base_tags
 from factory.config import Experiment
 from factory.config.stages import stages_of
 from factory.ops.bases import resolve
-from factory.registry import ArtifactStore
+from factory.registry import open_registry
 
 
 def materialize_experiment(
@@ -25,7 +25,7 @@ def materialize_experiment(
     with `log`, every run's log goes to that file too (the terminal gets no stack trace)."""
     common = {"instance": instance, "resources": resources_at(root, path.parent), "raise_on_error": False,
               "run_config": RUN_CONFIG if log is None else logged_to(log)}
-    registry = ArtifactStore(root / "registry")
+    registry = open_registry(root / "registry")
     for experiment in experiments:
         result = materialize_stages(experiment, common)
         if not result.success:

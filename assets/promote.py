@@ -22,7 +22,7 @@ from assets.execution import resources_at
 from assets.stages import CHECK_SPECS
 from factory.config.kinds import model_kind
 from factory.errors import FactoryError
-from factory.registry import ArtifactStore
+from factory.registry import open_registry
 from factory.ops.promote import demote, grounds, promote, standing
 from resources import FactoryStores
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path(".factory"))
     parser.add_argument("--experiments", type=Path, default=Path("experiments"))
     args = parser.parse_args(argv)
-    registry = ArtifactStore(args.root / "registry")
+    registry = open_registry(args.root / "registry")
     instance = DagsterInstance.get()
     try:
         if args.action == "promote":

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from factory.config import Experiment, load_file
 from factory.errors import ConfigError, Interrupted
 from factory.launch import warm_starts
-from factory.registry import ArtifactStore
+from factory.registry import open_registry
 from factory.runtime import tracker_backend, warm_modules
 from factory.ops.bases import Base, resolve
 from factory.ops.plan import build_plan
@@ -62,7 +62,7 @@ def run_experiment(
 
 def pending_bases(experiments: list[Experiment], root: Path) -> list[Base]:
     """The other experiments' models these start from that are not computed yet, one per file."""
-    registry = ArtifactStore(root / "registry")
+    registry = open_registry(root / "registry")
     bases = [base for experiment in experiments if (base := resolve(experiment, registry)) is not None and base.pending]
     return list({base.file: base for base in bases}.values())
 
@@ -71,7 +71,7 @@ def pending_bases(experiments: list[Experiment], root: Path) -> list[Base]:
 def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
     """Within the block, stages fork from a warm interpreter started now, when some stage must be computed."""
     try:
-        plans = build_plan(experiments, ArtifactStore(root / "registry"))
+        plans = build_plan(experiments, open_registry(root / "registry"))
     except ConfigError:  # e.g. a source directory gone: the stage that cannot be planned fails in Dagster, saying so
         plans = []
     kinds = [plan.kind for plan in plans if plan.status == "run"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from dagster import ConfigurableResource
 
 from factory.data.catalog import CatalogConfig
-from factory.registry import ArtifactStore
+from factory.registry import ArtifactStore, open_registry
 
 
 class FactoryStores(ConfigurableResource):
@@ -17,7 +17,7 @@ class FactoryStores(ConfigurableResource):
 
     def registry(self) -> ArtifactStore:
         """The artifact registry."""
-        return ArtifactStore(Path(self.root) / "registry")
+        return open_registry(Path(self.root) / "registry")
 
     def catalog(self) -> CatalogConfig:
         """The Iceberg catalog's location."""

@@ -19,7 +19,7 @@ from factory.config.loader import DEFAULT_MAX_VARIANTS
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
 from factory.preflight import check_files, experiment_files
-from factory.registry import ArtifactStore
+from factory.registry import open_registry
 from factory.ops.bases import resolve
 from factory.ops.plan import build_plan, counts, describe_placement
 
@@ -44,7 +44,7 @@ def check(
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from e
     state = settings_of(files[0], root).root
-    registry = ArtifactStore(state / "registry")
+    registry = open_registry(state / "registry")
     reports = check_files(files, max_variants, catalog=lambda: open_catalog(CatalogConfig.at(state)), cluster=profile,
                           bases=lambda experiment: resolve(experiment, registry), registry=registry)
     if as_json:
@@ -75,7 +75,7 @@ def plan(
     experiments = []
     for path in files:
         experiments += load_file(path)
-    registry = ArtifactStore(settings_of(files[0] if files else None, root).root / "registry")
+    registry = open_registry(settings_of(files[0] if files else None, root).root / "registry")
     plans = build_plan(experiments, registry)
     if launcher == "volcano":
         from factory.launch import volcano  # its manifest rules load a Kubernetes schema: only for --launcher volcano
@@ -114,7 +114,7 @@ def diff(
     """Two experiments or two artifacts side by side: config as computed (only what differs), input artifacts, code identity."""
     from factory.ops.diff import diff_artifacts, diff_experiments, find_artifact
 
-    registry = ArtifactStore(settings_of(Path(a) if Path(a).is_file() else None, root).root / "registry")
+    registry = open_registry(settings_of(Path(a) if Path(a).is_file() else None, root).root / "registry")
     names = variant or []
     if Path(a).is_file() and Path(b).is_file():
         if len(names) > 2:

@@ -12,7 +12,7 @@ from rich.table import Table
 from factory.cli.common import RootOption, out, settings_of
 from factory.config import load
 from factory.data.catalog import CatalogConfig, open_catalog
-from factory.registry import ArtifactStore
+from factory.registry import open_registry
 
 data_app = typer.Typer(no_args_is_help=True, help="Look inside datasets and the batches training saw.")
 
@@ -32,7 +32,7 @@ def data_batch(
     root = settings_of(experiment, root).root
     chosen = load(experiment, variant)
     catalog = open_catalog(CatalogConfig.at(root))
-    sequences = fetch_batch(chosen, step, ArtifactStore(root / "registry"), catalog)
+    sequences = fetch_batch(chosen, step, open_registry(root / "registry"), catalog)
     if as_json:
         print(json.dumps({"step": step, "sequences": batch_json(sequences)}, indent=2))
         return

@@ -17,7 +17,7 @@ from factory.cli.common import RootOption, dagster_home, err, hint, out, setting
 from factory.config.settings import Settings
 from factory.errors import ConfigError
 from factory.launch.group import run_group
-from factory.registry import ArtifactStore
+from factory.registry import open_registry
 
 if TYPE_CHECKING:
     from factory.evals.leaderboard import Board
@@ -41,7 +41,7 @@ def leaderboard(
 
     settings = settings_of(None, root)
     try:
-        board = current_board(ArtifactStore(settings.root / "registry"), sort)
+        board = current_board(open_registry(settings.root / "registry"), sort)
     except ConfigError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -58,7 +58,7 @@ def print_leaderboard(settings: Settings, board: Board | None = None) -> bool:
     from factory.evals.leaderboard import cell, heading, legend, model_cell, ranks
     from factory.evals.publish import current_board
 
-    board = board or current_board(ArtifactStore(settings.root / "registry"))
+    board = board or current_board(open_registry(settings.root / "registry"))
     if not board.rows:
         err.print(f"no evaluations in {settings.root} yet: run {hint(settings, 'run', 'experiments/<name>.md')} first",
                   markup=False, highlight=False)
@@ -132,7 +132,7 @@ def evals_compare(
     from factory.evals.publish import current_board
 
     root = settings_of(None, root).root
-    board = current_board(ArtifactStore(root / "registry"))
+    board = current_board(open_registry(root / "registry"))
     rows = {row.experiment: row for row in board.rows}
     missing = [name for name in (candidate, baseline) if name not in rows or benchmark not in rows[name].scores]
     if missing:
@@ -164,7 +164,7 @@ def evals_stages(
     from factory.evals.base import EVALUATIONS
 
     root = settings_of(None, root).root
-    registry = ArtifactStore(root / "registry")
+    registry = open_registry(root / "registry")
     scores = stage_scores(registry.manifests(EVALUATIONS), experiment, benchmark)
     if not scores:
         err.print(f"error: no {benchmark} results for {experiment} in {root.resolve()}: run and evaluate it first")

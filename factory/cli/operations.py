@@ -18,7 +18,7 @@ from factory.cli.common import RootOption, dagster_home, err, out, settings_of
 from factory.config.kinds import model_kind
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError, FactoryError
-from factory.registry import ArtifactStore
+from factory.registry import ArtifactStore, open_registry
 from factory.registry.store import Manifest
 from factory.ops.lineage import Lineage, TableVersion, describe
 from factory.ops.promote import standing
@@ -31,7 +31,7 @@ def lineage(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
     """Upstream and downstream of an artifact or a table version: which data and code made it, and what was made from it."""
-    graph = Lineage(ArtifactStore(settings_of(None, root).root / "registry"))
+    graph = Lineage(open_registry(settings_of(None, root).root / "registry"))
     try:
         found = graph.find(target)
     except ConfigError as e:
@@ -121,7 +121,7 @@ def reproduce(
     Exit 0 when every stage gives the same bytes, 1 when one differs (the first is explained), 2 on bad input.
     """
     root = settings_of(None, root).root
-    registry = ArtifactStore(root / "registry")
+    registry = open_registry(root / "registry")
     target = _model(registry, model)
     log = logging.getLogger("factory.reproduce")
     if not log.handlers:
@@ -166,7 +166,7 @@ def promote(
     Exit 0 when promoted, 1 when refused (the reasons are printed), 2 on bad input.
     """
     root = settings_of(None, root).root
-    target = _model(ArtifactStore(root / "registry"), model)
+    target = _model(open_registry(root / "registry"), model)
     _promotion(["promote", target.digest, "--as", alias, "--reason", reason], root, experiments)
 
 
@@ -184,7 +184,7 @@ def promotions(alias: AliasOption = "production", root: RootOption = None,
                as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False) -> None:
     """What an alias names now, and every promotion and demotion before."""
     try:
-        now = standing(ArtifactStore(settings_of(None, root).root / "registry"), alias)
+        now = standing(open_registry(settings_of(None, root).root / "registry"), alias)
     except ConfigError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise typer.Exit(2) from None

@@ -25,7 +25,7 @@ from factory.launch.group import run_group
 from factory.launch.local import progress_env
 from factory.ops.bases import resolve
 from factory.preflight import check_files
-from factory.registry import ArtifactStore, git_commit
+from factory.registry import git_commit, open_registry
 from factory.registry.provenance import file_state
 
 
@@ -72,8 +72,11 @@ def run(
     if ended.code != 0:
         raise typer.Exit(ended.code)
     print_leaderboard(settings)
-    out.print(f"artifacts: {settings.root / 'registry' / 'objects'}")
-    out.print(f"datasets:  Iceberg catalog {settings.root / 'iceberg' / 'catalog.db'}")
+    out.print(f"artifacts: {open_registry(settings.root / 'registry').location}/objects")
+    catalog = CatalogConfig.at(settings.root)
+    tables = "" if catalog.warehouse.startswith("file://") else f", tables in {catalog.warehouse}"
+    where = catalog.uri.removeprefix("sqlite:///") if catalog.uri.startswith("sqlite:///") else "in $FACTORY_DATABASE_URL"
+    out.print(f"datasets:  Iceberg catalog {where}{tables}")
     out.print(f"Dagster UI: {hint(settings, 'ui')}, then open http://127.0.0.1:3000", markup=False, highlight=False)
 
 
@@ -82,7 +85,7 @@ def preflight(experiment: Path, variants: list[Experiment], settings: Settings, 
     if launcher == "volcano":
         _submittable(variants, cluster)
     profile = load_profile(cluster) if cluster is not None else None
-    registry = ArtifactStore(settings.root / "registry")
+    registry = open_registry(settings.root / "registry")
     [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(settings.root)), cluster=profile,
                            bases=lambda variant: resolve(variant, registry), registry=registry)
     for warning in report.warnings:

@@ -35,6 +35,7 @@ from factory.config.stages import STAGES, StageSpec
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError, ConfigError
 from factory.launch.local import stage_argv
+from factory.registry import STORE_ENV
 from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.ops.lineage import Lineage
@@ -239,6 +240,7 @@ def _run_stage(request: StageRequest, source: Source, scratch: Path) -> Manifest
     path = request.write(scratch / f"{request.spec.kind}-{request.spec.fingerprint[:12]}.json")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source.pythonpath, os.environ.get("PYTHONPATH")]))}
     env.pop("DAGSTER_PIPES_CONTEXT", None)
+    env.pop(STORE_ENV, None)  # a reproduction computes into its scratch registry and catalog, on local disk
     done = subprocess.run(stage_argv(path, sys.executable, request.processes), cwd=source.cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])

@@ -42,6 +42,7 @@ from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates, check
 from factory.podium.render import pygments_css, render_row
 from factory.podium.sql import parse_params
 from factory.registry.store import ArtifactStore
+from factory.registry import open_registry
 
 log = logging.getLogger("factory.podium")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -75,7 +76,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
     also its host name, addresses and `allowed_hosts`), which keeps DNS rebinding out.
     """
     config = CatalogConfig.at(root)
-    registry = ArtifactStore(root / "registry")
+    registry = open_registry(root / "registry")
     podium = Podium(browser=Browser(open_catalog(config)), registry=registry, generator=Generator(registry))
     templates = jinja2.Environment(loader=jinja2.PackageLoader("factory.podium", "templates"), autoescape=True,
                                    undefined=jinja2.StrictUndefined)

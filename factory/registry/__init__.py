@@ -1,6 +1,36 @@
-"""Immutable content-addressed artifacts, their manifests and provenance."""
+"""Immutable content-addressed artifacts, their manifests and provenance: on local disk (`ArtifactStore`), or in the object
+store `$FACTORY_STORE` names (`ObjectRegistry`); `open_registry` picks."""
 
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from factory.errors import ConfigError
 from factory.registry.provenance import git_commit
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 
-__all__ = ["ArtifactStore", "Manifest", "Provenance", "git_commit"]
+if TYPE_CHECKING:
+    from factory.registry.objects import ObjectRegistry
+
+STORE_ENV = "FACTORY_STORE"
+"""An object store for the artifacts and the warehouse (`s3://bucket/prefix`); unset: everything under the root."""
+
+__all__ = ["STORE_ENV", "ArtifactStore", "Manifest", "Provenance", "git_commit", "open_registry"]
+
+
+def open_registry(local: str | Path) -> ArtifactStore | ObjectRegistry:
+    """The registry: in `$FACTORY_STORE` (under `<store>/registry`, with `local` for staging, work and copies read)
+    when it names an object store, else on local disk at `local`."""
+    store = os.environ.get(STORE_ENV, "").strip()
+    if not store:
+        return ArtifactStore(local)
+    scheme, separator, _ = store.partition("://")
+    if not separator or scheme == "file":
+        raise ConfigError(f"{STORE_ENV}={store}: name an object store (s3://bucket/prefix); the local directory is the "
+                          "root (--root, or root in factory.toml), where everything lives when FACTORY_STORE is unset")
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+
+    return ObjectRegistry(open_store(f"{store.rstrip('/')}/registry"), local)

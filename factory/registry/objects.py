@@ -53,7 +53,14 @@ class ObjectRegistry(Scratch):
         self._check_layout(setting)
 
     def path(self, digest: str) -> Path:
-        """Where `open` puts the local copy of an artifact (it may not be there yet)."""
+        """The local copy of an artifact, fetched (as `open` does) when the store has it; where the copy would be when it
+        does not (readers of optional files find nothing there)."""
+        try:
+            return self.open(digest)
+        except ArtifactError:
+            return self._copy(digest)
+
+    def _copy(self, digest: str) -> Path:
         _check(DIGEST, digest, "an artifact digest (64 hex digits)")
         return self.root / "cache" / "objects" / digest
 
@@ -65,7 +72,7 @@ class ObjectRegistry(Scratch):
 
     def open(self, digest: str) -> Path:
         """A local directory holding the artifact's files, each checked against its sha256; raise if it is not there."""
-        target = self.path(digest)
+        target = self._copy(digest)
         if target.is_dir():
             return target
         names = [key.removeprefix(f"objects/{digest}/") for key in self.store.list(f"objects/{digest}/")]
@@ -174,22 +181,31 @@ class ObjectRegistry(Scratch):
                     problems.append(f"{name}: sha256 differs from the manifest's")
         return problems
 
+    def read_manifest(self, key: str, *, missing_ok: bool = False) -> Manifest | None:
+        """The manifest at `key` (`manifests/<fingerprint>.json`), None when absent and `missing_ok`; ArtifactError when it
+        is absent otherwise, not JSON, lacks a key, has a value of the wrong type or names another fingerprint than its key's."""
+        try:
+            blob = self.store.get(key, limit=RECORD_BYTES)
+            if blob is None:
+                if missing_ok:
+                    return None
+                raise ValueError("no such object")
+            manifest = parse_manifest(json.loads(blob.data))
+            if f"manifests/{manifest.fingerprint}.json" != key:
+                raise ValueError(f"it is the manifest of {manifest.fingerprint[:76]!r}, not of its key's name")
+            return manifest
+        except (ArtifactError, ValueError, TypeError, RecursionError) as e:
+            raise ArtifactError(f"manifest {self.location}/{key} is unreadable ({e}); remove it to recompute the stage") from e
+
     def _manifest(self, fingerprint: str) -> Manifest | None:
         """The manifest stored for `fingerprint`, or None (with a warning, once, when it is damaged)."""
         key = self._manifest_key(fingerprint)
         try:
-            blob = self.store.get(key, limit=RECORD_BYTES)
-            if blob is None:
-                return None
-            manifest = parse_manifest(json.loads(blob.data))
-            if manifest.fingerprint != fingerprint:
-                raise ValueError(f"it is the manifest of {manifest.fingerprint[:76]!r}, not of its key's name")
-            return manifest
-        except (ArtifactError, ValueError, TypeError, RecursionError) as e:
-            where = f"{self.location}/{key}"
-            if where not in _warned:
-                _warned.add(where)
-                log.warning("skipping damaged manifest %s (%s); remove it to recompute the stage", where, e)
+            return self.read_manifest(key, missing_ok=True)
+        except ArtifactError as e:
+            if key not in _warned:
+                _warned.add(key)
+                log.warning("skipping damaged %s", e)
             return None
 
     def _intact(self, manifest: Manifest, rehash: bool) -> bool:

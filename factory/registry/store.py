@@ -155,6 +155,7 @@ class ArtifactStore(Scratch):
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
+        self.location = str(self.root)
 
     def path(self, digest: str) -> Path:
         """Directory of a published artifact."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from factory.errors import ArtifactError
 from factory.registry.files import sha256_file, structural_damage
+from factory.registry.objects import ObjectRegistry
 from factory.registry.store import ArtifactStore
 
 
@@ -31,8 +32,10 @@ class Damage:
         return asdict(self)
 
 
-def verify(store: ArtifactStore) -> list[Damage]:
+def verify(store: ArtifactStore | ObjectRegistry) -> list[Damage]:
     """Every damaged manifest, then the damage of every artifact a readable manifest names (each once)."""
+    if isinstance(store, ObjectRegistry):
+        return _verify_objects(store)
     damaged: list[Damage] = []
     checked: set[str] = set()
     for path in store.manifest_paths():
@@ -61,3 +64,20 @@ def object_damage(base: Path, files: Mapping[str, Mapping[str, Any]]) -> list[st
         except OSError as e:
             problems.append(f"{name}: unreadable ({e.strerror or e})")
     return problems
+
+
+def _verify_objects(registry: ObjectRegistry) -> list[Damage]:
+    """`verify` for a registry in an object store: each manifest read whole, each artifact's objects downloaded and hashed."""
+    damaged: list[Damage] = []
+    checked: set[str] = set()
+    for key in registry.store.list("manifests/"):
+        try:
+            manifest = registry.read_manifest(key)
+        except ArtifactError as e:
+            damaged.append(Damage(kind="manifest", path=f"{registry.location}/{key}", problem=str(e.__cause__ or e)))
+            continue
+        if manifest.digest not in checked:
+            checked.add(manifest.digest)
+            where = f"{registry.location}/objects/{manifest.digest}"
+            damaged.extend(Damage(kind="object", path=where, problem=problem) for problem in registry.damage(manifest))
+    return damaged

@@ -14,7 +14,7 @@ from factory.config.kinds import registered_kinds
 from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.lease import abandoned
-from factory.registry.store import ArtifactStore
+from factory.registry import open_registry
 from factory.runtime import runner
 from factory.runtime.context import WARNINGS, StageContext
 from factory.runtime.exits import say_error, stop_on_signals
@@ -39,7 +39,7 @@ def run(request: StageRequest) -> None:
                 _run_main(request, reporter, world)
             elif broadcast(world, None) == "miss":
                 with tempfile.TemporaryDirectory(prefix="rank-") as scratch:
-                    registry = ArtifactStore(request.registry)
+                    registry = open_registry(request.registry)
                     runner(request.spec.kind)(StageContext(request=request, registry=registry, out=Path(scratch), reporter=reporter))
     finally:
         leave(world)
@@ -47,7 +47,7 @@ def run(request: StageRequest) -> None:
 
 def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
     spec = request.spec
-    registry = ArtifactStore(request.registry)
+    registry = open_registry(request.registry)
     with registry.lease(
         spec.fingerprint,
         owner=f"{spec.kind} for {request.provenance.experiment} (pid {os.getpid()} on {socket.gethostname()})",
