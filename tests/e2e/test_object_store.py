@@ -1,6 +1,7 @@
 """The factory on an object store: `FACTORY_STORE` pointing at a real S3 server process (moto's, `tests/s3server.py`),
 one experiment through Dagster end to end. Every artifact and table file is in the bucket and none under the local root;
-a second run computes nothing; an object deleted from the bucket is found by `plan` and computed again."""
+a second run computes nothing; Podium browses and generates from the bucket; `registry verify` names a changed object;
+an object deleted from the bucket is found by `plan` and computed again."""
 
 from __future__ import annotations
 
@@ -50,6 +51,31 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         assert plan.returncode == 0, plan.stderr[-3000:]
         assert {s["kind"]: s["status"] for s in json.loads(plan.stdout)["stages"]} == {kind: "cached" for kind in
                                                                                          {s["kind"] for s in json.loads(plan.stdout)["stages"]}}
+
+        # Podium browses a table in the bucket and generates from a checkpoint in it.
+        from starlette.testclient import TestClient
+
+        from factory.podium.app import create_app
+        from factory.podium.generate import candidates
+
+        table = json.loads((registry.open(kinds["filtered_datasets"].digest) / "datasets.json").read_text())["src"]["table"]
+        podium = TestClient(create_app(root), base_url="http://127.0.0.1:8765", headers={"origin": "http://127.0.0.1:8765"})
+        page = podium.get(f"/t/{table}")
+        assert page.status_code == 200 and "rows 1–" in page.text
+        [checkpoint, *_] = candidates(registry)
+        completion = podium.post("/generate", data={"ckpt": checkpoint.sha256, "prompt": "def main():\n", "new_tokens": "8"})
+        assert completion.status_code == 200 and completion.text.count('class="completion"') == 1
+
+        # `factory registry verify` reads every object in the bucket, and names the one changed there.
+        verified = factory("registry", "verify", "--root", str(root), env=env)
+        assert verified.returncode == 0 and f"registry {server.url}/registry: every manifest and artifact intact" in verified.stdout
+        model = kinds["model"]
+        name = sorted(model.files)[0]
+        key = f"objects/{model.digest}/{name}"
+        data = registry.store.get(key, limit=1 << 30).data
+        registry.store.put(key, bytes([data[0] ^ 1]) + data[1:])
+        verified = factory("registry", "verify", "--root", str(root), env=env)
+        assert verified.returncode == 1 and f"{name}: sha256 differs from the manifest's" in verified.stdout
 
         pretrain = kinds["pretrain"]
         registry.store.delete(f"objects/{pretrain.digest}/{sorted(pretrain.files)[0]}")
