@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
 from factory.errors import ConfigError
+from factory.registry import STORE_ENV
 from factory.track.base import BaseRun, Status, TrackingConfig
 
 RUN_KEY_TAG = "factory.run_key"
@@ -86,17 +88,19 @@ def open_mlflow_run(config: TrackingConfig, root: Path, *, name: str, run_key: s
 
 
 def store_location(config: TrackingConfig, root: Path) -> tuple[str, str | None]:
-    """The tracking URI and, unless a server decides it, the artifact location for new experiments."""
-    local_artifacts = (root / STORE_DIR / "artifacts").resolve()
+    """The tracking URI and, unless a server decides it, the artifact location for new experiments: `<store>/mlflow`
+    when `$FACTORY_STORE` names an object store, else under the root."""
+    object_store = os.environ.get(STORE_ENV, "").strip().rstrip("/")
+    artifacts = f"{object_store}/mlflow" if "://" in object_store else (root / STORE_DIR / "artifacts").resolve().as_uri()
     if config.uri is None:
         store = (root / STORE_DIR).resolve()
         store.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{store / 'mlflow.db'}", local_artifacts.as_uri()
+        return f"sqlite:///{store / 'mlflow.db'}", artifacts
     if _is_http(config.uri):
         return config.uri, None
     if config.uri.startswith("sqlite:///"):
         Path(config.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return config.uri, local_artifacts.as_uri()
+    return config.uri, artifacts
 
 
 def run_url(uri: str, *, experiment_id: str, run_id: str) -> str:

@@ -173,3 +173,13 @@ def test_the_sqlite_store_is_imported_with_the_backend_not_when_a_stage_opens_it
     assert done.returncode == 0, done.stderr[-2000:]
     assert "mlflow.store.tracking.sqlalchemy_store" not in done.stdout.split()
     assert (tmp_path / "mlflow" / "mlflow.db").is_file()
+
+
+def test_with_an_object_store_new_experiments_keep_their_artifacts_in_it(root, client, monkeypatch):
+    monkeypatch.setenv("FACTORY_STORE", "s3://team-bucket/factory/")
+    run = open_run(CONFIG, root, name="tiny/pretrain", run_key="fp-store")
+    run.finish("finished")
+    [experiment] = [e for e in client.search_experiments() if e.name == CONFIG.experiment]
+    assert experiment.artifact_location == "s3://team-bucket/factory/mlflow"
+    monkeypatch.delenv("FACTORY_STORE")
+    assert store_location(CONFIG, root)[1] == (root / "mlflow" / "artifacts").resolve().as_uri()
