@@ -8,6 +8,8 @@ Keys in the store:
     verified/<digest>.json        the ETag of each file when its sha256 was last checked (at upload, or by reading)
     layout.json                   the layout of these keys (`LAYOUT`): a store written by a newer factory is refused
     leases/<fingerprint>.lease    see `factory.registry.object_lease`
+    work/<fingerprint>/<name>     a running stage's scratch (checkpoints, logs) as of its last checkpoint: a relaunch on
+                                  any machine resumes from it
     refs/<name>                   a named digest
 
 A lookup proves an artifact intact from the store's own metadata, reading no bytes: every file is there with its size,
@@ -32,7 +34,7 @@ from typing import Any
 
 from factory.errors import ArtifactError, ConfigError
 from factory.registry import object_lease
-from factory.registry.files import DIGEST, NAME, RECORD_BYTES, hash_files, make_read_only, sha256_file
+from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, sha256_file
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
 from factory.storage import ObjectStore
@@ -50,6 +52,7 @@ class ObjectRegistry(Scratch):
         self.store = store
         self.root = Path(local).resolve()
         self.location = store.uri
+        self._hashed: dict[tuple[str, str], tuple[tuple[int, int, int], str]] = {}
         self._check_layout(setting)
 
     def path(self, digest: str) -> Path:
@@ -119,6 +122,46 @@ class ObjectRegistry(Scratch):
                 manifest = self._manifest(fingerprint)
                 if manifest is not None and (kind is None or manifest.kind == kind):
                     yield manifest
+
+    def work(self, fingerprint: str) -> Path:
+        """A stage's scratch directory; a new one starts as the store's copy (`save_work`) of a run that stopped."""
+        path = self.work_path(fingerprint)
+        if not (path.is_dir() and any(path.iterdir())):
+            prefix = f"work/{fingerprint}/"
+            for key in self.store.list(prefix):
+                target = path / key.removeprefix(prefix)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.store.download(key, target)
+                claimed = self.store.stat(key)
+                if claimed is not None and claimed.sha256 not in (None, sha256_file(target)):
+                    raise ArtifactError(f"{self.location}/{key} does not hash to the sha256 it was saved with; remove "
+                                        f"{self.location}/{prefix} to train {fingerprint[:12]} from its start")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def save_work(self, fingerprint: str) -> None:
+        """Copy the scratch directory as it is now (a checkpoint was just saved) to `work/<fingerprint>/` in the store:
+        its new and changed files, then the removal of those retention deleted. A file is hashed once per version
+        (size, mtime, inode) in this process; a save in progress (`*.tmp`) is not copied."""
+        path, prefix = self.work_path(fingerprint), f"work/{fingerprint}/"
+        stored = {key.removeprefix(prefix): self.store.stat(key) for key in self.store.list(prefix)}
+        found, _ = entries(path) if path.is_dir() else ({}, [])
+        local = {name: info for name, info in found.items() if not any(part.endswith(".tmp") for part in name.split("/"))}
+        for name, info in sorted(local.items(), key=lambda item: item[0].endswith(".json")):  # a checkpoint's record last
+            version = (info.st_size, info.st_mtime_ns, info.st_ino)
+            if (known := self._hashed.get((fingerprint, name))) is None or known[0] != version:
+                known = self._hashed[(fingerprint, name)] = (version, sha256_file(path / name))
+            copy = stored.get(name)
+            if copy is None or copy.size != info.st_size or copy.sha256 != known[1]:
+                self.store.upload(prefix + name, path / name, sha256=known[1])
+        for name in sorted(stored.keys() - local.keys(), key=lambda name: not name.endswith(".json")):  # its record first
+            self.store.delete(prefix + name)
+
+    def drop_work(self, fingerprint: str) -> None:
+        """Remove a stage's scratch directory, here and in the store (after its artifact is published)."""
+        super().drop_work(fingerprint)
+        for key in self.store.list(f"work/{_check(NAME, fingerprint, 'a fingerprint')}/"):
+            self.store.delete(key)
 
     def publish(
         self,

@@ -139,6 +139,10 @@ class Scratch:
         """Remove a stage's scratch directory (after its artifact is published)."""
         shutil.rmtree(self.work_path(fingerprint), ignore_errors=True)
 
+    def save_work(self, fingerprint: str) -> None:
+        """Make the scratch directory as it is now (a checkpoint was just saved) the one a relaunch resumes from, on any
+        machine. Here it is: the directory is on the disk every relaunch reads."""
+
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:
         """A fresh directory to write an artifact into; removed unless it was published."""

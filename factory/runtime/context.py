@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import BLEND, provider, stage_kind
 from factory.config.section import Section
 from factory.registry.layout import BLEND_FILE
+from factory.train.records import SAVED, CheckpointEvent
 
 if TYPE_CHECKING:
     from factory.data.blend import Blend
@@ -62,6 +63,13 @@ class StageContext:
             return getattr(self.settings, kind.section, None)
         raw = self.request.spec.config.get(kind.section)  # a kind fingerprinted on its section alone (the default)
         return kind.config.model_validate(raw) if kind.config is not None and raw is not None else None
+
+    def checkpoint(self, event: CheckpointEvent) -> None:
+        """Hear of a checkpoint saved or deleted (rank 0): report it, and after a save keep the work directory where a
+        relaunch on any machine resumes from it (`save_work`: the store, for a registry in an object store)."""
+        self.reporter.checkpoint(event)
+        if event.event == SAVED:
+            self.registry.save_work(self.request.spec.fingerprint)
 
     def upstream(self, name: str) -> Path:
         """Directory of the upstream artifact this stage was planned with."""

@@ -70,7 +70,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ctx.log.info("GRPO from the %s model on %d tasks: %d learner(s), %d actor(s)", start, len(rows), roles.learners, roles.actors)
     with tracked_run(ctx, world, work) as (tracker, report):
         result = train_rl(rows, tokenizer, eos_id, final_weights(ctx, start), model_config, config, ctx.settings.seed, roles, work,
-                          ctx.log, report, on_checkpoint=ctx.reporter.checkpoint)
+                          ctx.log, report, on_checkpoint=ctx.checkpoint)
     if not world.is_main:
         return {}
     publish_checkpoints(ctx, work, result.checkpoints)

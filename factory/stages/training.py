@@ -75,7 +75,7 @@ def train_stage(
             result = pretrain(
                 data, vocab_size, model_config, config, ctx.settings.seed, work, ctx.log, report, world,
                 control=control, validation=validation, on_control=acted, on_step=on_step, init=init,
-                on_checkpoint=ctx.reporter.checkpoint,
+                on_checkpoint=ctx.checkpoint,
             )
     if not world.is_main:
         return {}

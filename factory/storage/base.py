@@ -23,6 +23,8 @@ from factory.errors import ArtifactError
 MAX_KEY_BYTES = 1024
 """S3's limit on a key's length (UTF-8), the store's prefix included."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+RESERVED = ".~"
+"""No key segment starts with it: a backend's own files (the local one's temp, lock and sha256 files) do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +75,10 @@ def _key_problem(key: str) -> str:
     for segment in key.split("/"):
         if not segment:
             return "an empty segment (`//` or a trailing `/`)"
-        if segment.startswith("."):
-            return f"segment {segment!r} starts with `.` (`..` would leave the store; other dot names are the store's own)"
+        if segment in (".", ".."):
+            return f"segment {segment!r} (`..` would leave the store)"
+        if segment.startswith(RESERVED):
+            return f"segment {segment!r} starts with `{RESERVED}`, which names the store's own files"
     return ""
 
 

@@ -4,15 +4,15 @@ Every path is opened segment by segment from the root with O_NOFOLLOW (`_parent`
 directory inside the root can lead outside it; a read opens regular files only (lstat first, so a device is never
 opened; O_NONBLOCK, so a FIFO swapped in never blocks; fstat after) and bounds what it reads.
 
-Writes go to a temp file beside the key (`.<name>.<random>.tmp`: a key never starts with `.`), fsynced, then:
-`create` links it in (a link never replaces), the others rename it over the key under an flock of `.<name>.lock`, so
+Writes go to a temp file beside the key (`.~<name>.<random>.tmp`: no key segment starts with `.~`), fsynced, then:
+`create` links it in (a link never replaces), the others rename it over the key under an flock of `.~<name>.lock`, so
 that `replace` compares and swaps atomically. Objects are read-only files: a version is never changed in place.
 
 The ETag is a stat token: mtime_ns, ctime_ns, inode and size. Each write sets its file's mtime to the nanosecond
 clock (under the lock, past the version it replaces), so two versions never share one; ctime cannot be set back, so a
 change made in place and hidden by restoring mtime changes it too. (A reader that opens a created object in the
 microseconds between its link and the removal of its temp name sees an earlier ctime: its `replace` then loses once
-and reads again, as after any lost race.) `upload`'s sha256 is kept in `.<name>.sha256` with the ETag it belongs to:
+and reads again, as after any lost race.) `upload`'s sha256 is kept in `.~<name>.sha256` with the ETag it belongs to:
 a later version makes it stale, and a stale one is ignored.
 """
 
@@ -31,7 +31,7 @@ from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from factory.errors import ArtifactError, ConfigError
-from factory.storage.base import Blob, ObjectStore, Stat, too_large
+from factory.storage.base import RESERVED, Blob, ObjectStore, Stat, too_large
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -126,11 +126,11 @@ class LocalStore(ObjectStore):
             if parent is None:
                 return []
             for top, dirs, names, top_fd in os.fwalk(".", dir_fd=parent, follow_symlinks=False):
-                dirs[:] = [name for name in dirs if not name.startswith(".")]
+                dirs[:] = [name for name in dirs if not name.startswith(RESERVED)]
                 base = os.path.normpath(os.path.join(directory, top))
                 for name in names:
                     key = name if base == "." else f"{base}/{name}"
-                    if not name.startswith(".") and key.startswith(prefix) and _is_regular(name, top_fd):
+                    if not name.startswith(RESERVED) and key.startswith(prefix) and _is_regular(name, top_fd):
                         keys.append(key)
         return keys
 
@@ -262,7 +262,7 @@ def _kind(mode: int) -> str:
 
 
 def _sidecar(name: str) -> str:
-    return f".{name}.sha256"
+    return f"{RESERVED}{name}.sha256"
 
 
 def _set_mtime(fd: int, ns: int) -> None:
@@ -290,7 +290,7 @@ def _copy(source: int, out: int) -> None:
 def _temp(parent: int, name: str, fill: Callable[[int], None]) -> Iterator[tuple[str, int]]:
     """A new read-only temp file beside `name`, filled and fsynced: its name and an fd open for writing. Removed on
     exit unless it was renamed or linked in and removed by the caller."""
-    temp = f".{name}.{secrets.token_hex(6)}.tmp"
+    temp = f"{RESERVED}{name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _OBJECT_MODE, dir_fd=parent)
     try:
         fill(fd)
@@ -304,8 +304,8 @@ def _temp(parent: int, name: str, fill: Callable[[int], None]) -> Iterator[tuple
 
 @contextlib.contextmanager
 def _locked(parent: int, name: str) -> Iterator[None]:
-    """An exclusive flock of `.<name>.lock` beside `name` (the lock file stays: removing it would race its users)."""
-    fd = os.open(f".{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=parent)
+    """An exclusive flock of `.~<name>.lock` beside `name` (the lock file stays: removing it would race its users)."""
+    fd = os.open(f"{RESERVED}{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=parent)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

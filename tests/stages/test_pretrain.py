@@ -7,6 +7,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -18,9 +19,11 @@ from factory.data.catalog import CatalogConfig
 from factory.errors import StageFailed
 from factory.launch import LocalLauncher, stage_argv
 from factory.registry.layout import METRICS_FILE, POSITIONS_FILE
+from factory.registry import open_registry
 from factory.registry.store import ArtifactStore, Provenance
 from factory.runtime.request import StageRequest
 from tests.stages.conftest import run_stages
+from tests.s3server import running_s3
 from tests.stages.test_runners import SOURCES
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]  # three stage processes, one of two ranks under torchrun
@@ -78,20 +81,26 @@ def kill_stage_after(work: Path, step: int, failures: list[BaseException], threa
     return logged_step(work)
 
 
-def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(tmp_path, tiny_path, capsys):
+def upstream_and_placements(tmp_path: Path, tiny_path: Path) -> tuple[dict[str, str], Any, Any]:
+    """The stages up to the tokenizer, run into `tmp_path/registry`: their digests, and the tiny experiment training on
+    two ranks and on one."""
     source = tmp_path / "src"
     data = {"datasets": {"code": {"source": {"kind": "directory", "path": str(source)}}},
             "blend": [{"dataset": "code", "weight": 1, "mode": "oversample"}], "validation_percent": 10}
     artifacts = run_stages(tmp_path, tiny_path, SOURCES, "src", "tokenizer", tokenizer={"vocab_size": 300}, data=data,
                            resources={"processes_per_node": 2}, **TRAINING)
-    digests = {kind: path.name for kind, path in artifacts.items()}
-    registry, reference_registry = ArtifactStore(tmp_path / "registry"), ArtifactStore(tmp_path / "reference-registry")
-    shutil.copytree(registry.root, reference_registry.root)  # the same upstream artifacts, for a run that is never killed
     tiny = load(tiny_path)
     sections = {name: getattr(tiny, name).model_validate(value) for name, value in {**TRAINING, "tokenizer": {"vocab_size": 300}}.items()}
     two = tiny.model_copy(update={"data": tiny.data.model_validate(data), "resources": tiny.resources.model_validate({"processes_per_node": 2}),
                                   **sections})
     one = two.model_copy(update={"resources": two.resources.model_validate({"processes_per_node": 1})})
+    return {kind: path.name for kind, path in artifacts.items()}, two, one
+
+
+def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(tmp_path, tiny_path, capsys):
+    digests, two, one = upstream_and_placements(tmp_path, tiny_path)
+    registry, reference_registry = ArtifactStore(tmp_path / "registry"), ArtifactStore(tmp_path / "reference-registry")
+    shutil.copytree(registry.root, reference_registry.root)  # the same upstream artifacts, for a run that is never killed
     assert plan_stage(one, "pretrain", digests).fingerprint == plan_stage(two, "pretrain", digests).fingerprint, "placement is not in it"
     fingerprint = plan_stage(two, "pretrain", digests).fingerprint
 
@@ -119,6 +128,52 @@ def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(t
     assert manifest.summary["tokens_seen"] == reference.summary["tokens_seen"], "the same global batches, whatever the ranks"
     ours, theirs = registry.path(manifest.digest), reference_registry.path(reference.digest)
     assert (ours / POSITIONS_FILE).read_text() == (theirs / POSITIONS_FILE).read_text(), "the loader went through the same positions"
+    losses = [[json.loads(line)["loss"] for line in (where / METRICS_FILE).read_text().splitlines()] for where in (ours, theirs)]
+    assert len(losses[0]) == STEPS
+    torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_stage_killed_on_two_ranks_on_one_machine_resumes_on_one_rank_on_another_from_the_object_store(tmp_path, tiny_path, capsys, monkeypatch):
+    """With the registry in S3 (moto's server), the sharded checkpoints two ranks saved are in the bucket; a relaunch on
+    one rank in a machine that never saw the work directory resumes from them and ends as a run never killed does."""
+    digests, two, one = upstream_and_placements(tmp_path, tiny_path)
+    local = ArtifactStore(tmp_path / "registry")
+    fingerprint = plan_stage(two, "pretrain", digests).fingerprint
+
+    with running_s3(relay=False) as server:
+        for name, value in {**server.env(), "FACTORY_STORE": server.url}.items():
+            monkeypatch.setenv(name, value)
+        machine_a, machine_b = open_registry(tmp_path / "machine-a"), open_registry(tmp_path / "machine-b")
+        for m in local.manifests():  # the upstream artifacts, published to the bucket
+            machine_a.publish(local.path(m.digest), kind=m.kind, fingerprint=m.fingerprint, config=m.config, inputs=m.inputs,
+                              code=m.code, provenance=Provenance(experiment=m.experiment, config_hash=m.config_hash,
+                                                                  git_commit=m.git_commit), summary=m.summary)
+        failures: list[BaseException] = []
+        thread = threading.Thread(target=launch_failing, daemon=True, args=(
+            pretrain_request(two, digests, machine_a, tmp_path / "catalog", tmp_path / "two.json"), failures))
+        thread.start()
+        killed_at = kill_stage_after(machine_a.work_path(fingerprint), EVERY + 5, failures, thread)
+        assert EVERY + 5 <= killed_at < STEPS and failures, failures
+        saved = machine_a.store.list(f"work/{fingerprint}/checkpoints/")
+        assert any(key.endswith(f"step_{EVERY:06d}.json") for key in saved), saved
+        assert not machine_b.work_path(fingerprint).exists()
+        capsys.readouterr()
+
+        launch(pretrain_request(one, digests, machine_b, tmp_path / "catalog", tmp_path / "one.json"))
+        err = capsys.readouterr().err
+        resumed = (killed_at // EVERY) * EVERY
+        assert f"resuming from step_{resumed:06d}" in err or f"resuming from step_{resumed - EVERY:06d}" in err, err[-3000:]
+        manifest = machine_b.lookup(fingerprint)
+        assert manifest.summary["ranks"] == 1 and manifest.summary["resumed_from_step"] >= EVERY
+        assert machine_b.store.list(f"work/{fingerprint}/") == []  # published: the scratch is gone from the bucket too
+        ours = machine_b.open(manifest.digest)
+
+    monkeypatch.delenv("FACTORY_STORE")
+    launch(pretrain_request(one, digests, local, tmp_path / "catalog", tmp_path / "reference.json"))  # never killed, on disk
+    reference = local.lookup(fingerprint)
+    theirs = local.path(reference.digest)
+    assert manifest.summary["tokens_seen"] == reference.summary["tokens_seen"]
+    assert (ours / POSITIONS_FILE).read_text() == (theirs / POSITIONS_FILE).read_text()
     losses = [[json.loads(line)["loss"] for line in (where / METRICS_FILE).read_text().splitlines()] for where in (ours, theirs)]
     assert len(losses[0]) == STEPS
     torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)

@@ -10,7 +10,7 @@ from factory.errors import ArtifactError
 from factory.storage import Blob, ObjectStore
 from factory.storage.s3 import PART_BYTES
 
-BAD_KEYS = ["", "/etc/passwd", "../outside", "a/../../outside", "a//b", "a/", "./a", "a/./b", ".hidden", "a/.b.lock",
+BAD_KEYS = ["", "/etc/passwd", "../outside", "a/../../outside", "a//b", "a/", "./a", "a/./b", ".~lock", "a/.~b.lock",
             "a\x00b", "a\nb", "x" * 1025]
 
 
