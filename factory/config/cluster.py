@@ -10,7 +10,10 @@ A profile is YAML, kept with the deployment rather than with any experiment:
       namespace: model-factory
       kubeconfig: ~/.kube/config
       image_registry: registry.example.com/ml
-      storage: {claim: factory-store, mount_path: /store}
+      storage: {claim: factory-store, mount_path: /store}     # or, for artifacts and tables, an object store:
+      store: {uri: "s3://team-bucket/factory", endpoint: "https://s3.example.com", region: eu-west-1}
+      env_secrets: {AWS_ACCESS_KEY_ID: {secret: factory-s3, key: access-key-id},
+                    AWS_SECRET_ACCESS_KEY: {secret: factory-s3, key: secret-access-key}}
       evaluations: {queue: cpu, image: registry.example.com/ml/model-factory@sha256:...}
     pools: {training: 4, evaluation: 8}
 
@@ -63,6 +66,34 @@ class StorageSpec(Section):
     """Where it is mounted in every pod."""
 
 
+class StoreSpec(Section):
+    """The object store the stages' pods read and write artifacts, checkpoints and tables in (`FACTORY_STORE` in each pod,
+    with the endpoint and region as the standard AWS variables); its credentials are `env_secrets` (`AWS_ACCESS_KEY_ID`,
+    `AWS_SECRET_ACCESS_KEY`), or the pod's own identity when there are none."""
+
+    uri: str = Field(pattern=r"^[a-z][a-z0-9+.-]*://[^/\s]+(/\S*)?$")
+    """`s3://bucket/prefix`."""
+    endpoint: str | None = Field(None, pattern=r"^https?://\S+$")
+    """The S3 endpoint (None: the provider's default for the region)."""
+    region: str | None = Field(None, pattern=r"^[a-z0-9-]{1,64}$")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        from factory.storage import BACKENDS
+
+        scheme = uri.partition("://")[0]
+        if scheme == "file" or scheme not in BACKENDS:
+            known = ", ".join(f"{name}://" for name in BACKENDS if name != "file")
+            raise ValueError(f"{scheme}:// is no object store the factory knows; known: {known}")
+        return uri
+
+    def environ(self) -> dict[str, str]:
+        """What each pod's environment says of the store (no credential: those are Secret references)."""
+        return {"FACTORY_STORE": self.uri, **({"AWS_ENDPOINT_URL": self.endpoint} if self.endpoint else {}),
+                **({"AWS_REGION": self.region} if self.region else {})}
+
+
 class EvaluationPlacement(Section):
     """Where evaluation batches run: a batch scores checkpoints of any experiment with the code location's evaluator, so it
     runs in the code location's image, not in one experiment's."""
@@ -94,7 +125,10 @@ class KubernetesSettings(Section):
     service_account: str = "factory-launcher"
     """The pods' service account (its API token is never mounted)."""
     storage: StorageSpec | None = None
-    """The shared volume (None: the pods share storage some other way, e.g. the node's disk on a one-node cluster)."""
+    """The shared volume (None: the pods share storage some other way: an object store, `store`, or the node's disk on a
+    one-node cluster)."""
+    store: StoreSpec | None = None
+    """The object store artifacts, checkpoints and tables live in; with it, `storage` is not needed for them."""
     env_secrets: dict[str, SecretRef] = {}
     """Credentials the stages need (e.g. a tracker token), as Secret references."""
     max_retry: int = Field(3, ge=0, le=1000)

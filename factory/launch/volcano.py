@@ -63,7 +63,8 @@ def cluster_job_spec(experiment: Experiment, stage: StageSpec, settings: Kuberne
 
 def _on_cluster(spec: JobSpec, settings: KubernetesSettings, env: Mapping[str, str]) -> JobSpec:
     return replace(
-        spec, env=dict(env), image=with_registry(spec.image, settings.image_registry), namespace=settings.namespace,
+        spec, env={**(settings.store.environ() if settings.store else {}), **env},
+        image=with_registry(spec.image, settings.image_registry), namespace=settings.namespace,
         service_account=settings.service_account, env_secrets={name: (ref.secret, ref.key) for name, ref in settings.env_secrets.items()},
         storage=(settings.storage.claim, settings.storage.mount_path) if settings.storage else None, max_retry=settings.max_retry,
     )

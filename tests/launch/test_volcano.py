@@ -267,6 +267,31 @@ def test_plan_prints_the_jobs_of_the_stages_that_would_run_placed_on_the_profile
         assert {"name": "NEPTUNE_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "neptune", "key": "token"}}} in container["env"]
 
 
+def test_with_an_object_store_in_the_profile_the_pods_get_it_and_its_credentials_as_secret_references(tiny_path, tmp_path):
+    pinned = tmp_path / "pinned.md"
+    pinned.write_text(f"---\nextends: {tiny_path.resolve()}\nimage: trainer@sha256:{'c' * 64}\n---\n")
+    profile = tmp_path / "cluster.yaml"
+    profile.write_text("launcher: volcano\nqueues:\n  default: {nodes: 2}\nkubernetes:\n  namespace: ml\n"
+                       "  store: {uri: 's3://team-bucket/factory', endpoint: 'https://s3.example.com', region: eu-west-1}\n"
+                       "  env_secrets:\n    AWS_ACCESS_KEY_ID: {secret: factory-s3, key: id}\n"
+                       "    AWS_SECRET_ACCESS_KEY: {secret: factory-s3, key: secret}\n")
+    result = factory("plan", str(pinned), "--launcher", "volcano", "--cluster", str(profile), "--root", str(tmp_path / "state"))
+    assert result.returncode == 0, result.stderr
+    for job in yaml.safe_load_all(result.stdout[result.stdout.index("apiVersion:"):]):
+        validate(job)
+        pod = job["spec"]["tasks"][0]["template"]["spec"]
+        env = pod["containers"][0]["env"]
+        assert {"name": "FACTORY_STORE", "value": "s3://team-bucket/factory"} in env
+        assert {"name": "AWS_ENDPOINT_URL", "value": "https://s3.example.com"} in env and {"name": "AWS_REGION", "value": "eu-west-1"} in env
+        assert {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "factory-s3", "key": "secret"}}} in env
+        assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]  # no shared volume: the pods use the store
+
+    profile.write_text(profile.read_text().replace("s3://team-bucket/factory", "gs://team-bucket/factory"))
+    result = factory("plan", str(pinned), "--launcher", "volcano", "--cluster", str(profile), "--root", str(tmp_path / "state"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{profile}:6" in result.stderr and "gs:// is no object store the factory knows; known: s3://" in result.stderr, result.stderr
+
+
 def test_the_code_location_picks_the_volcano_launcher_from_the_profile_in_the_environment(tmp_path, monkeypatch):
     from resources import StageLauncher, VolcanoStageLauncher, launcher_from_env
 
