@@ -40,6 +40,8 @@ from factory.registry.store import Manifest, Provenance, Scratch, artifact_diges
 from factory.storage import ObjectStore
 
 LAYOUT = 1
+MANIFEST_WRITES = 5
+"""Tries at writing a manifest while other processes write it too (each lost try reads what won)."""
 """The layout of the keys above; a factory refuses a store whose layout is newer than the one it writes."""
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -198,13 +200,18 @@ class ObjectRegistry(Scratch):
                                 code=code, provenance=provenance, summary=summary)
         text = json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode()
         key = self._manifest_key(fingerprint)
-        if self.store.create(key, text) is None:  # another publisher was first, or a damaged manifest is there
-            standing = self.lookup(fingerprint)
+        for _ in range(MANIFEST_WRITES):
+            if self.store.create(key, text) is not None:
+                break
+            standing = self.lookup(fingerprint)  # another publisher was first, or a damaged manifest is there
             if standing is not None:
                 return standing
             blob = self.store.get(key, limit=RECORD_BYTES)
-            if blob is not None:
-                self.store.replace(key, text, blob.etag)  # loses to a publisher that repaired it first: read below
+            if blob is not None and self.store.replace(key, text, blob.etag) is not None:
+                break  # the damaged one replaced; a replace that lost to another publisher's repair reads it next time
+        else:
+            raise ArtifactError(f"the manifest {self.location}/{key} changed under every one of {MANIFEST_WRITES} writes; "
+                                "publish again")
         return self.lookup(fingerprint) or manifest
 
     def damage(self, manifest: Manifest) -> list[str]:
