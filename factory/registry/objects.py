@@ -27,19 +27,26 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from factory.errors import ArtifactError, ConfigError
 from factory.registry import object_lease
-from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, sha256_file
+from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, make_writable, sha256_file
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
 from factory.storage import ObjectStore
 
 LAYOUT = 1
+CACHE_ENV = "FACTORY_STORE_CACHE_GB"
+CACHE_GB = 50.0
+"""How much the local copies of artifacts read from the store may hold (`$FACTORY_STORE_CACHE_GB`)."""
+CACHE_GRACE_S = 600.0
+"""A copy used more recently is never removed to make room."""
 MANIFEST_WRITES = 5
 """Tries at writing a manifest while other processes write it too (each lost try reads what won)."""
 """The layout of the keys above; a factory refuses a store whose layout is newer than the one it writes."""
@@ -79,6 +86,8 @@ class ObjectRegistry(Scratch):
         """A local directory holding the artifact's files, each checked against its sha256; raise if it is not there."""
         target = self._copy(digest)
         if target.is_dir():
+            with contextlib.suppress(OSError):
+                os.utime(target)  # used now: the last a full cache gives up
             return target
         names = [key.removeprefix(f"objects/{digest}/") for key in self.store.list(f"objects/{digest}/")]
         if not names:
@@ -95,7 +104,26 @@ class ObjectRegistry(Scratch):
             make_read_only(copy)
             with contextlib.suppress(OSError):  # another process put the same verified copy there a moment ago
                 os.rename(copy, target)
+        self._trim_cache(keep=target)
         return target
+
+    def _trim_cache(self, keep: Path) -> None:
+        """Remove the least recently used local copies while they hold more than `$FACTORY_STORE_CACHE_GB` (default
+        `CACHE_GB`), never `keep` nor a copy used in the last `CACHE_GRACE_S` (a reader may still be opening its files)."""
+        bound = float(os.environ.get(CACHE_ENV) or CACHE_GB) * (1 << 30)
+        copies = []
+        for path in keep.parent.iterdir():
+            if path.is_dir() and DIGEST.match(path.name):
+                found, _ = entries(path)
+                copies.append((path.stat().st_mtime, sum(info.st_size for info in found.values()), path))
+        total, now = sum(size for _, size, _ in copies), time.time()
+        for used, size, path in sorted(copies):
+            if total <= bound:
+                break
+            if path != keep and now - used > CACHE_GRACE_S:
+                make_writable(path)
+                shutil.rmtree(path, ignore_errors=True)
+                total -= size
 
     def set_ref(self, name: str, digest: str) -> None:
         """Point the named ref at a published artifact."""

@@ -257,3 +257,16 @@ def test_a_store_another_factory_wrote_with_a_newer_layout_is_refused_naming_the
     store.put("layout.json", b"[")
     with pytest.raises(ConfigError, match="layout.json is unreadable"):
         ObjectRegistry(store, tmp_path / "local")
+
+
+def test_local_copies_beyond_the_cache_bound_go_least_recently_used_first(registry, monkeypatch):
+    monkeypatch.setenv("FACTORY_STORE_CACHE_GB", str(2.5 / 1024))  # 2.5 MiB: room for two copies of 1 MiB
+    monkeypatch.setattr("factory.registry.objects.CACHE_GRACE_S", 0.0)
+    digests = [publish(registry, f"fp-{i}", files={"weights.bin": os.urandom(1 << 20)}).digest for i in range(3)]
+    first, second = registry.open(digests[0]), registry.open(digests[1])
+    os.utime(first, (time.time() - 60, time.time() - 60))
+    os.utime(second, (time.time() - 30, time.time() - 30))
+    registry.open(digests[0])  # used again: now the most recent of the two
+    third = registry.open(digests[2])
+    assert first.is_dir() and third.is_dir() and not second.exists()
+    assert registry.open(digests[1]).joinpath("weights.bin").stat().st_size == 1 << 20  # fetched again when asked
