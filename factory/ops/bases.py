@@ -115,9 +115,9 @@ def _from_registry(section: str, ref: ParsedRef, registry: ArtifactStore, pinned
         found = [models[pinned]] if pinned in models else []
         how = "pinned when the run was planned"
     elif ref.form == "alias":
-        now = standing(registry.root, ref.name)
+        now = standing(registry, ref.name)
         if now.model is None:
-            known = ", ".join(known_aliases(registry.root)) or "none yet"
+            known = ", ".join(known_aliases(registry)) or "none yet"
             raise fail(f"alias {ref.name!r} names no model in the registry at {registry.root} (aliases: {known}); promote one with "
                        f"`factory promote MODEL --as {ref.name}`, or name a model by digest (model@<sha256>)")
         found = [models[now.model]] if now.model in models else []

@@ -28,12 +28,12 @@ from factory.ops.reproduce import reproductions
 
 def history(registry: ArtifactStore, alias: str) -> History:
     """The append-only history of an alias."""
-    return aliases.history(registry.root, alias)
+    return aliases.history(registry, alias)
 
 
 def standing(registry: ArtifactStore, alias: str) -> Standing:
     """The model an alias names after its whole history (promotions push, demotions pop)."""
-    return aliases.standing(registry.root, alias)
+    return aliases.standing(registry, alias)
 
 
 def grounds(registry: ArtifactStore, model: Manifest, experiments: Path) -> tuple[str | None, list[str]]:

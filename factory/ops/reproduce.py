@@ -36,7 +36,6 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError, ConfigError
 from factory.launch.local import stage_argv
 from factory.registry import STORE_ENV
-from factory.registry.history import History
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.ops.lineage import Lineage
 from factory.ops.plan import FILES_KEY, source_changes
@@ -91,7 +90,7 @@ class Reproduction:
 
 def reproductions(registry: ArtifactStore, model: str) -> list[dict[str, Any]]:
     """The recorded reproductions of a model, oldest first."""
-    return History(registry.root, f"reproductions/{model}").records()
+    return registry.history(f"reproductions/{model}").records()
 
 
 def reproduce(
@@ -146,7 +145,7 @@ def reproduce(
             if not outcome.matched and not keep_going:
                 break
     result = Reproduction(model=model.digest, experiment=model.experiment, code="; ".join(sources.used), stages=tuple(outcomes))
-    History(registry.root, f"reproductions/{model.digest}").append(result.to_json())
+    registry.history(f"reproductions/{model.digest}").append(result.to_json())
     return result
 
 

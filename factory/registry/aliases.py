@@ -1,6 +1,6 @@
 """Promotion aliases (`production`): each names a model through an append-only history of promotions and demotions.
 
-The history of an alias is `history/promotions/<alias>` in the registry: a promotion pushes a model, a demotion goes
+The history of an alias is `history/promotions/<alias>` in the registry (on disk or in the object store): a promotion pushes a model, a demotion goes
 back to the model named before. What an alias names now is read from the whole history (`standing`); writing it is
 `factory.ops.promote`'s, which checks what allows a promotion first.
 """
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from factory.errors import ConfigError
-from factory.registry.history import History
+
+if TYPE_CHECKING:
+    from factory.registry.history import History
+    from factory.registry.objects import ObjectHistory, ObjectRegistry
+    from factory.registry.store import ArtifactStore
 
 ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 """An alias's name."""
@@ -33,16 +36,16 @@ class Standing:
         return next((r for r in reversed(self.records) if r["action"] == "promote" and r["model"] == self.model), None)
 
 
-def history(root: str | Path, alias: str) -> History:
-    """The append-only history of an alias, in the registry at `root`."""
+def history(registry: ArtifactStore | ObjectRegistry, alias: str) -> History | ObjectHistory:
+    """The append-only history of an alias, in `registry`."""
     if not ALIAS.match(alias):
         raise ConfigError(f"{alias!r} is not an alias name: lower-case letters, digits, '_' and '-' (e.g. production)")
-    return History(root, f"promotions/{alias}")
+    return registry.history(f"promotions/{alias}")
 
 
-def standing(root: str | Path, alias: str) -> Standing:
+def standing(registry: ArtifactStore | ObjectRegistry, alias: str) -> Standing:
     """The model an alias names after its whole history (promotions push, demotions pop)."""
-    records = history(root, alias).records()
+    records = history(registry, alias).records()
     stack: list[str] = []
     for record in records:
         if record["action"] == "promote":
@@ -52,7 +55,6 @@ def standing(root: str | Path, alias: str) -> Standing:
     return Standing(alias=alias, model=stack[-1] if stack else None, records=records)
 
 
-def known_aliases(root: str | Path) -> list[str]:
-    """Every alias the registry at `root` has a history for."""
-    directory = Path(root) / "history" / "promotions"
-    return sorted(p.name for p in directory.iterdir() if p.is_dir() and ALIAS.match(p.name)) if directory.is_dir() else []
+def known_aliases(registry: ArtifactStore | ObjectRegistry) -> list[str]:
+    """Every alias `registry` has a history for."""
+    return [name for name in registry.topics("promotions") if ALIAS.match(name)]

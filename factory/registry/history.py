@@ -22,13 +22,26 @@ TOPIC = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 RECORD = re.compile(r"^(\d{6})\.json$")
 
 
+def checked_topic(topic: str) -> str:
+    """`topic` if it names a history (letters, digits, '_', '.', '-' and '/', no `..`); else a ConfigError."""
+    if not TOPIC.match(topic) or any(part in (".", "..") for part in topic.split("/")):
+        raise ConfigError(f"{topic!r} is not a history topic: use letters, digits, '_', '.', '-' and '/'")
+    return topic
+
+
+def parse_record(data: Any, where: str) -> dict[str, Any]:
+    """A history record parsed from JSON; an ArtifactError naming `where` when it is not an object."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"history record {where} is damaged (not a JSON object); restore it from a backup, or remove "
+                            "it and the records after it to forget them")
+    return data
+
+
 class History:
     """The records of one topic, oldest first."""
 
     def __init__(self, root: str | Path, topic: str) -> None:
-        if not TOPIC.match(topic) or ".." in topic.split("/"):
-            raise ConfigError(f"{topic!r} is not a history topic: use letters, digits, '_', '.', '-' and '/'")
-        self.path = Path(root) / "history" / topic
+        self.path = Path(root) / "history" / checked_topic(topic)
 
     def records(self) -> list[dict[str, Any]]:
         """Every record, oldest first, each with its `seq`."""
@@ -54,10 +67,7 @@ class History:
 def _read(path: Path) -> dict[str, Any]:
     """One record; an ArtifactError naming it when it is damaged (a history is never read past a record it lost)."""
     try:
-        record = load_record(path)
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-        return record
+        return parse_record(load_record(path), str(path))
     except (OSError, ValueError) as e:
         raise ArtifactError(f"history record {path} is damaged ({e}); restore it from a backup, or remove it and the "
                             "records after it to forget them") from e

@@ -11,6 +11,7 @@ Keys in the store:
     work/<fingerprint>/<name>     a running stage's scratch (checkpoints, logs) as of its last checkpoint: a relaunch on
                                   any machine resumes from it
     refs/<name>                   a named digest
+    history/<topic>/<seq>.json    append-only records (promotions, reproductions), each created only if absent
 
 A lookup proves an artifact intact from the store's own metadata, reading no bytes: every file is there with its size,
 and with the ETag it had when its sha256 was checked (an object written again gets another ETag, and is read and hashed
@@ -37,6 +38,7 @@ from typing import Any
 from factory.errors import ArtifactError, ConfigError
 from factory.registry import object_lease
 from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, make_writable, sha256_file
+from factory.registry.history import RECORD, checked_topic, parse_record
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
 from factory.storage import ObjectStore
@@ -144,6 +146,15 @@ class ObjectRegistry(Scratch):
     def holder(self, fingerprint: str) -> Holder | None:
         """Who is computing `fingerprint` right now, if anyone."""
         return object_lease.read_holder(self.store, self._lease_key(fingerprint))
+
+    def history(self, topic: str) -> ObjectHistory:
+        """The append-only records of a topic (`promotions/production`, `reproductions/<model>`), in the store."""
+        return ObjectHistory(self.store, topic)
+
+    def topics(self, parent: str) -> list[str]:
+        """The names of the histories under `parent` (`promotions`: the aliases that have one)."""
+        prefix = f"history/{checked_topic(parent)}/"
+        return sorted({key.removeprefix(prefix).split("/", 1)[0] for key in self.store.list(prefix) if "/" in key.removeprefix(prefix)})
 
     def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every readable manifest, optionally of one kind; a damaged one is skipped with a warning."""
@@ -349,3 +360,39 @@ def _check(pattern: Any, value: str, what: str) -> str:
     if not isinstance(value, str) or not pattern.match(value):
         raise ArtifactError(f"{value!r} is not {what}")
     return value
+
+
+class ObjectHistory:
+    """The records of one topic in an object store, oldest first: each is created under the next free number only if
+    that number is free (`If-None-Match: *`), so it appears whole or not at all and two writers never take one number."""
+
+    def __init__(self, store: ObjectStore, topic: str) -> None:
+        self.store = store
+        self.prefix = f"history/{checked_topic(topic)}/"
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record, oldest first, each with its `seq`."""
+        found = []
+        for seq, key in self._numbered():
+            blob = self.store.get(key, limit=RECORD_BYTES)
+            if blob is None:
+                continue
+            try:
+                data = json.loads(blob.data)
+            except (ValueError, RecursionError) as e:
+                raise ArtifactError(f"history record {self.store.uri}/{key} is damaged ({e}); restore it from a backup, or "
+                                    "remove it and the records after it to forget them") from e
+            found.append({**parse_record(data, f"{self.store.uri}/{key}"), "seq": seq})
+        return found
+
+    def append(self, record: Mapping[str, Any]) -> int:
+        """Add a record under the next number; that number."""
+        text = json.dumps(dict(record), indent=2, sort_keys=True).encode()
+        while True:
+            seq = max((seq for seq, _ in self._numbered()), default=0) + 1
+            if self.store.create(f"{self.prefix}{seq:06d}.json", text) is not None:
+                return seq
+
+    def _numbered(self) -> list[tuple[int, str]]:
+        return sorted((int(m.group(1)), key) for key in self.store.list(self.prefix)
+                      if (m := RECORD.match(key.removeprefix(self.prefix))))

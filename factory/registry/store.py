@@ -45,6 +45,7 @@ from factory.registry.files import (
     sha256_file,
     structural_damage,
 )
+from factory.registry.history import History, checked_topic
 from factory.registry.lease import Holder, hold, read_holder
 
 MANIFEST_VERSION = 1
@@ -203,6 +204,15 @@ class ArtifactStore(Scratch):
     def lease(self, fingerprint: str, owner: str, **options: Any) -> contextlib.AbstractContextManager[None]:
         """Hold the lease on computing `fingerprint` (waiting while someone else holds it)."""
         return hold(self._lease_path(fingerprint), owner, **options)
+
+    def history(self, topic: str) -> History:
+        """The append-only records of a topic (`promotions/production`, `reproductions/<model>`)."""
+        return History(self.root, topic)
+
+    def topics(self, parent: str) -> list[str]:
+        """The names of the histories under `parent` (`promotions`: the aliases that have one)."""
+        directory = self.root / "history" / checked_topic(parent)
+        return sorted(p.name for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []
 
     def holder(self, fingerprint: str) -> Holder | None:
         """Who is computing `fingerprint` right now, if anyone."""

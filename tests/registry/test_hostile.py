@@ -38,7 +38,7 @@ BOUNDED = textwrap.dedent(
     print("damaged", sorted(d.path.rsplit("/", 1)[1] for d in verify(store)))
     print("ref", store.ref("latest"))
     try:
-        print("standing", standing(store.root, "production").model)
+        print("standing", standing(store, "production").model)
     except ArtifactError as e:
         print("refused", e)
     """
@@ -197,5 +197,5 @@ def test_standing_reads_the_history_it_wrote(tmp_path):
     """The bounded reader still reads what the factory writes."""
     from factory.registry.aliases import history
 
-    history(tmp_path, "production").append({"action": "promote", "model": "a" * 64})
-    assert standing(tmp_path, "production").model == "a" * 64
+    history(ArtifactStore(tmp_path), "production").append({"action": "promote", "model": "a" * 64})
+    assert standing(ArtifactStore(tmp_path), "production").model == "a" * 64

@@ -270,3 +270,23 @@ def test_local_copies_beyond_the_cache_bound_go_least_recently_used_first(regist
     third = registry.open(digests[2])
     assert first.is_dir() and third.is_dir() and not second.exists()
     assert registry.open(digests[1]).joinpath("weights.bin").stat().st_size == 1 << 20  # fetched again when asked
+
+
+def test_promotions_are_records_in_the_store_that_two_writers_never_number_alike(registry):
+    from factory.registry.aliases import history, known_aliases, standing
+
+    model = publish(registry, "fp-model").digest
+    assert standing(registry, "production").model is None and known_aliases(registry) == []
+    seqs = []
+    writers = [threading.Thread(target=lambda: seqs.append(history(registry, "production").append(
+        {"action": "promote", "model": model}))) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+    assert sorted(seqs) == [1, 2, 3, 4]
+    assert standing(registry, "production").model == model and known_aliases(registry) == ["production"]
+    assert [k for k in registry.store.list("history/")] == [f"history/promotions/production/{n:06d}.json" for n in range(1, 5)]
+    registry.store.put("history/promotions/production/000002.json", b"[1")
+    with pytest.raises(FactoryError, match="history record .*000002.json is damaged"):
+        standing(registry, "production")
