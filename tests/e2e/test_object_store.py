@@ -1,6 +1,7 @@
 """The factory on an object store: `FACTORY_STORE` pointing at a real S3 server process (moto's, `tests/s3server.py`),
 one experiment through Dagster end to end. Every artifact and table file is in the bucket and none under the local root;
-a second run computes nothing; Podium browses and generates from the bucket; `registry verify` names a changed object;
+a second run computes nothing; Podium browses and generates from the bucket; lineage and `data batch` read it;
+`registry verify` names a changed object;
 an object deleted from the bucket is found by `plan` and computed again."""
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         [checkpoint, *_] = candidates(registry)
         completion = podium.post("/generate", data={"ckpt": checkpoint.sha256, "prompt": "def main():\n", "new_tokens": "8"})
         assert completion.status_code == 200 and completion.text.count('class="completion"') == 1
+
+        # Lineage reads the data stages' records from the bucket; a batch training read is fetched again from it.
+        up = factory("lineage", kinds["model"].digest[:12], "--json", "--root", str(root), env=env)
+        assert up.returncode == 0, up.stderr[-3000:]
+        written = json.dumps(json.loads(up.stdout))
+        assert table in written and kinds["pretrain"].digest in written
+        batch = factory("data", "batch", str(path), "7", "--root", str(root), "--json", env=env)
+        assert batch.returncode == 0, batch.stderr[-3000:]
+        assert json.loads(batch.stdout)["step"] == 7 and json.loads(batch.stdout)["sequences"]
 
         # `factory registry verify` reads every object in the bucket, and names the one changed there.
         verified = factory("registry", "verify", "--root", str(root), env=env)
