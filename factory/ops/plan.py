@@ -7,8 +7,9 @@ checkpoints) also shows where it runs: nodes x processes per node, and how its r
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
     the stage that starts from it says so."""
     plans: list[StagePlan] = []
     first_runner: dict[str, str] = {}
-    history = list(registry.manifests())  # read once: every stage's reason looks through it
+    history = functools.cache(lambda: list(registry.manifests()))  # read once, when a stage to run first needs a reason
     for experiment in experiments:
         base = resolve(experiment, registry) if experiment.base is not None and not experiment.bound else None
         experiment = bound_with(experiment, base)
@@ -107,7 +108,7 @@ def counts(plans: Iterable[StagePlan]) -> dict[str, int]:
 
 
 def _decide(
-    experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str], history: list[Manifest]
+    experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str], history: Callable[[], list[Manifest]]
 ) -> tuple[str, str, str]:
     manifest = registry.lookup(spec.fingerprint)
     if manifest is not None:
@@ -121,7 +122,7 @@ def _decide(
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, history, registry, experiment.base[1] if experiment.base else None) + note, pending
+    return "run", why_run(experiment.name, spec, history(), registry, experiment.base[1] if experiment.base else None) + note, pending
 
 
 def why_run(
