@@ -30,8 +30,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
-
 from factory.config.fingerprint import code_identity, source_tree_hash
 from factory.config.kinds import model_kind, stage_kind
 from factory.config.sources import source_files
@@ -46,6 +44,9 @@ from factory.ops.plan import FILES_KEY, source_changes
 from factory.runtime import tracker_backend, warm_modules
 from factory.runtime.request import StageRequest
 
+PIPES_CONTEXT_ENV = "DAGSTER_PIPES_CONTEXT"
+"""Where Dagster Pipes tells a stage the run it reports to (dagster_pipes' DAGSTER_PIPES_CONTEXT_ENV_VAR, not imported: the
+commands that only read files load no Pipes); a reproduced stage reports to none."""
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
 MEASURED_SUFFIXES = ("_seconds", "_per_second", "_mb")
 """Keys that end so measure the run too (RL's `sync_seconds` and `rollout_seconds`, for one)."""
@@ -252,8 +253,8 @@ def _run_stage(request: StageRequest, source: Source, scratch: Path, needs: Sequ
     env = dict(os.environ)
     if source.pythonpath:  # another commit's code: the warm interpreter refuses it (it imported this checkout's)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source.pythonpath, os.environ.get("PYTHONPATH")]))
-    env.pop(DAGSTER_PIPES_CONTEXT_ENV_VAR, None)  # the stage reports to no Dagster run
-    code, stderr = run_captured(stage_argv(path, sys.executable, request.processes), env, source.cwd, [DAGSTER_PIPES_CONTEXT_ENV_VAR], needs)
+    env.pop(PIPES_CONTEXT_ENV, None)
+    code, stderr = run_captured(stage_argv(path, sys.executable, request.processes), env, source.cwd, [PIPES_CONTEXT_ENV], needs)
     if code != 0:
         tail = "\n".join(stderr.strip().splitlines()[-15:])
         raise ArtifactError(f"reproducing {request.spec.kind} failed (exit {code}):\n{tail}")
