@@ -20,7 +20,9 @@ defs = Definitions(
     sensors=[experiments_at_head, automation],
     # A run the daemon or the UI launches starts each step as a process: forked from a server that imported this code
     # location once, not a fresh interpreter that imports Dagster and the code location again (about 1.3 s of CPU a step).
-    executor=multiprocess_executor.configured({"start_method": {"forkserver": {}}}),
+    # This module is named: Dagster's default ("the module the job was loaded from") reads an absent list as an empty one,
+    # and its server then preloads Dagster alone.
+    executor=multiprocess_executor.configured({"start_method": {"forkserver": {"preload_modules": [__name__]}}}),
     resources={
         "experiments": ExperimentFiles(directory=os.environ.get("FACTORY_EXPERIMENTS", "experiments")),
         "stores": FactoryStores(root=os.environ.get("FACTORY_ROOT", ".factory")),

@@ -1,8 +1,9 @@
 """Beside an in-process run (`factory run`): say who holds the slot a step waits for, stop at once when interrupted while
 waiting, and give back what runs that died left in the instance's pools.
 
-Dagster's in-process executor waits for a pool's slot in a loop that logs only at DEBUG, spins without sleeping, and never
-looks at the interrupt it captured (a SIGINT is held until the next step starts, which a waiting step never does). A run
+Dagster's executors wait for a pool's slot in a loop that spins without sleeping (the in-process one, of `factory run`, and
+the multiprocess one, of the runs the daemon or the UI launch: a core burnt for as long as another run trains); the
+in-process one also logs the wait only at DEBUG and never looks at the interrupt it captured (a SIGINT is held until the next step starts, which a waiting step never does). A run
 killed while it waits keeps its entry in the pool's queue, which is later given the slot for good: every later run waits
 behind a dead one. So each in-process run is tagged with its process (`process_tags`), a thread watches the run while it
 goes (`RunWatch`), and every `factory run` first cancels the runs of this machine whose process is gone and frees what any
@@ -17,11 +18,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+from dagster._core.execution.plan.active import ActiveExecution
+from dagster._core.execution.plan.step import ExecutionStep
 from dagster._utils.interrupts import check_captured_interrupt
 
 from factory.errors import Interrupted
@@ -29,7 +31,7 @@ from factory.errors import Interrupted
 PID_TAG, HOST_TAG, START_TAG = "factory/pid", "factory/host", "factory/process-start"
 """Tags of an in-process run: the process that runs it, so that another process can tell whether it is still there."""
 POLL_S = 0.25
-"""How often the watch looks at the interrupt flag and the executor looks again at a slot it waits for."""
+"""How often the watch looks at the interrupt flag and an executor looks again at a slot it waits for."""
 STUCK_S = 1.0
 """An interrupt no step picked up within this long came while the executor waits for a slot: the watch stops the run."""
 QUEUE_CHECK_S = 1.0
@@ -37,12 +39,21 @@ QUEUE_CHECK_S = 1.0
 LIVE = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
-def _wait_between_claims(self: InstanceConcurrencyContext) -> float:
-    """How long the executor sleeps while a step waits for a slot: Dagster's own figure is never above 0, so it spins."""
-    return POLL_S if self.has_pending_claims() else 0.0
+_steps_to_execute = ActiveExecution.get_steps_to_execute
 
 
-InstanceConcurrencyContext.interval_to_next_pending_claim_check = _wait_between_claims
+def _steps_to_execute_or_wait(self: ActiveExecution, limit: int | None = None) -> Sequence[ExecutionStep]:
+    """The steps that may start now; when none may, none is running and some wait for a pool's slot, returned after POLL_S.
+    Both executors ask again at once otherwise: Dagster's own wait between checks is never above 0 (the in-process executor
+    sleeps for `interval_to_next_pending_claim_check`, the multiprocess one not at all)."""
+    steps = _steps_to_execute(self, limit)
+    pools = self._instance_concurrency_context
+    if not steps and not self._in_flight and pools is not None and pools.has_pending_claims():
+        time.sleep(POLL_S)
+    return steps
+
+
+ActiveExecution.get_steps_to_execute = _steps_to_execute_or_wait
 
 
 def process_tags() -> dict[str, str]:

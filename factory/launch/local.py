@@ -138,12 +138,31 @@ def _said(error_file: Path) -> str:
         return ""
 
 
-def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str], needs: Sequence[str]) -> WarmProcess | None:
+def run_captured(argv: list[str], env: Mapping[str, str], cwd: Path, launch_keys: Sequence[str] = (),
+                 needs: Sequence[str] = ()) -> tuple[int, str]:
+    """Run a stage command to its end in `cwd` with the environment `env` (the whole of it), its stdout dropped and its
+    stderr kept rather than shown: (exit code, stderr). Inside `warm_starts` it is forked from the warm interpreter where
+    that is what a cold start would be (`launch_keys`, `needs`: see `WarmServer.spawn`), else it starts cold."""
+    with open(os.devnull, "wb") as devnull:
+        process = _start_warm(argv, env, list(launch_keys), needs, cwd=cwd, stdout=devnull.fileno())
+        if process is None:
+            done = subprocess.run(argv, cwd=cwd, env=env, stdout=devnull, stderr=subprocess.PIPE)
+            return done.returncode, done.stderr.decode(errors="replace")
+        with process.stderr:
+            try:
+                said = process.stderr.read()
+                return process.wait(), said.decode(errors="replace")
+            finally:
+                process.kill()  # interrupted while it ran: it ends with us, as a cold child of subprocess.run does
+
+
+def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str], needs: Sequence[str], cwd: Path | None = None,
+                stdout: int = 1) -> WarmProcess | None:
     """The stage forked from the warm interpreter, or None (no warm block, torchrun, or the interpreter refused; a
     refusal is said once per reason)."""
     if _warm is None:
         return None
-    process = _warm.spawn(argv, env, launch_keys, needs)
+    process = _warm.spawn(argv, env, launch_keys, needs, cwd, stdout)
     if process is None and _warm.refused and _warm.refused not in _told:
         _told.add(_warm.refused)
         print(f"note: stages start cold from here: {_warm.refused}", file=sys.stderr)

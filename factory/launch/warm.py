@@ -72,12 +72,13 @@ class WarmServer:
         self.refused: str | None = None
         """Why the server last refused a launch (None: it never did)."""
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], launch_keys: Iterable[str],
-              needs: Sequence[str] = ()) -> WarmProcess | None:
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], launch_keys: Iterable[str], needs: Sequence[str] = (),
+              cwd: Path | None = None, stdout: int = 1) -> WarmProcess | None:
         """Fork `argv` (`python -m MODULE ARGS...`) with environment `env`, or None when the server cannot run it as a
         cold start would. `launch_keys` name the variables this launch sets, the only ones that may differ; `needs`, the
         modules the child will import: the server imports those of them it has not yet before it forks (the child would
-        otherwise import them while the server does the same, on the same cores)."""
+        otherwise import them while the server does the same, on the same cores). It runs in `cwd` (default: ours) and
+        writes its stdout to the file descriptor `stdout` (default: ours)."""
         if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or self._process.poll() is not None:
             return None
         connection = self._connect()
@@ -85,9 +86,9 @@ class WarmServer:
             return None
         stderr_read, stderr_write = os.pipe()
         try:
-            request = {"module": argv[2], "args": list(argv[3:]), "env": dict(env), "launch": sorted(launch_keys), "cwd": os.getcwd(),
-                       "needs": list(needs)}
-            send_request(connection, request, [0, 1, stderr_write])
+            request = {"module": argv[2], "args": list(argv[3:]), "env": dict(env), "launch": sorted(launch_keys),
+                       "cwd": str(cwd or os.getcwd()), "needs": list(needs)}
+            send_request(connection, request, [0, stdout, stderr_write])
         except OSError:
             connection.close()
             os.close(stderr_read)

@@ -16,6 +16,7 @@ history (`reproductions/<model digest>`), which promotion reads.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -24,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +36,17 @@ from factory.config.sources import source_files
 from factory.config.stages import STAGES, StageSpec
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError, ConfigError
-from factory.launch.local import stage_argv
+from factory.launch.local import run_captured, stage_argv, warm_starts
 from factory.registry import STORE_ENV
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 from factory.ops.lineage import Lineage
 from factory.ops.plan import FILES_KEY, source_changes
+from factory.runtime import tracker_backend, warm_modules
 from factory.runtime.request import StageRequest
 
+PIPES_CONTEXT_ENV = "DAGSTER_PIPES_CONTEXT"
+"""Where Dagster Pipes tells a stage the run it reports to (dagster_pipes' DAGSTER_PIPES_CONTEXT_ENV_VAR, not imported: the
+commands that only read files load no Pipes); a reproduced stage reports to none."""
 MEASUREMENTS = frozenset({"tokens_per_second", "step_seconds", "rss_peak_mb", "wall_seconds", "cpu_seconds", "seconds"})
 MEASURED_SUFFIXES = ("_seconds", "_per_second", "_mb")
 """Keys that end so measure the run too (RL's `sync_seconds` and `rollout_seconds`, for one)."""
@@ -102,10 +108,13 @@ def reproduce(
         raise ConfigError(f"{model.digest[:12]} is a {model.kind} artifact; reproduce takes a model (factory lineage shows which)")
     graph = Lineage(registry)
     lineage = [m for m in graph.ancestors(model.digest) if m.kind in STAGES]
-    with tempfile.TemporaryDirectory(prefix="reproduce-", dir=registry.root.parent) as scratch, Sources(repo or Path.cwd(), Path(scratch)) as sources:
+    tracker = tracker_backend(os.environ)
+    with (tempfile.TemporaryDirectory(prefix="reproduce-", dir=registry.root.parent) as scratch, Sources(repo or Path.cwd(), Path(scratch)) as sources,
+          contextlib.ExitStack() as warmed):
         scratch_catalog = CatalogConfig.local(Path(scratch) / "iceberg")
         scratch_registry = ArtifactStore(Path(scratch) / "registry")
         _copy_pinned_tables(open_catalog(catalog), open_catalog(scratch_catalog), graph, lineage, log)
+        started = False
         made: dict[str, str] = {}  # recorded digest -> reproduced digest
         unmatched: set[str] = set()  # recorded digests whose reproduction differed
         outcomes: list[StageOutcome] = []
@@ -128,8 +137,11 @@ def reproduce(
                 if keep_going:
                     continue
                 break
+            if source.pythonpath is None and not started:  # this checkout's stages fork from a warm interpreter, from the first on
+                warmed.enter_context(warm_starts(warm_modules([m.kind for m in lineage], tracker)))
+                started = True
             try:
-                again = _run_stage(request, source, Path(scratch))
+                again = _run_stage(request, source, Path(scratch), warm_modules([manifest.kind], tracker))
             except ArtifactError as e:  # recorded too: a lineage that cannot run again did not reproduce
                 outcomes.append(StageOutcome(kind=manifest.kind, recorded=manifest.digest, reproduced="", matched=False,
                                              reason=f"the stage failed when run again ({source.how}): {e}"))
@@ -234,16 +246,20 @@ def _source_drift(manifest: Manifest, registry: ArtifactStore) -> str:
     return "; ".join(source_changes(manifest, today, registry))
 
 
-def _run_stage(request: StageRequest, source: Source, scratch: Path) -> Manifest:
-    """Run one stage with the source's code; its manifest in the scratch registry."""
+def _run_stage(request: StageRequest, source: Source, scratch: Path, needs: Sequence[str]) -> Manifest:
+    """Run one stage with the source's code (forked from the warm interpreter when that is this checkout's and imported
+    `needs`); its manifest in the scratch registry."""
     path = request.write(scratch / f"{request.spec.kind}-{request.spec.fingerprint[:12]}.json")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source.pythonpath, os.environ.get("PYTHONPATH")]))}
-    env.pop("DAGSTER_PIPES_CONTEXT", None)
+    env = dict(os.environ)
+    if source.pythonpath:  # another commit's code: the warm interpreter refuses it (it imported this checkout's)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source.pythonpath, os.environ.get("PYTHONPATH")]))
+    env.pop(PIPES_CONTEXT_ENV, None)
     env.pop(STORE_ENV, None)  # a reproduction computes into its scratch registry and catalog, on local disk
-    done = subprocess.run(stage_argv(path, sys.executable, request.processes), cwd=source.cwd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        raise ArtifactError(f"reproducing {request.spec.kind} failed (exit {done.returncode}):\n{tail}")
+    code, stderr = run_captured(stage_argv(path, sys.executable, request.processes), env, source.cwd, [PIPES_CONTEXT_ENV, STORE_ENV],
+                                needs)
+    if code != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-15:])
+        raise ArtifactError(f"reproducing {request.spec.kind} failed (exit {code}):\n{tail}")
     manifest = ArtifactStore(request.registry).lookup(request.spec.fingerprint)
     if manifest is None:
         raise ArtifactError(f"reproducing {request.spec.kind}: the stage exited 0 but published nothing")

@@ -21,16 +21,19 @@ if TYPE_CHECKING:
 
 TRACKER_MODULES = {backend: opener.split(":")[0] for backend, opener in OPENERS.items()}
 """Each tracking backend's module, which a training stage imports on first use."""
+OPTIMIZER_MODULES = ("torch._dynamo",)
+"""What torch imports when a process builds its first optimizer (torch.optim wraps its methods with dynamo's `disable`):
+about half a CPU-second of every training stage forked from a warm interpreter that had not imported it."""
 
 
 def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
     """What a warm interpreter imports for a run that computes these stage kinds, tracked by this backend: each kind's
     run function's module and what it imports when it runs, in the order the kinds come, and when one of them makes
-    checkpoints, the tracker's backend and the evaluations."""
+    checkpoints (trains), the tracker's backend, what building an optimizer imports and the evaluations."""
     declared = [stage_kind(kind) for kind in kinds]
     runners = [module for kind in declared for module in _modules(kind)]
     scoring = [module for kind in registered_kinds() if kind.scope == "checkpoints" for module in _modules(kind)]
-    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *scoring]
+    training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *OPTIMIZER_MODULES, *scoring]
     checkpoints = any(kind.checkpoints for kind in declared)
     return tuple(dict.fromkeys(["factory.runtime.__main__", *runners, *(training if checkpoints else [])]))
 

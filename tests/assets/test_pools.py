@@ -4,7 +4,10 @@ import threading
 import time
 
 import pytest
-from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter, asset, materialize
+from dagster import (
+    AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter, asset, execute_job, job, materialize, multiprocess_executor, op,
+    reconstructable,
+)
 
 from assets.definitions import defs
 from assets.pools import apply_pool_limits, pool_limits
@@ -86,6 +89,44 @@ def test_an_in_process_run_waits_for_a_slot_another_run_holds_and_never_on_itsel
     finally:
         storage.free_concurrency_slots_for_run("another-run")
     thread.join(timeout=180)  # a blocked step checks again every 15 s at most; under the whole suite's load a run takes long
+    assert done and done[0].success, "the run never went on once the other run's slot was freed"
+
+
+@op(pool=TRAINING_POOL)
+def trains() -> int:
+    return 1
+
+
+@job(executor_def=multiprocess_executor)
+def waits_for_the_training_slot():
+    """What a run the daemon or the UI launches executes with: Dagster's multiprocess executor (a process per step)."""
+    trains()
+
+
+@pytest.mark.parametrize("executor", ["in-process", "multiprocess"])
+def test_a_run_waits_for_a_slot_asleep(embedded, executor):
+    """`factory run`'s runs (in-process) and the daemon's and the UI's (multiprocess): while its only step waits for a slot
+    another run holds, the run's process sleeps between its checks (Dagster's loops would ask again at once, a core spinning
+    for as long as the other run trains)."""
+    apply_pool_limits(embedded, POOL_LIMITS)
+    storage = embedded.event_log_storage
+    assert storage.claim_concurrency_slot(TRAINING_POOL, "another-run", "pretrain").is_claimed
+    done = []
+    run = {"in-process": lambda: materialize([first], instance=embedded),
+           "multiprocess": lambda: execute_job(reconstructable(waits_for_the_training_slot), embedded)}[executor]
+    thread = threading.Thread(target=lambda: done.append(run()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not blocked(embedded) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert blocked(embedded) and not done, "the step waits for the slot the other run holds"
+        started = time.process_time()  # this process's CPU, all its threads: the run's loop is the only one working now
+        time.sleep(2)
+        assert time.process_time() - started < 0.5, "two seconds of waiting, asleep: a loop asking again at once burns them"
+    finally:
+        storage.free_concurrency_slots_for_run("another-run")
+    thread.join(timeout=180)
     assert done and done[0].success, "the run never went on once the other run's slot was freed"
 
 

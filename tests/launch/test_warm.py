@@ -130,3 +130,24 @@ def test_what_the_imports_set_in_the_environment_the_child_has_too(tmp_path, mon
         assert json.loads((tmp_path / "seen.json").read_text())["marker"] == "set at import"  # as a cold start importing it would
     finally:
         warm.close()
+
+
+def test_a_captured_run_forks_when_it_can_and_says_the_same_as_a_cold_one(tmp_path, monkeypatch, capfd):
+    """`run_captured` (what `factory reproduce` runs each stage with): in a directory of its choosing, stdout dropped, stderr
+    and exit code returned; forked inside `warm_starts`, cold when the server refuses (an environment it does not have)."""
+    from factory.launch.local import run_captured, warm_starts
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("WARM_EXIT", "3")
+    work = tmp_path / "work"
+    work.mkdir()
+    with warm_starts(["email.mime.text"]) as warm:
+        assert imported(warm)["problem"] is None
+        env = {**os.environ, "WARM_MARKER": "warm"}
+        said = run_captured([sys.executable, "-m", CHILD, str(tmp_path / "warm.json")], env, work, ["WARM_MARKER"], ["email.mime.text"])
+        cold = run_captured([sys.executable, "-m", CHILD, str(tmp_path / "cold.json")], env, work)  # WARM_MARKER is not a launch key
+    assert said == cold == (3, "said on stderr\n")
+    assert "said on stdout" not in capfd.readouterr().out
+    warm_seen, cold_seen = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("warm", "cold"))
+    assert warm_seen["preloaded"] and not cold_seen["preloaded"]
+    assert warm_seen["cwd"] == cold_seen["cwd"] == str(work) and warm_seen["marker"] == cold_seen["marker"] == "warm"

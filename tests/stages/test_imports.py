@@ -58,3 +58,13 @@ def test_a_warm_interpreter_imports_ahead_what_a_built_in_run_function_imports(k
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert inside, "a built-in run function imports its code when it runs"
     assert {m for m in inside if not m.startswith("factory.config.")} <= set(kind.imports)
+
+
+def test_a_warm_interpreter_for_a_training_run_imports_what_building_an_optimizer_imports():
+    """torch imports its compiler's front end (dynamo) when a process builds its first optimizer: a warm interpreter for a
+    run that trains imports it ahead, or each training stage it forks would import it again."""
+    code = ("import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]; before = set(sys.modules); import torch; "
+            "torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]); print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-c", code, *warm_modules(["pretrain"], "none")], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"building an optimizer imported what the warm interpreter had not: {done.stdout[:500]}"

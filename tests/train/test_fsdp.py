@@ -24,8 +24,10 @@ from tests.train.test_resume import REPO, finish, launch
 
 pytestmark = pytest.mark.slow  # two-rank worlds under torchrun
 
-# Resumes the latest checkpoint of a work directory into a model of this world's parallelism, as a training run does, and
-# saves what it holds again, unchanged, into another directory; each rank notes the bytes it read verifying and loading.
+# Resumes the latest checkpoint of each work directory it is given into a model of the parallelism given with it, as a
+# training run does, and saves what it holds again, unchanged, into another directory; each rank notes the bytes it read
+# verifying and loading. One world restores its checkpoints one after the other (a world of torchrun ranks costs seconds to
+# start); the first restore of a process is the one whose reads come before any other's.
 RESAVER = textwrap.dedent(
     """
     import json, logging, sys
@@ -41,36 +43,44 @@ RESAVER = textwrap.dedent(
     def read() -> int:  # bytes this process has read through read(2) so far
         return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
 
-    source, target, parallelism = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    model_config = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=0.1)
-    config = PretrainConfig(steps=60, batch_size=8, lr=3e-3, checkpoint_format="sharded", parallelism=parallelism)
     world = world_from_env()
     join(world)
     log = logging.getLogger("resaver")
-    model = build_for_training(model_config, 64, 99, config, world)  # other initial weights: everything must come from the checkpoint
-    optimizer = build_optimizer(model, config)
-    checkpoints = CheckpointDir(source, RetentionPolicy(), log, sharded=True, world=world)
-    before = read()
-    checkpoint_digest(checkpoints.complete()[-1].path, world)
-    verified = read()
-    saved, state = resume(checkpoints, model, optimizer, world, log)
-    loaded = read()
-    again = _state(model, optimizer, state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"], world, None)
-    CheckpointDir(target, RetentionPolicy(), log, sharded=True, world=world).save(saved.step, again, {"loss": 1.0})
-    reads = {"verify": verified - before, "load": loaded - verified - (verified - before)}
-    (target.parent / f"read-{world.rank}.json").write_text(json.dumps(reads))
+    for source, target, parallelism in json.loads(sys.argv[1]):
+        source, target = Path(source), Path(target)
+        model_config = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=0.1)
+        config = PretrainConfig(steps=60, batch_size=8, lr=3e-3, checkpoint_format="sharded", parallelism=parallelism)
+        model = build_for_training(model_config, 64, 99, config, world)  # other initial weights: everything must come from the checkpoint
+        optimizer = build_optimizer(model, config)
+        checkpoints = CheckpointDir(source, RetentionPolicy(), log, sharded=True, world=world)
+        before = read()
+        checkpoint_digest(checkpoints.complete()[-1].path, world)
+        verified = read()
+        saved, state = resume(checkpoints, model, optimizer, world, log)
+        loaded = read()
+        again = _state(model, optimizer, state["step"], LoaderState.from_json(state["data_position"]), state["tokens_seen"], world, None)
+        CheckpointDir(target, RetentionPolicy(), log, sharded=True, world=world).save(saved.step, again, {"loss": 1.0})
+        reads = {"verify": verified - before, "load": loaded - verified - (verified - before)}
+        (target.parent / f"read-{world.rank}.json").write_text(json.dumps(reads))
     leave(world)
     """
 )
+RESAVES = [("fsdp2", 2, "fsdp"), ("fsdp2", 1, "ddp"), ("fsdp2", 1, "fsdp"), ("one", 2, "fsdp"), ("ddp2", 2, "fsdp")]
+"""(written by, ranks, parallelism): the final checkpoint of a run of `runs` restored on that many ranks under that
+parallelism: the same world (fsdp2 on 2), 2 -> 1 (FSDP -> DDP, and under FSDP), 1 -> 2 (DDP -> FSDP), DDP -> FSDP on the
+same world. Each world size's first is fsdp2's, whose reads test_each_fsdp_rank_reads_about_its_share_of_a_sharded_checkpoint
+compares."""
 
 
-def resave(source: Path, target: Path, ranks: int, parallelism: str) -> None:
-    """Restore `source`'s latest checkpoint on `ranks` ranks under `parallelism` and save what they hold into `target`."""
-    script = target.parent / "resaver.py"
+def resave(jobs: list[tuple[Path, Path, str]], ranks: int) -> None:
+    """On one world of `ranks` ranks, for each (source, target, parallelism) in turn: restore `source`'s latest checkpoint
+    under `parallelism` and save what the ranks hold into `target`; each rank's reads go to `target`'s parent."""
+    script = jobs[0][1].parent.parent / f"resaver-{ranks}.py"
     script.write_text(RESAVER)
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*prefix, str(script), str(source), str(target), parallelism], env=env, capture_output=True, text=True, timeout=300)
+    argument = json.dumps([[str(source), str(target), parallelism] for source, target, parallelism in jobs])
+    done = subprocess.run([*prefix, str(script), argument], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -116,6 +126,17 @@ def test_fsdp_on_two_ranks_follows_the_loss_curve_of_ddp_and_of_one_rank(runs):
         torch.testing.assert_close(a["model"][name], weight, rtol=1e-3, atol=1e-4)  # float noise, amplified by Adam
 
 
+@pytest.fixture(scope="module")
+def resaved(runs, tmp_path_factory) -> dict[tuple[str, int, str], Path]:
+    """Each of RESAVES restored and saved again: {(written by, ranks, parallelism): the directory it was saved into}; one
+    world per world size."""
+    out = tmp_path_factory.mktemp("resaved")
+    targets = {case: out / "-".join(map(str, case)) / "again" for case in RESAVES}
+    for ranks in (1, 2):
+        resave([(runs[by] / CHECKPOINT_DIR, targets[(by, on, parallelism)], parallelism) for by, on, parallelism in RESAVES if on == ranks], ranks)
+    return targets
+
+
 def test_recomputed_activations_and_unsharded_backward_give_the_same_fsdp_weights(runs):
     ours, theirs = (load_checkpoint(runs[name] / CHECKPOINT_DIR / "step_000008") for name in ("fsdp2-recompute", "fsdp2"))
     assert all(torch.equal(ours["model"][name], weight) for name, weight in theirs["model"].items())
@@ -144,25 +165,17 @@ def test_each_fsdp_rank_writes_about_half_of_the_state(runs):
     assert data >= sum(t.numel() * t.element_size() for t in tensors) * 0.9, "the shards hold the whole state between them"
 
 
-@pytest.mark.parametrize(("written_by", "ranks", "parallelism"), [
-    ("fsdp2", 2, "fsdp"),  # the same world
-    ("fsdp2", 1, "ddp"),  # 2 -> 1, FSDP -> DDP
-    ("fsdp2", 1, "fsdp"),  # 2 -> 1 under FSDP
-    ("one", 2, "fsdp"),  # 1 -> 2, DDP -> FSDP
-    ("ddp2", 2, "fsdp"),  # DDP -> FSDP on the same world
-])
-def test_a_checkpoint_restores_identically_on_another_world_size_and_parallelism(runs, tmp_path, written_by, ranks, parallelism):
-    resave(runs[written_by] / CHECKPOINT_DIR, tmp_path / "again", ranks, parallelism)
-    ours, theirs = load_checkpoint(tmp_path / "again" / "step_000008"), load_checkpoint(runs[written_by] / CHECKPOINT_DIR / "step_000008")
+@pytest.mark.parametrize(("written_by", "ranks", "parallelism"), RESAVES)
+def test_a_checkpoint_restores_identically_on_another_world_size_and_parallelism(runs, resaved, written_by, ranks, parallelism):
+    again = resaved[(written_by, ranks, parallelism)]
+    ours, theirs = load_checkpoint(again / "step_000008"), load_checkpoint(runs[written_by] / CHECKPOINT_DIR / "step_000008")
     assert_same_state(ours, theirs)
     assert len(ours["rng"]) == ranks
 
 
-def test_each_fsdp_rank_reads_about_its_share_of_a_sharded_checkpoint(runs, tmp_path):
-    resave(runs["fsdp2"] / CHECKPOINT_DIR, tmp_path / "alone", 1, "ddp")
-    alone = json.loads((tmp_path / "read-0.json").read_text())
-    resave(runs["fsdp2"] / CHECKPOINT_DIR, tmp_path / "again", 2, "fsdp")
-    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+def test_each_fsdp_rank_reads_about_its_share_of_a_sharded_checkpoint(runs, resaved):
+    alone = json.loads((resaved[("fsdp2", 1, "ddp")].parent / "read-0.json").read_text())
+    reads = [json.loads((resaved[("fsdp2", 2, "fsdp")].parent / f"read-{rank}.json").read_text()) for rank in (0, 1)]
     size = checkpoint_digest(runs["fsdp2"] / CHECKPOINT_DIR / "step_000008")[1]
     assert alone["verify"] >= size, "one rank hashes every file"
     for read in reads:  # each rank hashes about half the files and loads its own shards (every rank reads the metadata)
