@@ -112,7 +112,10 @@ class ObjectRegistry(Scratch):
     def _trim_cache(self, keep: Path) -> None:
         """Remove the least recently used local copies while they hold more than `$FACTORY_STORE_CACHE_GB` (default
         `CACHE_GB`), never `keep` nor a copy used in the last `CACHE_GRACE_S` (a reader may still be opening its files)."""
-        bound = float(os.environ.get(CACHE_ENV) or CACHE_GB) * (1 << 30)
+        try:
+            bound = float(os.environ.get(CACHE_ENV) or CACHE_GB) * (1 << 30)
+        except ValueError as e:
+            raise ConfigError(f"{CACHE_ENV}={os.environ[CACHE_ENV]!r}: give the local copies' bound in GB (e.g. 50)") from e
         copies = []
         for path in keep.parent.iterdir():
             if path.is_dir() and DIGEST.match(path.name):

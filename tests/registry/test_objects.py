@@ -290,3 +290,10 @@ def test_promotions_are_records_in_the_store_that_two_writers_never_number_alike
     registry.store.put("history/promotions/production/000002.json", b"[1")
     with pytest.raises(FactoryError, match="history record .*000002.json is damaged"):
         standing(registry, "production")
+
+
+def test_a_cache_bound_that_is_no_number_is_refused_naming_it(registry, monkeypatch):
+    digest = publish(registry, "fp-a").digest
+    monkeypatch.setenv("FACTORY_STORE_CACHE_GB", "lots")
+    with pytest.raises(ConfigError, match="FACTORY_STORE_CACHE_GB='lots': give the local copies' bound in GB"):
+        registry.open(digest)
