@@ -3,11 +3,8 @@
 import hashlib
 import json
 import logging
-import os
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -17,64 +14,14 @@ import torch
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import StageFailed
-from factory.launch.warm import WarmProcess, WarmServer
-from factory.runtime import OPTIMIZER_MODULES
+from factory.launch.warm import WarmProcess
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
+from tests.train.conftest import REPO, finish, launch  # noqa: F401 - REPO: tests/train/test_meta_init.py reads it here
 
 pytestmark = pytest.mark.slow  # about a minute and a half: two-rank worlds and SIGKILLed trainers
 
-REPO = Path(__file__).resolve().parents[2]
 LOG = logging.getLogger("test.resume")
-
-TRAINER = "tests.train.trainer"
-"""The training run, as a module: `python -m tests.train.trainer ...`."""
-TRAINER_ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-"""What every trainer's environment sets (a warm interpreter's too, as its children's must equal it)."""
-LAUNCH_KEYS = ("CONTROL", "FORMAT", "ASYNC", "PARALLELISM", "EXTRA", "PYTEST_CURRENT_TEST")
-"""The variables a launch sets for its own run, and the one pytest sets for each test (which it started in)."""
-
-
-@pytest.fixture(scope="module")
-def warm() -> Iterator[WarmServer]:
-    """A warm interpreter that imported the trainer's code once (`factory.launch.warm`, what `factory run` forks its stages
-    from): a one-rank trainer forked from it is a process of its own, killed alone, without seconds of imports first."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in TRAINER_ENV.items():
-            patch.setenv(name, value)
-        server = WarmServer([TRAINER, *OPTIMIZER_MODULES])
-    yield server
-    server.close()
-
-
-def launch(
-    work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = "",
-    sharded: bool = False, asynchronous: bool = False, parallelism: str = "ddp", extra: dict | None = None,
-    warm: WarmServer | None = None,
-) -> subprocess.Popen | WarmProcess:
-    """The trainer as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
-    control section as JSON; `parallelism: fsdp` implies sharded checkpoints; `extra`: more pretrain fields. With `warm`, a
-    one-rank trainer forks from that warm interpreter (one it refuses starts cold)."""
-    prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    argv = [*prefix, "-m", TRAINER, str(work), str(steps), str(every), str(accum), str(dropout)]
-    own = {"CONTROL": control, "FORMAT": "sharded" if sharded or parallelism == "fsdp" else "file", "ASYNC": "1" if asynchronous else "0",
-           "PARALLELISM": parallelism, "EXTRA": json.dumps(extra or {})}
-    env = {**os.environ, **TRAINER_ENV, **own}
-    if warm is not None and ranks == 1 and (forked := warm.spawn(argv, env, LAUNCH_KEYS, needs=[TRAINER])) is not None:
-        return forked
-    return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-
-
-def finish(process: subprocess.Popen | WarmProcess) -> str:
-    """Wait for the trainer to end, which it must do well; what it said on stderr."""
-    if isinstance(process, WarmProcess):
-        with process.stderr:
-            err = process.stderr.read().decode()
-        process.wait(timeout=300)
-    else:
-        _, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-3000:]
-    return err
 
 
 def final_sha(work: Path, steps: int = 60) -> str:
@@ -135,7 +82,7 @@ def test_a_kill_during_a_checkpoint_write_loses_nothing(tmp_path, reference, war
     assert not list(checkpoints.glob("*.tmp"))
 
 
-def kill_tree(process: subprocess.Popen) -> None:
+def kill_tree(process: subprocess.Popen | WarmProcess) -> None:
     """SIGKILL torchrun and its ranks (which it starts in sessions of their own), as a node failing would."""
     family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
     for member in family:
@@ -153,17 +100,17 @@ def weights_sha(state: dict) -> str:
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path, parallelism):
+def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path, parallelism, warm):
     whole, killed = tmp_path / "whole" / "work", tmp_path / "killed" / "work"
     whole.parent.mkdir()
     killed.parent.mkdir()
-    finish(launch(whole, steps=30, ranks=2, sharded=True, parallelism=parallelism))
+    finish(launch(whole, steps=30, ranks=2, sharded=True, parallelism=parallelism, warm=warm))
     final = whole / CHECKPOINT_DIR / "step_000030"
     shards = {p.name: p.stat().st_size for p in final.iterdir()}
     assert set(shards) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert min(shards["__0_0.distcp"], shards["__1_0.distcp"]) > 0.2 * sum(shards.values()), f"each rank writes a share: {shards}"
 
-    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism)
+    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism, warm=warm)
     deadline = time.monotonic() + 180
     record = killed / CHECKPOINT_DIR / "step_000010.json"  # the async save of step 10 is complete
     while (logged_steps(killed) < 15 or not record.exists()) and process.poll() is None:
@@ -171,7 +118,7 @@ def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_asy
         time.sleep(0.005)
     kill_tree(process)
     assert logged_steps(killed) < 30, "the kill must land before the end"
-    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism))
+    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism, warm=warm))
     assert "resuming from step_000010" in err or "resuming from step_000020" in err
     ours, theirs = (load_checkpoint(w / CHECKPOINT_DIR / "step_000030") for w in (killed, whole))
     assert weights_sha(ours) == weights_sha(theirs)
@@ -185,7 +132,7 @@ def test_two_ranks_compute_what_one_rank_computes(tmp_path, warm):
     one.parent.mkdir()
     two.parent.mkdir()
     finish(launch(one, steps=12, every=0, dropout=0.0, warm=warm))  # dropout masks depend on how the batch is split
-    finish(launch(two, steps=12, every=0, ranks=2, dropout=0.0))
+    finish(launch(two, steps=12, every=0, ranks=2, dropout=0.0, warm=warm))
     a = torch.load(one / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)
     b = torch.load(two / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)
     for name, weight in a["model"].items():
