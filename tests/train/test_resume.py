@@ -17,7 +17,7 @@ from factory.errors import StageFailed
 from factory.launch.warm import WarmProcess
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
-from tests.train.conftest import REPO, finish, launch  # noqa: F401 - REPO: tests/train/test_meta_init.py reads it here
+from tests.train.conftest import finish, launch
 
 pytestmark = pytest.mark.slow  # about a minute and a half: two-rank worlds and SIGKILLed trainers
 
