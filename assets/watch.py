@@ -3,11 +3,11 @@ waiting, and give back what runs that died left in the instance's pools.
 
 Dagster's executors wait for a pool's slot in a loop that spins without sleeping (the in-process one, of `factory run`, and
 the multiprocess one, of the runs the daemon or the UI launch: a core burnt for as long as another run trains); the
-in-process one also logs the wait only at DEBUG and never looks at the interrupt it captured (a SIGINT is held until the next step starts, which a waiting step never does). A run
-killed while it waits keeps its entry in the pool's queue, which is later given the slot for good: every later run waits
-behind a dead one. So each in-process run is tagged with its process (`process_tags`), a thread watches the run while it
-goes (`RunWatch`), and every `factory run` first cancels the runs of this machine whose process is gone and frees what any
-finished run still holds (`reap`).
+in-process one also logs the wait only at DEBUG and never looks at the interrupt it captured (a SIGINT is held until the
+next step starts, which a waiting step never does). A run killed while it waits keeps its entry in the pool's queue, which
+is later given the slot for good: every later run waits behind a dead one. So each in-process run is tagged with its
+process (`process_tags`), a thread watches the run while it goes (`RunWatch`), and every `factory run` first cancels the
+runs of this machine whose process is gone and frees what any finished run still holds (`reap`).
 """
 
 from __future__ import annotations

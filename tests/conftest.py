@@ -3,16 +3,20 @@
 Also how the suite runs in parallel (`make test`: pytest-xdist, one worker per core): a module's tests stay on one
 worker and the tiny pipeline's readers share one (`pytest_xdist_make_scheduler`); every module gets a PostgreSQL
 database of its own; and under several workers each test process computes on one thread, since the workers already
-fill the cores (torch's thread pools would otherwise wait on one another, spinning).
+fill the cores (torch's thread pools would otherwise wait on one another, spinning). The sqlite databases a test process
+opens (the Dagster instances of in-process runs above all) commit without waiting for the disk.
 """
 
 import hashlib
 import json
 import os
+import sqlite3
 import tempfile
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from factory.registry import ArtifactStore
 
@@ -22,6 +26,14 @@ TINY = REPO / "experiments" / "tiny-code-lm.md"
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and inherited by every process a test starts
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
+
+
+@event.listens_for(Engine, "connect")
+def _sqlite_without_fsync(connection, _record) -> None:
+    """The tests' sqlite databases (Dagster's runs and events, the catalogs, MLflow's store) in this process do not wait for
+    the disk at each commit: the tests' PostgreSQL server runs with fsync=off for the same reason."""
+    if isinstance(connection, sqlite3.Connection):
+        connection.execute("PRAGMA synchronous=OFF")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -109,8 +109,8 @@ def reproduce(
     graph = Lineage(registry)
     lineage = [m for m in graph.ancestors(model.digest) if m.kind in STAGES]
     tracker = tracker_backend(os.environ)
-    with (tempfile.TemporaryDirectory(prefix="reproduce-", dir=registry.root.parent) as scratch, Sources(repo or Path.cwd(), Path(scratch)) as sources,
-          contextlib.ExitStack() as warmed):
+    with (tempfile.TemporaryDirectory(prefix="reproduce-", dir=registry.root.parent) as scratch,
+          Sources(repo or Path.cwd(), Path(scratch)) as sources, contextlib.ExitStack() as warmed):
         scratch_catalog = CatalogConfig.local(Path(scratch) / "iceberg")
         scratch_registry = ArtifactStore(Path(scratch) / "registry")
         _copy_pinned_tables(open_catalog(catalog), open_catalog(scratch_catalog), graph, lineage, log)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from factory.config.kinds import StageKind, registered_kinds, stage_kind
+from factory.data.catalog import OPENED_MODULES
 from factory.errors import ConfigError
 from factory.track.base import OPENERS, TrackingConfig
 
@@ -28,14 +29,15 @@ about half a CPU-second of every training stage forked from a warm interpreter t
 
 def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
     """What a warm interpreter imports for a run that computes these stage kinds, tracked by this backend: each kind's
-    run function's module and what it imports when it runs, in the order the kinds come, and when one of them makes
-    checkpoints (trains), the tracker's backend, what building an optimizer imports and the evaluations."""
+    run function's module and what it imports when it runs, in the order the kinds come, after what opening the catalog
+    imports (every kind but the export reads or writes tables); and when one of them makes checkpoints (trains), the
+    tracker's backend, what building an optimizer imports and the evaluations."""
     declared = [stage_kind(kind) for kind in kinds]
     runners = [module for kind in declared for module in _modules(kind)]
     scoring = [module for kind in registered_kinds() if kind.scope == "checkpoints" for module in _modules(kind)]
     training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *OPTIMIZER_MODULES, *scoring]
     checkpoints = any(kind.checkpoints for kind in declared)
-    return tuple(dict.fromkeys(["factory.runtime.__main__", *runners, *(training if checkpoints else [])]))
+    return tuple(dict.fromkeys(["factory.runtime.__main__", *OPENED_MODULES, *runners, *(training if checkpoints else [])]))
 
 
 def tracker_backend(environ: Mapping[str, str]) -> str:

@@ -180,9 +180,10 @@ def test_an_evicted_gang_restarts_and_resumes_from_its_checkpoint(site):
     leaves_nothing(cluster)
 
 
-def failed_with(site: dict, fault: str, name: str, times: int = 1):
-    """Run experiment `name` with `fault` injected into its pretrain Job: the pretrain step's failure message, and the run."""
-    site["cluster"].inject(fault, job=f"{name}-pretrain", times=times)
+def failed_with(site: dict, fault: str, name: str, times: int = 1, after: str | None = None):
+    """Run experiment `name` with `fault` injected into its pretrain Job (once its master logged `after`): the pretrain step's
+    failure message, and the run."""
+    site["cluster"].inject(fault, job=f"{name}-pretrain", times=times, after=after)
     result = run(site, name)
     [message] = [m for m in failure_messages(result) if m.startswith("pretrain")]
     leaves_nothing(site["cluster"])
@@ -190,7 +191,9 @@ def failed_with(site: dict, fault: str, name: str, times: int = 1):
 
 
 def test_an_oom_killed_stage_fails_saying_so_with_the_masters_last_lines(site):
-    message, _ = failed_with(site, "oom", "vc-oom", times=10)  # every attempt: the first and max_retry (1) restarts
+    # Every attempt (the first and max_retry's one restart), once its master logged a step: its first line is Pipes' opening
+    # message, which the failure does not quote, and a kill right after it left no line to quote.
+    message, _ = failed_with(site, "oom", "vc-oom", times=10, after=r"step 1/")
     assert "OOMKilled" in message and "after 1 restart (maxRetry 1)" in message and "last lines of the master pod's log" in message
 
 

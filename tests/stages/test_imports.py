@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from factory.data.catalog import OPENED_MODULES
 from factory.runtime import every_warm_module, warm_modules
 from factory.stages.builtin import BUILTIN_KINDS
 from factory.stages.pretrain import PRETRAIN
@@ -36,7 +37,7 @@ def test_checking_or_planning_a_file_loads_nothing_heavy(command, tiny_path, tmp
 
 def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
     data = warm_modules(["raw_datasets", "deduped_datasets", "filtered_datasets", "blend"], "mlflow")
-    assert data[:3] == ("factory.runtime.__main__", "factory.stages.datasets", "factory.stages.versions")
+    assert data[:6] == ("factory.runtime.__main__", *OPENED_MODULES, "factory.stages.datasets", "factory.stages.versions")
     assert "factory.stages.blend" in data and "factory.data.dedup" in data
     assert not any(m.startswith(("factory.track.", "factory.evals.", "factory.stages.evaluate")) for m in data), "nothing trains"
     code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
@@ -68,3 +69,17 @@ def test_a_warm_interpreter_for_a_training_run_imports_what_building_an_optimize
     done = subprocess.run([sys.executable, "-c", code, *warm_modules(["pretrain"], "none")], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", f"building an optimizer imported what the warm interpreter had not: {done.stdout[:500]}"
+
+
+def test_a_warm_interpreter_imports_what_opening_the_catalog_and_writing_a_table_imports(tmp_path):
+    """A data stage forked from a warm interpreter imports nothing more to open the catalog and write a table (pyiceberg's
+    SQL catalog and its SQLAlchemy, its pyarrow IO: imported lazily by the library, ahead by the warm interpreter)."""
+    code = ("import importlib, sys; [importlib.import_module(m) for m in sys.argv[2:]]; before = set(sys.modules); "
+            "import pyarrow as pa; from pathlib import Path; from factory.data.catalog import CatalogConfig, open_catalog; "
+            "catalog = open_catalog(CatalogConfig.local(Path(sys.argv[1]))); catalog.create_namespace('raw'); "
+            "table = catalog.create_table('raw.t', pa.schema([('id', pa.string())])); table.append(pa.table({'id': ['a']})); "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('pyiceberg', 'sqlalchemy', 'pyarrow')))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path), *warm_modules(["raw_datasets"], "none")], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"opening the catalog imported what the warm interpreter had not: {done.stdout[:500]}"

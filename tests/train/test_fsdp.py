@@ -20,7 +20,7 @@ from factory.errors import ConfigError
 from factory.train.checkpoint import checkpoint_digest, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
 from tests.train.test_pretrain import LOG, MODEL, TRAIN, VOCAB, source
-from tests.train.test_resume import REPO, finish, launch
+from tests.train.conftest import REPO, ended, finish, launch
 
 pytestmark = pytest.mark.slow  # two-rank worlds under torchrun
 
@@ -102,7 +102,7 @@ def assert_same_state(ours: dict, theirs: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
+def runs(tmp_path_factory, warm) -> dict[str, Path]:
     """The same 8 steps (global batch 8, checkpoints at 4 and 8) on 2 ranks of FSDP, 2 of DDP and 1 rank."""
     works = {}
     recompute = {"activation_checkpointing": "full", "reshard_after_forward": False}
@@ -110,7 +110,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         ("fsdp2", 2, "fsdp", {}), ("ddp2", 2, "ddp", {}), ("one", 1, "ddp", {}), ("fsdp2-recompute", 2, "fsdp", recompute),
     ):
         work = tmp_path_factory.mktemp(name) / "work"
-        finish(launch(work, steps=8, every=4, ranks=ranks, dropout=0.0, sharded=True, parallelism=parallelism, extra=extra))
+        finish(launch(work, steps=8, every=4, ranks=ranks, dropout=0.0, sharded=True, parallelism=parallelism, extra=extra, warm=warm))
         works[name] = work
     return works
 
@@ -143,9 +143,9 @@ def test_recomputed_activations_and_unsharded_backward_give_the_same_fsdp_weight
 
 
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="inductor compiles C++ on the CPU")
-def test_a_compiled_fsdp_run_follows_the_uncompiled_one(runs, tmp_path):
+def test_a_compiled_fsdp_run_follows_the_uncompiled_one(runs, tmp_path, warm):
     work = tmp_path / "work"  # inductor's first compile: about 25 s on 2 cores
-    finish(launch(work, steps=8, every=4, ranks=2, dropout=0.0, sharded=True, parallelism="fsdp", extra={"compile": True}))
+    finish(launch(work, steps=8, every=4, ranks=2, dropout=0.0, sharded=True, parallelism="fsdp", extra={"compile": True}, warm=warm))
     eager, compiled = losses(runs["fsdp2"]), losses(work)
     assert len(compiled) == 8 and compiled[-1] < compiled[0], "it learns"
     torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), rtol=1e-5, atol=1e-5)  # fused kernels round otherwise
@@ -184,13 +184,13 @@ def test_each_fsdp_rank_reads_about_its_share_of_a_sharded_checkpoint(runs, resa
 
 
 @pytest.mark.parametrize(("written_by", "ranks", "parallelism"), [("fsdp2", 1, "ddp"), ("one", 2, "fsdp")])
-def test_a_resharded_resume_continues_the_same_training(runs, tmp_path, written_by, ranks, parallelism):
+def test_a_resharded_resume_continues_the_same_training(runs, tmp_path, written_by, ranks, parallelism, warm):
     work = tmp_path / "work"
     shutil.copytree(runs[written_by], work)
     for leftover in ("step_000008", "step_000008.json"):  # as if stopped after step 4's checkpoint
         path = work / CHECKPOINT_DIR / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    err = finish(launch(work, steps=8, every=4, ranks=ranks, dropout=0.0, sharded=True, parallelism=parallelism))
+    err = finish(launch(work, steps=8, every=4, ranks=ranks, dropout=0.0, sharded=True, parallelism=parallelism, warm=warm))
     assert "resuming from step_000004" in err and "reseeded" in err
     ours, theirs = load_checkpoint(work / CHECKPOINT_DIR / "step_000008"), load_checkpoint(runs[written_by] / CHECKPOINT_DIR / "step_000008")
     assert ours["data_position"] == theirs["data_position"] and ours["tokens_seen"] == theirs["tokens_seen"]
@@ -199,9 +199,9 @@ def test_a_resharded_resume_continues_the_same_training(runs, tmp_path, written_
         torch.testing.assert_close(ours["model"][name], weight, rtol=1e-3, atol=1e-4)
 
 
-def test_a_rank_killed_in_a_sharded_save_leaves_no_checkpoint_that_looks_complete(tmp_path):
+def test_a_rank_killed_in_a_sharded_save_leaves_no_checkpoint_that_looks_complete(tmp_path, warm):
     work = tmp_path / "work"
-    process = launch(work, steps=20, every=1, ranks=2, dropout=0.0, parallelism="fsdp")
+    process = launch(work, steps=20, every=1, ranks=2, dropout=0.0, parallelism="fsdp", warm=warm)
     checkpoints, deadline = work / CHECKPOINT_DIR, time.monotonic() + 120
 
     def saving() -> bool:  # shards of a save being written, after a few saves completed
@@ -213,15 +213,14 @@ def test_a_rank_killed_in_a_sharded_save_leaves_no_checkpoint_that_looks_complet
         time.sleep(0.0002)
     ranks = psutil.Process(process.pid).children(recursive=True)
     next(p for p in ranks if p.environ().get("RANK") == "1").kill()  # the rank that does not rename the shards into place
-    process.communicate(timeout=120)
-    assert process.returncode != 0, "torchrun ends the job when a rank dies"
+    assert ended(process)[0] != 0, "torchrun ends the job when a rank dies"
     records = sorted(checkpoints.glob("*.json"))
     assert records and any(p.suffix == ".tmp" for p in checkpoints.iterdir()), "the kill landed in a save"
     for record in records:  # whatever has a record is whole: its bytes match and load
         sha256 = json.loads(record.read_text())["sha256"]
         assert checkpoint_digest(record.with_suffix(""))[0] == sha256
         assert load_checkpoint(record.with_suffix(""), sha256)["step"] == int(record.stem.removeprefix("step_"))
-    err = finish(launch(work, steps=20, every=1, ranks=2, dropout=0.0, parallelism="fsdp"))
+    err = finish(launch(work, steps=20, every=1, ranks=2, dropout=0.0, parallelism="fsdp", warm=warm))
     assert f"resuming from {records[-1].stem}" in err and "left by an interrupted save" in err
     assert load_checkpoint(checkpoints / "step_000020")["step"] == 20 and not list(checkpoints.glob("*.tmp"))
 

@@ -16,7 +16,7 @@ from factory.config.schema import ModelConfig
 from factory.errors import ConfigError
 from factory.models.build import build_model
 from factory.train.meta_init import build_on_meta, replay, rows_of, sharded_build
-from tests.train.test_resume import REPO
+from tests.train.conftest import REPO
 
 SHAPES = {
     "gpt": ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=0.1),

@@ -3,11 +3,7 @@
 import hashlib
 import json
 import logging
-import os
-import signal
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,79 +14,14 @@ import torch
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import StageFailed
+from factory.launch.warm import WarmProcess
 from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
 from factory.train.pretrain import CHECKPOINT_DIR, METRICS_FILE, pretrain
+from tests.train.conftest import finish, launch
 
 pytestmark = pytest.mark.slow  # about a minute and a half: two-rank worlds and SIGKILLed trainers
 
-REPO = Path(__file__).resolve().parents[2]
 LOG = logging.getLogger("test.resume")
-
-# A training run as its own process: the same synthetic blend on every launch; ranks from torchrun.
-TRAINER = textwrap.dedent(
-    """
-    import json, logging, os, sys
-    from pathlib import Path
-    import torch
-    from factory.config.control import ControlConfig
-    from factory.config.schema import ModelConfig, PretrainConfig
-    from factory.data.loader import Batch, LoaderState
-    from factory.train.distributed import join, leave, world_from_env
-    from factory.train.pretrain import pretrain
-
-    work, steps, every, accum, dropout = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-    model = ModelConfig(n_layer=2, n_head=2, n_embd=64, context=32, dropout=dropout)
-    config = PretrainConfig(steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, checkpoint_every=every, log_every=1,
-                            keep_last=2, grad_accum_steps=accum, checkpoint_format=os.environ.get("FORMAT", "file"),
-                            async_checkpoints=os.environ.get("ASYNC") == "1", parallelism=os.environ.get("PARALLELISM", "ddp"),
-                            **json.loads(os.environ.get("EXTRA") or "{}"))
-    world = world_from_env()
-    join(world)
-
-    def data(state):
-        step = state.slot if state else 0
-        generator = torch.Generator().manual_seed(1234)
-        tokens = torch.randint(0, 64, (5000,), generator=generator)
-        share = config.batch_size // world.size
-        while True:
-            starts = [(step * 37 + 13 * i) % 4900 for i in range(config.batch_size)]
-            seqs = torch.stack([tokens[s : s + model.context + 1] for s in starts])
-            seqs[:, -3:] = -1  # padding at the end, as packed sequences have
-            mine = seqs[world.rank * share : (world.rank + 1) * share]
-            x, y = mine[:, :-1].clone(), mine[:, 1:].clone()
-            x[x < 0] = 0
-            step += 1
-            yield Batch(x=x, y=y, documents=(), state=LoaderState(slot=step), real_tokens=int((y >= 0).sum()),
-                        global_tokens=int((seqs[:, 1:] >= 0).sum()))
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    control = ControlConfig.model_validate_json(os.environ["CONTROL"]) if os.environ.get("CONTROL") else None
-    pretrain(data, 64, model, config, 7, work, logging.getLogger("trainer"), world=world, control=control)
-    leave(world)
-    """
-)
-
-
-def launch(
-    work: Path, steps: int = 60, every: int = 10, accum: int = 1, ranks: int = 1, dropout: float = 0.1, control: str = "",
-    sharded: bool = False, asynchronous: bool = False, parallelism: str = "ddp", extra: dict | None = None,
-) -> subprocess.Popen:
-    """The trainer script as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
-    control section as JSON; `parallelism: fsdp` implies sharded checkpoints; `extra`: more pretrain fields."""
-    prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    script = work.parent / "trainer.py"
-    script.write_text(TRAINER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CONTROL": control,
-           "FORMAT": "sharded" if sharded or parallelism == "fsdp" else "file", "ASYNC": "1" if asynchronous else "0",
-           "PARALLELISM": parallelism, "EXTRA": json.dumps(extra or {})}
-    return subprocess.Popen([*prefix, str(script), str(work), str(steps), str(every), str(accum), str(dropout)], env=env,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish(process: subprocess.Popen) -> str:
-    _, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-3000:]
-    return err
 
 
 def final_sha(work: Path, steps: int = 60) -> str:
@@ -106,25 +37,25 @@ def logged_steps(work: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> str:
+def reference(tmp_path_factory, warm) -> str:
     work = tmp_path_factory.mktemp("reference") / "work"
-    finish(launch(work))
+    finish(launch(work, warm=warm))
     return final_sha(work)
 
 
 @pytest.mark.parametrize("kill_after", [3, 17, 41])
-def test_sigkill_then_relaunch_gives_the_bytes_of_an_uninterrupted_run(tmp_path, reference, kill_after):
+def test_sigkill_then_relaunch_gives_the_bytes_of_an_uninterrupted_run(tmp_path, reference, kill_after, warm):
     work = tmp_path / "work"
-    process = launch(work)
+    process = launch(work, warm=warm)
     deadline = time.monotonic() + 120
     while logged_steps(work) < kill_after and process.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.005)
-    process.send_signal(signal.SIGKILL)
+    process.kill()
     process.wait()
     killed_at = logged_steps(work)
     assert kill_after <= killed_at < 60, "the kill must land before the end"
-    err = finish(launch(work))
+    err = finish(launch(work, warm=warm))
     if killed_at >= 10:
         assert "resuming from step_" in err
     assert final_sha(work) == reference
@@ -132,26 +63,26 @@ def test_sigkill_then_relaunch_gives_the_bytes_of_an_uninterrupted_run(tmp_path,
     assert steps == list(range(1, 61)), "the resumed run rewrites the metrics of the steps it repeats, once"
 
 
-def test_a_kill_during_a_checkpoint_write_loses_nothing(tmp_path, reference):
+def test_a_kill_during_a_checkpoint_write_loses_nothing(tmp_path, reference, warm):
     work = tmp_path / "work"
-    process = launch(work)
+    process = launch(work, warm=warm)
     checkpoints = work / CHECKPOINT_DIR
     deadline = time.monotonic() + 120
     while process.poll() is None and not any(p.name.startswith("step_000030") for p in (checkpoints.iterdir() if checkpoints.exists() else [])):
         assert time.monotonic() < deadline
         time.sleep(0.0005)
-    process.send_signal(signal.SIGKILL)
+    process.kill()
     process.wait()
     # Whatever the kill left (a temp file, bytes without a record, or a whole checkpoint), plus a save cut short by hand:
     (checkpoints / "step_000040.pt.tmp").write_bytes(b"partial")
     (checkpoints / "step_000040.pt").write_bytes(b"torn")
-    err = finish(launch(work))
+    err = finish(launch(work, warm=warm))
     assert "left by an interrupted save" in err
     assert final_sha(work) == reference
     assert not list(checkpoints.glob("*.tmp"))
 
 
-def kill_tree(process: subprocess.Popen) -> None:
+def kill_tree(process: subprocess.Popen | WarmProcess) -> None:
     """SIGKILL torchrun and its ranks (which it starts in sessions of their own), as a node failing would."""
     family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
     for member in family:
@@ -169,17 +100,17 @@ def weights_sha(state: dict) -> str:
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path, parallelism):
+def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_async_saves_change_nothing(tmp_path, parallelism, warm):
     whole, killed = tmp_path / "whole" / "work", tmp_path / "killed" / "work"
     whole.parent.mkdir()
     killed.parent.mkdir()
-    finish(launch(whole, steps=30, ranks=2, sharded=True, parallelism=parallelism))
+    finish(launch(whole, steps=30, ranks=2, sharded=True, parallelism=parallelism, warm=warm))
     final = whole / CHECKPOINT_DIR / "step_000030"
     shards = {p.name: p.stat().st_size for p in final.iterdir()}
     assert set(shards) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert min(shards["__0_0.distcp"], shards["__1_0.distcp"]) > 0.2 * sum(shards.values()), f"each rank writes a share: {shards}"
 
-    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism)
+    process = launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism, warm=warm)
     deadline = time.monotonic() + 180
     record = killed / CHECKPOINT_DIR / "step_000010.json"  # the async save of step 10 is complete
     while (logged_steps(killed) < 15 or not record.exists()) and process.poll() is None:
@@ -187,7 +118,7 @@ def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_asy
         time.sleep(0.005)
     kill_tree(process)
     assert logged_steps(killed) < 30, "the kill must land before the end"
-    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism))
+    err = finish(launch(killed, steps=30, ranks=2, sharded=True, asynchronous=True, parallelism=parallelism, warm=warm))
     assert "resuming from step_000010" in err or "resuming from step_000020" in err
     ours, theirs = (load_checkpoint(w / CHECKPOINT_DIR / "step_000030") for w in (killed, whole))
     assert weights_sha(ours) == weights_sha(theirs)
@@ -196,12 +127,12 @@ def test_sharded_checkpoints_from_two_ranks_resume_bitwise_after_sigkill_and_asy
         assert torch.equal(ours["optimizer"]["state"][index]["exp_avg_sq"], state["exp_avg_sq"])
 
 
-def test_two_ranks_compute_what_one_rank_computes(tmp_path):
+def test_two_ranks_compute_what_one_rank_computes(tmp_path, warm):
     one, two = tmp_path / "one" / "work", tmp_path / "two" / "work"
     one.parent.mkdir()
     two.parent.mkdir()
-    finish(launch(one, steps=12, every=0, dropout=0.0))  # dropout masks depend on how the batch is split
-    finish(launch(two, steps=12, every=0, ranks=2, dropout=0.0))
+    finish(launch(one, steps=12, every=0, dropout=0.0, warm=warm))  # dropout masks depend on how the batch is split
+    finish(launch(two, steps=12, every=0, ranks=2, dropout=0.0, warm=warm))
     a = torch.load(one / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)
     b = torch.load(two / CHECKPOINT_DIR / "step_000012.pt", weights_only=True)
     for name, weight in a["model"].items():
@@ -211,7 +142,7 @@ def test_two_ranks_compute_what_one_rank_computes(tmp_path):
     assert len(start) == 1
 
 
-def test_two_ranks_take_the_same_control_decisions_as_one(tmp_path):
+def test_two_ranks_take_the_same_control_decisions_as_one(tmp_path, warm):
     control = json.dumps({"metrics": [{"name": "batch", "kind": "batch_inspector"}], "rules": [
         {"name": "look", "when": "step == 4", "do": ["log_batch"]},
         {"name": "skip", "when": "step == 6 or step == 7", "do": ["skip_batch"]},
@@ -220,7 +151,7 @@ def test_two_ranks_take_the_same_control_decisions_as_one(tmp_path):
     for ranks in (1, 2):
         work = tmp_path / str(ranks) / "work"
         work.parent.mkdir()
-        finish(launch(work, steps=12, every=0, ranks=ranks, dropout=0.0, control=control))
+        finish(launch(work, steps=12, every=0, ranks=ranks, dropout=0.0, control=control, warm=warm))
         records = [json.loads(line) for line in (work / "control.jsonl").read_text().splitlines()]
         runs[ranks] = (records, torch.load(work / CHECKPOINT_DIR / "step_000012.pt", weights_only=True))
     (one, first), (two, second) = runs[1], runs[2]
@@ -232,12 +163,12 @@ def test_two_ranks_take_the_same_control_decisions_as_one(tmp_path):
         torch.testing.assert_close(second["model"][name], weight, rtol=1e-3, atol=1e-4)
 
 
-def test_gradient_accumulation_computes_what_one_pass_computes(tmp_path):
+def test_gradient_accumulation_computes_what_one_pass_computes(tmp_path, warm):
     one, four = tmp_path / "one" / "work", tmp_path / "four" / "work"
     one.parent.mkdir()
     four.parent.mkdir()
-    finish(launch(one, steps=8, every=0, dropout=0.0))
-    finish(launch(four, steps=8, every=0, accum=4, dropout=0.0))
+    finish(launch(one, steps=8, every=0, dropout=0.0, warm=warm))
+    finish(launch(four, steps=8, every=0, accum=4, dropout=0.0, warm=warm))
     a = torch.load(one / CHECKPOINT_DIR / "step_000008.pt", weights_only=True)["model"]
     b = torch.load(four / CHECKPOINT_DIR / "step_000008.pt", weights_only=True)["model"]
     for name, weight in a.items():
