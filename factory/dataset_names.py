@@ -22,7 +22,8 @@ from factory.config.data_sections import SourceConfig
 from factory.config.files import MAX_FILE_BYTES, repository_root
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
-from factory.stages.datasets import RAW_DATASETS, computed_datasets
+from factory.config.kinds import computed_datasets
+from factory.stages.datasets import RAW_DATASETS
 
 Problem = tuple[tuple, str]
 GIT_TIMEOUT_S = 10

@@ -11,17 +11,81 @@ functions that use it, when a stage runs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from factory.config.architectures import ModelArch
-from factory.config.kinds import MetricsPlot, Placement, StageKind, TableNeed, as_resources_say, one_rank
-from factory.config.schema import Experiment, TrainedModel
+from factory.config.kinds import DatasetNeed, MetricsPlot, Placement, StageKind, TableNeed, as_resources_say, one_rank
+from factory.config.schema import Experiment, TrainedModel, TrainingSection
 from factory.config.section import GrownSection, Section
 from factory.config.source_kinds import SourceKind
 from factory.errors import ConfigError, PluginError, StageFailed
 from factory.evals.base import Benchmark, EvalInputs, Score
 from factory.runtime.context import StageContext
+from factory.stages.trainer import TrainingInputs, training_kind
+
+if TYPE_CHECKING:
+    import torch
+
+    from factory.train.records import SavedCheckpoint
 
 __all__ = [
-    "Benchmark", "ConfigError", "EvalInputs", "Experiment", "GrownSection", "MetricsPlot", "ModelArch", "Placement", "PluginError",
-    "Score", "Section", "SourceKind", "StageContext", "StageFailed", "StageKind", "TableNeed", "TrainedModel", "as_resources_say",
-    "one_rank",
+    "PAD", "REFERENCE", "Batch", "Benchmark", "ConfigError", "DatasetNeed", "EvalInputs", "Experiment", "GrownSection", "LoaderState",
+    "MetricsPlot", "ModelArch", "Placement", "PluginError", "Score", "Section", "SourceKind", "StageContext", "StageFailed", "StageKind",
+    "TableNeed", "TrainedModel", "TrainingInputs", "TrainingSection", "as_resources_say", "checkpoints_of", "load_weights", "one_rank",
+    "save_final", "sequence_log_probs", "training_kind",
 ]
+PAD = -1
+"""The target of a position the loss ignores (a prompt's tokens, padding): `Batch.y` holds it there."""
+REFERENCE = "reference"
+"""The frozen model a training kind may ask for (`frozen=(REFERENCE,)`): a copy of the weights it starts from."""
+
+
+def __getattr__(name: str) -> Any:
+    """The names that need torch (`Batch`, `LoaderState`, `sequence_log_probs`), imported when first read, so that reading
+    the registry (which imports every plugin) stays light."""
+    if name in ("Batch", "LoaderState"):
+        from factory.data import loader
+
+        return getattr(loader, name)
+    if name == "sequence_log_probs":
+        from factory.train.objective import sequence_log_probs
+
+        return sequence_log_probs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def checkpoints_of(ctx: StageContext, stage: str) -> list[SavedCheckpoint]:
+    """The kept checkpoints of an upstream training stage, oldest first: each with its `step`, `path`, `sha256` and `metrics`."""
+    from factory.train.records import published
+
+    return published(ctx.upstream(stage))
+
+
+def load_weights(checkpoint: SavedCheckpoint) -> dict[str, torch.Tensor]:
+    """The model weights of one checkpoint, its checksum verified."""
+    from factory.train.checkpoint import load_checkpoint
+
+    state = load_checkpoint(checkpoint.path, checkpoint.sha256)
+    return state["model"] if "model" in state else state
+
+
+def save_final(ctx: StageContext, weights: dict[str, torch.Tensor], *, step: int, tokens_seen: int = 0) -> dict[str, Any]:
+    """Save `weights` as this stage's one checkpoint (at `step`), and the record that names it final: evaluated as a
+    `checkpoints` partition, exported by the model stage when this stage ends the chain. Returns summary figures."""
+    from factory.config.kinds import TOKENIZER, provider
+    from factory.models.build import build_model
+    from factory.models.tokenizer import load_tokenizer
+    from factory.registry.layout import TOKENIZER_FILE
+    from factory.stages.training import write_run
+    from factory.train.checkpoint import CheckpointDir, RetentionPolicy
+    from factory.train.records import published
+
+    vocab_size = load_tokenizer(ctx.upstream(provider(TOKENIZER).name) / TOKENIZER_FILE).get_vocab_size()
+    model = build_model(ctx.settings.model, vocab_size, ctx.settings.seed)
+    model.load_state_dict(weights)  # a wrong shape is said here, not by whoever loads it next
+    CheckpointDir(ctx.out, RetentionPolicy(keep_last=1, best_metric=None), ctx.log).save(
+        step, {"model": weights, "step": step}, {"tokens_seen": tokens_seen}, final=True)
+    parameters = sum(p.numel() for p in model.parameters())
+    write_run(ctx, ctx.settings.model, vocab_size, steps=step, tokens_seen=tokens_seen, parameters=parameters,
+              checkpoints=tuple(c.path.name for c in published(ctx.out)))
+    return {"steps": step, "parameters": parameters, "checkpoints": 1}

@@ -15,12 +15,12 @@ from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile, queue_problems
 from factory.config.files import outside_roots
 from factory.config.settings import data_roots
-from factory.config.kinds import stage_kinds, trains
+from factory.config.kinds import computed_datasets, dataset_needs, exported, stage_kind, stage_kinds, trains
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.source_kinds import source_kind
 from factory.dataset_names import DatasetOwners
 from factory.errors import ConfigError
-from factory.stages.datasets import computed_datasets
+
 from factory.evals.benchmarks import benchmark, known, registered
 from factory.evals.custom import NAME as CUSTOM
 
@@ -172,7 +172,8 @@ def _semantic_problems(experiment: Experiment, roots: tuple[Path, ...]) -> list[
             found.append((keys, f"{refused}; point it at a directory of data"))
         elif not Path(source.path or "").is_dir():
             found.append((keys, f"{source.path!r} is not a directory here"))
-    found += _sft_dataset_problems(experiment)
+    found += _dataset_problems(experiment)
+    found += _training_problems(experiment)
     if experiment.eval is not None:
         for name in experiment.eval.benchmarks:
             if not known(name):
@@ -204,21 +205,49 @@ def _imported_template_problems(experiment: Experiment) -> list[Problem]:
     return []
 
 
-def _sft_dataset_problems(experiment: Experiment) -> list[Problem]:
-    """`sft.data.dataset` must name a dataset of the file whose source keeps the columns `sft.data` maps."""
-    data = experiment.sft.data if experiment.sft is not None else None
-    if data is None or data.dataset is None:
-        return []
-    keys = ("sft", "data", "dataset")
-    dataset = experiment.data.datasets.get(data.dataset)
-    if dataset is None:
-        return [(keys, f"names no dataset of this file (its datasets: {', '.join(experiment.data.datasets) or 'none'}); define it "
-                       "under data.datasets or pin a table with sft.data.table")]
-    kept = dataset.source.columns
-    if missing := [name for name in data.columns if name not in kept]:
-        return [(keys, f"dataset {data.dataset!r} keeps no column {', '.join(map(repr, missing))} (its source.columns: "
-                       f"{', '.join(kept) or 'none'}); add them to data.datasets.{data.dataset}.source.columns or map kept ones")]
-    return []
+def _training_problems(experiment: Experiment) -> list[Problem]:
+    """What the file's training kinds start from, and which one the model stage exports: each declared by the kinds."""
+    found: list[Problem] = []
+    running = [kind for kind in stage_kinds() if kind.checkpoints and kind.runs_in(experiment)]
+    for index, kind in enumerate(running):
+        if kind.training is None or kind.section is None:
+            continue
+        section = getattr(experiment, kind.section)
+        before = [k.section or k.name for k in running[:index] if k.name in kind.reads]
+        if section.from_ is not None and before:
+            found.append(((kind.section, "from"), f"the file trains {' and '.join(before)} before {kind.name}, which starts from "
+                                                  f"there; remove '{kind.section}.from' (or those sections)"))
+        elif (section.from_ is None and not before and kind.training.starts_from_model and experiment.model.from_hf is None
+              and experiment.base is None):
+            found.append(((kind.section,), f"{kind.name} trains a model made before it: add a section it starts from "
+                                           f"({', '.join(k for k in kind.reads if k in {r.name for r in stage_kinds() if r.checkpoints})}), "
+                                           f"start from a checkpoint with 'model.from_hf', or from a model made elsewhere with "
+                                           f"'{kind.section}.from'"))
+    names = [kind.name for kind in running]
+    if experiment.export is not None and experiment.export not in names:
+        found.append((("export",), f"{experiment.export!r} is no training stage of this file (they are: {', '.join(names) or 'none'}); "
+                                   "name one of them"))
+    elif experiment.export is None and len(last := exported(names)) > 1:
+        found.append(((stage_kind(last[-1]).section or last[-1],), f"{' and '.join(last)} both end the training chain (neither reads the "
+                                                                   f"other): add `export: <one of them>` to say whose final weights the "
+                                                                   "model stage exports"))
+    return found
+
+
+def _dataset_problems(experiment: Experiment) -> list[Problem]:
+    """Each dataset a stage reads (`sft.data.dataset`, a plugin's) must be a dataset of the file whose source keeps the
+    columns the stage needs."""
+    found: list[Problem] = []
+    for need in dataset_needs(experiment):
+        dataset = experiment.data.datasets.get(need.dataset)
+        if dataset is None:
+            found.append((need.where, f"names no dataset of this file ({need.dataset!r}; its datasets: "
+                                      f"{', '.join(experiment.data.datasets) or 'none'}); define it under data.datasets"))
+        elif missing := [name for name in need.columns if name not in dataset.source.columns]:
+            found.append((need.where, f"dataset {need.dataset!r} keeps no column {', '.join(map(repr, missing))} (its source.columns: "
+                                      f"{', '.join(dataset.source.columns) or 'none'}); add them to "
+                                      f"data.datasets.{need.dataset}.source.columns"))
+    return found
 
 
 def _warnings(path: Path, experiment: Experiment) -> list[str]:

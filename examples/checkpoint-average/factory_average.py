@@ -2,8 +2,9 @@
 
 Averaging the weights of the last few checkpoints (uniformly, or exponentially weighted towards the newest) is a
 cheap way to a better model for small-batch runs, whose weights keep jittering around a minimum. The averaged
-weights are saved as one checkpoint of this stage, so the factory evaluates them like any other and the
-leaderboard ranks them beside the checkpoints they came from.
+weights are saved as one checkpoint of this stage, so the factory evaluates them like any other, the
+leaderboard ranks them beside the checkpoints they came from, and the model stage exports them (the stage ends
+the training chain). It imports the factory only through its public plugin API, `factory.plugin`.
 
 Everything the factory needs is in `AVERAGE` below; the package's `model_factory.stages` entry point names it.
 """
@@ -14,11 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from factory.config.kinds import StageKind
-from factory.config.schema import Experiment, TrainedModel
-from factory.config.section import Section
-from factory.errors import ConfigError
-from factory.runtime.context import StageContext
+from factory.plugin import ConfigError, Experiment, Section, StageContext, StageKind, TrainedModel, checkpoints_of, load_weights, save_final
 
 STARTS_FROM = ("rl", "sft", "pretrain")
 """The training stages it may average, newest first: it averages the last one the experiment runs."""
@@ -52,12 +49,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     """Average the last `last` checkpoints of the training stage this stage reads; save the result as one checkpoint."""
     import torch
 
-    from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
-    from factory.train.records import published
-
     config: AverageConfig = ctx.settings.average
     stage = next(name for name in STARTS_FROM if name in ctx.request.spec.upstream)
-    kept = published(ctx.upstream(stage))
+    kept = checkpoints_of(ctx, stage)
     if len(kept) < config.last:
         raise ConfigError(f"average.last is {config.last}, but {stage} kept {len(kept)} checkpoints: lower average.last or "
                           f"raise {stage}.keep_last")
@@ -65,15 +59,13 @@ def run(ctx: StageContext) -> dict[str, Any]:
     shares = weights(config, len(chosen))
     total: dict[str, torch.Tensor] = {}
     for checkpoint, share in zip(chosen, shares, strict=True):
-        model = load_checkpoint(checkpoint.path, checkpoint.sha256)["model"]
+        model = load_weights(checkpoint)
         for name, tensor in model.items():
             total[name] = total.get(name, torch.zeros_like(tensor, dtype=torch.float64)) + share * tensor.double()
     averaged = {name: tensor.to(model[name].dtype) for name, tensor in total.items()}
     newest = chosen[-1]
     ctx.log.info("averaged %s checkpoints at steps %s (%s)", stage, ", ".join(str(c.step) for c in chosen), config.method)
-    metrics = {"tokens_seen": newest.metrics.get("tokens_seen", 0)}
-    CheckpointDir(ctx.out, RetentionPolicy(keep_last=1, best_metric=None), ctx.log).save(
-        newest.step, {"model": averaged, "step": newest.step}, metrics, final=True)
+    save_final(ctx, averaged, step=newest.step, tokens_seen=int(newest.metrics.get("tokens_seen", 0)))
     return {"stage": stage, "steps": [c.step for c in chosen], "weights": [round(w, 6) for w in shares], "checkpoints": 1}
 
 
@@ -95,5 +87,5 @@ AVERAGE = StageKind(
     fingerprint=_settings,
     present=lambda experiment: experiment.average is not None and experiment.pretrain is not None,
     artifact=frozenset({"torch"}),
-    imports=("factory.train.checkpoint", "factory.train.records"),
+    imports=("factory.models.build", "factory.stages.training", "factory.train.checkpoint", "factory.train.records"),
 )

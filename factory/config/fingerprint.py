@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Iterable, Mapping
 from functools import cache
+from importlib.metadata import packages_distributions
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +37,57 @@ def plugin_code(declared: Any) -> str:
     """The code identity of what a plugin declares (a benchmark's function, say): a hash of the sources of the top-level
     package (or lone module) that defines it, so an edit of the plugin makes what it computed stale without a version bump.
     "" for the factory's own code, which `code_identity` covers already."""
-    module = sys.modules.get(getattr(declared, "__module__", "") or "")
-    if module is None or module.__name__.partition(".")[0] == factory.__name__:
-        return ""
-    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    found = module_code(_module_of(declared))
+    return f"plugin:{found[1]}" if found else ""
+
+
+def plugins_code(declared: Iterable[Any]) -> dict[str, str]:
+    """{distribution: hash of its code} of the plugin packages that define `declared` (functions, classes, or
+    `module:function` names); the factory's own code is left out (`code_identity` covers it)."""
+    found = (module_code(_module_of(item)) for item in declared if item is not None)
+    return dict(sorted(hit for hit in found if hit is not None))
+
+
+def with_plugins(code: str, plugins: Mapping[str, str]) -> str:
+    """A stage's code identity: the factory's, then each plugin package it runs as `distribution:hash`, space-separated."""
+    return " ".join([code, *(f"{name}:{digest}" for name, digest in sorted(plugins.items()))])
+
+
+def code_parts(code: str) -> dict[str, str]:
+    """A code identity taken apart: {"factory": its own, distribution: hash, ...} (`with_plugins`' inverse)."""
+    own, *plugins = code.split(" ")
+    return {"factory": own, **dict(part.rpartition(":")[::2] for part in plugins)}
+
+
+def module_code(module_name: str) -> tuple[str, str] | None:
+    """(distribution, hash) of the top-level package (or lone module) `module_name` belongs to; None for the factory's own
+    code, a module not imported, or one with nothing on disk to hash (a namespace package, a module made in memory)."""
+    top_name = module_name.partition(".")[0]
+    if not top_name or top_name == factory.__name__:
+        return None
+    top = sys.modules.get(top_name) or sys.modules.get(module_name)
     origin = getattr(top, "__file__", None)
-    if origin is None:  # a namespace package or a module made in memory: nothing on disk to hash
-        return ""
+    if origin is None:
+        return None
     path = Path(origin)
-    if path.name == "__init__.py":
-        return "plugin:" + source_tree_hash(path.parent)
-    return "plugin:" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    digest = source_tree_hash(path.parent) if path.name == "__init__.py" else hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return _distribution(top_name), digest
+
+
+def _module_of(declared: Any) -> str:
+    if isinstance(declared, str):
+        return declared.partition(":")[0]
+    return getattr(declared, "__module__", "") or ""
+
+
+@cache
+def _distributions() -> Mapping[str, list[str]]:
+    return packages_distributions()
+
+
+def _distribution(top_module: str) -> str:
+    """The installed distribution that provides `top_module` (the module's own name when none does)."""
+    return next(iter(_distributions().get(top_module, [])), top_module)
 
 
 @cache

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import create_model
 
 from factory.config.plugins import load_declarations, plugin_name, resolve
-from factory.config.schema import Experiment, TrainedModel
+from factory.config.schema import Experiment, TrainedModel, blended_datasets
 from factory.config.section import Section
 from factory.config.source_kinds import source_kinds
 from factory.errors import ConfigError, PluginError
@@ -79,6 +79,36 @@ class TableNeed:
     table: str
     """`namespace.table@tag`."""
     columns: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DatasetNeed:
+    """A dataset of the experiment file (`data.datasets`) a stage reads, where the file names it, and the columns its
+    source must keep: the data stages ingest, dedup and filter it for the stage, blended or not."""
+
+    where: tuple[str | int, ...]
+    """The key path of the reference in the experiment file (its `file:line` in errors)."""
+    dataset: str
+    columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Training:
+    """What a training kind declares (`factory.plugin.training_kind`): the platform's loop runs it with what every training
+    stage gets (ranks and GPUs, DDP/FSDP, precision, compile, the tracker, checkpoints, bitwise resume)."""
+
+    batches: str | Callable[[Any], Callable[[Any], Iterable[Any]]]
+    """`batches(inputs)`, given a `factory.stages.trainer.TrainingInputs`: the batch source, a function from a loader
+    position (None: the start) to this rank's `Batch`es of the global batches from there on, each saying its position."""
+    loss: str | Callable[..., Any] | None = None
+    """`loss(model, x, y, frozen, config)`: the summed loss of one micro-batch (rows of the batch's `x` and `y` on the model's
+    device; `frozen`: the models of `frozen` by name; `config`: the kind's section), which the loop averages over the global
+    batch's `Batch.units`; None: the next-token cross-entropy."""
+    frozen: tuple[str, ...] = ()
+    """Frozen models the loss reads: `reference` (a copy of the weights the stage starts from)."""
+    starts_from_model: bool = True
+    """Whether it trains a model made before it (this file's last training stage, `from:` or `model.from_hf`), rather
+    than one initialised from the seed."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,6 +197,11 @@ class StageKind:
     its loader. One kind at most."""
     plot: MetricsPlot | None = None
     """How the run report draws its metrics log; a kind with checkpoints and none is drawn as a loss curve under its name."""
+    training: Training | None = None
+    """For a kind the platform's training loop runs: its batch source and loss (`factory.plugin.training_kind`)."""
+    datasets: Callable[[Experiment], Iterable[DatasetNeed]] | None = None
+    """The datasets of the file it reads: the data stages compute them for it, and `factory check` verifies each is
+    defined and keeps the columns it needs."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
 
@@ -224,7 +259,22 @@ def registered_kinds() -> tuple[StageKind, ...]:
         _check(plugin, kinds, builtin)
         after = max((i for i, k in enumerate(kinds) if k.name in plugin.reads), default=len(kinds) - 1)
         kinds.insert(after + 1, plugin)
-    return tuple(kinds)
+    return tuple(_exporter_reads_every_training(kinds))
+
+
+def _exporter_reads_every_training(kinds: list[StageKind]) -> list[StageKind]:
+    """The kinds, the exporting one reading every kind with checkpoints (a plugin's too): it exports the last one the
+    experiment runs, and a failed one stops the export."""
+    trained = [k.name for k in kinds if k.checkpoints and k.scope == "experiment"]
+    return [dataclasses.replace(k, reads=tuple(dict.fromkeys((*k.reads, *trained)))) if k.exports_model else k for k in kinds]
+
+
+def exported(names: Iterable[str]) -> list[str]:
+    """Of the kinds `names` (those an experiment runs), the kinds with checkpoints that no other of them reads: the last
+    training stages of the chain, one of which the model stage exports (more than one: the file must choose, `export`)."""
+    chosen = [stage_kind(name) for name in names]
+    trained = [kind for kind in chosen if kind.checkpoints and kind.scope == "experiment"]
+    return [kind.name for kind in trained if not any(kind.name in other.reads for other in trained if other is not kind)]
 
 
 def stage_kinds() -> tuple[StageKind, ...]:
@@ -235,6 +285,19 @@ def stage_kinds() -> tuple[StageKind, ...]:
 def trains(experiment: Experiment) -> bool:
     """Whether a kind with checkpoints runs in `experiment`: then it has checkpoints to evaluate and a model to export."""
     return any(kind.checkpoints and kind.runs_in(experiment) for kind in stage_kinds())
+
+
+def computed_datasets(experiment: Experiment) -> tuple[str, ...]:
+    """The datasets the data stages compute, in `data.datasets` order: those the blend draws from and those the stages
+    it runs declare they read (`StageKind.datasets`: `sft.data`'s, a plugin's); a dataset no stage reads enters no
+    fingerprint."""
+    read = {*blended_datasets(experiment), *(need.dataset for need in dataset_needs(experiment))}
+    return tuple(name for name in experiment.data.datasets if name in read)
+
+
+def dataset_needs(experiment: Experiment) -> list[DatasetNeed]:
+    """The datasets of the file that the stages it runs read (`StageKind.datasets`), where the file names each."""
+    return [need for kind in stage_kinds() if kind.datasets is not None and kind.runs_in(experiment) for need in kind.datasets(experiment)]
 
 
 def stage_kind(name: str) -> StageKind:
@@ -325,6 +388,9 @@ def _check(plugin: StageKind, kinds: list[StageKind], builtin: tuple[StageKind, 
         if holder := next((k for k in kinds if role in k.unique_roles()), None):
             raise PluginError(f"{plugin.origin}: stage kind {plugin.name!r} {role}, as {holder.name!r} ({holder.origin}) does "
                               "already; one kind at most may: drop the role from the plugin's kind")
+    if plugin.checkpoints and any(k.exports_model and k.name in plugin.reads for k in kinds):
+        raise PluginError(f"{plugin.origin}: stage kind {plugin.name!r} has checkpoints and reads the exported model, which exports the "
+                          "last kind with checkpoints: start it from a training kind (`reads`), or drop `checkpoints`")
     if plugin.section in Experiment.model_fields:
         raise PluginError(f"{plugin.origin}: section {plugin.section!r} of stage kind {plugin.name!r} is a built-in section of "
                           "the experiment file; give the kind a section of its own (its name, by default)")

@@ -110,6 +110,27 @@ class PretrainConfig(GrownSection):
         return self
 
 
+class TrainingSection(PretrainConfig):
+    """The section of a training kind (`factory.plugin.training_kind`): the schedule, clipping, accumulation, checkpoint,
+    precision and parallelism knobs every training stage has, meaning what they mean under `pretrain`, and `from`."""
+
+    model_config = ConfigDict(serialize_by_alias=True)  # `from`, as the file writes it
+    UNSET_LEFT_OUT = ("from_",)
+
+    from_: BaseRef = None
+    """Start from a model made elsewhere instead of this file's training stages (as `sft.from`): `experiments/<file>.md#model`,
+    `alias:<name>` or `model@<sha256>`."""
+    lr: float = Field(1e-5, gt=0, le=1.0)
+    """Peak learning rate of AdamW."""
+    keep_best_by: Literal["loss"] | None = None
+    """Also keep the checkpoint with the lowest mean training loss since the checkpoint before it (null: no best)."""
+
+    @field_validator("from_")
+    @classmethod
+    def _from_is_a_ref(cls, value: str | None) -> str | None:
+        return base_ref(value)
+
+
 TASKS_REF = "post.code_exec_tasks@v1"
 TASK_COLUMNS = ("id", "function", "call", "expected", "split")
 """What post-training reads of a task table: a pinned version without them is refused by `factory check`."""
@@ -311,16 +332,19 @@ class Experiment(Section):
     control: ControlConfig | None = None
     """Rules evaluated inside the pretraining loop (`factory.train.control`)."""
     resources: ResourcesConfig = ResourcesConfig()
+    export: str | None = None
+    """The training stage whose final weights the model stage exports (null: the last one of the chain); needed when two
+    end it, neither reading the other."""
     bound: dict[str, str] = {}
     """What the file's `from` resolved to when it was planned: the digests of the base model and of the blend and
     tokenizer it was trained with, by the name of the input they stand for (set by `factory.ops.bases.bind`)."""
 
     @property
     def base(self) -> tuple[str, str] | None:
-        """(section, reference) of the post-training stage that starts from a model made elsewhere, if one does."""
-        for section in ("sft", "rl"):
+        """(section, reference) of the training stage that starts from a model made elsewhere, if one does."""
+        for section in type(self).model_fields:  # built-in sections first (sft before rl), then the plugins' training kinds
             config = getattr(self, section)
-            if config is not None and config.from_ is not None:
+            if isinstance(config, Section) and getattr(config, "from_", None) is not None:
                 return section, config.from_
         return None
 

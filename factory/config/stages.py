@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from factory.config.fingerprint import code_identity, sha256_of
+from factory.config.fingerprint import code_identity, plugins_code, sha256_of, with_plugins
 from factory.config.pools import TRAINING_POOL
-from factory.config.kinds import BLEND, TOKENIZER, Placement, provider, stage_kind, stage_kinds
+from factory.config.architectures import architecture
+from factory.config.kinds import BLEND, TOKENIZER, Placement, StageKind, computed_datasets, provider, stage_kind, stage_kinds
 from factory.config.schema import Experiment
+from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError
 
 PENDING = "pending:"
@@ -93,7 +95,7 @@ def upstream_of(experiment: Experiment, kind: str) -> tuple[str, ...]:
     stages = stages_of(experiment)
     inherited = inherited_inputs() if experiment.base is not None else ()
     names = tuple(name for name in stage_kind(kind).reads_of(experiment) if name in stages or name in inherited)
-    return (BASE, *names) if experiment.base is not None and experiment.base[0] == kind else names
+    return (BASE, *names) if experiment.base is not None and experiment.base[0] == stage_kind(kind).section else names
 
 
 def inherited_inputs() -> tuple[str, ...]:
@@ -117,12 +119,34 @@ def plan_stage(experiment: Experiment, kind: str, upstream: Mapping[str, str]) -
         kind=kind,
         config=stage_config(experiment, kind),
         upstream={name: upstream[name] for name in needed},
-        code=code_identity(experiment.image),
+        code=stage_code(experiment, kind),
     )
+
+
+def stage_code(experiment: Experiment, kind: str) -> str:
+    """The code identity of one stage: the image when pinned (it holds the plugins); for `local`, the factory's source tree
+    and, for each plugin package whose code the stage runs (its kind's, the source kinds it reads, the architecture it
+    builds), that package's name and a hash of its sources: editing a plugin reruns what it computes and nothing else."""
+    code = code_identity(experiment.image)
+    if experiment.image != "local":
+        return code
+    return with_plugins(code, plugins_code(_declared_code(experiment, stage_kind(kind))))
+
+
+def _declared_code(experiment: Experiment, kind: StageKind) -> list[Any]:
+    """What of the plugins' declarations one stage runs."""
+    declared: list[Any] = [kind.run, kind.config, kind.fingerprint]
+    if kind.training is not None:
+        declared += [kind.training.batches, kind.training.loss]
+    if kind.reads_sources:
+        declared += [source_kind(experiment.data.datasets[name].source.kind).root for name in computed_datasets(experiment)]
+    if kind.checkpoints or kind.exports_model:
+        declared.append(architecture(experiment.model.arch).build)
+    return declared
 
 
 def config_hash(experiment: Experiment) -> str:
     """Hash of the recipe: every section, placement included; the name and the prose are not."""
     optional = [k.section for k in stage_kinds() if k.section and k.section not in HASHED_WHEN_ABSENT]
-    absent = {name for name in optional if getattr(experiment, name) is None}  # recipes without them keep their hash
+    absent = {name for name in (*optional, "export") if getattr(experiment, name) is None}  # recipes without them keep their hash
     return sha256_of(experiment.model_dump(mode="json", exclude=NOT_RECIPE | absent))[:16]

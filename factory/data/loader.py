@@ -84,7 +84,14 @@ class Batch:
     real_tokens: int
     """Targets to predict in this rank's slice."""
     global_tokens: int
-    """Targets to predict in the whole global batch (every rank's slice): the loss is averaged over these."""
+    """Targets to predict in the whole global batch (every rank's slice): the next-token loss is averaged over these."""
+    loss_units: int = 0
+    """What the summed loss of the global batch is averaged over, when not its targets (preference pairs, say); 0: they are."""
+
+    @property
+    def units(self) -> int:
+        """What the loss of the global batch is averaged over: `loss_units`, else `global_tokens`."""
+        return self.loss_units or self.global_tokens
 
 
 class PartReader:

@@ -33,7 +33,7 @@ from factory.errors import ConfigError
 from factory.registry.aliases import known_aliases, standing
 from factory.registry.layout import MODEL_CONFIG
 from factory.registry.store import ArtifactStore, Manifest
-from factory.stages.datasets import computed_datasets
+from factory.config.kinds import computed_datasets
 
 Reader = Callable[[Path], str]
 MAX_CHAIN = 16

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from factory.config import Experiment, StageSpec, plan_stage, upstream_of
+from factory.config.fingerprint import code_parts
 from factory.config.kinds import stage_kind
 from factory.config.schema import PretrainConfig
 from factory.config.sources import changed_files, source_files
@@ -142,8 +143,23 @@ def why_run(
             reasons.append(base_moved(last, digest, base_ref) if name == BASE else
                            f"input {name} changed" + (" (not computed yet)" if digest.startswith(PENDING) else ""))
     if last.code != spec.code:
-        reasons.append(f"code changed ({last.code[:22]} -> {spec.code[:22]})")
+        reasons.append(code_changes(last.code, spec.code))
     return "; ".join(reasons) or "its last artifact is missing or damaged"
+
+
+def code_changes(before: str, after: str) -> str:
+    """Which code changed between two code identities: the factory's, a plugin package's (by distribution), or which plugin
+    a stage runs now or no longer runs."""
+    was, now = code_parts(before), code_parts(after)
+    said = []
+    for name in dict.fromkeys((*was, *now)):
+        if name not in was:
+            said.append(f"{name} added")
+        elif name not in now:
+            said.append(f"{name} removed")
+        elif was[name] != now[name]:
+            said.append(f"{name} changed ({was[name][:22]} -> {now[name][:22]})")
+    return "code: " + ", ".join(said)
 
 
 def base_moved(last: Manifest, digest: str, base_ref: str | None) -> str:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from factory.config.fingerprint import code_identity, source_tree_hash
+from factory.config.fingerprint import code_identity, code_parts, source_tree_hash
 from factory.config.kinds import model_kind, stage_kind
 from factory.config.sources import source_files
 from factory.config.stages import STAGES, StageSpec
@@ -199,9 +199,10 @@ class Sources:
 
     def _find(self, manifest: Manifest) -> Source:
         here = Source(cwd=self.repo, pythonpath=None, how="this checkout", differs="")
-        if manifest.code == self.here:
+        recorded = code_parts(manifest.code)["factory"]  # plugins run as installed here; their hashes say whether they changed
+        if recorded == self.here:
             return here
-        if not manifest.code.startswith("local:"):
+        if not recorded.startswith("local:"):
             return Source(cwd=self.repo, pythonpath=None, how="this checkout",
                           differs=f"the stage ran in image {manifest.code}, which is not run here; this checkout ran it ({self.here})")
         commit = manifest.git_commit
@@ -214,9 +215,9 @@ class Sources:
         if found.differs:
             return found
         identity = "local:" + source_tree_hash(found.cwd / "factory")
-        if identity != manifest.code:
+        if identity != recorded:
             return Source(cwd=found.cwd, pythonpath=found.pythonpath, how=found.how,
-                          differs=f"commit {commit[:12]} hashes to {identity}, the stage recorded {manifest.code}")
+                          differs=f"commit {commit[:12]} hashes to {identity}, the stage recorded {recorded}")
         return found
 
     def _worktree(self, commit: str) -> Source:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import StageKind
+from factory.config.kinds import StageKind, computed_datasets
 from factory.config.data_sections import DatasetConfig, DedupConfig, FiltersConfig, SourceConfig
-from factory.config.schema import Experiment, blended_datasets
+from factory.config.schema import Experiment
 from factory.config.section import GrownSection, Section
 from factory.config.sources import source_files
 from factory.errors import StageFailed
@@ -59,14 +59,6 @@ class FilterSettings(Section):
     """The filter stage: each blended dataset's filters and checks."""
 
     datasets: dict[str, DatasetFilters]
-
-
-def computed_datasets(experiment: Experiment) -> tuple[str, ...]:
-    """The datasets the data stages compute, in `data.datasets` order: those the blend draws from and the one `sft.data`
-    reads (a dataset no stage reads enters no fingerprint)."""
-    data = experiment.sft.data if experiment.sft is not None else None
-    read = {*blended_datasets(experiment), *([data.dataset] if data is not None and data.dataset is not None else [])}
-    return tuple(name for name in experiment.data.datasets if name in read)
 
 
 def _computes_a_dataset(experiment: Experiment) -> bool:

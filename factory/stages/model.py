@@ -1,4 +1,5 @@
-"""The `model` kind: the final weights of the last training stage (rl, sft or pretrain), exported with their config and
+"""The `model` kind: the final weights of the last training stage of the chain (rl, sft, pretrain or a plugin's training
+kind; or the one the file's `export` names), exported with their config and
 tokenizer (and the chat template the model was fine-tuned or imported with) as a self-contained model: a Hugging Face
 model directory when the architecture has a layout there (llama; gpt with learned positions), the factory's own files
 otherwise.
@@ -12,26 +13,51 @@ import json
 import shutil
 from typing import Any
 
-from factory.config.kinds import StageKind, trains
-from factory.config.schema import ModelConfig
-from factory.config.section import Section
+from factory.config.kinds import StageKind, exported, trains
+from factory.config.schema import Experiment, ModelConfig
+from factory.config.section import GrownSection
+from factory.errors import ConfigError
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, RUN_FILE, TOKENIZER_FILE
 from factory.runtime.context import StageContext
 
 
-class ModelSettings(Section):
-    """The model stage exports what it reads: no settings of its own."""
+class ModelSettings(GrownSection):
+    """The model stage exports what it reads: the last training stage of the chain, or the one the file names."""
+
+    UNSET_LEFT_OUT = ("export",)  # files that leave the choice to the chain keep their fingerprints
+
+    export: str | None = None
+    """The training kind whose final weights it exports, when the file names one (`export`)."""
+
+
+def exported_kind(experiment: Experiment) -> str:
+    """The training kind whose final weights `experiment`'s model stage exports: the one its `export` names, else the last
+    training stage of its chain; a ConfigError when two end it and the file does not choose."""
+    from factory.config.stages import stages_of
+
+    runs = stages_of(experiment)
+    if experiment.export is not None:
+        return experiment.export
+    last = exported(runs)
+    if len(last) > 1:
+        raise ConfigError(f"export: {' and '.join(last)} both end the training chain (neither reads the other); name the one whose "
+                          f"final weights the model stage exports, e.g. `export: {last[-1]}`")
+    return last[0]
+
+
+def _settings(experiment: Experiment) -> ModelSettings:
+    exported_kind(experiment)  # two candidates and no choice: refused when planned
+    return ModelSettings(export=experiment.export)
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """Export the final weights with their config, tokenizer and chat template (when the training stage kept one): a
     self-contained model, in a Hugging Face layout when its architecture has one."""
-    from factory.config.stages import TRAINING_STAGES  # derived from the registry: read when it runs, not while it is built
     from factory.models.build import export_model, hugging_face_layout
     from factory.models.hf_export import export_hugging_face
     from factory.train.pretrain import load_weights
 
-    trained = [name for name in TRAINING_STAGES if name in ctx.request.spec.upstream][-1]  # the last training stage run
+    trained = ctx.settings.export or exported(ctx.request.spec.upstream)[0]
     checkpoints = ctx.upstream(trained)
     record = json.loads((checkpoints / RUN_FILE).read_text())
     config, weights = ModelConfig.model_validate(record["model"]), load_weights(checkpoints / record["final"])
@@ -57,7 +83,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
 MODEL = StageKind(
     name="model", run="factory.stages.model:run", reads=("pretrain", "sft", "rl", "tokenizer"), exports_model=True,
-    present=trains, settings=ModelSettings, fingerprint=lambda e: ModelSettings(),
+    present=trains, settings=ModelSettings, fingerprint=_settings,
     artifact=frozenset({"torch"}), imports=("factory.models.build", "factory.models.hf_export", "factory.stages.training", "factory.train.pretrain"),
-    description="The final weights of the last training stage (rl, sft or pretrain), exported with their config and tokenizer.",
+    description="The final weights of the last training stage (or the one the file's `export` names), exported with their config and "
+                "tokenizer.",
 )

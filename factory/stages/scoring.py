@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from factory.config.fingerprint import sha256_of
-from factory.config.kinds import BLEND, TOKENIZER, provider
+from factory.config.kinds import BLEND, TOKENIZER, provider, stage_kinds
+from factory.config.sft_data import SFTData
 from factory.config.stages import BASE
 from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
@@ -145,10 +146,12 @@ def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) ->
     from factory.config.hf_checkpoint import read_checkpoint
 
     spec, settings = checkpoint.spec, checkpoint.settings()
-    data = getattr(getattr(settings, spec.kind, None), "data", None)  # sft's rows and their template
+    data = getattr(getattr(settings, spec.kind, None), "data", None)
+    data = data if isinstance(data, SFTData) else None  # sft's rows and their template (a plugin's `data` is its own)
     if data is not None and data.chat_template is not None:
         return data.chat_template
-    start = next((name for name in (BASE, "sft", "pretrain") if name in spec.upstream and name != spec.kind), None)
+    trained = [kind.name for kind in stage_kinds() if kind.checkpoints and kind.name in spec.upstream and kind.name != spec.kind]
+    start = next((name for name in (BASE, *reversed(trained)) if name in spec.upstream), None)
     if start is not None:
         kept = registry.open(spec.upstream[start]) / CHAT_TEMPLATE_FILE
         if kept.is_file():

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import field_serializer
 
-from factory.config.kinds import MetricsPlot, StageKind, TableNeed, as_resources_say
+from factory.config.kinds import DatasetNeed, MetricsPlot, StageKind, TableNeed, as_resources_say
 from factory.config.schema import Experiment, SFTConfig, TrainedModel
 from factory.config.sft_data import SFTData
 from factory.registry.layout import CHAT_TEMPLATE_FILE
@@ -102,6 +102,14 @@ def _tables(experiment: Experiment) -> list[TableNeed]:
     return [TableNeed(where=("sft", "data", "table"), table=data.table, columns=data.columns)] if data.table is not None else []
 
 
+def _datasets(experiment: Experiment) -> list[DatasetNeed]:
+    """The dataset of the file `sft.data` names, with the columns it maps."""
+    data = experiment.sft.data if experiment.sft is not None else None
+    if data is None or data.dataset is None:
+        return []
+    return [DatasetNeed(where=("sft", "data", "dataset"), dataset=data.dataset, columns=data.columns)]
+
+
 def _reads(experiment: Experiment) -> tuple[str, ...]:
     """The filtered datasets only when `sft.data` names a dataset of the file: other recipes keep their fingerprints."""
     data = experiment.sft.data if experiment.sft is not None else None
@@ -112,7 +120,7 @@ SFT = StageKind(
     name="sft", run="factory.stages.sft:run", reads=(*POST_TRAINING_READS, DATASETS_READ), reads_in=_reads, section="sft",
     plot=MetricsPlot(title="Fine-tuning (SFT)", file="sft.png", alt="SFT loss"),
     checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
-    settings=SFTSettings, fingerprint=_settings, tables=_tables,
+    settings=SFTSettings, fingerprint=_settings, tables=_tables, datasets=_datasets,
     imports=("factory.data.tables", "factory.post.chat", "factory.post.sft", "factory.stages.training", "factory.stages.versions",
              "factory.train.distributed"),
     description="Supervised fine-tuning of the pretrained model on code-execution pairs or any table (loss on completions only); its "

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from factory.config.control import ControlConfig
-from factory.config.kinds import TOKENIZER, provider
+from factory.config.kinds import TOKENIZER, provider, stage_kind, stage_kinds
+from factory.config.plugins import resolve
 from factory.config.stages import BASE, FROM_HF
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.data.catalog import open_catalog
@@ -30,8 +31,10 @@ from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE, TOKENIZER_FILE
 from factory.runtime.context import StageContext
 from factory.runtime.progress import training_progress, wants_progress
+from factory.stages.trainer import FILTERED, TrainingInputs
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
 from factory.train.distributed import World, world_from_env
+from factory.train.objective import NEXT_TOKEN, Objective, next_token_loss
 from factory.train.pretrain import (
     CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, last_row, load_weights, pretrain,
 )
@@ -45,6 +48,47 @@ ACTIVATION_FIGURES = ("activations_mb", "activations_saved_mb")
 """What one micro-batch's forward keeps for the backward, and what recomputation saves: from the metrics log into the summary."""
 
 
+def run_training_kind(ctx: StageContext) -> dict[str, Any]:
+    """The run function of every training kind (`factory.stages.trainer.training_kind`): train from the model it starts
+    from (or the seed's), on the batches its source gives, minimising its loss; a relaunch resumes it."""
+    kind = stage_kind(ctx.request.spec.kind)
+    assert kind.training is not None and kind.section is not None, "training_kind declares both"
+    model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
+    section = getattr(ctx.settings, kind.section)
+    start = starts_from(ctx, *reversed([k.name for k in stage_kinds() if k.checkpoints and k.name in ctx.request.spec.upstream]))
+    if start == FROM_HF and ctx.settings.model.from_hf is None and not kind.training.starts_from_model:
+        start = ""  # a fresh model, initialised from the seed
+    inputs = TrainingInputs(settings=ctx.settings, section=section, model=model_config, tokenizer=tokenizer, eos_id=eos_id,
+                            world=world_from_env(), log=ctx.log, rows=lambda dataset, columns: dataset_rows(ctx, catalog, dataset, columns))
+    source = resolve(kind.training.batches)(inputs)
+    objective = Objective(name=kind.name, loss=next_token_loss, frozen=kind.training.frozen)
+    if kind.training.loss is not None:
+        declared = resolve(kind.training.loss)
+        objective = Objective(name=kind.name, loss=lambda model, x, y, frozen: declared(model, x, y, frozen, section),
+                              frozen=kind.training.frozen)
+    summary = train_stage(ctx, kind.section, model_config, section, tokenizer.get_vocab_size(), source,
+                          init=final_weights(ctx, start) if start else None, objective=objective)
+    if not summary:
+        return summary
+    if start:
+        carry_chat_template(ctx, start)
+    return {**summary, "started_from": start or "the seed", **inputs.summary}
+
+
+def dataset_rows(ctx: StageContext, catalog: Catalog, dataset: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows of `dataset` at the version the upstream `filtered_datasets` stage wrote, with `columns`, in its order."""
+    from factory.data.tables import parse_ref, resolve
+    from factory.stages.versions import dataset_version
+
+    ref = dataset_version(ctx, FILTERED, dataset)
+    table, tag = parse_ref(ref)
+    rows = catalog.load_table(table).scan(snapshot_id=resolve(catalog, table, tag), selected_fields=columns).to_arrow().to_pylist()
+    if not rows:
+        raise StageFailed(f"{ref} has no rows: the filters of dataset {dataset!r} removed them all")
+    ctx.log.info("read %d rows of %s", len(rows), ref)
+    return rows
+
+
 def train_stage(
     ctx: StageContext,
     label: str,
@@ -55,6 +99,7 @@ def train_stage(
     control: ControlConfig | None = None,
     validation: list[Batch] | tuple[()] = (),
     init: dict[str, torch.Tensor] | None = None,
+    objective: Objective = NEXT_TOKEN,
 ) -> dict[str, Any]:
     """Run the training loop of a stage (pretraining or fine-tuning), tracked, then stage its checkpoints and logs.
 
@@ -75,7 +120,7 @@ def train_stage(
             result = pretrain(
                 data, vocab_size, model_config, config, ctx.settings.seed, work, ctx.log, report, world,
                 control=control, validation=validation, on_control=acted, on_step=on_step, init=init,
-                on_checkpoint=ctx.checkpoint,
+                on_checkpoint=ctx.checkpoint, objective=objective, section=label,
             )
     if not world.is_main:
         return {}

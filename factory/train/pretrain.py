@@ -24,12 +24,13 @@ from factory.config.control import ControlConfig
 from factory.config.schema import ModelConfig, PretrainConfig, RLConfig, SFTConfig
 from factory.data.loader import Batch, LoaderState
 from factory.errors import ConfigError, Interrupted, StageFailed
-from factory.models.build import count_parameters
+from factory.models.build import build_model, count_parameters
 from factory.registry.layout import CONTROL_FILE, METRICS_FILE, POSITIONS_FILE
 from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPolicy, load_checkpoint
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
+from factory.train.objective import NEXT_TOKEN, Objective, frozen_models
 from factory.train.parallel import build_for_training, check_split, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.resume import resume
@@ -108,6 +109,8 @@ def pretrain(
     on_step: StepSink | None = None,
     init: Mapping[str, torch.Tensor] | None = None,
     on_checkpoint: CheckpointSink | None = None,
+    objective: Objective = NEXT_TOKEN,
+    section: str | None = None,
 ) -> TrainResult:
     """Train (or resume training) a model; checkpoints, metrics and data positions go to `work_dir`.
 
@@ -117,15 +120,20 @@ def pretrain(
     in-loop evaluation scores) and every action they take is appended to `control.jsonl`.
     `on_step` hears of every step (steps done, loss, tokens/s): a progress bar. `init`: the weights
     a fresh run starts from (fine-tuning), instead of the seeded initialisation. `on_checkpoint` hears of every
-    checkpoint saved and deleted (rank 0).
+    checkpoint saved and deleted (rank 0). `objective`: the loss it minimises and the frozen models that loss reads
+    (`factory.train.objective`); `section`: the experiment section its knobs come from, as errors name it.
     """
     device = world.device
-    check_split(config, world, "sft" if isinstance(config, SFTConfig) else "pretrain")
+    section = section or ("sft" if isinstance(config, SFTConfig) else "pretrain")
+    check_split(config, world, section)
+    if control is not None and objective is not NEXT_TOKEN:
+        raise ConfigError(f"control rules read the next-token loss, and {section} minimises {objective.name!r}: remove the control section")
     # Before the model: its buffers and every step's come from a heap that is no longer trimmed (FSDP's gathered blocks are
     # mapped and unmapped instead).
     keep_freed_memory(sharded=config.parallelism == "fsdp" and world.size > 1)
     model = build_for_training(model_config, vocab_size, seed, config, world, init)
     optimizer = build_optimizer(model, config)
+    frozen = frozen_models(objective, lambda: build_model(model_config, vocab_size, seed), init, device)
     torch.manual_seed(seed + world.rank)  # dropout differs per rank, as their batches do
     policy = RetentionPolicy(keep_last=config.keep_last, best_metric=config.keep_best_by)
     checkpoints = CheckpointDir(
@@ -205,17 +213,18 @@ def pretrain(
             batch = next(batches, None)
             if batch is None:
                 raise ConfigError(
-                    f"the blend ran out of documents after {step} of {config.steps} steps: give a part `mode: oversample`, "
-                    "add data, or lower pretrain.steps"
+                    f"the data ran out of documents after {step} of {config.steps} steps: give a blend part `mode: oversample`, "
+                    f"add data, or lower {section}.steps"
                 )
             if activations is None:  # measured once, on the first batch this process trains
-                activations = activation_memory(model, batch, config, autocast, device)
+                activations = activation_memory(model, batch, config, autocast, device, objective, frozen)
             want_samples = controller is not None and controller.wants_samples
             try:
-                loss_value, grad_norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
+                loss_value, grad_norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples, objective,
+                                                               frozen)
             except (torch.OutOfMemoryError, MemoryError) as e:
                 raise StageFailed(
-                    f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower pretrain.batch_size, raise grad_accum_steps "
+                    f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower {section}.batch_size, raise grad_accum_steps "
                     "or shrink the model"
                 ) from e
             position, tokens_seen, done = batch.state, tokens_seen + batch.global_tokens, step + 1
@@ -227,7 +236,7 @@ def pretrain(
             )) if controller else None
             dropped = actions is not None and actions.drops_update
             if not math.isfinite(loss_value) and not dropped:
-                raise StageFailed(f"the training loss became {loss_value} at step {done}; {_kept(checkpoints)}. Lower pretrain.lr or raise grad_clip")
+                raise StageFailed(f"the training loss became {loss_value} at step {done}; {_kept(checkpoints)}. Lower {section}.lr or raise grad_clip")
             if not dropped:
                 optimizer.step()
                 interval_losses.append(loss_value)

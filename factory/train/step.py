@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import resource
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -17,25 +18,28 @@ from factory.config.schema import PretrainConfig
 from factory.data.loader import PAD, Batch
 from factory.errors import ConfigError
 from factory.train.distributed import World, gather, total
+from factory.train.objective import NEXT_TOKEN, Objective
 from factory.train.parallel import recomputation_off
 
 
 def gradients(
     network: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, config: PretrainConfig, world: World,
-    autocast: torch.dtype | None, device: torch.device, want_samples: bool = False,
+    autocast: torch.dtype | None, device: torch.device, want_samples: bool = False, objective: Objective = NEXT_TOKEN,
+    frozen: Mapping[str, torch.nn.Module] | None = None,
 ) -> tuple[float, float, list[float]]:
     """Gradients of one step over this rank's slice, in `grad_accum_steps` micro-batches, clipped; returns the global mean
     loss, the gradient norm before clipping, and (when asked) the mean token loss of every sequence of the global batch.
     The caller applies the update (or, when a control rule says so, does not).
 
-    Each micro-batch's loss is its summed token loss over the global batch's token count (times
-    the world size, which gradient averaging across ranks divides out), so every rank count and
-    every accumulation split computes the same mean.
+    Each micro-batch's loss is its summed loss (`objective`'s; per-sequence losses need the next-token one) over the
+    global batch's `units` (times the world size, which gradient averaging across ranks divides out), so every rank
+    count and every accumulation split computes the same mean.
     """
     micro = batch.x.size(0) // config.grad_accum_steps
     if micro == 0:
         raise ConfigError(f"each rank gets {batch.x.size(0)} sequences, fewer than pretrain.grad_accum_steps ({config.grad_accum_steps})")
-    scale = world.size / max(1, batch.global_tokens)
+    scale = world.size / max(1, batch.units)
+    frozen = frozen or {}
     summed = 0.0
     samples: list[float] = []
     optimizer.zero_grad(set_to_none=True)
@@ -47,15 +51,15 @@ def gradients(
         if isinstance(network, FSDPModule):  # reduce-scatter the gradients once, after the last micro-batch
             network.set_requires_gradient_sync(last)
         with sync, torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            logits = network(x)
-            flat = logits.view(-1, logits.size(-1)).float()
             if want_samples:
+                logits = network(x)
+                flat = logits.view(-1, logits.size(-1)).float()
                 token_losses = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="none").view(y.shape)
                 loss_sum = token_losses.sum()
                 counts = (y != PAD).sum(dim=1).clamp(min=1)
                 samples += (token_losses.detach().sum(dim=1) / counts).tolist()
             else:
-                loss_sum = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="sum")
+                loss_sum = objective.loss(network, x, y, frozen)
             (loss_sum * scale).backward()
         summed += loss_sum.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
@@ -63,25 +67,28 @@ def gradients(
         grad_norm = grad_norm.full_tensor()
     if want_samples and world.size > 1:
         samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
-    return total(world, summed) / max(1, batch.global_tokens), float(grad_norm), samples
+    return total(world, summed) / max(1, batch.units), float(grad_norm), samples
 
 
 def activation_memory(model: torch.nn.Module, batch: Batch, config: PretrainConfig, autocast: torch.dtype | None,
-                      device: torch.device) -> dict[str, float]:
+                      device: torch.device, objective: Objective = NEXT_TOKEN, frozen: Mapping[str, torch.nn.Module] | None = None,
+                      ) -> dict[str, float]:
     """What the forward of one micro-batch (model and loss) keeps for the backward, measured: `activations_mb` as this run
     trains (recomputing the blocks it was asked to), `activations_saved_mb` what recomputation saves over keeping every
     block's activations. Every rank calls it (an FSDP forward gathers); random states and gradients are left as they were."""
     micro = max(1, batch.x.size(0) // config.grad_accum_steps)
     x, y = batch.x[:micro].to(device), batch.y[:micro].to(device)
-    kept = _saved_mb(model, x, y, autocast, device)
+    measure = functools.partial(_saved_mb, objective=objective, frozen=frozen or {})
+    kept = measure(model, x, y, autocast, device)
     if config.activation_checkpointing == "none":
         return {"activations_mb": kept, "activations_saved_mb": 0.0}
     with recomputation_off(model):
-        whole = _saved_mb(model, x, y, autocast, device)
+        whole = measure(model, x, y, autocast, device)
     return {"activations_mb": kept, "activations_saved_mb": round(whole - kept, 3)}
 
 
-def _saved_mb(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None, device: torch.device) -> float:
+def _saved_mb(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None, device: torch.device, *,
+              objective: Objective, frozen: Mapping[str, torch.nn.Module]) -> float:
     """MB of the storages a forward and loss save for the backward (parameters and autocast's copies of them excluded),
     counted by saved-tensor hooks that keep none of them: the forward holds no more than an inference forward would, so
     measuring without recomputation costs no memory recomputation was asked to save (and moves no peak figure)."""
@@ -102,8 +109,7 @@ def _saved_mb(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, autocast
         torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None),
         torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None),
     ):
-        logits = model(x)
-        F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum")
+        objective.loss(model, x, y, frozen)
     return round(sum(counted) / 2**20, 3)
 
 

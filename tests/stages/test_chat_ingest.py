@@ -143,14 +143,12 @@ def test_a_recipe_whose_sft_reads_no_dataset_runs_no_data_stage_for_the_chat_dat
 def test_check_refuses_an_sft_dataset_the_file_does_not_define_with_its_line(tmp_path):
     path = recipe(tmp_path, dataset="chats")
     [report] = check_files([path])
-    assert report.errors == [f"{path}:{line_of(path, 'dataset: chats')}: sft.data.dataset: names no dataset of this file (its "
-                             "datasets: stdlib, site_packages, code, chat); define it under data.datasets or pin a table with "
-                             "sft.data.table"]
+    assert report.errors == [f"{path}:{line_of(path, 'dataset: chats')}: sft.data.dataset: names no dataset of this file ('chats'; "
+                             "its datasets: stdlib, site_packages, code, chat); define it under data.datasets"]
 
 
 def test_check_refuses_mapped_columns_the_dataset_does_not_keep_with_its_line(tmp_path):
     path = recipe(tmp_path, format="parquet", columns="[prompt]")
     [report] = check_files([path])
     assert report.errors == [f"{path}:{line_of(path, 'dataset: chat')}: sft.data.dataset: dataset 'chat' keeps no column "
-                             "'completion' (its source.columns: prompt); add them to data.datasets.chat.source.columns or map "
-                             "kept ones"]
+                             "'completion' (its source.columns: prompt); add them to data.datasets.chat.source.columns"]
