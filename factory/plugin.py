@@ -12,16 +12,18 @@ functions that use it, when a stage runs.
 from __future__ import annotations
 
 from factory.config.architectures import ModelArch
+from factory.config.data_sections import SourceConfig
 from factory.config.kinds import MetricsPlot, Placement, StageKind, TableNeed, as_resources_say, one_rank
 from factory.config.schema import Experiment, TrainedModel
 from factory.config.section import GrownSection, Section
-from factory.config.source_kinds import SourceKind
+from factory.config.source_cache import source_cache
+from factory.config.source_kinds import DataPath, SourceKind
 from factory.errors import ConfigError, PluginError, StageFailed
 from factory.evals.base import Benchmark, EvalInputs, Score
 from factory.runtime.context import StageContext
 
 __all__ = [
-    "Benchmark", "ConfigError", "EvalInputs", "Experiment", "GrownSection", "MetricsPlot", "ModelArch", "Placement", "PluginError",
-    "Score", "Section", "SourceKind", "StageContext", "StageFailed", "StageKind", "TableNeed", "TrainedModel", "as_resources_say",
-    "one_rank",
+    "Benchmark", "ConfigError", "DataPath", "EvalInputs", "Experiment", "GrownSection", "MetricsPlot", "ModelArch", "Placement",
+    "PluginError", "Score", "Section", "SourceConfig", "SourceKind", "StageContext", "StageFailed", "StageKind", "TableNeed",
+    "TrainedModel", "as_resources_say", "one_rank", "source_cache",
 ]
