@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.plugins.conftest import REPO, fake_package, factory_with
 
 SOURCE = """\
@@ -159,17 +161,14 @@ def test_a_kinds_fields_enter_the_raw_stages_fingerprint_as_written(tmp_path):
     assert (source["kind"], source["shelf"], source["limit"]) == ("shelf", "left", 10), shown.stderr
 
 
-def test_a_kind_whose_fields_are_not_a_section_or_take_a_sources_own_name_is_refused_naming_the_plugin(tmp_path):
-    not_a_section = FIELDED.format(root="/").replace("fields=ShelfFields", "fields=dict")
-    site = fake_package(tmp_path / "a", "shelf_source", not_a_section, {"shelf": "shelf_source:SHELF"}, group="model_factory.sources")
+@pytest.mark.parametrize(("old", "new", "refusal"), [
+    ("fields=ShelfFields", "fields=dict", " gives the source kind 'shelf' fields of <class 'dict'>, not a Section subclass"),
+    ("    limit: int = 10", "    limit: int = 10\n    include: str = ''",
+     ": source kind 'shelf' declares the fields include, which every source has already; rename them"),
+])
+def test_a_kind_whose_fields_are_not_a_section_or_take_a_sources_own_name_is_refused_naming_the_plugin(tmp_path, old, new, refusal):
+    module = FIELDED.format(root="/").replace(old, new)
+    site = fake_package(tmp_path / "site", "shelf_source", module, {"shelf": "shelf_source:SHELF"}, group="model_factory.sources")
     result = factory_with(site, "check", str(shelf_file(tmp_path, "exp", "shelf: left")))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert ("plugin 'shelf' (shelf_source:SHELF of package shelf-source) gives the source kind 'shelf' fields of <class 'dict'>, "
-            "not a Section subclass") in result.stderr, result.stderr
-
-    taken = FIELDED.format(root="/").replace("    limit: int = 10", "    limit: int = 10\n    include: str = ''")
-    site = fake_package(tmp_path / "b", "shelf_source", taken, {"shelf": "shelf_source:SHELF"}, group="model_factory.sources")
-    result = factory_with(site, "check", str(shelf_file(tmp_path, "exp", "shelf: left")))
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert ("plugin 'shelf' (shelf_source:SHELF of package shelf-source): source kind 'shelf' declares the fields include, which every "
-            "source has already; rename them") in result.stderr, result.stderr
+    assert f"plugin 'shelf' (shelf_source:SHELF of package shelf-source){refusal}" in result.stderr, result.stderr
