@@ -14,10 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from factory.config.architectures import ModelArch
+from factory.config.data_sections import SourceConfig
 from factory.config.kinds import DatasetNeed, MetricsPlot, Placement, StageKind, TableNeed, as_resources_say, one_rank
 from factory.config.schema import Experiment, TrainedModel, TrainingSection
 from factory.config.section import GrownSection, Section
-from factory.config.source_kinds import SourceKind
+from factory.config.source_cache import source_cache
+from factory.config.source_kinds import DataPath, SourceKind
 from factory.errors import ConfigError, PluginError, StageFailed
 from factory.evals.base import Benchmark, EvalInputs, Score
 from factory.runtime.context import StageContext
@@ -29,10 +31,10 @@ if TYPE_CHECKING:
     from factory.train.records import SavedCheckpoint
 
 __all__ = [
-    "PAD", "REFERENCE", "Batch", "Benchmark", "ConfigError", "DatasetNeed", "EvalInputs", "Experiment", "GrownSection", "LoaderState",
-    "MetricsPlot", "ModelArch", "Placement", "PluginError", "Score", "Section", "SourceKind", "StageContext", "StageFailed", "StageKind",
-    "TableNeed", "TrainedModel", "TrainingInputs", "TrainingSection", "as_resources_say", "checkpoints_of", "load_weights", "one_rank",
-    "save_final", "sequence_log_probs", "training_kind",
+    "PAD", "REFERENCE", "Batch", "Benchmark", "ConfigError", "DataPath", "DatasetNeed", "EvalInputs", "Experiment", "GrownSection",
+    "LoaderState", "MetricsPlot", "ModelArch", "Placement", "PluginError", "Score", "Section", "SourceConfig", "SourceKind",
+    "StageContext", "StageFailed", "StageKind", "TableNeed", "TrainedModel", "TrainingInputs", "TrainingSection", "as_resources_say",
+    "checkpoints_of", "load_weights", "one_rank", "save_final", "sequence_log_probs", "source_cache", "training_kind",
 ]
 PAD = -1
 """The target of a position the loss ignores (a prompt's tokens, padding): `Batch.y` holds it there."""

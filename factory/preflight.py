@@ -18,6 +18,7 @@ from factory.config.settings import data_roots
 from factory.config.kinds import computed_datasets, dataset_needs, exported, stage_kind, stage_kinds, trains
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.source_kinds import source_kind
+from factory.config.sources import source_problems
 from factory.dataset_names import DatasetOwners
 from factory.errors import ConfigError
 
@@ -165,6 +166,7 @@ def _semantic_problems(experiment: Experiment, roots: tuple[Path, ...]) -> list[
     found: list[Problem] = []
     for name, dataset in experiment.data.datasets.items():
         source = dataset.source
+        found += [(("data", "datasets", name, "source", *keys), problem) for keys, problem in source_problems(source, roots)]
         if not source_kind(source.kind).takes_path:
             continue
         keys = ("data", "datasets", name, "source", "path")

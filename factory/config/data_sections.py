@@ -3,19 +3,24 @@ training streams it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field, ModelWrapValidatorHandler, PrivateAttr, SerializationInfo, ValidationError, field_validator, model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from factory.config.limits import MAX_BYTES
-from factory.config.section import GrownSection, Section
-from factory.config.source_kinds import source_kind
+from factory.config.section import UNKNOWN_KEY, GrownSection, Section
+from factory.config.source_kinds import SourceKind, source_kind
 from factory.config.table_refs import DOCUMENT_COLUMNS, TABLE_PART, TAG_PATTERN, table_ref
 from factory.errors import ConfigError, PluginError
 
 
 class SourceConfig(GrownSection):
-    """Where the raw documents of one dataset come from."""
+    """Where the raw documents of one dataset come from. A kind a plugin adds may take fields of its own, written beside
+    these (its `SourceKind.fields`)."""
 
     UNSET_LEFT_OUT = ("columns",)
 
@@ -45,6 +50,45 @@ class SourceConfig(GrownSection):
     revision: str = ""
     """Free-form extra knob: changing it ingests the source again (its files' paths and contents are part of the raw
     stage's fingerprint already, so changed files are ingested again without it)."""
+
+    _fields: Section | None = PrivateAttr(None)
+
+    @property
+    def fields(self) -> Section | None:
+        """The fields the source's kind adds (an instance of its `SourceKind.fields`); None for a kind that adds none."""
+        return self._fields
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _kind_fields(cls, data: Any, handler: ModelWrapValidatorHandler[SourceConfig]) -> SourceConfig:
+        """The keys that are not this section's are the kind's fields, read with its type; problems with either are
+        reported together, each at its key."""
+        kind = _kind_with_fields(data, cls.model_fields["kind"].default)
+        if kind is None or kind.fields is None:
+            return handler(data)  # a kind without fields: any other key is refused as unknown
+        assert isinstance(data, dict), "a kind is only looked up in a mapping"
+        own = {key: value for key, value in data.items() if key in cls.model_fields}
+        theirs = {key: value for key, value in data.items() if key not in cls.model_fields}
+        problems: list[InitErrorDetails] = []
+        try:
+            config = handler(own)
+        except ValidationError as e:
+            problems += _details(e, ())
+        try:
+            fields = kind.fields.model_validate(theirs)
+        except ValidationError as e:
+            problems += _details(e, sorted({*cls.model_fields, *kind.fields.model_fields}))
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        config._fields = fields
+        return config
+
+    def _dumped(self, data: dict[str, Any], info: SerializationInfo) -> dict[str, Any]:
+        """The kind's fields are dumped beside the section's own, as they are written (and so enter the raw stage's fingerprint)."""
+        data = super()._dumped(data, info)
+        if self._fields is not None:
+            data.update(self._fields.model_dump(mode=info.mode))
+        return data
 
     @field_validator("kind")
     @classmethod
@@ -78,6 +122,36 @@ class SourceConfig(GrownSection):
         if self.columns and self.format == "text":
             raise ValueError("'columns' are keys of records: give format 'jsonl' or 'parquet'")
         return self
+
+
+def _kind_with_fields(data: Any, default: str) -> SourceKind | None:
+    """The registered kind a source mapping names, None when it names none (its `kind` field says why); a PluginError when
+    the kind's fields take names of the section's own."""
+    name = data.get("kind", default) if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        return None
+    try:
+        kind = source_kind(name)
+    except PluginError:
+        raise
+    except ConfigError:
+        return None
+    if kind.fields is not None and (taken := sorted(set(kind.fields.model_fields) & set(SourceConfig.model_fields))):
+        raise PluginError(f"{kind.origin}: source kind {kind.name!r} declares the fields {', '.join(taken)}, which every source "
+                          "has already; rename them")
+    return kind
+
+
+def _details(error: ValidationError, allowed: Sequence[str]) -> list[InitErrorDetails]:
+    """An error's problems as they are raised again; an unknown key says which keys are allowed (`allowed`, when given)."""
+    details: list[InitErrorDetails] = []
+    for problem in error.errors():
+        if problem["type"] == "extra_forbidden" and allowed:
+            kind = PydanticCustomError(UNKNOWN_KEY, "unknown key; allowed here: {allowed}", {"allowed": ", ".join(allowed)})
+        else:
+            kind = PydanticCustomError(problem["type"], problem["msg"])  # no context: the message as it is
+        details.append({"type": kind, "loc": problem["loc"], "input": problem["input"]})
+    return details
 
 
 class DedupConfig(Section):

@@ -25,6 +25,7 @@ from factory.config.settings import extends_roots
 from factory.config.front_matter import parse_yaml, split_front_matter
 from factory.config.kinds import experiment_model, plugin_hint
 from factory.config.schema import Experiment
+from factory.config.section import UNKNOWN_KEY
 from factory.errors import ConfigError
 
 NOT_INHERITED = ("name", "sweep")
@@ -266,6 +267,8 @@ def location_of(loc: tuple, locations: dict[tuple, Location], default: Location)
 
 def _explain(problem: dict, loc: tuple, model: type[BaseModel]) -> str:
     kind = problem["type"]
+    if kind == UNKNOWN_KEY:
+        return problem["msg"]
     if kind == "extra_forbidden":
         top = len(loc) == 1 and issubclass(model, Experiment)
         if top and (hint := plugin_hint(str(loc[0]))):

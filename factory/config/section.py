@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
+
+UNKNOWN_KEY = "unknown_key"
+"""The error type of a key a section refuses with its own list of the allowed ones (a section whose keys depend on a
+value, as a source's on its kind): reported with that message as it is."""
 
 
 class Section(BaseModel):
@@ -22,8 +26,11 @@ class GrownSection(Section):
     DEFAULT_LEFT_OUT: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
-    def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
+    def _unset_left_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        return self._dumped(handler(self), info)
+
+    def _dumped(self, data: dict[str, Any], info: SerializationInfo) -> dict[str, Any]:
+        """The section's dump, given its fields' (`data`): the unset and default fields named above left out."""
         for name in self.UNSET_LEFT_OUT:
             if getattr(self, name) in (None, ()):
                 data.pop(type(self).model_fields[name].alias or name, None)  # dumped by its alias (`from`) when it has one

@@ -4,7 +4,9 @@ A `SourceKind` names a directory of files; the source's `include`/`exclude` glob
 raw stage lists (their digest enters its fingerprint) and reads (as text or JSON lines). The built-in kinds are the
 running interpreter's standard library, its site-packages, and a directory the file names (`path`, under the data
 roots). An installed package adds a kind through the entry-point group `model_factory.sources`, each entry point
-naming a `SourceKind`: e.g. a team's shared corpus mounted at a fixed place, or a tool's cache directory.
+naming a `SourceKind`: e.g. a team's shared corpus mounted at a fixed place, a tool's cache directory, or a commit of a
+git repository (`examples/git-source`). A kind may add fields of its own to the `source` mapping (`SourceKind.fields`)
+and check them before anything is read (`SourceKind.check`).
 """
 
 from __future__ import annotations
@@ -14,31 +16,92 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from factory.config.plugins import load_declarations, plugin_name
-from factory.errors import ConfigError, PluginError
+from factory.config.section import Section
+from factory.errors import ConfigError, FactoryError, PluginError
 
 ENTRY_POINT_GROUP = "model_factory.sources"
 BUILT_IN = "built in"
 
 
+class _DataPathMarker:
+    """Marks a field of a source kind's `fields` as a path to data (see `DataPath`)."""
+
+    def __repr__(self) -> str:
+        return "DataPath"
+
+
+DataPath = Annotated[str, _DataPathMarker()]
+"""The type of a source kind's field that names a file or directory to read (absolute, or relative to the working
+directory): like `directory`'s `path`, it must lie under the data roots, which the factory checks before the kind's
+`check` runs and before the source is read."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SourceKind:
-    """One kind of source: the directory its files are read from."""
+    """One kind of source: the directory its files are read from, and the fields it adds to the `source` mapping.
+
+    A kind with `fields` (a `Section` type) reads them from the `source` mapping itself, beside `kind`, `include` and the
+    others: `source: {kind: git, repo: data/lib, commit: 3f2a9c1}`. The experiment file's validation reads them with that
+    type, so an unknown key or a wrong value is refused at its `file:line`, and they enter the raw stage's fingerprint
+    (built-in kinds add none, so their recipes keep their fingerprints). `root` and `check` read them as `source.fields`,
+    an instance of that type:
+
+        def root(source: SourceConfig) -> Path:
+            fields: GitFields = source.fields
+            sha = resolve(fields)  # the full sha of the pinned commit
+            return source_cache("git", sha, lambda directory: unpack(Path(fields.repo), sha, directory))
+
+    A field typed `DataPath` is kept under the data roots by the factory. `check(fields)` says, by raising
+    `ConfigError("<field>: what is wrong; what to change")`, why the source cannot be read here; `factory check` reports it
+    at the `source` section's `file:line`, and it runs again before the source is listed or read (plan, the raw stage).
+    Anything else `check` or `root` raises is reported in one line as the plugin's fault (`PluginError`).
+    """
 
     name: str
     """What `source.kind` says."""
     description: str
     """What it reads, shown in `factory check`'s errors and the reference."""
     root: Callable[[Any], Path]
-    """The directory to read, given the source's config (a `SourceConfig`)."""
+    """The directory to read, given the source's config (a `SourceConfig`; its kind's fields are `source.fields`). A kind
+    that materialises the directory (unpacks an archive or a commit) keeps it in `source_cache`."""
     takes_path: bool = False
     """Whether `source.path` names the directory (then required, and only directories under the data roots are read)."""
     skip_dirs: frozenset[str] = frozenset()
     """Directories never walked into (caches are always skipped)."""
+    fields: type[Section] | None = None
+    """The kind's own fields of the `source` mapping (a `Section`: frozen, unknown keys refused), or None for none. Their
+    names must differ from `SourceConfig`'s own (`kind`, `path`, `include`, ...)."""
+    check: Callable[[Any], None] | None = None
+    """`check(fields)`: raises `ConfigError` saying what to change when the source cannot be read here (run by `factory
+    check`, and before the source is listed or read); None: nothing to check beyond the fields' types."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
+
+    def checked(self, fields: Section | None) -> None:
+        """Run `check` on a source's fields: its ConfigError as it is, anything else as a PluginError naming the plugin."""
+        if self.check is not None and fields is not None:
+            self._as_plugin_error("check", self.check, fields)
+
+    def root_of(self, source: Any) -> Path:
+        """The directory a source of this kind reads (`root`): what else than a factory error it raises is the plugin's fault."""
+        return self._as_plugin_error("root", self.root, source)
+
+    def _as_plugin_error(self, what: str, function: Callable[[Any], Any], argument: Any) -> Any:
+        try:
+            return function(argument)
+        except FactoryError:
+            raise
+        except Exception as e:  # a plugin's function can fail in any way: one line naming it, never a traceback
+            raise PluginError(f"{self.origin}: the {what} of source kind {self.name!r} failed ({type(e).__name__}: {e}); "
+                              "fix the plugin or uninstall it") from e
+
+
+def data_path_fields(fields: type[Section]) -> tuple[str, ...]:
+    """The fields of a kind's `fields` typed `DataPath`."""
+    return tuple(name for name, info in fields.model_fields.items() if any(isinstance(m, _DataPathMarker) for m in info.metadata))
 
 
 def _path(config: Any) -> Path:
@@ -63,6 +126,9 @@ def source_kinds() -> dict[str, SourceKind]:
         if (clash := kinds.get(declared.name)) is not None:
             raise PluginError(f"{plugin_name(entry)} declares the source kind {declared.name!r}, which {clash.origin} declares already; "
                               "rename one of them")
+        if declared.fields is not None and not (isinstance(declared.fields, type) and issubclass(declared.fields, Section)):
+            raise PluginError(f"{plugin_name(entry)} gives the source kind {declared.name!r} fields of {declared.fields!r}, not a "
+                              "Section subclass; declare them as `class MyFields(Section)` from factory.plugin")
         kinds[declared.name] = SourceKind(**{**declared.__dict__, "origin": plugin_name(entry)})
     return kinds
 

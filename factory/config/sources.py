@@ -3,7 +3,7 @@
 The raw stage's fingerprint holds the digest of this listing, so a file added, changed or removed
 under a source makes the raw stage run again, and `factory plan` names the files. Hashing a tree
 again on every plan would read the whole standard library: as git's index does, each file's
-sha256 is kept with its size, mtime, ctime and inode (`FACTORY_CACHE`, default
+sha256 is kept with its size, mtime, ctime and inode (under `FACTORY_CACHE`, default
 `~/.cache/model-factory`) and read again only when one of them changed, or when the file's mtime
 is not older than the record ("racily clean": a write in the same clock tick would not show).
 
@@ -29,11 +29,11 @@ from factory.atomic import write_atomic
 from factory.config.files import outside_roots
 from factory.config.settings import data_roots
 from factory.config.data_sections import SourceConfig
-from factory.config.source_kinds import source_kind
+from factory.config.source_cache import cache_home
+from factory.config.source_kinds import data_path_fields, source_kind
 from factory.errors import ConfigError
 
 CACHE_DIRS = frozenset({"__pycache__"})
-CACHE_ENV = "FACTORY_CACHE"
 CHUNK_BYTES = 1 << 20
 GLOB_CHARS = re.compile(r"[*?\[]")
 SHOWN_FILES = 5
@@ -52,10 +52,30 @@ class SourceFiles:
         object.__setattr__(self, "digest", listing_digest(self.files))
 
 
-def source_root(config: SourceConfig) -> Path:
-    """The directory a source reads from; a ConfigError when it is not a directory."""
+def source_problems(config: SourceConfig, roots: tuple[Path, ...]) -> list[tuple[tuple[str, ...], str]]:
+    """Why the fields its kind adds make a source unreadable here, each with the key at fault under `source` (none: the
+    section's): a `DataPath` outside `roots`, else what the kind's `check` says. Empty for a kind without fields."""
     kind = source_kind(config.kind)
-    root = kind.root(config)
+    if kind.fields is None or config.fields is None:
+        return []
+    found = [((name,), f"{refused}; point it at data under them") for name in data_path_fields(kind.fields)
+             if (refused := outside_roots(Path(getattr(config.fields, name)), roots))]
+    if found:
+        return found
+    try:
+        kind.checked(config.fields)
+    except ConfigError as e:  # a PluginError too: said where the source is
+        return [((), str(e))]
+    return []
+
+
+def source_root(config: SourceConfig) -> Path:
+    """The directory a source reads from; a ConfigError when it is not a directory, or when its kind's fields are refused."""
+    kind = source_kind(config.kind)
+    if problems := source_problems(config, data_roots()):
+        keys, problem = problems[0]
+        raise ConfigError(f"{'.'.join(('source', *keys))}: {problem}")
+    root = kind.root_of(config)
     if kind.takes_path and (refused := outside_roots(root, data_roots())):
         raise ConfigError(f"source.path: {refused}; point source.path at a directory of data")
     if not root.is_dir():
@@ -212,8 +232,7 @@ def _sha256(path: Path) -> str | None:
 
 
 def _stamps_path(root: Path) -> Path:
-    base = Path(os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "model-factory")
-    return base / "sources" / (hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24] + ".json")
+    return cache_home() / "sources" / (hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24] + ".json")
 
 
 def _read_stamps(path: Path) -> dict[str, list]:

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from factory.config.data_sections import SourceConfig
-from factory.config.sources import CACHE_ENV, changed_files, source_files
+from factory.config.source_cache import CACHE_ENV
+from factory.config.sources import changed_files, source_files
 
 
 @pytest.fixture

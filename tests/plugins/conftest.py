@@ -1,12 +1,18 @@
 """Stage-kind plugins as Python finds installed packages: a `site` directory on PYTHONPATH holding a package's module and
 its `.dist-info` (entry points included), made by pip from the example package or written here for broken ones."""
 
+import contextlib
+import importlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from factory.config import plugins
+from factory.config.source_kinds import source_kinds
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "checkpoint-average"
@@ -31,10 +37,32 @@ def factory_with(site: Path | None, *args: str, cwd: Path = REPO, timeout: float
     return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+def pip_installed(site: Path, package: Path) -> Path:
+    """The package at `package` installed by pip into the directory `site`."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+                    "--target", str(site), str(package)], check=True, capture_output=True, timeout=300)
+    return site
+
+
+@contextlib.contextmanager
+def installed(site: Path) -> Iterator[None]:
+    """The source kinds of the packages in `site` registered in this process too, while inside (read again on leaving)."""
+    sys.path.insert(0, str(site))
+    _read_registries_again()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(site))
+        _read_registries_again()
+
+
+def _read_registries_again() -> None:
+    importlib.invalidate_caches()
+    plugins._installed.cache_clear()
+    source_kinds.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def example_site(tmp_path_factory) -> Path:
     """The example plugin package, installed by pip into a directory of its own."""
-    site = tmp_path_factory.mktemp("example-site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
-                    "--target", str(site), str(EXAMPLE)], check=True, capture_output=True, timeout=300)
-    return site
+    return pip_installed(tmp_path_factory.mktemp("example-site"), EXAMPLE)
