@@ -29,9 +29,10 @@ def fake_package(site: Path, name: str, module: str, entry_points: dict[str, str
     return site
 
 
-def factory_with(site: Path | None, *args: str, cwd: Path = REPO, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`factory ARGS` with the packages of `site` installed (on PYTHONPATH; None: none)."""
-    env = {**os.environ, "FACTORY_TRACKER": "none"}
+def factory_with(site: Path | None, *args: str, cwd: Path = REPO, timeout: float = 600, env: dict[str, str] | None = None,
+                 ) -> subprocess.CompletedProcess:
+    """`factory ARGS` with the packages of `site` installed (on PYTHONPATH; None: none), and `env` set."""
+    env = {**os.environ, "FACTORY_TRACKER": "none", **(env or {})}
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
@@ -66,3 +67,12 @@ def _read_registries_again() -> None:
 def example_site(tmp_path_factory) -> Path:
     """The example plugin package, installed by pip into a directory of its own."""
     return pip_installed(tmp_path_factory.mktemp("example-site"), EXAMPLE)
+
+
+@pytest.fixture(scope="session")
+def plugins_site(tmp_path_factory) -> Path:
+    """The DPO and average example packages, installed by pip into a directory of their own."""
+    site = tmp_path_factory.mktemp("plugins-site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+                    "--target", str(site), str(REPO / "examples" / "dpo"), str(EXAMPLE)], check=True, capture_output=True, timeout=300)
+    return site
