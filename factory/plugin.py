@@ -2,8 +2,9 @@
 
 A plugin package declares stage kinds (`model_factory.stages`), source kinds (`model_factory.sources`), architectures
 (`model_factory.models`) and benchmarks (`model_factory.benchmarks`) through entry points, and imports the factory only
-from here: the rest of `factory` is private and may change between releases (an import-linter contract keeps the shipped
-plugins in `examples/` on this surface). `docs/plugins.md` walks through writing each of them.
+from here: the rest of `factory` is private and may change between releases (an import-linter contract,
+`examples/importlinter.toml`, keeps the shipped plugins in `examples/` on this surface). `docs/plugins.md` walks through
+writing each of them.
 
 Light to import, as reading the registry imports every plugin: what needs torch or pyiceberg is imported by the
 functions that use it, when a stage runs.

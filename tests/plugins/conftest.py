@@ -38,10 +38,10 @@ def factory_with(site: Path | None, *args: str, cwd: Path = REPO, timeout: float
     return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
-def pip_installed(site: Path, package: Path) -> Path:
-    """The package at `package` installed by pip into the directory `site`."""
+def pip_installed(site: Path, *packages: Path) -> Path:
+    """The packages at `packages` installed by pip into the directory `site`."""
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
-                    "--target", str(site), str(package)], check=True, capture_output=True, timeout=300)
+                    "--target", str(site), *map(str, packages)], check=True, capture_output=True, timeout=300)
     return site
 
 
