@@ -147,8 +147,11 @@ class StageKind:
     config: type[Section] | None = None
     """The section's type (a frozen `Section`, a docstring per field): `factory check` validates the section with it."""
     checkpoints: bool = False
-    """Whether its artifact holds checkpoints (`checkpoints/step_NNNNNN.*`): they become `checkpoints` partitions and
-    are evaluated. Such a stage takes a slot of the `training` pool."""
+    """Whether its artifact holds checkpoints (`step_NNNNNN.pt`, or a directory `step_NNNNNN/` when sharded, each with its
+    record `step_NNNNNN.json`, at the top of the artifact) and `run.json`, which names the final one: they become
+    `checkpoints` partitions and are evaluated, and the model stage exports the final one when the kind ends the chain.
+    Such a stage takes a slot of the `training` pool. A training kind (`training_kind`) gets all of it from the loop; another
+    writes it with `factory.plugin.save_final`."""
     settings: type[Section] | None = None
     """The type of its stage settings: what `fingerprint` returns, and what the stage process parses once and its run
     function reads (`ctx.settings`). A kind with checkpoints has settings extending `TrainedModel` (its checkpoints are

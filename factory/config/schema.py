@@ -118,8 +118,10 @@ class TrainingSection(PretrainConfig):
     UNSET_LEFT_OUT = ("from_",)
 
     from_: BaseRef = None
-    """Start from a model made elsewhere instead of this file's training stages (as `sft.from`): `experiments/<file>.md#model`,
-    `alias:<name>` or `model@<sha256>`."""
+    """Start from a model made elsewhere instead of this file's training stages: `experiments/<file>.md#model` (read at the
+    same commit; `<file>.md@<variant>#model` for one variant of a sweep), `alias:<name>` (what the alias names when the
+    file is planned) or `model@<sha256>`. The file then has no tokenizer or pretrain of its own: it uses the base model's
+    tokenizer, shape and held-out data."""
     lr: float = Field(1e-5, gt=0, le=1.0)
     """Peak learning rate of AdamW."""
     keep_best_by: Literal["loss"] | None = None
@@ -136,7 +138,7 @@ TASK_COLUMNS = ("id", "function", "call", "expected", "split")
 """What post-training reads of a task table: a pinned version without them is refused by `factory check`."""
 
 
-class SFTConfig(PretrainConfig, GrownSection):
+class SFTConfig(TrainingSection):
     """Supervised fine-tuning of the pretrained model on prompt/completion pairs; the loss counts completion tokens only.
 
     The pairs are the train split of a code-execution task table: the prompt is the function and
@@ -145,18 +147,10 @@ class SFTConfig(PretrainConfig, GrownSection):
     (schedule, clipping, accumulation, checkpoints, precision) means the same here.
     """
 
-    model_config = ConfigDict(serialize_by_alias=True)  # `from`, as the file writes it
     UNSET_LEFT_OUT = ("data", "from_")  # recipes on the task table, or on this file's pretraining, keep their fingerprints
 
-    from_: BaseRef = None
-    """Start from a model made elsewhere instead of this file's pretraining: `experiments/<file>.md#model` (read at the
-    same commit; `<file>.md@<variant>#model` for one variant of a sweep), `alias:<name>` (what the alias names when the
-    file is planned) or `model@<sha256>`. The file then has no data, tokenizer or pretrain of its own: it uses the base
-    model's tokenizer, shape and held-out data."""
     lr: float = Field(3e-4, gt=0, le=1.0)
     """Peak learning rate of AdamW (lower than pretraining's: the model already knows code)."""
-    keep_best_by: Literal["loss"] | None = None
-    """Also keep the checkpoint with the lowest mean training loss since the checkpoint before it (null: no best)."""
     tasks: str = TASKS_REF
     """The task table version whose train split gives the pairs (`namespace.table@tag`; materialize `code_exec_tasks`)."""
     data: SFTData | None = None
@@ -172,11 +166,6 @@ class SFTConfig(PretrainConfig, GrownSection):
         if self.data is not None and self.tasks != TASKS_REF:
             raise ValueError("give either 'tasks' (a code-execution task table) or 'data' (any table), not both")
         return self
-
-    @field_validator("from_")
-    @classmethod
-    def _from_is_a_ref(cls, value: str | None) -> str | None:
-        return base_ref(value)
 
 
 class RLConfig(GrownSection):

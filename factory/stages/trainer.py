@@ -22,6 +22,7 @@ from pydantic import SerializerFunctionWrapHandler, create_model, model_serializ
 
 from factory.config.kinds import DatasetNeed, MetricsPlot, StageKind, Training, as_resources_say
 from factory.config.schema import Experiment, TrainedModel, TrainingSection
+from factory.runtime.context import StageContext
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -55,6 +56,11 @@ class TrainingSettings(TrainedModel):
 class TrainingInputs:
     """What a training kind's batch source is built from (`batches(inputs)`), in the stage process."""
 
+    ctx: StageContext
+    """The stage's context: its request, upstream artifacts (`ctx.upstream(kind)`), log and staging directory (`ctx.out`,
+    for files the artifact keeps beside the checkpoints)."""
+    start: str
+    """The input it starts from (`pretrain`, `sft`, `base` for a model made elsewhere, `from_hf`), or "" for the seed."""
     settings: Any
     """The stage's settings: `model`, `seed`, `stream` and the kind's section by its name."""
     section: TrainingSection

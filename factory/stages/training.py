@@ -58,7 +58,7 @@ def run_training_kind(ctx: StageContext) -> dict[str, Any]:
     start = starts_from(ctx, *reversed([k.name for k in stage_kinds() if k.checkpoints and k.name in ctx.request.spec.upstream]))
     if start == FROM_HF and ctx.settings.model.from_hf is None and not kind.training.starts_from_model:
         start = ""  # a fresh model, initialised from the seed
-    inputs = TrainingInputs(settings=ctx.settings, section=section, model=model_config, tokenizer=tokenizer, eos_id=eos_id,
+    inputs = TrainingInputs(ctx=ctx, start=start, settings=ctx.settings, section=section, model=model_config, tokenizer=tokenizer, eos_id=eos_id,
                             world=world_from_env(), log=ctx.log, rows=lambda dataset, columns: dataset_rows(ctx, catalog, dataset, columns))
     source = resolve(kind.training.batches)(inputs)
     objective = Objective(name=kind.name, loss=next_token_loss, frozen=kind.training.frozen)
