@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from factory.config.architectures import ModelArch
 from factory.config.data_sections import SourceConfig
 from factory.config.kinds import DatasetNeed, MetricsPlot, Placement, StageKind, TableNeed, as_resources_say, one_rank
-from factory.config.schema import Experiment, TrainedModel, TrainingSection
+from factory.config.schema import Experiment, ModelConfig, TrainedModel, TrainingSection
 from factory.config.section import GrownSection, Section
 from factory.config.source_cache import source_cache
 from factory.config.source_kinds import DataPath, SourceKind
@@ -25,6 +25,7 @@ from factory.errors import ConfigError, PluginError, StageFailed
 from factory.evals.base import Benchmark, EvalInputs, Score
 from factory.runtime.context import StageContext
 from factory.stages.trainer import TrainingInputs, training_kind
+from factory.train.distributed import World
 
 if TYPE_CHECKING:
     import torch
@@ -32,10 +33,11 @@ if TYPE_CHECKING:
     from factory.train.records import SavedCheckpoint
 
 __all__ = [
-    "PAD", "REFERENCE", "Batch", "Benchmark", "ConfigError", "DataPath", "DatasetNeed", "EvalInputs", "Experiment", "GrownSection",
-    "LoaderState", "MetricsPlot", "ModelArch", "Placement", "PluginError", "Score", "Section", "SourceConfig", "SourceKind",
-    "StageContext", "StageFailed", "StageKind", "TableNeed", "TrainedModel", "TrainingInputs", "TrainingSection", "as_resources_say",
-    "checkpoints_of", "load_weights", "one_rank", "save_final", "sequence_log_probs", "source_cache", "training_kind",
+    "PAD", "REFERENCE", "as_resources_say", "Batch", "Benchmark", "checkpoints_of", "ConfigError", "DataPath",
+    "DatasetNeed", "EvalInputs", "Experiment", "GrownSection", "HFLayout", "load_weights", "LoaderState", "MetricsPlot",
+    "ModelArch", "ModelConfig", "one_rank", "Placement", "PluginError", "save_final", "Score", "Section",
+    "sequence_log_probs", "source_cache", "SourceConfig", "SourceKind", "StageContext", "StageFailed", "StageKind",
+    "TableNeed", "TrainedModel", "training_kind", "TrainingInputs", "TrainingSection", "World",
 ]
 PAD = -1
 """The target of a position the loss ignores (a prompt's tokens, padding): `Batch.y` holds it there."""
@@ -44,12 +46,16 @@ REFERENCE = "reference"
 
 
 def __getattr__(name: str) -> Any:
-    """The names that need torch (`Batch`, `LoaderState`, `sequence_log_probs`), imported when first read, so that reading
+    """The names that need torch (`Batch`, `LoaderState`, `HFLayout`, `sequence_log_probs`), imported when first read, so that reading
     the registry (which imports every plugin) stays light."""
     if name in ("Batch", "LoaderState"):
         from factory.data import loader
 
         return getattr(loader, name)
+    if name == "HFLayout":
+        from factory.models.hf_layout import HFLayout
+
+        return HFLayout
     if name == "sequence_log_probs":
         from factory.train.objective import sequence_log_probs
 

@@ -24,8 +24,11 @@ SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
 def repository_root(directory: Path) -> Path:
-    """The git toplevel holding `directory` (the nearest parent with a `.git`), or `directory` itself when none does."""
+    """The git toplevel holding `directory` (the nearest parent with a `.git`), or `directory` itself when none does (a
+    file's directory, given a file: an experiment file outside any repository)."""
     start = directory.resolve()
+    if start.is_file():
+        start = start.parent
     for candidate in (start, *start.parents):
         if (candidate / ".git").exists():
             return candidate

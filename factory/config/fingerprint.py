@@ -44,8 +44,11 @@ def plugin_code(declared: Any) -> str:
 def plugins_code(declared: Iterable[Any]) -> dict[str, str]:
     """{distribution: hash of its code} of the plugin packages that define `declared` (functions, classes, or
     `module:function` names); the factory's own code is left out (`code_identity` covers it)."""
-    found = (module_code(_module_of(item)) for item in declared if item is not None)
-    return dict(sorted(hit for hit in found if hit is not None))
+    found = sorted({hit for hit in (module_code(_module_of(item)) for item in declared if item is not None) if hit is not None})
+    codes: dict[str, str] = {}
+    for distribution, digest in found:  # one distribution's several top-level modules: one hash of them all
+        codes[distribution] = hashlib.sha256(f"{codes[distribution]}{digest}".encode()).hexdigest()[:16] if distribution in codes else digest
+    return codes
 
 
 def with_plugins(code: str, plugins: Mapping[str, str]) -> str:

@@ -150,7 +150,7 @@ def smooth_inputs(written: Path, world: World) -> tuple[TrainingInputs, object]:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     texts = [" ".join(words[i:i + 3 + 4 * i]) for i in range(5)]  # 3 to 19 words: short windows padded, long ones split
     section = module.SmoothConfig(dataset="house", steps=5, batch_size=4)
-    return TrainingInputs(settings=SimpleNamespace(seed=3), section=section, tokenizer=tokenizer, eos_id=39, world=world,
+    return TrainingInputs(ctx=None, start="", settings=SimpleNamespace(seed=3), section=section, tokenizer=tokenizer, eos_id=39, world=world,
                           model=ModelConfig(n_layer=1, n_head=1, n_embd=8, context=8), log=logging.getLogger("smooth"),
                           rows=lambda dataset, columns: [{"text": text} for text in texts]), module
 

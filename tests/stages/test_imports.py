@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from factory.config.plugins import resolve
 from factory.data.catalog import OPENED_MODULES
 from factory.runtime import every_warm_module, warm_modules
 from factory.stages.builtin import BUILTIN_KINDS
@@ -54,9 +55,10 @@ def test_a_data_stage_loads_no_torch_and_a_training_stage_does():
 def test_a_warm_interpreter_imports_ahead_what_a_built_in_run_function_imports(kind):
     """A kind's module stays light by importing its code inside its run function; its `imports` name that code, so a
     warm interpreter loads it once. The library's config is left out: reading the registry loads it already."""
-    tree = ast.parse(inspect.getsource(kind.run_function()).lstrip())
-    inside = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
-        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    functions = [kind.run_function(), *([resolve(kind.training.batches)] if kind.training is not None else [])]  # a training kind's source
+    trees = [ast.parse(inspect.getsource(function).lstrip()) for function in functions]
+    inside = {node.module for tree in trees for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+        alias.name for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert inside, "a built-in run function imports its code when it runs"
     assert {m for m in inside if not m.startswith("factory.config.")} <= set(kind.imports)
 
