@@ -24,6 +24,15 @@ def test_without_a_file_the_root_is_the_repositorys_and_the_only_data_root_is_th
     assert Path.home().resolve() not in settings.data_roots
 
 
+def test_a_file_outside_any_repository_reads_its_own_directory(tmp_path):
+    (tmp_path / "house").mkdir()
+    experiment = tmp_path / "house" / "style.md"
+    experiment.write_text("---\n---\n")
+    settings = load_settings(experiment, environ={})
+    assert settings.repository == settings.data_roots[0] == (tmp_path / "house").resolve()
+    assert settings.root == (tmp_path / "house" / ".factory").resolve()
+
+
 def test_factory_toml_paths_are_relative_to_its_directory_and_the_environment_overrides_it(tmp_path):
     repo = repository(tmp_path, factory__toml='root = "state"\ndata_roots = ["../shared", "/srv/corpora"]\n'
                                               'benchmarks = ["mypkg.benchmarks"]\n\n[pools]\ntraining = 2\n')
