@@ -214,12 +214,12 @@ def _training_problems(experiment: Experiment) -> list[Problem]:
     for index, kind in enumerate(running):
         if kind.training is None or kind.section is None:
             continue
-        section = getattr(experiment, kind.section)
+        written = getattr(getattr(experiment, kind.section), "from_", None)
         before = [k.section or k.name for k in running[:index] if k.name in kind.reads]
-        if section.from_ is not None and before:
+        if written is not None and before:
             found.append(((kind.section, "from"), f"the file trains {' and '.join(before)} before {kind.name}, which starts from "
                                                   f"there; remove '{kind.section}.from' (or those sections)"))
-        elif (section.from_ is None and not before and kind.training.starts_from_model and experiment.model.from_hf is None
+        elif (written is None and not before and kind.training.starts_from_model and experiment.model.from_hf is None
               and experiment.base is None):
             found.append(((kind.section,), f"{kind.name} trains a model made before it: add a section it starts from "
                                            f"({', '.join(k for k in kind.reads if k in {r.name for r in stage_kinds() if r.checkpoints})}), "

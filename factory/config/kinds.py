@@ -376,6 +376,9 @@ def _registered(entry: EntryPoint, kind: StageKind) -> StageKind:
     if kind.checkpoints and not (kind.settings and issubclass(kind.settings, TrainedModel)):
         raise PluginError(f"{plugin_name(entry)}: a kind with checkpoints gives `settings=` a Section extending TrainedModel (its "
                           "checkpoints are evaluated with the model it names), built by its `fingerprint`")
+    if kind.checkpoints and not {BLEND, TOKENIZER} <= set(kind.reads):
+        raise PluginError(f"{plugin_name(entry)}: a kind with checkpoints reads the blend and the tokenizer (`reads`): its checkpoints "
+                          "are evaluated on the blend's held-out data, with the tokenizer; `training_kind` declares both")
     section = kind.section or (kind.name if kind.config is not None else None)  # a typed config lives under its name
     return dataclasses.replace(kind, origin=plugin_name(entry), section=section)
 

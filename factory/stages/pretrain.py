@@ -1,6 +1,8 @@
 """The `pretrain` kind: a GPT trained on packed token sequences from the blend, its kept checkpoints evaluated.
 
-Light to import: its run function imports torch and the training loop (`factory.stages.training`) when it runs.
+A training kind like any plugin's (`factory.stages.trainer.training_kind`): its batch source is below, its loss the
+next-token one, and the platform's loop trains it from the seed (or from the weights of `model.from_hf`), with the file's
+control rules. Light to import: its batch source imports the loader when it runs.
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from factory.config.control import ControlConfig
-from factory.config.kinds import MetricsPlot, StageKind, as_resources_say
+from factory.config.kinds import MetricsPlot
 from factory.config.schema import Experiment, PretrainConfig, TrainedModel
-from factory.config.stages import FROM_HF
-from factory.registry.layout import TOKENIZER_FILE
-from factory.runtime.context import StageContext
+from factory.stages.trainer import BatchSource, TrainingInputs, training_kind
 
 if TYPE_CHECKING:
-    from factory.data.loader import Batch, LoaderState
+    from factory.data.loader import Batch, BlendLoader, LoaderState
 
 
 class PretrainSettings(TrainedModel):
@@ -40,50 +40,32 @@ def _settings(experiment: Experiment) -> PretrainSettings:
     return PretrainSettings(**TrainedModel.fields_of(experiment), pretrain=experiment.pretrain, control=experiment.control)
 
 
-def run(ctx: StageContext) -> dict[str, Any]:
-    """Pretrain the model on packed token sequences from the blend's train split (from the weights of `model.from_hf` when
-    it names a checkpoint); a relaunch resumes it."""
+def batches(inputs: TrainingInputs) -> BatchSource:
+    """Packed token sequences from the blend's train split, this rank's slice of each global batch; with control rules,
+    the whole held-out batches their in-loop evaluations score."""
     from factory.data.catalog import open_catalog
     from factory.data.loader import build_loader
-    from factory.models.tokenizer import end_of_text, load_tokenizer
-    from factory.stages.training import carry_chat_template, train_stage
-    from factory.train.distributed import world_from_env
 
-    settings = ctx.settings
-    model_config, config = settings.model, settings.pretrain
-    tokenizer_file = ctx.upstream("tokenizer") / TOKENIZER_FILE
-    tokenizer = load_tokenizer(tokenizer_file)
+    ctx, settings, config = inputs.ctx, inputs.settings, inputs.section
     catalog = open_catalog(ctx.request.catalog)
-    eos_id = end_of_text(tokenizer, tokenizer_file)
-    loader = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream)
-    world = world_from_env()
 
-    def data(state: LoaderState | None) -> Iterator[Batch]:
-        return loader.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
+    def loader(split: str = "train") -> BlendLoader:
+        return build_loader(catalog, ctx.blend(), inputs.tokenizer, inputs.eos_id, inputs.context, settings.seed, settings.stream, split)
 
-    control = settings.control
-    validation: list[Batch] = []
-    if control is not None:
-        held_out = build_loader(catalog, ctx.blend(), tokenizer, eos_id, model_config.context, settings.seed, settings.stream, "validation")
-        validation = list(islice(held_out.batches(config.batch_size), control.eval_batches))
-    init = None
-    if model_config.from_hf is not None:  # continued pretraining of a checkpoint
-        from factory.models.hf_import import import_weights
+    if settings.control is not None:
+        inputs.validation = list(islice(loader("validation").batches(config.batch_size), settings.control.eval_batches))
+    train, world = loader(), inputs.world
 
-        init = import_weights(model_config.from_hf)
-    summary = train_stage(ctx, "pretrain", model_config, config, tokenizer.get_vocab_size(), data, control=control, validation=validation,
-                          init=init)
-    if summary and model_config.from_hf is not None:  # the checkpoint's chat template stays with the model it becomes
-        carry_chat_template(ctx, FROM_HF)
-    return summary
+    def source(state: LoaderState | None) -> Iterator[Batch]:
+        return train.batches(config.batch_size, state=state, rank=world.rank, world=world.size)
+
+    return source
 
 
-PRETRAIN = StageKind(
-    name="pretrain", run="factory.stages.pretrain:run", reads=("blend", "tokenizer"), section="pretrain", main_training=True,
-    plot=MetricsPlot(title="Training", file="training.png", alt="training loss"),
-    checkpoints=True, placement=as_resources_say, artifact=frozenset({"torch"}), settings=PretrainSettings, fingerprint=_settings,
-    imports=("factory.data.catalog", "factory.data.loader", "factory.models.hf_import", "factory.models.tokenizer", "factory.stages.training",
-             "factory.train.distributed"),
+PRETRAIN = training_kind(
+    name="pretrain", config=PretrainConfig, batches=batches, starts_from=(), starts_from_model=False, settings=PretrainSettings,
+    fingerprint=_settings, main_training=True, plot=MetricsPlot(title="Training", file="training.png", alt="training loss"),
+    imports=("factory.data.catalog", "factory.data.loader", "factory.models.hf_import", "factory.models.tokenizer"),
     description="Pretraining run: a GPT trained on packed token sequences from the blend; its kept checkpoints are "
                 "`checkpoints` partitions.",
 )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SerializerFunctionWrapHandler, create_model, model_serializer
 
 from factory.config.kinds import DatasetNeed, MetricsPlot, StageKind, Training, as_resources_say
-from factory.config.schema import Experiment, TrainedModel, TrainingSection
+from factory.config.schema import Experiment, PretrainConfig, TrainedModel, TrainingSection
 from factory.runtime.context import StageContext
 
 if TYPE_CHECKING:
@@ -63,8 +63,8 @@ class TrainingInputs:
     """The input it starts from (`pretrain`, `sft`, `base` for a model made elsewhere, `from_hf`), or "" for the seed."""
     settings: Any
     """The stage's settings: `model`, `seed`, `stream` and the kind's section by its name."""
-    section: TrainingSection
-    """The kind's own section, typed."""
+    section: PretrainConfig
+    """The kind's own section, typed (a `TrainingSection`; pretraining's is `PretrainConfig`, which has no `from`)."""
     model: ModelConfig
     tokenizer: Tokenizer
     eos_id: int
@@ -76,6 +76,8 @@ class TrainingInputs:
     with those columns, in the version's order."""
     summary: dict[str, Any] = field(default_factory=dict)
     """What the source adds to the stage's summary (the manifest and the materialization): what it read, how many pairs."""
+    validation: list[Batch] = field(default_factory=list)
+    """Whole held-out batches the source sets for the control rules' in-loop evaluations (the settings' `control`)."""
 
     @property
     def context(self) -> int:
@@ -90,7 +92,7 @@ def training_kind(
     *,
     name: str,
     description: str,
-    config: type[TrainingSection],
+    config: type[PretrainConfig],
     batches: str | Callable[[TrainingInputs], BatchSource],
     loss: str | Callable[..., Any] | None = None,
     frozen: tuple[str, ...] = (),
@@ -100,6 +102,8 @@ def training_kind(
     imports: tuple[str, ...] = (),
     plot: MetricsPlot | None = None,
     starts_from_model: bool = True,
+    settings: type[TrainedModel] | None = None,
+    fingerprint: Callable[[Experiment], TrainedModel] | None = None,
     **declared: Any,
 ) -> StageKind:
     """The `StageKind` of a stage the platform's training loop runs.
@@ -108,21 +112,25 @@ def training_kind(
     config)`: the summed loss of one micro-batch (None: next-token cross-entropy); `frozen`: the frozen models the loss reads
     (`reference`); `datasets(section)`: the datasets of the file it reads, with the columns it needs; `starts_from`: the
     training kinds it may start from (the last one the file runs); `imports`: the modules its batch source and loss
-    import, for a warm interpreter to load ahead. Other `StageKind` fields pass through (`declared`).
+    import, for a warm interpreter to load ahead; `starts_from_model`: False for a kind that may train a model from the seed
+    (pretraining). `settings` and `fingerprint` replace the default settings (the model, the seed, the stream and the
+    section) when the stage reads more of the file (pretraining's control rules). Other `StageKind` fields pass through.
     """
     section = section or name
-    settings = create_model(f"{config.__name__}Settings", __base__=TrainingSettings, __doc__=f"The settings of the {name} stage.",
-                            **{section: (config, ...)})
-    needs = _dataset_needs(section, datasets)
+    settings = settings or create_model(f"{config.__name__}Settings", __base__=TrainingSettings,
+                                        __doc__=f"The settings of the {name} stage.", **{section: (config, ...)})
 
-    def fingerprint(experiment: Experiment) -> TrainedModel:
+    def default_fingerprint(experiment: Experiment) -> TrainedModel:
         return settings(**TrainedModel.fields_of(experiment), **{section: getattr(experiment, section)})
+
+    needs = _dataset_needs(section, datasets)
 
     def reads_in(experiment: Experiment) -> tuple[str, ...]:
         return ("blend", "tokenizer", *starts_from, *([FILTERED] if needs is not None and list(needs(experiment)) else []))
 
     return StageKind(
-        name=name, description=description, run=RUNNER, section=section, config=config, settings=settings, fingerprint=fingerprint,
+        name=name, description=description, run=RUNNER, section=section, config=config, settings=settings,
+        fingerprint=fingerprint or default_fingerprint,
         reads=("blend", "tokenizer", *starts_from, *([FILTERED] if datasets is not None else [])), reads_in=reads_in, checkpoints=True,
         placement=as_resources_say, artifact=frozenset({"torch"}), imports=(*RUNNER_IMPORTS, *imports), plot=plot, datasets=needs,
         training=Training(batches=batches, loss=loss, frozen=frozen, starts_from_model=starts_from_model), **declared,

@@ -61,18 +61,19 @@ def run_training_kind(ctx: StageContext) -> dict[str, Any]:
     inputs = TrainingInputs(ctx=ctx, start=start, settings=ctx.settings, section=section, model=model_config, tokenizer=tokenizer, eos_id=eos_id,
                             world=world_from_env(), log=ctx.log, rows=lambda dataset, columns: dataset_rows(ctx, catalog, dataset, columns))
     source = resolve(kind.training.batches)(inputs)
-    objective = Objective(name=kind.name, loss=next_token_loss, frozen=kind.training.frozen)
+    objective = NEXT_TOKEN if not kind.training.frozen else Objective(name=kind.name, loss=next_token_loss, frozen=kind.training.frozen)
     if kind.training.loss is not None:
         declared = resolve(kind.training.loss)
         objective = Objective(name=kind.name, loss=lambda model, x, y, frozen: declared(model, x, y, frozen, section),
                               frozen=kind.training.frozen)
     summary = train_stage(ctx, kind.section, model_config, section, tokenizer.get_vocab_size(), source,
+                          control=getattr(ctx.settings, "control", None), validation=inputs.validation,
                           init=final_weights(ctx, start) if start else None, objective=objective)
     if not summary:
         return summary
-    if start:
+    if start:  # the chat template of the model it starts from stays with the model it becomes
         carry_chat_template(ctx, start)
-    return {**summary, "started_from": start or "the seed", **inputs.summary}
+    return {**summary, **({"started_from": start} if kind.training.starts_from_model else {}), **inputs.summary}
 
 
 def dataset_rows(ctx: StageContext, catalog: Catalog, dataset: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:

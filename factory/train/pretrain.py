@@ -126,7 +126,7 @@ def pretrain(
     device = world.device
     section = section or ("sft" if isinstance(config, SFTConfig) else "pretrain")
     check_split(config, world, section)
-    if control is not None and objective is not NEXT_TOKEN:
+    if control is not None and objective.loss is not NEXT_TOKEN.loss:
         raise ConfigError(f"control rules read the next-token loss, and {section} minimises {objective.name!r}: remove the control section")
     # Before the model: its buffers and every step's come from a heap that is no longer trimmed (FSDP's gathered blocks are
     # mapped and unmapped instead).

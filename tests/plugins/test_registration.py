@@ -36,6 +36,18 @@ def test_a_kind_that_clashes_or_reads_an_unknown_kind_is_refused_naming_the_plug
     assert "Traceback" not in result.stderr
 
 
+def test_a_kind_with_checkpoints_that_does_not_read_the_blend_and_tokenizer_is_refused(tmp_path):
+    module = ("from factory.plugin import StageKind, TrainedModel\n"
+              "class Settings(TrainedModel):\n    pass\n"
+              "KIND = StageKind(name='blind', description='no held-out data', run='x:run', reads=('pretrain',), checkpoints=True, "
+              "settings=Settings)\n")
+    site = fake_package(tmp_path, "blind_plugin", module, {"blind": "blind_plugin:KIND"})
+    result = factory_with(site, "check", TINY)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("plugin 'blind' (blind_plugin:KIND of package blind-plugin): a kind with checkpoints reads the blend and the tokenizer "
+            "(`reads`)") in result.stderr, result.stderr
+
+
 def test_a_plugin_that_fails_to_import_is_named_with_its_error(tmp_path):
     site = fake_package(tmp_path, "broken_plugin", "import no_such_module\n", {"broken": "broken_plugin:KIND"})
     result = factory_with(site, "check", TINY)
