@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PAD", "REFERENCE", "as_resources_say", "Batch", "Benchmark", "checkpoints_of", "ConfigError", "DataPath",
-    "DatasetNeed", "EvalInputs", "Experiment", "GrownSection", "HFLayout", "load_weights", "LoaderState", "MetricsPlot",
-    "ModelArch", "ModelConfig", "one_rank", "Placement", "PluginError", "save_final", "Score", "Section",
+    "DatasetNeed", "EvalInputs", "Experiment", "final_weights", "GrownSection", "HFLayout", "load_weights", "LoaderState", "MetricsPlot",
+    "ModelArch", "ModelConfig", "one_rank", "Placement", "PluginError", "read_dataset", "save_final", "Score", "Section",
     "sequence_log_probs", "source_cache", "SourceConfig", "SourceKind", "StageContext", "StageFailed", "StageKind",
     "TableNeed", "TrainedModel", "training_kind", "TrainingInputs", "TrainingSection", "World",
 ]
@@ -61,6 +61,23 @@ def __getattr__(name: str) -> Any:
 
         return sequence_log_probs
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def read_dataset(ctx: StageContext, dataset: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows of a dataset of the file the kind declared (`datasets=`), at the version its upstream `filtered_datasets`
+    stage wrote, with `columns`, in the version's order (a training kind's batch source has them as `inputs.rows`)."""
+    from factory.data.catalog import open_catalog
+    from factory.stages.training import dataset_rows
+
+    return dataset_rows(ctx, open_catalog(ctx.request.catalog), dataset, columns)
+
+
+def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
+    """The final weights of an upstream training stage (`pretrain`, `sft`, a plugin's), of the model made elsewhere the
+    stage starts from (`base`), or of the checkpoint `model.from_hf` names (`from_hf`)."""
+    from factory.stages.training import final_weights as weights_of
+
+    return weights_of(ctx, stage)
 
 
 def checkpoints_of(ctx: StageContext, stage: str) -> list[SavedCheckpoint]:
