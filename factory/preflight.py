@@ -21,7 +21,6 @@ from factory.config.source_kinds import source_kind
 from factory.config.sources import source_problems
 from factory.dataset_names import DatasetOwners
 from factory.errors import ConfigError
-
 from factory.evals.benchmarks import benchmark, known, registered
 from factory.evals.custom import NAME as CUSTOM
 
@@ -221,8 +220,8 @@ def _training_problems(experiment: Experiment) -> list[Problem]:
                                                   f"there; remove '{kind.section}.from' (or those sections)"))
         elif (written is None and not before and kind.training.starts_from_model and experiment.model.from_hf is None
               and experiment.base is None):
-            found.append(((kind.section,), f"{kind.name} trains a model made before it: add a section it starts from "
-                                           f"({', '.join(k for k in kind.reads if k in {r.name for r in stage_kinds() if r.checkpoints})}), "
+            starts = ", ".join(name for name in kind.reads if stage_kind(name).checkpoints)
+            found.append(((kind.section,), f"{kind.name} trains a model made before it: add a section it starts from ({starts}), "
                                            f"start from a checkpoint with 'model.from_hf', or from a model made elsewhere with "
                                            f"'{kind.section}.from'"))
     names = [kind.name for kind in running]

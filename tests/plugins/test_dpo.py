@@ -218,6 +218,9 @@ BAD = [  # (replaced line of the DPO experiment, its replacement, the line refus
     ("export: dpo", "", "average:",
      "average: dpo and average both end the training chain (neither reads the other): add `export: <one of them>` to say whose "
      "final weights the model stage exports"),
+    ("pretrain: {steps: 30", "# pretrain: {steps: 30", "dpo:",
+     "dpo: dpo trains a model made before it: add a section it starts from (pretrain, sft, rl), start from a checkpoint with "
+     "'model.from_hf', or from a model made elsewhere with 'dpo.from'"),
     ("  steps: 20", "  steps: 20\n  from: alias:production", "  from:",
      "dpo.from: the file trains pretrain before dpo, which starts from there; remove 'dpo.from' (or those sections)"),
 ]
