@@ -19,16 +19,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import create_model
 
-from factory.config.plugins import load_declarations, plugin_name, resolve
+from factory.config.plugins import example_declaring, load_declarations, plugin_name, resolve
 from factory.config.schema import Experiment, TrainedModel, blended_datasets
 from factory.config.section import Section
 from factory.config.source_kinds import source_kinds
@@ -354,16 +352,9 @@ def experiment_model() -> type[Experiment]:
 
 def plugin_hint(section: str) -> str | None:
     """For a section no installed kind declares: which package of this checkout's `examples/` would declare it."""
-    examples = Path(__file__).resolve().parents[2] / "examples"
-    for pyproject in sorted(examples.glob("*/pyproject.toml")) if examples.is_dir() else []:
-        try:
-            project = tomllib.loads(pyproject.read_text()).get("project", {})
-        except (OSError, tomllib.TOMLDecodeError):
-            continue
-        if section in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}):
-            return (f"section of the stage kind {section!r}, which is not installed: install the package that declares it "
-                    f"(pip install -e {pyproject.parent.relative_to(examples.parent)})")
-    return None
+    if (package := example_declaring(ENTRY_POINT_GROUP, section)) is None:
+        return None
+    return f"section of the stage kind {section!r}, which is not installed: install the package that declares it (pip install -e {package})"
 
 
 def _registered(entry: EntryPoint, kind: StageKind) -> StageKind:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import tomllib
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, EntryPoints, entry_points
+from pathlib import Path
 from typing import Any, TypeVar
 
 from factory.errors import PluginError
@@ -51,6 +53,20 @@ def _installed() -> EntryPoints:
     """Every installed entry point, read once per process: a look-up by group reads every installed package's metadata
     again, and the stage, source and model registries each look up their own group."""
     return entry_points()
+
+
+def example_declaring(group: str, name: str) -> str | None:
+    """The package of this checkout's `examples/` that declares `name` in the entry-point group `group`, as the directory
+    to install (`examples/git-source`); None when none does."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for pyproject in sorted(examples.glob("*/pyproject.toml")) if examples.is_dir() else []:
+        try:
+            project = tomllib.loads(pyproject.read_text()).get("project", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if name in project.get("entry-points", {}).get(group, {}):
+            return pyproject.parent.relative_to(examples.parent).as_posix()
+    return None
 
 
 def resolve(function: str | Callable[..., Any]) -> Callable[..., Any]:

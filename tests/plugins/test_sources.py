@@ -57,6 +57,15 @@ def test_an_unknown_source_kind_names_the_known_ones_at_its_line(tmp_path):
             "directory (a plugin package adds others)") in result.stderr, result.stderr
 
 
+def test_an_unknown_source_kind_an_example_declares_says_which_package_to_install(tmp_path):
+    path = tmp_path / "exp.md"
+    path.write_text(EXPERIMENT.format(kind="git"))
+    result = factory_with(None, "check", str(path))
+    assert result.returncode == 2
+    assert (f"{path}:5: data.datasets.code.source.kind: unknown source kind 'git'; known: python-stdlib, site-packages, directory "
+            "(install the package that declares it: pip install -e examples/git-source)") in result.stderr, result.stderr
+
+
 def test_a_plugin_that_redeclares_a_built_in_source_is_refused(tmp_path):
     site = fake_package(tmp_path / "site", "clash_source", SOURCE.format(root="/").replace('name="corpus"', 'name="directory"'), {})
     (site / "clash_source-0.1.dist-info" / "entry_points.txt").write_text("[model_factory.sources]\ndirectory = clash_source:CORPUS\n")
