@@ -48,22 +48,17 @@ def test_a_plugin_source_kind_is_checked_listed_and_read(tmp_path):
     assert json.loads(shown.stdout) == [["pkg/a.py"], ["pkg/a.py"]], shown.stderr
 
 
-def test_an_unknown_source_kind_names_the_known_ones_at_its_line(tmp_path):
+@pytest.mark.parametrize(("kind", "said"), [
+    ("corpus", "a plugin package adds others"),
+    ("git", "install the package that declares it: pip install -e examples/git-source"),  # an example of this checkout declares it
+])
+def test_an_unknown_source_kind_names_the_known_ones_at_its_line(tmp_path, kind, said):
     path = tmp_path / "exp.md"
-    path.write_text(EXPERIMENT.format(kind="corpus"))
+    path.write_text(EXPERIMENT.format(kind=kind))
     result = factory_with(None, "check", str(path))
     assert result.returncode == 2
-    assert (f"{path}:5: data.datasets.code.source.kind: unknown source kind 'corpus'; known: python-stdlib, site-packages, "
-            "directory (a plugin package adds others)") in result.stderr, result.stderr
-
-
-def test_an_unknown_source_kind_an_example_declares_says_which_package_to_install(tmp_path):
-    path = tmp_path / "exp.md"
-    path.write_text(EXPERIMENT.format(kind="git"))
-    result = factory_with(None, "check", str(path))
-    assert result.returncode == 2
-    assert (f"{path}:5: data.datasets.code.source.kind: unknown source kind 'git'; known: python-stdlib, site-packages, directory "
-            "(install the package that declares it: pip install -e examples/git-source)") in result.stderr, result.stderr
+    assert (f"{path}:5: data.datasets.code.source.kind: unknown source kind {kind!r}; known: python-stdlib, site-packages, "
+            f"directory ({said})") in result.stderr, result.stderr
 
 
 def test_a_plugin_that_redeclares_a_built_in_source_is_refused(tmp_path):
