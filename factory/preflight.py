@@ -15,7 +15,7 @@ from factory.config import Experiment, load_file
 from factory.config.cluster import ClusterProfile, queue_problems
 from factory.config.files import outside_roots
 from factory.config.settings import data_roots
-from factory.config.kinds import computed_datasets, dataset_needs, exported, stage_kind, stage_kinds, trains
+from factory.config.kinds import chain_ends_twice, computed_datasets, dataset_needs, exported, stage_kind, stage_kinds, trains
 from factory.config.loader import DEFAULT_MAX_VARIANTS, Location, key_locations, location_of
 from factory.config.source_kinds import source_kind
 from factory.config.sources import source_problems
@@ -229,9 +229,7 @@ def _training_problems(experiment: Experiment) -> list[Problem]:
         found.append((("export",), f"{experiment.export!r} is no training stage of this file (they are: {', '.join(names) or 'none'}); "
                                    "name one of them"))
     elif experiment.export is None and len(last := exported(names)) > 1:
-        found.append(((stage_kind(last[-1]).section or last[-1],), f"{' and '.join(last)} both end the training chain (neither reads the "
-                                                                   f"other): add `export: <one of them>` to say whose final weights the "
-                                                                   "model stage exports"))
+        found.append(((stage_kind(last[-1]).section or last[-1],), chain_ends_twice(last)))
     return found
 
 

@@ -278,6 +278,12 @@ def exported(names: Iterable[str]) -> list[str]:
     return [kind.name for kind in trained if not any(kind.name in other.reads for other in trained if other is not kind)]
 
 
+def chain_ends_twice(ends: list[str]) -> str:
+    """Why a file whose training chain has several last stages (`exported`) must say which one the model stage exports."""
+    return (f"{' and '.join(ends)} both end the training chain (neither reads the other): add `export: <one of them>` to say whose "
+            "final weights the model stage exports")
+
+
 def stage_kinds() -> tuple[StageKind, ...]:
     """The kinds of an experiment's chain (`scope` experiment), upstream first: what plans, assets and lists derive from."""
     return tuple(kind for kind in registered_kinds() if kind.scope == "experiment")

@@ -13,7 +13,7 @@ import json
 import shutil
 from typing import Any
 
-from factory.config.kinds import StageKind, exported, trains
+from factory.config.kinds import StageKind, chain_ends_twice, exported, trains
 from factory.config.schema import Experiment, ModelConfig
 from factory.config.section import GrownSection
 from factory.errors import ConfigError
@@ -40,8 +40,7 @@ def exported_kind(experiment: Experiment) -> str:
         return experiment.export
     last = exported(runs)
     if len(last) > 1:
-        raise ConfigError(f"export: {' and '.join(last)} both end the training chain (neither reads the other); name the one whose "
-                          f"final weights the model stage exports, e.g. `export: {last[-1]}`")
+        raise ConfigError(chain_ends_twice(last))
     return last[0]
 
 

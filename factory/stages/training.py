@@ -61,11 +61,12 @@ def run_training_kind(ctx: StageContext) -> dict[str, Any]:
     inputs = TrainingInputs(ctx=ctx, start=start, settings=ctx.settings, section=section, model=model_config, tokenizer=tokenizer, eos_id=eos_id,
                             world=world_from_env(), log=ctx.log, rows=lambda dataset, columns: dataset_rows(ctx, catalog, dataset, columns))
     source = resolve(kind.training.batches)(inputs)
-    objective = NEXT_TOKEN if not kind.training.frozen else Objective(name=kind.name, loss=next_token_loss, frozen=kind.training.frozen)
-    if kind.training.loss is not None:
-        declared = resolve(kind.training.loss)
-        objective = Objective(name=kind.name, loss=lambda model, x, y, frozen: declared(model, x, y, frozen, section),
-                              frozen=kind.training.frozen)
+    declared, frozen = kind.training.loss, kind.training.frozen
+    if declared is None:
+        objective = Objective(name=kind.name, loss=next_token_loss, frozen=frozen) if frozen else NEXT_TOKEN
+    else:
+        plugin_loss = resolve(declared)  # its section is its last argument
+        objective = Objective(name=kind.name, loss=lambda model, x, y, models: plugin_loss(model, x, y, models, section), frozen=frozen)
     summary = train_stage(ctx, kind.section, model_config, section, tokenizer.get_vocab_size(), source,
                           control=getattr(ctx.settings, "control", None), validation=inputs.validation,
                           init=final_weights(ctx, start) if start else None, objective=objective)
