@@ -166,9 +166,23 @@ def hold(
         yield
     finally:
         stop.set()
-        if beat.is_alive():
-            beat.join()
-        _remove_if_token(path, token)  # only a lease of this token: another's stays
+        try:
+            _join_uninterrupted(beat)  # a beat being written would otherwise put the lease back after the removal below
+        finally:
+            _remove_if_token(path, token)  # only a lease of this token: another's stays
+
+
+def _join_uninterrupted(thread: threading.Thread) -> None:
+    """Wait for `thread` (if it was started) even when a Ctrl-C or SIGTERM lands meanwhile; the interrupt is raised once it
+    has ended."""
+    interrupted: KeyboardInterrupt | None = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | None:

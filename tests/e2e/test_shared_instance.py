@@ -60,6 +60,16 @@ def runs_of(instance: DagsterInstance, experiment: str) -> list[DagsterRun]:
     return list(instance.get_runs(filters=RunsFilter(tags={"experiment": experiment})))
 
 
+def leases_left(root: Path) -> dict[str, str]:
+    """The leases left in the registry at `root`, each with its record and whether the process it names is alive."""
+    left = {}
+    for path in sorted((root / "registry" / "leases").glob("*.lease")):
+        record = path.read_text()
+        alive = psutil.pid_exists(json.loads(record).get("pid", -1)) if record.strip() else False
+        left[path.name] = f"{record} (its process {'alive' if alive else 'gone'})"
+    return left
+
+
 def held(instance: DagsterInstance) -> set[str]:
     """The runs holding a slot of the training pool or waiting in its queue."""
     info = instance.event_log_storage.get_concurrency_info(TRAINING_POOL)
@@ -77,7 +87,7 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
     after, _ = data.communicate(timeout=60)
     assert data.returncode == 130 and "Traceback" not in after, after
     assert [r.status for r in runs_of(instance, "small")] == [DagsterRunStatus.CANCELED]
-    assert list((root / "registry" / "leases").glob("*.lease")) == []
+    assert leases_left(root) == {}
 
     holder = hold_training_slot(instance)
     run = started("run", str(path), "--root", str(root))
@@ -120,7 +130,7 @@ def test_runs_stopped_while_waiting_for_the_training_slot_leave_the_pool_to_the_
                      said), said
     log = Path(said.rsplit("(full log: ", 1)[1].rstrip(")"))
     assert log.parent == (root / "logs").resolve() and "DagsterExecutionInterruptedError" in log.read_text()
-    assert list((root / "registry" / "leases").glob("*.lease")) == []
+    assert leases_left(root) == {}
     plan = factory("plan", str(path), "--root", str(root), "--json")
     assert {stage["kind"]: stage["status"] for stage in json.loads(plan.stdout)["stages"]}["pretrain"] == "run"
     assert held(instance) == set()
@@ -145,7 +155,7 @@ def test_a_run_stopped_while_it_evaluates_is_canceled_holding_nothing_and_the_ne
     assert (evaluating.status, pipeline.status) == (DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
     info = instance.event_log_storage.get_concurrency_info(EVALUATION_POOL)
     assert not info.claimed_slots and not info.pending_steps
-    assert list((root / "registry" / "leases").glob("*.lease")) == []
+    assert leases_left(root) == {}
 
     again = started("run", str(path), "--root", str(root))
     out, _ = again.communicate(timeout=600)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,9 @@ import time
 
 import pytest
 
-from factory.registry.lease import hold, read_holder
+from factory.atomic import synced_temp
+from factory.registry import lease
+from factory.registry.lease import hold, read_holder, record
 
 HOLDER = textwrap.dedent(
     """
@@ -152,3 +155,27 @@ def test_the_holder_writes_a_fresh_beat_into_its_lease(tmp_path):
             time.sleep(0.02)
         assert read_holder(lease).owner == "me"
     assert not lease.exists()
+
+
+def test_a_ctrl_c_while_the_last_beat_is_written_still_releases_the_lease(tmp_path, monkeypatch):
+    """The interrupt lands while the block's end waits for a beat being written: it is raised once the beat is done, and
+    the lease goes (released before the beat, the beat would put it back; not released at all, it would stay)."""
+    path = tmp_path / "x.lease"
+
+    def slow_beat(path, owner, token, stop, interval_s):
+        stop.wait()
+        time.sleep(0.5)  # a beat's write that the block's end must wait for
+        with synced_temp(path, record(owner, token)) as tmp:
+            os.replace(tmp, path)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lease, "_heartbeat", slow_beat)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt), hold(path, "me"):
+            signal.setitimer(signal.ITIMER_REAL, 0.2)  # fires while the end of the block waits for the beat
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert not path.exists()
