@@ -5,7 +5,8 @@ import sys
 
 from factory.train import heap
 
-# Twenty steps of the bench's model (bench/trainer.py) in a fresh process; prints the minor page faults they took.
+# Twenty steps of the bench's model (bench/trainer.py) in a fresh process, after two that warm it up; prints the minor page
+# faults the twenty took.
 STEPS = """
 import logging, resource, sys, tempfile
 from pathlib import Path
@@ -24,6 +25,8 @@ def data(state):
     for step, s in enumerate(seqs[state.slot if state else 0:]):
         yield Batch(x=s[:, :-1].clone(), y=s[:, 1:].clone(), documents=(), state=LoaderState(slot=step + 1), real_tokens=2048, global_tokens=2048)
 
+with tempfile.TemporaryDirectory() as work:  # first, what any first run does once (lazy imports, compiling their code)
+    pretrain(data, 2048, model, config.model_copy(update={"steps": 2}), 0, Path(work), logging.getLogger("steps"))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 with tempfile.TemporaryDirectory() as work:
     pretrain(data, 2048, model, config, 0, Path(work), logging.getLogger("steps"))
