@@ -11,6 +11,9 @@ import typer
 
 from factory.cli.common import RootOption, dagster_home, err, hint, out, settings_of
 from factory.launch.group import run_group
+from factory.launch.local import warm_starts
+from factory.launch.warm import SHARED_SOCKET_ENV
+from factory.runtime import every_warm_module, tracker_backend
 
 
 def ui(root: RootOption = None, port: int = 3000) -> None:
@@ -20,8 +23,13 @@ def ui(root: RootOption = None, port: int = 3000) -> None:
     pools = subprocess.run([sys.executable, "-m", "assets.pools"], env=env, check=False)  # the pools' limits, before the daemon runs
     if pools.returncode != 0:
         raise typer.Exit(pools.returncode)
-    # A group of its own: one SIGINT or SIGTERM here stops it all, the runs its daemon launched included (`run_group`).
-    ended = run_group([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env)
+    # The stages of the runs its daemon and UI launch fork from one warm interpreter, as those of `factory run` do: it
+    # imports what every stage kind needs once, in the background, and lives as long as this command.
+    with warm_starts(every_warm_module(tracker_backend(env)), env) as warm:
+        if warm is not None:
+            env[SHARED_SOCKET_ENV] = str(warm.socket_path)
+        # A group of its own: one SIGINT or SIGTERM here stops it all, the runs its daemon launched included (`run_group`).
+        ended = run_group([sys.executable, "-m", "dagster", "dev", "--port", str(port), "--host", "127.0.0.1"], env)
     raise typer.Exit(0 if ended.signals else ended.code)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from factory.errors import LaunchError, StageFailed
-from factory.launch.warm import WarmProcess, WarmServer
+from factory.launch.warm import SHARED_SOCKET_ENV, WarmProcess, WarmServer
 
 STAGE_MODULE = "factory.runtime"
 STDERR_TAIL_LINES = 20
@@ -33,6 +33,9 @@ ERROR_FILE_ENV = "FACTORY_STAGE_ERROR"
 """Where a stage writes its one-line error for the launcher to report, instead of printing it on its stderr too."""
 STOP_TIMEOUT_S = 30.0
 """How long an interrupted stage may take to unwind (release its lease, say where it stopped) before it is killed."""
+DAGSTERS_OWN = re.compile(r"DAGSTER_\w*|SF_PARTNER")
+"""The variables Dagster's processes set for themselves (importing dagster sets SF_PARTNER, for Snowflake's connector):
+a step's environment differs from `factory ui`'s in these alone, and nothing a stage imports reads them."""
 RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
 """A line of one rank under `torchrun --tee 2`: `[default<local rank>]:<line>`."""
 FAILED_RANK = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
@@ -57,14 +60,15 @@ _told: set[str] = set()
 
 
 @contextlib.contextmanager
-def warm_starts(modules: Sequence[str]) -> Iterator[WarmServer | None]:
+def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[WarmServer | None]:
     """Within the block, one-process stages fork from a warm interpreter that imports `modules` (in the background, from
-    now on). Linux only; elsewhere, or nested in another such block, stages start as they would without it."""
+    now on) in the environment `env` (default: ours). Linux only; elsewhere, or nested in another such block, stages start
+    as they would without it."""
     global _warm
     if _warm is not None or sys.platform != "linux":
         yield _warm
         return
-    _warm = WarmServer(modules)
+    _warm = WarmServer(modules, env)
     try:
         yield _warm
     finally:
@@ -160,13 +164,30 @@ def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str],
                 stdout: int = 1) -> WarmProcess | None:
     """The stage forked from the warm interpreter, or None (no warm block, torchrun, or the interpreter refused; a
     refusal is said once per reason)."""
-    if _warm is None:
+    server = _warm or _shared()
+    if server is None:
         return None
-    process = _warm.spawn(argv, env, launch_keys, needs, cwd, stdout)
-    if process is None and _warm.refused and _warm.refused not in _told:
-        _told.add(_warm.refused)
-        print(f"note: stages start cold from here: {_warm.refused}", file=sys.stderr)
+    if server is not _warm:  # `factory ui`'s: the Dagster processes between it and us set variables of their own
+        launch_keys = [*launch_keys, SHARED_SOCKET_ENV, *(name for name in env if DAGSTERS_OWN.fullmatch(name))]
+    process = server.spawn(argv, env, launch_keys, needs, cwd, stdout)
+    if process is None and server.refused and server.refused not in _told:
+        _told.add(server.refused)
+        print(f"note: stages start cold from here: {server.refused}", file=sys.stderr)
     return process
+
+
+_attached: WarmServer | None = None
+
+
+def _shared() -> WarmServer | None:
+    """The warm interpreter `factory ui` shares with the runs its daemon and UI launch (SHARED_SOCKET_ENV), if any."""
+    global _attached
+    path = os.environ.get(SHARED_SOCKET_ENV)
+    if not path or sys.platform != "linux":
+        return None
+    if _attached is None or str(_attached.socket_path) != path:
+        _attached = WarmServer.attach(Path(path))
+    return _attached
 
 
 class _Tail:

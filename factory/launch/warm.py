@@ -44,6 +44,9 @@ from pathlib import Path
 from typing import IO, Any
 
 SERVER_MODULE = "factory.launch.warm_server"
+SHARED_SOCKET_ENV = "FACTORY_WARM_SOCKET"
+"""Set by `factory ui` for every process Dagster starts under it: the socket of the warm interpreter it shares, which the
+stages of the runs its daemon and UI launch fork from (`WarmServer.attach`)."""
 SOCKET_NAME = "warm.sock"
 READY_TIMEOUT_S = 120.0
 """How long a launch waits for the server's socket to appear (its imports run after it binds)."""
@@ -55,12 +58,13 @@ _HEADER = struct.Struct("!I")
 class WarmServer:
     """The launcher's side: starts the server, asks it for children, and stops it."""
 
-    def __init__(self, modules: Sequence[str]) -> None:
-        """Start a server that imports `modules` (in the background: `spawn` waits for it)."""
+    def __init__(self, modules: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """Start a server that imports `modules` (in the background: `spawn` waits for it) in the environment `env` (default:
+        ours), which its children's must equal but for what a launch sets."""
         self.modules = tuple(modules)
-        self.env = dict(os.environ)
         self._dir = Path(tempfile.mkdtemp(prefix="factory-warm-"))
         self.socket_path = self._dir / SOCKET_NAME
+        self.env = dict(os.environ if env is None else env)
         owner_read, self._owner = os.pipe()  # the server ends when this end closes: when we close it, or die
         try:
             self._process = subprocess.Popen(
@@ -72,6 +76,15 @@ class WarmServer:
         self.refused: str | None = None
         """Why the server last refused a launch (None: it never did)."""
 
+    @classmethod
+    def attach(cls, socket_path: Path) -> WarmServer:
+        """A handle on the server another process started and owns (`factory ui`'s, named by SHARED_SOCKET_ENV): launches
+        fork from it while it answers; closing the handle leaves it running."""
+        handle = cls.__new__(cls)
+        handle.modules, handle.env, handle.socket_path, handle.refused = (), {}, socket_path, None
+        handle._dir, handle._owner, handle._process = None, -1, None
+        return handle
+
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], launch_keys: Iterable[str], needs: Sequence[str] = (),
               cwd: Path | None = None, stdout: int = 1) -> WarmProcess | None:
         """Fork `argv` (`python -m MODULE ARGS...`) with environment `env`, or None when the server cannot run it as a
@@ -79,7 +92,7 @@ class WarmServer:
         modules the child will import: the server imports those of them it has not yet before it forks (the child would
         otherwise import them while the server does the same, on the same cores). It runs in `cwd` (default: ours) and
         writes its stdout to the file descriptor `stdout` (default: ours)."""
-        if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or self._process.poll() is not None:
+        if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or not self._running():
             return None
         connection = self._connect()
         if connection is None:
@@ -117,7 +130,10 @@ class WarmServer:
             connection.close()
 
     def close(self) -> None:
-        """Stop the server (children it forked run on to their end) and remove its socket."""
+        """Stop the server (children it forked run on to their end) and remove its socket; a handle from `attach` only
+        lets go of it."""
+        if self._process is None:
+            return
         if self._owner >= 0:
             os.close(self._owner)
             self._owner = -1
@@ -128,15 +144,21 @@ class WarmServer:
             self._process.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    def _running(self) -> bool:
+        """Whether the server may still answer (a server this handle did not start: until a connection fails)."""
+        return self._process is None or self._process.poll() is None
+
     def _connect(self) -> socket.socket | None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline and self._process.poll() is None:
+        while time.monotonic() < deadline and self._running():
             connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 connection.connect(str(self.socket_path))
                 return connection
             except (FileNotFoundError, ConnectionRefusedError):
                 connection.close()
+                if self._process is None:
+                    return None  # another's server binds before its owner names it: gone, not starting
                 time.sleep(0.02)
         return None
 

@@ -58,10 +58,10 @@ def _run_module(kind: StageKind) -> str:
     return kind.run.split(":")[0] if isinstance(kind.run, str) else kind.run.__module__
 
 
-def every_warm_module() -> tuple[str, ...]:
-    """Everything a warm interpreter may fork: every kind's run function and what it imports, the evaluations, the default
-    tracker."""
-    return warm_modules([kind.name for kind in registered_kinds()], "mlflow")
+def every_warm_module(tracker: str = "mlflow") -> tuple[str, ...]:
+    """Everything a warm interpreter may fork: every kind's run function and what it imports, the evaluations, the
+    tracker's backend (default: the default tracker's)."""
+    return warm_modules([kind.name for kind in registered_kinds()], tracker)
 
 
 def runner(kind: str) -> Callable[[StageContext], dict[str, Any]]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -70,6 +71,26 @@ class Factory:
         with open(self.log, "a") as out:
             self.process = subprocess.Popen([sys.executable, "-m", "factory", "ui", "--root", str(self.root), "--port", str(free_port())],
                                             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+    def watch_stages(self) -> dict[int, str]:
+        """From now until `stop`, a tenth of a second apart: each stage process `factory ui` has under it, by pid: "cold"
+        (`python -m factory.runtime`) or "forked" (a child of the warm interpreter, whose command line it keeps)."""
+        seen: dict[int, str] = {}
+
+        def look() -> None:
+            while self.process is not None:
+                with contextlib.suppress(psutil.Error, AssertionError):
+                    for process in self.started_by_it():
+                        if process.pid in seen:
+                            continue
+                        if "factory.runtime" in process.cmdline():
+                            seen[process.pid] = "cold"
+                        elif "factory.launch.warm_server" in process.parent().cmdline():
+                            seen[process.pid] = "forked"
+                time.sleep(0.1)
+
+        threading.Thread(target=look, daemon=True).start()
+        return seen
 
     def started_by_it(self) -> list[psutil.Process]:
         """Every process `factory ui` started, however deep (Dagster's own are in a process group of their own)."""
@@ -214,6 +235,7 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
         (experiments / name).write_text(EXPERIMENT.format(source=source, lr=lr, vocab=vocab))
 
     factory.start()
+    stages = factory.watch_stages()
     start = git(work, "rev-parse", "HEAD")
     factory.wait_for("the sensor's first tick", lambda: any(t.cursor == start for t in factory.ticks()))
     names = commands(factory.started_by_it())
@@ -265,6 +287,9 @@ def test_merged_experiments_run_under_the_daemon_one_training_at_a_time(tmp_path
     assert all(earlier[1] <= later[0] + 1 for earlier, later in zip(windows, windows[1:])), windows  # `created` is to the second
     blocked = [m for run in trainings for m in factory.engine_messages(run.run_id) if "blocked by limit for pool training" in m]
     assert blocked, "no training waited for the pool"
+
+    # Every stage forked from the warm interpreter `factory ui` started, not from a cold `python -m factory.runtime`.
+    assert "forked" in stages.values() and "cold" not in stages.values(), stages
 
     # A restarted daemon does not start the same commit's runs again (and the stop leaves none of the processes behind).
     from_git = lambda: [run.run_id for run in factory.instance.get_runs() if run.tags.get(FILE_TAG)]  # noqa: E731

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.launch.warm import WarmServer
+from factory.launch.warm import SHARED_SOCKET_ENV, WarmServer
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = "tests.launch.warm_child"
@@ -79,6 +79,30 @@ def test_a_killed_child_reports_its_signal_and_the_server_goes_on(server, tmp_pa
     assert child.wait(timeout=30) == -signal.SIGKILL
     again = server.spawn([sys.executable, "-m", CHILD, str(tmp_path / "b.json")], server.env, [])
     assert again is not None and again.wait(timeout=30) == 0
+
+
+LAUNCH = """
+import sys
+from factory.launch import LocalLauncher
+LocalLauncher().run([sys.executable, "-m", "tests.launch.warm_child", sys.argv[1]], {"WARM_MARKER": "shared"}, "child")
+"""
+"""A process that launches one stage as a Dagster step process does (`factory ui`'s daemon started it, not us)."""
+
+
+def test_the_processes_under_factory_ui_fork_their_stages_from_its_warm_interpreter_while_it_runs(server, tmp_path):
+    """A launcher that finds the shared server's socket in its environment forks from it, though Dagster's own variables
+    differ from the server's; once the server is gone, it starts its stage cold, at once."""
+    env = {**server.env, SHARED_SOCKET_ENV: str(server.socket_path), "DAGSTER_RUN_JOB_NAME": "a step's"}
+    launcher = subprocess.run([sys.executable, "-c", LAUNCH, str(tmp_path / "warm.json")], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    assert launcher.returncode == 0 and "start cold" not in launcher.stderr, launcher.stderr
+    seen = json.loads((tmp_path / "warm.json").read_text())
+    assert seen["parent"] == server._process.pid and seen["preloaded"] and seen["marker"] == "shared"
+    server.close()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path / "cold.json")], env=env, cwd=REPO)
+    assert launcher.wait(timeout=60) == 0
+    seen = json.loads((tmp_path / "cold.json").read_text())
+    assert seen["parent"] == launcher.pid and not seen["preloaded"] and seen["marker"] == "shared"
 
 
 def test_an_environment_that_differs_beyond_the_launch_variables_is_refused(server, tmp_path):
