@@ -1,7 +1,8 @@
 """Duplicate removal: exact (same sha256) then near (MinHash LSH over word shingles), keeping the first document in id order.
 
 Documents are visited in id order and a near-duplicate is dropped only when it matches a document
-already kept, so the result depends on the input, the config and the seed alone.
+already kept, so the result depends on the input, the config and the seed alone. Near dedup runs on
+Daft (`factory.data.minhash`), with datasketch's signatures and bands.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import re
 from dataclasses import dataclass
 
 import pyarrow as pa
-from datasketch import MinHash, MinHashLSH
-
 from factory.config.data_sections import DedupConfig
+from factory.data.minhash import near_duplicates
 
 TOKEN = re.compile(r"\w+")
 
@@ -40,11 +40,31 @@ class DedupResult:
 
 
 def shingles(text: str, size: int) -> set[bytes]:
-    """The distinct runs of `size` consecutive word tokens; a shorter text is one shingle of all its tokens."""
+    """The distinct runs of `size` consecutive word tokens; a shorter text is one shingle of all its tokens (what the
+    engine's signatures hash, written out)."""
     tokens = TOKEN.findall(text)
     if len(tokens) <= size:
         return {" ".join(tokens).encode()}
     return {" ".join(tokens[i : i + size]).encode() for i in range(len(tokens) - size + 1)}
+
+
+def reference_near_duplicates(documents: pa.Table, config: DedupConfig, seed: int) -> set[str]:
+    """What `near_duplicates` must remove, computed by datasketch one document at a time (the loop near dedup ran before
+    it ran on Daft): visit in id order, drop a document when the LSH of the kept ones has a candidate for it. For the
+    tests and bench/data.py."""
+    from datasketch import MinHash, MinHashLSH
+
+    template = MinHash(num_perm=config.num_perm, seed=seed)
+    index = MinHashLSH(threshold=config.near_threshold, num_perm=config.num_perm)
+    removed = set()
+    for document, text in sorted(zip(documents["id"].to_pylist(), documents["text"].to_pylist(), strict=True)):
+        sketch = template.copy()
+        sketch.update_batch(shingles(text, config.shingle_tokens))
+        if index.query(sketch):
+            removed.add(document)
+        else:
+            index.insert(document, sketch, check_duplication=False)
+    return removed
 
 
 def first_of_each_digest(digests: list[str]) -> list[bool]:
@@ -57,22 +77,6 @@ def first_of_each_digest(digests: list[str]) -> list[bool]:
     return keep
 
 
-def near_unique(texts: list[str], config: DedupConfig, seed: int) -> list[bool]:
-    """Mask keeping each text unless it is a near-duplicate of a text kept before it."""
-    assert config.near_threshold is not None, "near dedup needs a threshold"
-    template = MinHash(num_perm=config.num_perm, seed=seed)  # permutations are drawn once, then shared by copies
-    index = MinHashLSH(threshold=config.near_threshold, num_perm=config.num_perm)
-    keep = []
-    for row, text in enumerate(texts):
-        sketch = template.copy()
-        sketch.update_batch(shingles(text, config.shingle_tokens))
-        duplicate = bool(index.query(sketch))
-        if not duplicate:
-            index.insert(row, sketch, check_duplication=False)
-        keep.append(not duplicate)
-    return keep
-
-
 def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: logging.Logger) -> DedupResult:
     """Drop exact then near duplicates, keeping the first document in id order of each group."""
     table = documents.sort_by("id")
@@ -81,7 +85,8 @@ def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: loggin
         table = table.filter(pa.array(first_of_each_digest(table["sha256"].to_pylist()), pa.bool_()))
     exact_removed = rows_in - table.num_rows
     if config.near_threshold is not None and table.num_rows:
-        table = table.filter(pa.array(near_unique(table["text"].to_pylist(), config, seed), pa.bool_()))
+        removed = near_duplicates(table, config, seed)
+        table = table.filter(pa.array([document not in removed for document in table["id"].to_pylist()], pa.bool_()))
     near_removed = rows_in - exact_removed - table.num_rows
     result = DedupResult(documents=table, rows_in=rows_in, exact_removed=exact_removed, near_removed=near_removed)
     log.info(

@@ -1,0 +1,146 @@
+"""Near-duplicate detection on Daft: MinHash signatures and LSH band collisions computed by the engine, on every core
+(Daft's native runner); only the documents that collide come back to this process, which decides in id order which of
+them go.
+
+The signatures are datasketch's (`MinHash(num_perm, seed)`, its affine32 scheme), value for value, and the bands are
+those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the ones the per-document loop removed:
+- a document's shingles are its runs of `shingle_tokens` consecutive `\\w+` tokens joined by one space (a shorter
+  document is one shingle of all its tokens). Daft's regular expressions extract them without overlap, so the runs are
+  taken in `shingle_tokens` passes, each starting one token later;
+- each shingle's hash is the low 32 bits of its sha1 (datasketch's `sha1_hash32`), mixed with MurmurHash3's 32-bit
+  finalizer; per permutation `(a, b)` the signature is the minimum of `(a * h + b) mod 2^32` over the shingles, in
+  64-bit integers masked to 32 bits;
+- a band is `r` consecutive signature values; documents whose band is equal collide. Grouping by the values
+  themselves (not a hash of them) keeps that exact.
+
+A document is removed when it collides with a document kept before it in id order: the sweep over the collision groups
+gives the same answer whatever the number of threads or workers and the order their results come in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from factory.config.data_sections import DedupConfig
+
+os.environ.setdefault("DAFT_ANALYTICS_ENABLED", "0")  # Daft reports each import and run over the network unless told not to
+
+FMIX = ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, None))
+"""MurmurHash3's 32-bit finalizer: each step xors in the value shifted right, then multiplies (modulo 2^32)."""
+MASK = 0xFFFFFFFF
+CHUNK_DOCUMENTS = 2048
+"""Documents whose signatures are computed at once: what bounds the memory near dedup takes (each document's shingles,
+times the permutations, while they are reduced to its signature)."""
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's affine32 permutations for `seed`: odd multipliers `a` and offsets `b`, drawn as it draws them."""
+    generator = np.random.RandomState(seed)
+    a = generator.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = generator.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
+
+
+def bands(config: DedupConfig) -> tuple[int, int]:
+    """(bands, rows per band) of datasketch's LSH at the configured threshold and number of permutations."""
+    from datasketch import MinHashLSH
+
+    assert config.near_threshold is not None, "near dedup needs a threshold"
+    index = MinHashLSH(threshold=config.near_threshold, num_perm=config.num_perm)
+    return index.b, index.r
+
+
+def near_duplicates(documents: pa.Table, config: DedupConfig, seed: int) -> set[Any]:
+    """The ids of `documents` (columns `id`, `text`) that near-duplicate a document kept before them in id order."""
+    import daft
+
+    signed = daft.from_arrow(_signed(documents, config, seed))
+    count, rows = bands(config)
+    groups: list[list[Any]] = []
+    for band in range(count):
+        keys = [f"p{i}" for i in range(band * rows, (band + 1) * rows)]
+        colliding = signed.groupby(*keys).agg(daft.col("id").list_agg().alias("ids"), daft.col("id").count().alias("n"))
+        groups += colliding.where(daft.col("n") > 1).select("ids").to_pydict()["ids"]
+    return _swept(groups)
+
+
+def signatures(documents: pa.Table, config: DedupConfig, seed: int) -> dict[Any, list[int]]:
+    """Each document's MinHash signature, by id (what the bands are cut from)."""
+    table = _signed(documents, config, seed).to_pydict()
+    return {document: [table[f"p{i}"][row] for i in range(config.num_perm)] for row, document in enumerate(table["id"])}
+
+
+def _signed(documents: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
+    """The signatures of `documents`, computed CHUNK_DOCUMENTS at a time: the shingles of one chunk are in memory at once,
+    never the corpus's (a signature is 4 bytes a permutation, a few hundred a document)."""
+    import daft
+
+    texts = documents.select(["id", "text"])
+    chunks = [_signatures(daft.from_arrow(texts.slice(start, CHUNK_DOCUMENTS)), config, seed).to_arrow()
+              for start in range(0, max(texts.num_rows, 1), CHUNK_DOCUMENTS)]
+    return pa.concat_tables(chunks)
+
+
+def _signatures(frame: Any, config: DedupConfig, seed: int) -> Any:
+    """Each document's id and its signature, one column `p<i>` per permutation."""
+    import daft
+    import daft.functions as F
+    from daft import col
+
+    size = config.shingle_tokens
+    words = frame.select(col("id"), F.list_join(F.regexp_extract_all(col("text"), r"\w+"), " ").alias("words"))
+    words = words.with_column("tokens", F.regexp_count(col("words"), r"\S+")).collect()  # once, for the passes below
+    run = r"\S+" + r" \S+" * (size - 1)
+    shingles = words.where(col("tokens") <= size).select(col("id"), col("words").alias("shingle"))
+    for skip in range(size):
+        start = col("words") if skip == 0 else F.regexp_replace(col("words"), r"^(?:\S+ ){%d}" % skip, "")
+        taken = words.where(col("tokens") > size).select(col("id"), F.explode(F.regexp_extract_all(start, run)).alias("shingle"))
+        shingles = shingles.concat(taken.where(col("shingle").not_null()))
+    hashed = shingles.select(col("id"), _fmix(_u32(F.bitwise_and(F.hash(col("shingle"), hash_function="sha1"), _u64(MASK)))).alias("h"))
+    a, b = permutations(config.num_perm, seed)  # in uint32, whose products wrap modulo 2^32 as datasketch's do
+    permuted = hashed.select(col("id"), *[(col("h") * _u32(int(a[i])) + _u32(int(b[i]))).alias(f"p{i}") for i in range(config.num_perm)])
+    return permuted.groupby("id").agg(*[col(f"p{i}").min() for i in range(config.num_perm)])
+
+
+def _swept(groups: Sequence[Sequence[Any]]) -> set[Any]:
+    """The ids removed when documents are visited in id order and each one that shares a group with a kept one goes."""
+    member_of: dict[Any, list[int]] = {}
+    for index, ids in enumerate(groups):
+        for document in ids:
+            member_of.setdefault(document, []).append(index)
+    kept_in: set[int] = set()
+    removed = set()
+    for document in sorted(member_of):
+        if any(group in kept_in for group in member_of[document]):
+            removed.add(document)
+        else:
+            kept_in.update(member_of[document])
+    return removed
+
+
+def _u64(value: int) -> Any:
+    import daft
+
+    return daft.lit(value).cast(daft.DataType.uint64())
+
+
+def _u32(value: Any) -> Any:
+    """An expression or a number as uint32 (an expression's value must fit)."""
+    import daft
+
+    return (value if isinstance(value, daft.Expression) else daft.lit(value)).cast(daft.DataType.uint32())
+
+
+def _fmix(h: Any) -> Any:
+    import daft.functions as F
+
+    for shift, multiplier in FMIX:
+        h = F.bitwise_xor(h, F.shift_right(h, _u32(shift)))
+        if multiplier is not None:
+            h = h * _u32(multiplier)
+    return h

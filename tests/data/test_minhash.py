@@ -1,0 +1,67 @@
+"""Near dedup on Daft against datasketch, the reference: the same signatures value for value, the same documents
+removed as datasketch's LSH visited in id order, whatever the number of partitions."""
+
+import json
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from datasketch import MinHash
+
+from factory.config.data_sections import DedupConfig
+from factory.data.dedup import reference_near_duplicates, shingles
+from factory.data.minhash import near_duplicates, signatures
+from tests.data.conftest import documents
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+REPO = Path(__file__).resolve().parents[2]
+EDGES = {"empty.py": "", "one.py": "x", "short.py": "a b c", "five.py": "one two three four five", "six.py": "1 2 3 4 5 6",
+         "unicode.py": "def grüße(naïve, 東京):\n    return naïve + 東京  # ünïcode wörds\n", "spaces.py": "\t a  =\n\n b(c)\r\n"}
+
+
+def corpus() -> dict[str, str]:
+    """Real files of the standard library, each fifth one again under another name with one line changed."""
+    paths = sorted((STDLIB / "json").rglob("*.py")) + sorted((STDLIB / "email").rglob("*.py"))
+    texts = {str(path.relative_to(STDLIB)): path.read_text(errors="replace") for path in paths}
+    for name, text in list(texts.items())[::5]:
+        lines = text.splitlines(keepends=True)
+        lines[len(lines) // 2] = "changed = True\n"
+        texts[f"copies/{name}"] = "".join(lines)
+    return texts
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_the_engines_signatures_are_datasketchs_value_for_value(tokens):
+    table = documents("code", {**corpus(), **EDGES})
+    config = DedupConfig(num_perm=32, shingle_tokens=tokens)
+    signed = signatures(table, config, seed=7)
+    for document, text in zip(table["id"].to_pylist(), table["text"].to_pylist(), strict=True):
+        sketch = MinHash(num_perm=32, seed=7)
+        sketch.update_batch(shingles(text, tokens))
+        assert signed[document] == sketch.hashvalues.tolist(), text[:200]
+
+
+ON_THREADS = """
+import json, sys
+import daft
+daft.set_runner_native(num_threads=int(sys.argv[1]))
+daft.set_execution_config(default_morsel_size=256)  # many small batches, finished in whatever order the threads go
+from factory.config.data_sections import DedupConfig
+from factory.data.minhash import near_duplicates
+from tests.data.conftest import documents
+from tests.data.test_minhash import EDGES, corpus
+print(json.dumps(sorted(near_duplicates(documents("code", {**corpus(), **EDGES}), DedupConfig(near_threshold=0.7), 0))))
+"""
+
+
+def test_near_dedup_removes_what_datasketchs_lsh_removes_on_1_2_and_4_threads():
+    table = documents("code", {**corpus(), **EDGES})
+    expected = reference_near_duplicates(table, DedupConfig(near_threshold=0.7), seed=0)
+    assert len(expected) >= 5, "the corpus has near duplicates to find"
+    assert near_duplicates(table, DedupConfig(near_threshold=0.7), 0) == expected
+    for threads in (1, 2, 4):
+        run = subprocess.run([sys.executable, "-c", ON_THREADS, str(threads)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert set(json.loads(run.stdout)) == expected, threads
