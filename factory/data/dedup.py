@@ -1,8 +1,9 @@
 """Duplicate removal: exact (same sha256) then near (MinHash LSH over word shingles), keeping the first document in id order.
 
 Documents are visited in id order and a near-duplicate is dropped only when it matches a document
-already kept, so the result depends on the input, the config and the seed alone. Near dedup runs on
-Daft (`factory.data.minhash`), with datasketch's signatures and bands.
+already kept, so the result depends on the input, the config and the seed alone. Both run on Daft:
+exact dedup as a group-by of the sha256, near dedup in `factory.data.minhash`, with datasketch's
+signatures and bands.
 """
 
 from __future__ import annotations
@@ -67,14 +68,13 @@ def reference_near_duplicates(documents: pa.Table, config: DedupConfig, seed: in
     return removed
 
 
-def first_of_each_digest(digests: list[str]) -> list[bool]:
-    """Mask keeping the first row of each digest."""
-    seen: set[str] = set()
-    keep = []
-    for digest in digests:
-        keep.append(digest not in seen)
-        seen.add(digest)
-    return keep
+def exact_firsts(documents: pa.Table) -> set[str]:
+    """The id of the first document in id order of each sha256, grouped by Daft (ids are hex: their order is the same
+    everywhere)."""
+    import daft
+
+    firsts = daft.from_arrow(documents.select(["id", "sha256"])).groupby("sha256").agg(daft.col("id").min())
+    return set(firsts.to_pydict()["id"])
 
 
 def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: logging.Logger) -> DedupResult:
@@ -82,7 +82,8 @@ def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: loggin
     table = documents.sort_by("id")
     rows_in = table.num_rows
     if config.exact:
-        table = table.filter(pa.array(first_of_each_digest(table["sha256"].to_pylist()), pa.bool_()))
+        kept = exact_firsts(table)
+        table = table.filter(pa.array([document in kept for document in table["id"].to_pylist()], pa.bool_()))
     exact_removed = rows_in - table.num_rows
     if config.near_threshold is not None and table.num_rows:
         removed = near_duplicates(table, config, seed)

@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from factory.atomic import write_atomic
 from factory.launch.local import ERROR_FILE_ENV
@@ -20,16 +21,40 @@ from factory.launch.local import ERROR_FILE_ENV
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+_stopping = False
+"""Whether a stop signal came and its KeyboardInterrupt is on its way out."""
+
+
 def stop_on_signals() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, once: a repeat while the stage unwinds is ignored."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt, once: a repeat while the stage unwinds is ignored. One that lands in a
+    finalizer (a weakref callback or `__del__`, run by the garbage collector anywhere), where Python prints it and drops
+    it, is raised again where the stage runs, so the stage still stops."""
     for number in STOP_SIGNALS:
         signal.signal(number, _interrupt)
+    sys.unraisablehook = _redeliver
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    for number in STOP_SIGNALS:
-        signal.signal(number, signal.SIG_IGN)
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise KeyboardInterrupt
+
+
+REDELIVER_AFTER_S = 0.01
+"""How long after a finalizer dropped the interrupt it is raised again: the finalizer has returned by then (one that has
+not drops it again, and it comes back again)."""
+
+
+def _redeliver(unraisable: Any) -> None:
+    global _stopping
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _stopping:
+        _stopping = False
+        signal.signal(signal.SIGALRM, _interrupt)  # a real signal: it also ends a sleep or a wait the stage is in
+        signal.setitimer(signal.ITIMER_REAL, REDELIVER_AFTER_S)
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def say_error(message: str) -> None:
