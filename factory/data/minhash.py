@@ -9,7 +9,7 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
   taken in `shingle_tokens` passes, each starting one token later;
 - each shingle's hash is the low 32 bits of its sha1 (datasketch's `sha1_hash32`), mixed with MurmurHash3's 32-bit
   finalizer; per permutation `(a, b)` the signature is the minimum of `(a * h + b) mod 2^32` over the shingles, in
-  64-bit integers masked to 32 bits;
+  uint32, whose products wrap modulo 2^32 as datasketch's do;
 - a band is `r` consecutive signature values; documents whose band is equal collide. Grouping by the values
   themselves (not a hash of them) keeps that exact.
 
