@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
+
 from factory.config.data_sections import DedupConfig
 from factory.data.minhash import near_duplicates
 
@@ -77,17 +79,21 @@ def exact_firsts(documents: pa.Table) -> set[str]:
     return set(firsts.to_pydict()["id"])
 
 
+def _rows_whose_id(table: pa.Table, keep: Callable[[str], bool]) -> pa.Table:
+    return table.filter(pa.array([keep(document) for document in table["id"].to_pylist()], pa.bool_()))
+
+
 def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: logging.Logger) -> DedupResult:
     """Drop exact then near duplicates, keeping the first document in id order of each group."""
     table = documents.sort_by("id")
     rows_in = table.num_rows
     if config.exact:
         kept = exact_firsts(table)
-        table = table.filter(pa.array([document in kept for document in table["id"].to_pylist()], pa.bool_()))
+        table = _rows_whose_id(table, lambda document: document in kept)
     exact_removed = rows_in - table.num_rows
     if config.near_threshold is not None and table.num_rows:
         removed = near_duplicates(table, config, seed)
-        table = table.filter(pa.array([document not in removed for document in table["id"].to_pylist()], pa.bool_()))
+        table = _rows_whose_id(table, lambda document: document not in removed)
     near_removed = rows_in - exact_removed - table.num_rows
     result = DedupResult(documents=table, rows_in=rows_in, exact_removed=exact_removed, near_removed=near_removed)
     log.info(
