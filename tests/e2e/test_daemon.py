@@ -42,10 +42,11 @@ data:
   validation_percent: 10
 tokenizer: {{vocab_size: {vocab}, min_frequency: 2, sample_bytes: 200000}}
 model: {{n_layer: 1, n_head: 2, n_embd: 32, context: 32}}
-pretrain: {{steps: 20, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 10, keep_last: 2, log_every: 10}}
+pretrain: {{steps: 300, batch_size: 4, lr: {lr}, warmup_steps: 2, checkpoint_every: 150, keep_last: 2, log_every: 50}}
 eval: null
 ---
-One thin layer on a copy of the json package, not evaluated: the daemon's runs are what is tested.
+One thin layer on a copy of the json package, not evaluated: the daemon's runs are what is tested. Its training lasts a
+few seconds, so that trainings the daemon starts side by side meet at the pool's one slot (their stages start warm).
 """
 DATA_STAGES = {"raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer"}
 FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
