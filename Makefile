@@ -120,6 +120,7 @@ bench: setup sandbox
 	$(BIN)/python bench/podium.py
 	$(BIN)/python bench/generate.py
 	$(BIN)/python bench/humaneval.py
+	$(BIN)/python bench/gpu.py
 	$(BIN)/python bench/store_clients.py
 	$(BIN)/python bench/data.py
 

@@ -159,7 +159,7 @@ def base_links(base: Base, registry: ArtifactStore) -> dict[str, MetadataValue]:
 def placement_of(experiment: Experiment, kind: str) -> dict:
     """How many ranks the stage process runs as, and the stage-specific placement it is told."""
     where = placement(experiment, kind)
-    return {"processes": where.processes, "nodes": where.nodes, "placement": dict(where.roles)}
+    return {"processes": where.processes, "nodes": where.nodes, "placement": dict(where.roles), "gpus": where.gpus}
 
 
 def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Provenance) -> dict:

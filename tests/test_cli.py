@@ -246,10 +246,10 @@ def test_plan_shows_where_each_training_stage_runs_and_how_its_ranks_share_the_m
                            text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
     assert shown.returncode == 0, shown.stderr
     [row] = [line for line in shown.stdout.splitlines() if "│ pretrain " in line]
-    assert "1 node × 2 processes, fsdp, activation checkpointing selective" in row
+    assert "1 node × 2 processes, cpu, fsdp, activation checkpointing selective" in row
     assert not any("node" in line for line in shown.stdout.splitlines() if "│ tokenizer " in line), "a data stage has no ranks"
     plan = json.loads(factory("plan", str(tiny_path), "--root", str(tmp_path / "state"), "--json").stdout)
-    assert {s["kind"]: s["placement"] for s in plan["stages"]}["pretrain"] == {"nodes": 1, "processes": 1, "parallelism": "ddp"}
+    assert {s["kind"]: s["placement"] for s in plan["stages"]}["pretrain"] == {"nodes": 1, "processes": 1, "device": "cpu", "parallelism": "ddp"}
 
 
 def test_data_batch_of_a_sweep_takes_a_variant_by_name(tiny_path, tmp_path):

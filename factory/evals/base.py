@@ -27,7 +27,8 @@ class EvalInputs:
     """What a benchmark may use: the model under test, its tokenizer and the held-out data."""
 
     model: nn.Module
-    """The checkpoint's model, in eval mode on the CPU; `model(idx)` gives logits (batch, time, vocab)."""
+    """The checkpoint's model, in eval mode on the device its batch was given (`factory.devices`: a GPU when the machine
+    has one, else the CPU); `model(idx)` gives logits (batch, time, vocab). Inputs go to `factory.devices.device_of(model)`."""
     tokenizer: Tokenizer
     eos_id: int
     context: int

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 from tokenizers import Tokenizer
 
+from factory.devices import device_of
 from factory.errors import ConfigError
 
 
@@ -48,11 +49,13 @@ def bits_per_byte(model: nn.Module, tokens: torch.Tensor, byte_lengths: Sequence
     pad = windows * context - len(inputs)
     x = F.pad(inputs, (0, pad)).view(windows, context)
     y = F.pad(targets, (0, pad), value=-100).view(windows, context)
-    nats = 0.0
+    device = device_of(model)
+    nats = torch.zeros((), dtype=torch.float64, device=device)  # summed where the logits are: one read at the end
     for start in range(0, windows, batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
         logits = model(xb)
-        nats += F.cross_entropy(logits.reshape(-1, logits.size(-1)), yb.reshape(-1), ignore_index=-100, reduction="sum").item()
+        nats += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), yb.reshape(-1), ignore_index=-100, reduction="sum")
+    nats = float(nats)
     covered = int(lengths[targets].sum())
     if covered == 0:
         raise ConfigError("the validation tokens cover no bytes: raise eval.max_bytes or widen the data")

@@ -25,6 +25,8 @@ FIGSIZE_IN = (8.0, 4.0)
 DPI = 100
 LOSS_COLOUR = "#1f77b4"
 EVAL_LOSS_COLOUR = "#d62728"
+MFU_COLOUR = "#2ca02c"
+"""Model FLOPs utilisation, on the right axis of the training plot (runs on GPUs)."""
 BEST_COLOUR = "#ffbf00"
 RL_CURVES = {"reward_mean": "mean reward", "pass_rate": "pass rate", "format_rate": "well-formed answers"}
 SERIES_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -110,6 +112,11 @@ def plot_training(rows: Sequence[Mapping[str, Any]], *, log_scale: bool = False)
         ax.yaxis.set_major_formatter("{x:g}")  # 3 and 4, not 3x10^0
         ax.yaxis.set_minor_formatter("{x:g}")
     ax.set(xlabel="step", ylabel="loss", title="Training loss" + (" (log scale)" if log_scale else ""))
+    if mfu := _series(rows, "mfu"):  # rows of a run on GPUs whose peak is known
+        ax.plot([], [], color=MFU_COLOUR, linewidth=1.2, linestyle="--", label="MFU (right axis)")  # in the legend
+        right = ax.twinx()
+        right.plot([step for step, _ in mfu], [100 * value for _, value in mfu], color=MFU_COLOUR, linewidth=1.2, linestyle="--")
+        right.set_ylabel("MFU (%)")
     return _png(ax)
 
 

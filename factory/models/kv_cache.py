@@ -37,12 +37,18 @@ class LayerCache:
     def update(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this chunk's keys and values (batch, heads, time, width); returns all of them so far (batch, heads, end, width)."""
         start, end = self._cache.start, self._cache.end
-        if keys.size(2) != end - start:
-            raise ValueError(f"the chunk has {keys.size(2)} positions but the cache was fed {end - start}")
         if self._keys is None or self._values is None:
             batch, heads, _, width = keys.shape
-            self._keys = keys.new_empty(batch, heads, self._cache.capacity, width)
-            self._values = values.new_empty(batch, heads, self._cache.capacity, values.size(-1))
+            # Zeros, not garbage: a static decode attends over every slot, and a masked slot's weight 0 times NaN is NaN.
+            make = keys.new_zeros if self._cache.static else keys.new_empty
+            self._keys = make(batch, heads, self._cache.capacity, width)
+            self._values = make(batch, heads, self._cache.capacity, values.size(-1))
+        if self._cache.decoding:  # one token per row, at the slot a tensor holds: the same kernels every step
+            self._keys.index_copy_(2, self._cache.slot, keys)
+            self._values.index_copy_(2, self._cache.slot, values)
+            return self._keys, self._values
+        if keys.size(2) != end - start:
+            raise ValueError(f"the chunk has {keys.size(2)} positions but the cache was fed {end - start}")
         self._keys[:, :, start:end] = keys
         self._values[:, :, start:end] = values
         return self._keys[:, :, :end], self._values[:, :, :end]
@@ -51,8 +57,15 @@ class LayerCache:
 class KVCache:
     """Keys and values of every attention layer for `batch` rows, up to `capacity` positions each."""
 
-    def __init__(self, batch: int, capacity: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, batch: int, capacity: int, device: torch.device | str = "cpu", static: bool = False) -> None:
         self.capacity = capacity
+        self.static = static
+        """Static shapes: after the prompts, every step attends over all `capacity` slots (see `decode_step`)."""
+        self.decoding = False
+        """Whether `decode_step` has begun (static caches only): each layer then writes at `slot`."""
+        self.slot = torch.zeros(1, dtype=torch.int64, device=device)
+        """Where a static decode step writes its token (a tensor, so that a captured CUDA graph reads it anew each replay)."""
+        self._slots = torch.arange(capacity, device=device)
         self.start = 0
         """Where the current chunk begins."""
         self.end = 0
@@ -86,6 +99,34 @@ class KVCache:
         causal = slots.unsqueeze(0) <= queries  # (time, end)
         # A padding slot attends to itself, so that no query row is all masked (which would give NaN).
         self.mask = ((self._valid[:, None, : self.end] & causal) | (slots == queries)).unsqueeze(1)
+        self.slot.fill_(self.end)
+
+    def decode_step(self) -> None:
+        """Announce one more real token per row on a static cache, with tensor operations alone: positions, the mask over
+        every slot, and the slot each layer writes, all on the cache's device, the same shapes every step. What a CUDA
+        graph of the decode step captures; call `advance` after the model ran."""
+        if not self.static:
+            raise ValueError("decode_step needs a cache made with static=True")
+        if self.end >= self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions, all of them used")
+        self.decoding = True
+        self._valid.index_fill_(1, self.slot, True)
+        self.positions = self._seen.view(-1, 1).clone()
+        self._seen.add_(1)
+        self.mask = (self._valid & (self._slots <= self.slot)).view(self._valid.size(0), 1, 1, self.capacity)
+
+    def advance(self) -> None:
+        """After a static decode step: the next one writes one slot further."""
+        self.slot.add_(1)
+
+    def state(self) -> tuple[torch.Tensor, ...]:
+        """Copies of what a decode step changes besides keys and values (a warm-up run before capturing a graph restores them)."""
+        return self.slot.clone(), self._seen.clone(), self._valid.clone()
+
+    def restore(self, state: tuple[torch.Tensor, ...]) -> None:
+        """Put back what `state` copied."""
+        for live, saved in zip((self.slot, self._seen, self._valid), state, strict=True):
+            live.copy_(saved)
 
 
 def supports_kv_cache(model: torch.nn.Module) -> bool:

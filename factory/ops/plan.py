@@ -2,7 +2,8 @@
 
 Stages whose upstream is not computed yet are planned with a placeholder digest derived from
 the upstream fingerprint, so two variants that share a stage show it once. A training stage (a kind with
-checkpoints) also shows where it runs: nodes x processes per node, and how its ranks share the model.
+checkpoints) also shows where it runs: nodes x processes per node, on the CPU or how many GPUs per node (`cpu`, `cuda x8`),
+and how its ranks share the model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from factory.config.schema import PretrainConfig
 from factory.config.sources import changed_files, source_files
 from factory.config.base_refs import ALIAS_PREFIX
 from factory.config.stages import BASE, PENDING, placement, stages_of
+from factory.devices import where as where_it_runs
 from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
@@ -76,7 +78,7 @@ def training_placement(experiment: Experiment, kind: str) -> dict[str, Any]:
     if not declared.checkpoints:
         return {}
     where = placement(experiment, kind)
-    shown: dict[str, Any] = {"nodes": where.nodes, "processes": where.processes, **where.roles}
+    shown: dict[str, Any] = {"nodes": where.nodes, "processes": where.processes, "device": where_it_runs(where.gpus), **where.roles}
     section = getattr(experiment, declared.section, None) if declared.section else None
     if isinstance(section, PretrainConfig):  # pretrain, sft, and a plugin's kind with a section of that type
         shown["parallelism"] = section.parallelism
@@ -86,16 +88,16 @@ def training_placement(experiment: Experiment, kind: str) -> dict[str, Any]:
 
 
 def describe_placement(shown: Mapping[str, Any]) -> str:
-    """`1 node × 2 processes, fsdp, activation checkpointing full` ('' for a stage without a training placement)."""
+    """`1 node × 2 processes, cuda x2, fsdp, activation checkpointing full` ('' for a stage without a training placement)."""
     if not shown:
         return ""
     nodes, processes = shown["nodes"], shown["processes"]
-    parts = [f"{nodes} node{'s' * (nodes != 1)} × {processes} process{'es' * (processes != 1)}"]
+    parts = [f"{nodes} node{'s' * (nodes != 1)} × {processes} process{'es' * (processes != 1)}", shown.get("device", "cpu")]
     if "parallelism" in shown:
         parts.append(shown["parallelism"])
     if "activation_checkpointing" in shown:
         parts.append(f"activation checkpointing {shown['activation_checkpointing']}")
-    said = {"nodes", "processes", "parallelism", "activation_checkpointing"}
+    said = {"nodes", "processes", "device", "parallelism", "activation_checkpointing"}
     return ", ".join([*parts, *(f"{key} {value}" for key, value in shown.items() if key not in said)])
 
 

@@ -24,6 +24,7 @@ import torch
 from factory.config.kinds import TOKENIZER, model_kind, provider
 from factory.config.schema import ModelConfig
 from factory.config.stages import TRAINING_STAGES
+from factory.devices import device_for
 from factory.errors import ArtifactError
 from factory.models.build import new_model
 from factory.models.generate import generate
@@ -200,7 +201,7 @@ class Generator:
         if not 1 <= new_tokens <= MAX_NEW_TOKENS:
             raise PodiumError(f"new tokens must be between 1 and {MAX_NEW_TOKENS}, not {new_tokens}")
         checked_temperature(temperature)
-        with self._lock:  # one generation at a time: the models share the CPU
+        with self._lock:  # one generation at a time: the models share the CPU (or the GPU)
             model, tokenizer = self._model(candidate)
             text = rendered(prompt, candidate.chat_template) if chat else prompt
             ids = tokenizer.encode(text).ids
@@ -225,7 +226,7 @@ class Generator:
             model.load_state_dict(state if candidate.exported else state["model"])
         except (ArtifactError, OSError, RuntimeError, ValueError, KeyError) as e:
             raise PodiumError(f"{candidate.label} cannot be loaded: {e}") from e
-        model.eval()
+        model.to(device_for(None)).eval()  # the machine Podium serves from: its GPU when it has one
         self._loaded[candidate.sha256] = (model, tokenizer)
         while len(self._loaded) > LOADED_MODELS:
             self._loaded.popitem(last=False)

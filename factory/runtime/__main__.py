@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from factory.config.kinds import registered_kinds
+from factory.devices import device_for
 from factory.errors import FactoryError
 from factory.podium.links import table_links
 from factory.registry.lease import abandoned
@@ -31,11 +32,13 @@ def run(request: StageRequest) -> None:
     Under torchrun every rank runs this: rank 0 holds the lease, decides whether the stage must
     run and tells the others; only rank 0 publishes and reports.
     """
-    world = world_from_env()
+    world = world_from_env(gpus=request.gpus)
     join(world, request.placement.get("backend"))
     try:
         with open_reporter(request.spec.kind) as reporter:
             if world.is_main:
+                if request.gpus:  # asked for GPUs: said once, in the stage's log, when the machine has none
+                    device_for(request.gpus, world.local_rank, reporter.log)
                 _run_main(request, reporter, world)
             elif broadcast(world, None) == "miss":
                 with tempfile.TemporaryDirectory(prefix="rank-") as scratch:

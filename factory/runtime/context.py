@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from factory.config.kinds import BLEND, provider, stage_kind
 from factory.config.section import Section
 from factory.registry.layout import BLEND_FILE
+from factory.train.distributed import World, world_from_env
 from factory.train.records import SAVED, CheckpointEvent
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ class StageContext:
     @property
     def log(self) -> logging.Logger:
         return self.reporter.log
+
+    @property
+    def world(self) -> World:
+        """This process's place among the stage's ranks, on the GPUs its placement gives it (`factory.devices`)."""
+        return world_from_env(gpus=self.request.gpus)
 
     @property
     def config(self) -> dict[str, Any]:

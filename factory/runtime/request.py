@@ -27,6 +27,8 @@ class StageRequest:
     """Machines to spread the ranks over (placement too); the local launcher has one."""
     placement: dict[str, Any] = field(default_factory=dict)
     """Stage-specific placement (RL: `learners` and `actors` ranks), never part of the fingerprint."""
+    gpus: int | None = None
+    """GPUs per node the stage may compute on (placement too; None: this machine's; see `factory.devices`)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
@@ -44,6 +46,7 @@ class StageRequest:
             "processes": self.processes,
             "nodes": self.nodes,
             "placement": self.placement,
+            "gpus": self.gpus,
         }
 
     def write(self, path: Path) -> Path:
@@ -64,6 +67,7 @@ class StageRequest:
                 processes=int(data.get("processes", 1)),
                 nodes=int(data.get("nodes", 1)),
                 placement=dict(data.get("placement", {})),
+                gpus=None if data.get("gpus") is None else int(data["gpus"]),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{path}: not a stage request ({e})") from e

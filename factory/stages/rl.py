@@ -47,11 +47,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
     """GRPO from the SFT model (or the pretrained one when there is no sft stage) on the train split's tasks."""
     from factory.post.rl import train_rl
     from factory.post.sft import read_tasks
+    from factory.devices import describe
     from factory.post.weightsync import roles_from
     from factory.stages.training import (
         carry_chat_template, final_weights, post_training_inputs, publish_checkpoints, starts_from, tracked_run, write_run,
     )
-    from factory.train.distributed import world_from_env
 
     model_config, tokenizer, eos_id, catalog = post_training_inputs(ctx)
     config = ctx.settings.rl
@@ -59,7 +59,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if len(rows) < config.prompts_per_step:
         raise ConfigError(f"{config.tasks} has {len(rows)} train tasks, fewer than rl.prompts_per_step ({config.prompts_per_step}): "
                           "lower it or generate more tasks")
-    world = world_from_env()
+    world = ctx.world
     learners, actors = (ctx.request.placement.get("learners", 1), ctx.request.placement.get("actors", 0)) if world.size > 1 else (1, 0)
     if learners + actors != world.size:
         raise ConfigError(f"rl asks for {learners} learner(s) and {actors} actor(s), but the stage was started with {world.size} ranks")
@@ -80,7 +80,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     last = {f"last_{key}": value for key, value in result.last.items() if key != "step"}
     return {
         "steps": result.steps, "started_from": start, "resumed_from_step": result.resumed_from, "learners": roles.learners,
-        "actors": roles.actors, "checkpoints": len(result.checkpoints), "parameters": result.parameters, "tracker_run": tracker.id,
+        "actors": roles.actors, "device": describe(world.device), "checkpoints": len(result.checkpoints), "parameters": result.parameters, "tracker_run": tracker.id,
         "tracker_url": tracker.url, "train_seconds": round(result.seconds, 2), "tasks": config.tasks, **last,
     }
 
@@ -90,7 +90,8 @@ RL = StageKind(
     plot=MetricsPlot(title="Reinforcement learning", file="rl.png", alt="RL rewards", curves="rewards"),
     checkpoints=True, placement=_placement, artifact=frozenset({"torch"}), extra_inputs=(POST_TRAINING_TASKS,),
     settings=RLSettings, fingerprint=_settings, tables=task_table("rl"),
-    imports=("factory.post.rl", "factory.post.sft", "factory.post.weightsync", "factory.stages.training", "factory.train.distributed"),
+    imports=("factory.devices", "factory.post.rl", "factory.post.sft", "factory.post.weightsync", "factory.stages.training",
+             "factory.train.distributed"),
     description="GRPO from code-execution feedback, starting from the SFT model: actors sample and score, learners "
                 "update; checkpoints are `checkpoints` partitions.",
 )

@@ -21,6 +21,7 @@ from factory.data.blend import Blend
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.loader import BlendStream
 from factory.data.tables import content_of
+from factory.devices import device_for
 from factory.errors import ArtifactError
 from factory.evals.base import EVALUATIONS
 from factory.evals.benchmarks import Benchmark, EvalInputs, benchmark
@@ -124,7 +125,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     tokenizer = load_tokenizer(tokenizer_file)
     model = new_model(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
-    model.eval()
+    model.to(device_for(None)).eval()  # an evaluation batch computes on its machine's (its pod's) GPU when it has one
     blend = Blend.from_json(json.loads((registry.open(spec.upstream[provider(BLEND).name]) / BLEND_FILE).read_text()))
 
     def validation_texts() -> Iterator[str]:

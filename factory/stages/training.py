@@ -33,7 +33,8 @@ from factory.runtime.context import StageContext
 from factory.runtime.progress import training_progress, wants_progress
 from factory.stages.trainer import FILTERED, TrainingInputs
 from factory.track.base import NullRun, TrackerRun, TrackingConfig, open_run
-from factory.train.distributed import World, world_from_env
+from factory.devices import describe
+from factory.train.distributed import World
 from factory.train.objective import NEXT_TOKEN, Objective, next_token_loss
 from factory.train.pretrain import (
     CHECKPOINT_DIR, CONTROL_FILE, METRICS_FILE, POSITIONS_FILE, TrainResult, last_logged_step, last_row, load_weights, pretrain,
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 
 ACTIVATION_FIGURES = ("activations_mb", "activations_saved_mb")
 """What one micro-batch's forward keeps for the backward, and what recomputation saves: from the metrics log into the summary."""
+DEVICE_FIGURES = ("mfu", "tokens_per_second_per_gpu")
+"""The last metrics row's utilisation on GPUs (`factory.train.utilisation`), in the stage summary."""
 
 
 def run_training_kind(ctx: StageContext) -> dict[str, Any]:
@@ -59,7 +62,7 @@ def run_training_kind(ctx: StageContext) -> dict[str, Any]:
     if start == FROM_HF and ctx.settings.model.from_hf is None and not kind.training.starts_from_model:
         start = ""  # a fresh model, initialised from the seed
     inputs = TrainingInputs(ctx=ctx, start=start, settings=ctx.settings, section=section, model=model_config, tokenizer=tokenizer, eos_id=eos_id,
-                            world=world_from_env(), log=ctx.log, rows=lambda dataset, columns: dataset_rows(ctx, catalog, dataset, columns))
+                            world=ctx.world, log=ctx.log, rows=lambda dataset, columns: dataset_rows(ctx, catalog, dataset, columns))
     source = resolve(kind.training.batches)(inputs)
     declared, frozen = kind.training.loss, kind.training.frozen
     if declared is None:
@@ -108,7 +111,7 @@ def train_stage(
     Training writes into the stage's work directory (it outlives a killed process); rank 0 then
     links the kept checkpoints and logs into the artifact.
     """
-    world = world_from_env()
+    world = ctx.world
     work = ctx.registry.work(ctx.request.spec.fingerprint)
     with tracked_run(ctx, world, work) as (tracker, report):
 
@@ -137,11 +140,12 @@ def train_stage(
         "checkpoints": len(result.checkpoints),
         "resumed_from_step": result.resumed_from,
         "ranks": world.size,
+        "device": describe(world.device),
         "tracker_run": tracker.id,
         "tracker_url": tracker.url,
         "train_seconds": round(result.seconds, 2),
         "tokens_per_second": round((result.tokens_seen / result.steps) * (result.steps - result.resumed_from) / max(result.seconds, 1e-9)),
-        **{key: value for key, value in last_row(work / METRICS_FILE).items() if key in ACTIVATION_FIGURES},
+        **{key: value for key, value in last_row(work / METRICS_FILE).items() if key in ACTIVATION_FIGURES or key in DEVICE_FIGURES},
         **control_summary(work / CONTROL_FILE, result, config.steps),
     }
 

@@ -24,6 +24,8 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    gpus: int | None = None
+    """GPUs per node the placement gives the stage (None: this machine's; see `factory.devices`)."""
 
     @property
     def is_main(self) -> bool:
@@ -32,19 +34,20 @@ class World:
 
     @property
     def device(self) -> torch.device:
-        """This rank's device: its GPU when there are GPUs, else the CPU."""
-        import torch
+        """This rank's device, by the one rule (`factory.devices.device_for`)."""
+        from factory.devices import device_for
 
-        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        return device_for(self.gpus, self.local_rank)
 
 
 SINGLE = World()
 
 
-def world_from_env(environ: Mapping[str, str] = os.environ) -> World:
-    """The world torchrun describes in the environment (a world of one without torchrun)."""
+def world_from_env(environ: Mapping[str, str] = os.environ, gpus: int | None = None) -> World:
+    """The world torchrun describes in the environment (a world of one without torchrun), on the `gpus` per node its
+    placement gives it."""
     size = int(environ.get("WORLD_SIZE", "1"))
-    return World(rank=int(environ.get("RANK", "0")), size=size, local_rank=int(environ.get("LOCAL_RANK", "0")))
+    return World(rank=int(environ.get("RANK", "0")), size=size, local_rank=int(environ.get("LOCAL_RANK", "0")), gpus=gpus)
 
 
 def join(world: World, backend: str | None = None) -> None:
@@ -56,7 +59,7 @@ def join(world: World, backend: str | None = None) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = backend or ("nccl" if world.device.type == "cuda" else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
         dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
@@ -94,13 +97,12 @@ def gather(world: World, value: Any) -> list[Any]:
     return values
 
 
-def total(world: World, value: float) -> float:
-    """The sum of `value` over the ranks."""
+def summed_over_ranks(world: World, tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of a tensor over the ranks, where it lies (on GPUs nothing waits for it: read it when the number is needed)."""
     if world.size == 1:
-        return value
-    import torch
+        return tensor
     import torch.distributed as dist
 
-    tensor = torch.tensor([value], dtype=torch.float64, device=world.device)
+    tensor = tensor.clone()
     dist.all_reduce(tensor)
-    return float(tensor.item())
+    return tensor

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,10 +43,74 @@ class Objective:
             raise ConfigError(f"objective {self.name!r} asks for frozen models {unknown}; known: {', '.join(FROZEN)}")
 
 
+CHUNK_ELEMENTS = 1 << 24
+"""Logits the loss widens to float32 at a time (64 MB): the rows of one chunk."""
+
+
+class _SummedCrossEntropy(torch.autograd.Function):
+    """Cross-entropy summed over the rows whose target is not PAD, computed a chunk of rows at a time in float32 (float64 for
+    float64 logits) from logits of any precision: neither pass holds a float32 copy of the whole logits tensor (bf16 logits
+    of a 32k vocabulary at batch 16 x 2048 would be 4.3 GB more). It keeps the logits it was given and each row's
+    log-sum-exp for the backward. On a GPU each chunk's passes are compiled into fused kernels that read the logits once
+    and write the gradient once, in the logits' precision (eager, the widening, max, exp and sums each go through memory)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        rows, forward = max(1, CHUNK_ELEMENTS // logits.size(-1)), _kernel(_chunk_forward, logits)
+        parts = [forward(logits[start : start + rows], targets[start : start + rows]) for start in range(0, logits.size(0), rows)]
+        lse = torch.cat([part[0] for part in parts])
+        ctx.save_for_backward(logits, targets, lse)
+        return torch.stack([part[1] for part in parts]).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        rows, backward = max(1, CHUNK_ELEMENTS // logits.size(-1)), _kernel(_chunk_backward, logits)
+        out = torch.empty_like(logits)
+        for start in range(0, logits.size(0), rows):
+            end = start + rows
+            out[start:end] = backward(logits[start:end], targets[start:end], lse[start:end], grad)
+        return out, None
+
+
+def _chunk_forward(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's log-sum-exp, and the chunk's summed loss, in at least float32."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    lse = torch.logsumexp(wide, dim=-1)
+    picked = wide.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return lse, ((lse - picked) * (targets != PAD)).sum()
+
+
+def _chunk_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """d loss / d logits of a chunk, in the logits' precision: (softmax - one-hot) times the upstream gradient, on the rows
+    that count."""
+    probs = torch.exp(logits.to(lse.dtype) - lse.unsqueeze(1))
+    target = torch.arange(logits.size(1), device=logits.device).unsqueeze(0) == targets.unsqueeze(1)
+    weight = (targets != PAD).to(lse.dtype) * grad
+    return ((probs - target.to(lse.dtype)) * weight.unsqueeze(1)).to(logits.dtype)
+
+
+_compiled: dict[Callable, Callable] = {}
+
+
+def _kernel(function: Callable, logits: torch.Tensor) -> Callable:
+    """`function` compiled (once per process) when the logits are on a GPU; as it is elsewhere."""
+    if logits.device.type != "cuda":
+        return function
+    if function not in _compiled:
+        _compiled[function] = torch.compile(function, fullgraph=True, dynamic=False)
+    return _compiled[function]
+
+
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy of `logits` (..., vocab) against `targets` (...), summed over the targets that are not PAD, in
+    float32 whatever the logits' precision, a chunk of rows at a time (see `_SummedCrossEntropy`)."""
+    return _SummedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
 def next_token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, frozen: Mapping[str, nn.Module]) -> torch.Tensor:
     """The next-token cross-entropy summed over the targets that are not PAD."""
-    logits = model(x)
-    return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum")
+    return summed_cross_entropy(model(x), y)
 
 
 NEXT_TOKEN = Objective(name="next-token", loss=next_token_loss)

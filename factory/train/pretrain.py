@@ -35,6 +35,7 @@ from factory.train.parallel import build_for_training, check_split, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.resume import resume
 from factory.train.step import activation_memory, gradients, memory_mb, validation_loss
+from factory.train.utilisation import Utilisation
 
 MetricSink = Callable[[int, dict[str, float]], None]
 StepSink = Callable[[int, float, float], None]
@@ -77,11 +78,13 @@ def lr_at(step: int, config: PretrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, config: PretrainConfig | RLConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms, biases); any training section with lr, betas, weight_decay."""
+    """AdamW with weight decay on matrices only (not on norms, biases); any training section with lr, betas, weight_decay.
+    On GPUs the fused implementation (one kernel for every parameter's update); on the CPU torch's default, as always."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)
+    fused = all(p.device.type == "cuda" for p in model.parameters())
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, **({"fused": True} if fused else {}))
 
 
 def precision_of(config: PretrainConfig, device: torch.device) -> torch.dtype | None:
@@ -174,6 +177,10 @@ def pretrain(
     logged_at, logged_tokens, logged_step = time.perf_counter(), tokens_seen, start
     loss_value = _last_logged_loss(work_dir / METRICS_FILE) if start == end else float("nan")
     steps_computed, eval_loss = 0, float("nan")
+    grad_norm = float("nan")
+    unread: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    """Steps whose loss and gradient norm are still on the device, unread."""
+    utilisation = Utilisation.of(model, model_config, world, log)
     activations: dict[str, float] | None = None
     network.train()
     step = start
@@ -220,8 +227,7 @@ def pretrain(
                 activations = activation_memory(model, batch, config, autocast, device, objective, frozen)
             want_samples = controller is not None and controller.wants_samples
             try:
-                loss_value, grad_norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples, objective,
-                                                               frozen)
+                loss, norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples, objective, frozen)
             except (torch.OutOfMemoryError, MemoryError) as e:
                 raise StageFailed(
                     f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower {section}.batch_size, raise grad_accum_steps "
@@ -229,27 +235,40 @@ def pretrain(
                 ) from e
             position, tokens_seen, done = batch.state, tokens_seen + batch.global_tokens, step + 1
             steps_computed += 1
+            logs = done % config.log_every == 0 or done == config.steps
+            unread.append((done, loss, norm))
+            # The numbers wait on the device until a rule (every step), a log row or a checkpoint needs them: one wait for all.
+            if controller is not None or logs or (config.checkpoint_every and done % config.checkpoint_every == 0):
+                read, unread = _read(unread), []
+                _, loss_value, grad_norm = read[-1]
+                if controller is None:  # no rule can drop an update: every step read so far was applied
+                    if bad := next(((at, value) for at, value, _ in read if not math.isfinite(value)), None):
+                        raise StageFailed(f"the training loss became {bad[1]} at step {bad[0]}; {_kept(checkpoints)}. Lower {section}.lr "
+                                          "or raise grad_clip")
+                    interval_losses += [value for _, value, _ in read]
             now = time.perf_counter()
             actions = controller.observe(Observation(
                 event="step_end", step=done, loss=loss_value, grad_norm=grad_norm, lr=lr, sample_losses=tuple(samples),
                 tokens_per_second=batch.global_tokens / max(now - step_started, 1e-9),
             )) if controller else None
             dropped = actions is not None and actions.drops_update
-            if not math.isfinite(loss_value) and not dropped:
+            if controller is not None and not math.isfinite(loss_value) and not dropped:
                 raise StageFailed(f"the training loss became {loss_value} at step {done}; {_kept(checkpoints)}. Lower {section}.lr or raise grad_clip")
             if not dropped:
                 optimizer.step()
-                interval_losses.append(loss_value)
+                if controller is not None:
+                    interval_losses.append(loss_value)
             record(actions, batch, samples)
-            if on_step is not None:
+            if on_step is not None:  # the loss last read: a bar does not make the GPU wait every step
                 on_step(done, loss_value, batch.global_tokens / max(now - step_started, 1e-9))
-            if done % config.log_every == 0 or done == config.steps:
+            if logs:
                 row = {
                     "step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
                     "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
                     "step_seconds": round((now - logged_at) / max(1, done - logged_step), 6),
                     **memory_mb(device),
                     **activations,
+                    **utilisation.row((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9)),
                 }
                 logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:
@@ -309,6 +328,12 @@ def pretrain(
         stopped_by=controller.stopped_by if controller else None,
         eval_loss=eval_loss,
     )
+
+
+def _read(unread: list[tuple[int, torch.Tensor, torch.Tensor]]) -> list[tuple[int, float, float]]:
+    """Each unread step's loss and gradient norm as numbers: one copy to the host for all of them."""
+    values = torch.stack([torch.stack([loss.double(), norm.double()]) for _, loss, norm in unread]).tolist()
+    return [(step, loss, norm) for (step, _, _), (loss, norm) in zip(unread, values, strict=True)]
 
 
 def _rewind(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoints: CheckpointDir, done: int, world: World, log: logging.Logger) -> int:

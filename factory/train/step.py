@@ -17,8 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 from factory.config.schema import PretrainConfig
 from factory.data.loader import PAD, Batch
 from factory.errors import ConfigError
-from factory.train.distributed import World, gather, total
-from factory.train.objective import NEXT_TOKEN, Objective
+from factory.train.distributed import World, gather, summed_over_ranks
+from factory.train.objective import NEXT_TOKEN, Objective, summed_cross_entropy
 from factory.train.parallel import recomputation_off
 
 
@@ -26,10 +26,11 @@ def gradients(
     network: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, config: PretrainConfig, world: World,
     autocast: torch.dtype | None, device: torch.device, want_samples: bool = False, objective: Objective = NEXT_TOKEN,
     frozen: Mapping[str, torch.nn.Module] | None = None,
-) -> tuple[float, float, list[float]]:
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Gradients of one step over this rank's slice, in `grad_accum_steps` micro-batches, clipped; returns the global mean
-    loss, the gradient norm before clipping, and (when asked) the mean token loss of every sequence of the global batch.
-    The caller applies the update (or, when a control rule says so, does not).
+    loss and the gradient norm before clipping, as 0-d tensors on `device` (nothing waits for the GPU: the caller reads
+    them when it needs the numbers), and (when asked) the mean token loss of every sequence of the global batch. The
+    caller applies the update (or, when a control rule says so, does not).
 
     Each micro-batch's loss is its summed loss (`objective`'s; per-sequence losses need the next-token one) over the
     global batch's `units` (times the world size, which gradient averaging across ranks divides out), so every rank
@@ -40,12 +41,12 @@ def gradients(
         raise ConfigError(f"each rank gets {batch.x.size(0)} sequences, fewer than pretrain.grad_accum_steps ({config.grad_accum_steps})")
     scale = world.size / max(1, batch.units)
     frozen = frozen or {}
-    summed = 0.0
+    summed = torch.zeros((), dtype=torch.float64, device=device)
     samples: list[float] = []
     optimizer.zero_grad(set_to_none=True)
+    xs, ys = to_device(batch.x, device), to_device(batch.y, device)
     for i in range(config.grad_accum_steps):
-        x = batch.x[i * micro : (i + 1) * micro].to(device)
-        y = batch.y[i * micro : (i + 1) * micro].to(device)
+        x, y = xs[i * micro : (i + 1) * micro], ys[i * micro : (i + 1) * micro]
         last = i == config.grad_accum_steps - 1
         sync = contextlib.nullcontext() if last or not isinstance(network, DistributedDataParallel) else network.no_sync()
         if isinstance(network, FSDPModule):  # reduce-scatter the gradients once, after the last micro-batch
@@ -61,13 +62,21 @@ def gradients(
             else:
                 loss_sum = objective.loss(network, x, y, frozen)
             (loss_sum * scale).backward()
-        summed += loss_sum.item()
+        summed += loss_sum.detach().double()
     grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
     if isinstance(grad_norm, DTensor):  # sharded parameters: the norm over all shards
         grad_norm = grad_norm.full_tensor()
     if want_samples and world.size > 1:
         samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
-    return total(world, summed) / max(1, batch.units), float(grad_norm), samples
+    return summed_over_ranks(world, summed) / max(1, batch.units), grad_norm.detach(), samples
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`: to a GPU from pinned memory without waiting (a copy from pageable memory would wait for every
+    kernel queued before it), elsewhere as it is."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def activation_memory(model: torch.nn.Module, batch: Batch, config: PretrainConfig, autocast: torch.dtype | None,
@@ -134,9 +143,8 @@ def validation_loss(model: torch.nn.Module, batches: Sequence[Batch], autocast: 
     summed, tokens = 0.0, 0
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         for batch in batches:
-            logits = model(batch.x.to(device))
             y = batch.y.to(device)
-            summed += F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1), ignore_index=PAD, reduction="sum").item()
+            summed += summed_cross_entropy(model(batch.x.to(device)), y).item()
             tokens += int((y != PAD).sum())
     model.train()
     return summed / max(1, tokens)

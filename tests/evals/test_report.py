@@ -15,6 +15,7 @@ from factory.evals.report import (
     BEST_COLOUR,
     EVAL_LOSS_COLOUR,
     LOSS_COLOUR,
+    MFU_COLOUR,
     SERIES_COLOURS,
     EvalPoint,
     ReportInputs,
@@ -101,6 +102,16 @@ def test_eval_loss_is_drawn_only_when_logged():
     assert matching(pixels(with_eval), EVAL_LOSS_COLOUR).sum() > 300
     rows = line_rows(with_eval, EVAL_LOSS_COLOUR)
     assert rows[-1] - rows[0] > 50
+
+
+def test_mfu_is_drawn_on_the_right_axis_only_when_the_rows_carry_it():
+    assert matching(pixels(plot_training(FALLING)), MFU_COLOUR).sum() == 0
+    on_gpu = [{**row, "mfu": 0.3 + 0.0005 * row["step"]} for row in FALLING]
+    image = pixels(plot_training(on_gpu))
+    rows, columns = plot_area(image)
+    assert matching(image[rows, columns], MFU_COLOUR).sum() > 200, "a dashed line across the plot"
+    rising = line_rows(plot_training(on_gpu), MFU_COLOUR)
+    assert rising[0] - rising[-1] > 100, "a rising MFU goes up the screen, on its own axis"
 
 
 def test_log_scale_bends_a_straight_falling_line():

@@ -55,6 +55,20 @@ def test_cached_greedy_is_the_uncached_path_batched_or_one_at_a_time(positions):
         assert max(abs(a - b) for a, b in zip(cached.logprobs, plain.logprobs, strict=True)) < 1e-4
 
 
+@pytest.mark.parametrize("positions", ["learned", "llama"])
+def test_the_static_decode_a_gpu_captures_as_a_graph_gives_the_same_tokens_on_the_cpu(positions):
+    """The static cache (attended over whole, under a mask; the slot a tensor) is the path a CUDA graph replays; here it
+    runs eagerly: the same greedy tokens as the uncached path, prompts of every length in one batch, past the context too."""
+    model = gpt(positions, seed=1)
+    expected = [reference_greedy(model, p, 16) for p in prompts()]
+    short = generate(model, prompts()[:5], Sampling(new_tokens=16), context=CONTEXT, static=True)  # 12 steps, then it slides
+    assert [list(c.tokens) for c in short] == expected[:5]
+    pairs = generate(model, prompts(), Sampling(new_tokens=16), context=CONTEXT, static=True, batch_size=2)
+    assert [list(c.tokens) for c in pairs] == expected
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a GPU"):
+        generate(model, prompts(), Sampling(new_tokens=2), context=CONTEXT, graphs=True)
+
+
 def test_left_padding_changes_nothing_in_small_batches_either():
     model = gpt("learned", seed=3)
     expected = [reference_greedy(model, p, 10) for p in prompts()]
@@ -153,3 +167,18 @@ def test_calls_that_cannot_be_served_say_why():
         Sampling(new_tokens=3, temperature=-1.0)
     with pytest.raises(ValueError, match="top_p"):
         Sampling(new_tokens=3, top_p=0.0)
+
+
+class OutOfMemory(nn.Module):
+    """A model whose forward runs out of GPU memory, as a batch too large for the card does."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_running_out_of_gpu_memory_says_which_setting_to_lower():
+    from factory.errors import StageFailed
+
+    with pytest.raises(StageFailed, match=r"out of GPU memory generating 3 prompt\(s\) in batches of 2 with 5 new tokens: lower the "
+                                          r"batch size \(eval.batch_size for evaluations"):
+        generate(OutOfMemory(), [[1], [2], [3]], Sampling(new_tokens=5), context=8, batch_size=2)

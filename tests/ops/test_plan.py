@@ -108,10 +108,15 @@ def test_training_stages_show_their_ranks_and_how_the_ranks_share_the_model(tmp_
                                                      "activation_checkpointing": "full"}),
     })
     plans = {p.kind: p for p in build_plan([experiment], ArtifactStore(tmp_path))}
-    assert plans["pretrain"].placement == {"nodes": 1, "processes": 2, "parallelism": "fsdp", "activation_checkpointing": "full"}
-    assert describe_placement(plans["pretrain"].placement) == "1 node × 2 processes, fsdp, activation checkpointing full"
-    assert plans["sft"].placement == {"nodes": 1, "processes": 2, "parallelism": "ddp"}, "no activation checkpointing: not said"
-    assert describe_placement(plans["sft"].placement) == "1 node × 2 processes, ddp"
-    assert describe_placement(plans["rl"].placement) == "1 node × 2 processes, learners 1, actors 1, backend gloo"
+    assert plans["pretrain"].placement == {"nodes": 1, "processes": 2, "device": "cpu", "parallelism": "fsdp", "activation_checkpointing": "full"}
+    assert describe_placement(plans["pretrain"].placement) == "1 node × 2 processes, cpu, fsdp, activation checkpointing full"
+    assert plans["sft"].placement == {"nodes": 1, "processes": 2, "device": "cpu", "parallelism": "ddp"}, "no activation checkpointing: not said"
+    assert describe_placement(plans["sft"].placement) == "1 node × 2 processes, cpu, ddp"
+    assert describe_placement(plans["rl"].placement) == "1 node × 2 processes, cpu, learners 1, actors 1, backend gloo"
     assert plans["tokenizer"].placement == {} and describe_placement(plans["tokenizer"].placement) == ""
     assert plans["pretrain"].to_json()["placement"]["parallelism"] == "fsdp"
+    on_gpus = experiment.model_copy(update={"resources": experiment.resources.model_copy(update={"gpus": 2})})
+    plans = {p.kind: p for p in build_plan([on_gpus], ArtifactStore(tmp_path))}
+    assert describe_placement(plans["pretrain"].placement) == "1 node × 2 processes, cuda x2, fsdp, activation checkpointing full"
+    assert describe_placement(plans["rl"].placement) == "1 node × 2 processes, cpu, learners 1, actors 1, backend gloo", \
+        "RL's ranks stay on the CPU"

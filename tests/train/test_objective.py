@@ -1,0 +1,37 @@
+"""The training loss: cross-entropy a chunk of rows at a time, equal to torch's in value and gradient."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from factory.data.loader import PAD
+from factory.train import objective
+from factory.train.objective import summed_cross_entropy
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 10])
+def test_the_chunked_loss_is_torchs_cross_entropy_in_value_and_gradient_whatever_the_chunk(monkeypatch, chunk_rows):
+    vocab = 16
+    monkeypatch.setattr(objective, "CHUNK_ELEMENTS", vocab * chunk_rows)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, vocab, dtype=torch.float64, generator=generator, requires_grad=True)
+    targets = torch.randint(0, vocab, (2, 5), generator=generator)
+    targets[:, ::3] = PAD
+    ours = summed_cross_entropy(logits, targets)
+    theirs = F.cross_entropy(logits.view(-1, vocab), targets.view(-1), ignore_index=PAD, reduction="sum")
+    assert torch.allclose(ours, theirs, rtol=1e-12)
+    [ours_grad], [their_grad] = torch.autograd.grad(3 * ours, logits), torch.autograd.grad(3 * theirs, logits)
+    assert torch.allclose(ours_grad, their_grad, rtol=1e-10, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda x: summed_cross_entropy(x, targets), (logits,))
+
+
+def test_low_precision_logits_are_summed_in_float32_and_get_gradients_of_their_own_precision():
+    generator = torch.Generator().manual_seed(1)
+    wide = torch.randn(40, 100, generator=generator)
+    targets = torch.randint(0, 100, (40,), generator=generator)
+    narrow = wide.bfloat16().requires_grad_()
+    loss = summed_cross_entropy(narrow, targets)
+    assert loss.dtype == torch.float32
+    assert torch.allclose(loss, F.cross_entropy(narrow.float(), targets, reduction="sum"), rtol=1e-6)
+    loss.backward()
+    assert narrow.grad.dtype == torch.bfloat16
