@@ -9,7 +9,7 @@ from factory import devices
 from factory.config.schema import ModelConfig
 from factory.devices import device_for, flops_per_token, peak_flops, where
 from factory.models.build import build_model
-from factory.train.distributed import World
+from factory.train.distributed import World, backend_for
 from factory.train.utilisation import Utilisation, lookup_parameters
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without GPUs does")
@@ -27,6 +27,13 @@ def test_a_stage_computes_on_the_gpus_its_placement_gives_it_and_a_local_run_wit
     [said] = [r.getMessage() for r in caplog.records]
     assert said == "resources.gpus asks for 2 GPU(s), but this machine has none: the stage runs on the CPU"
     assert World(gpus=0).device == torch.device("cpu")
+
+
+@needs_no_gpu
+def test_ranks_meet_over_gloo_on_the_cpu_even_where_the_placement_asked_for_nccl():
+    assert backend_for(World(rank=0, size=2, gpus=2), "nccl") == "gloo", "no GPUs here: NCCL cannot run"
+    assert backend_for(World(rank=0, size=2, gpus=0), None) == "gloo"
+    assert backend_for(World(rank=0, size=2, gpus=0), "gloo") == "gloo"
 
 
 def test_plan_names_a_placement_by_its_device():

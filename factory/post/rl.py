@@ -51,6 +51,7 @@ from factory.train.pretrain import build_optimizer, truncate_log
 from factory.train.records import CHECKPOINT_DIR
 
 MetricSink = Callable[[int, dict[str, float]], None]
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,13 +162,14 @@ def completion_logits(network: torch.nn.Module, group: Group) -> torch.Tensor:
 def train_rl(
     task_rows: list[dict], tokenizer: Tokenizer, eos_id: int, init: dict[str, torch.Tensor], model_config: ModelConfig,
     config: RLConfig, seed: int, roles: Roles, work_dir: Path, log: logging.Logger, on_metrics: MetricSink | None = None,
-    on_checkpoint: CheckpointSink | None = None,
+    on_checkpoint: CheckpointSink | None = None, device: torch.device = CPU,
 ) -> RLResult:
-    """Run (or resume) GRPO from `init`; checkpoints and metrics go to `work_dir` (learner 0 writes them and tells
-    `on_checkpoint` of each checkpoint saved and deleted)."""
+    """Run (or resume) GRPO from `init` on `device` (this rank's: learners train and actors sample there); checkpoints and
+    metrics go to `work_dir` (learner 0 writes them and tells `on_checkpoint` of each checkpoint saved and deleted)."""
     vocab = tokenizer.get_vocab_size()
     model = build_model(model_config, vocab, seed)
     model.load_state_dict(init)
+    model.to(device)
     reference = copy.deepcopy(model).eval() if roles.is_learner and config.kl > 0 else None
     torch.manual_seed(seed + roles.rank)
     sync = WeightSync(roles, list(model.named_parameters()))
@@ -192,7 +194,8 @@ def train_rl(
         truncate_log(work_dir / METRICS_FILE, start, inclusive=True)
     network = model
     if roles.is_learner and roles.learners > 1:
-        network = DistributedDataParallel(model, process_group=sync.learner_group)
+        network = DistributedDataParallel(model, process_group=sync.learner_group,
+                                          device_ids=[device.index] if device.type == "cuda" else None)
     stops = stop_tokens(tokenizer, eos_id)
     limits = Limits(cpu_s=max(1, int(config.sandbox_seconds)), wall_s=config.sandbox_seconds, memory_mb=128)
     sandbox = Sandbox(limits, workers=2) if roles.is_actor or not roles.actors else None
@@ -220,8 +223,12 @@ def train_rl(
             groups = [g for part in everyone if part for g in part]
         if roles.is_learner:
             per_learner = len(groups) // roles.learners
-            mine = groups[roles.rank * per_learner : (roles.rank + 1) * per_learner]
-            stats = _update(network, model, reference, optimizer, mine, config, step, roles, sync)
+            mine = [_on(group, device) for group in groups[roles.rank * per_learner : (roles.rank + 1) * per_learner]]
+            try:
+                stats = _update(network, model, reference, optimizer, mine, config, step, roles, sync)
+            except torch.OutOfMemoryError as e:
+                raise StageFailed(f"out of GPU memory in the RL update of step {step + 1}: lower rl.group_size, rl.prompts_per_step "
+                                  "or rl.max_new_tokens") from e
             row = _metrics(groups, stats, step - min(g.version for g in groups), sync_seconds, time.perf_counter() - step_started)
             window.append(row)
         done = step + 1
@@ -244,6 +251,14 @@ def train_rl(
         steps=config.steps, resumed_from=start, checkpoints=tuple(c.name for c in checkpoints.complete()) if main else (),
         parameters=count_parameters(model), seconds=time.perf_counter() - started, last=last,
     )
+
+
+def _on(group: Group, device: torch.device) -> Group:
+    """`group` with the tensors the update reads on `device` (groups travel between ranks on the host)."""
+    if device.type == "cpu":
+        return group
+    return dataclasses.replace(group, sequences=group.sequences.to(device), mask=group.mask.to(device),
+                               old_logp=group.old_logp.to(device), rewards=group.rewards.to(device))
 
 
 def push(sync: WeightSync, model: nn.Module, sampler_model: nn.Module, version: int) -> SyncStats:
@@ -311,7 +326,7 @@ def _update(
             first["grad_norm"] = float(norm)
     if roles.learners > 1:
         keys = sorted(first)
-        tensor = torch.tensor([first[k] for k in keys], dtype=torch.float64)
+        tensor = torch.tensor([first[k] for k in keys], dtype=torch.float64, device=next(model.parameters()).device)  # nccl: on the GPU
         dist.all_reduce(tensor, group=sync.learner_group)
         first = {k: float(v) / roles.learners for k, v in zip(keys, tensor.tolist(), strict=True)}
     return {**first, "lr": lr}

@@ -37,10 +37,13 @@ def _settings(experiment: Experiment) -> RLSettings:
 
 
 def _placement(experiment: Experiment) -> Placement:
-    """RL runs its learners and actors as ranks of one node, on the CPU over gloo (sampling and the sandbox dominate at
-    the sizes it serves today)."""
+    """RL runs its learners and actors as ranks of one node, each on a GPU of the `resources.gpus` it is given (rank r on
+    `cuda:r mod gpus`), else on the CPU. They meet over NCCL when every rank has a GPU of its own (the weights then go GPU
+    to GPU), and over gloo otherwise (on the CPU, or ranks that share GPUs: gloo moves CUDA tensors through the host)."""
     rl = experiment.rl
-    return Placement(processes=rl.learners + rl.actors, roles={"learners": rl.learners, "actors": rl.actors, "backend": "gloo"})
+    ranks, gpus = rl.learners + rl.actors, experiment.resources.gpus
+    return Placement(processes=ranks, roles={"learners": rl.learners, "actors": rl.actors, "backend": "nccl" if gpus >= ranks else "gloo"},
+                     gpus=gpus)
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -70,7 +73,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ctx.log.info("GRPO from the %s model on %d tasks: %d learner(s), %d actor(s)", start, len(rows), roles.learners, roles.actors)
     with tracked_run(ctx, world, work) as (tracker, report):
         result = train_rl(rows, tokenizer, eos_id, final_weights(ctx, start), model_config, config, ctx.settings.seed, roles, work,
-                          ctx.log, report, on_checkpoint=ctx.checkpoint)
+                          ctx.log, report, on_checkpoint=ctx.checkpoint, device=world.device)
     if not world.is_main:
         return {}
     publish_checkpoints(ctx, work, result.checkpoints)

@@ -51,18 +51,27 @@ def world_from_env(environ: Mapping[str, str] = os.environ, gpus: int | None = N
 
 
 def join(world: World, backend: str | None = None) -> None:
-    """Start the process group of a world of several ranks (no-op for one, or when already started): nccl on GPUs,
-    gloo on CPUs, or the `backend` a stage asks for (RL's ranks work on the CPU)."""
+    """Start the process group of a world of several ranks (no-op for one, or when already started), over
+    `backend_for(world, backend)`."""
     if world.size == 1:
         return
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = backend or ("nccl" if world.device.type == "cuda" else "gloo")
+        backend = backend_for(world, backend)
         if backend == "nccl":
             torch.cuda.set_device(world.local_rank)
         dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+
+
+def backend_for(world: World, asked: str | None) -> str:
+    """The backend a world's ranks meet over: what the stage asks for, else nccl on GPUs and gloo on CPUs; nccl asked for
+    on a machine without the GPUs becomes gloo (the ranks then compute on the CPU)."""
+    on_gpus = world.device.type == "cuda"
+    if asked == "nccl" and not on_gpus:
+        return "gloo"
+    return asked or ("nccl" if on_gpus else "gloo")
 
 
 def leave(world: World) -> None:

@@ -118,5 +118,5 @@ def test_training_stages_show_their_ranks_and_how_the_ranks_share_the_model(tmp_
     on_gpus = experiment.model_copy(update={"resources": experiment.resources.model_copy(update={"gpus": 2})})
     plans = {p.kind: p for p in build_plan([on_gpus], ArtifactStore(tmp_path))}
     assert describe_placement(plans["pretrain"].placement) == "1 node × 2 processes, cuda x2, fsdp, activation checkpointing full"
-    assert describe_placement(plans["rl"].placement) == "1 node × 2 processes, cpu, learners 1, actors 1, backend gloo", \
-        "RL's ranks stay on the CPU"
+    assert describe_placement(plans["rl"].placement) == "1 node × 2 processes, cuda x2, learners 1, actors 1, backend nccl", \
+        "a GPU per rank: NCCL"
