@@ -24,6 +24,7 @@ from factory.errors import ConfigError
 from factory.models.build import build_model
 from factory.train.distributed import World
 from factory.train.meta_init import build_on_meta, materialise
+from factory.train.objective import Minimised
 
 BLOCK_LISTS = ("blocks", "layers")
 """The attribute names a model's list of transformer blocks goes by."""
@@ -134,10 +135,11 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def wrap(model: nn.Module, config: PretrainConfig, world: World) -> nn.Module:
-    """The network the step loop calls: compiled when asked, under DDP on several ranks (FSDP shards `model` itself)."""
-    network = torch.compile(model) if config.compile else model
-    if world.size > 1 and not is_sharded(model):
+def wrap(minimised: Minimised, config: PretrainConfig, world: World) -> nn.Module:
+    """The network the step loop calls, `network(x, y)` giving the loss: the model and its loss (`Minimised`), compiled
+    together when asked, under DDP on several ranks (FSDP shards the model itself)."""
+    network = torch.compile(minimised) if config.compile else minimised
+    if world.size > 1 and not is_sharded(minimised.model):
         network = DistributedDataParallel(network)
     return network
 

@@ -30,7 +30,7 @@ from factory.train.checkpoint import CheckpointDir, CheckpointSink, RetentionPol
 from factory.train.control import Actions, Controller, Observation
 from factory.train.distributed import SINGLE, World, gather
 from factory.train.heap import keep_freed_memory
-from factory.train.objective import NEXT_TOKEN, Objective, frozen_models
+from factory.train.objective import NEXT_TOKEN, Minimised, Objective, frozen_models
 from factory.train.parallel import build_for_training, check_split, wrap
 from factory.train.records import CHECKPOINT_DIR
 from factory.train.resume import resume
@@ -170,7 +170,7 @@ def pretrain(
         truncate_log(work_dir / POSITIONS_FILE, start, inclusive=False)
         _keep_lines(work_dir / CONTROL_FILE, controller.records if controller else 0)
     autocast = precision_of(config, device)
-    network = wrap(model, config, world)
+    network = wrap(Minimised(model, objective, frozen), config, world)
     batches = data(position if start else None)
     started = time.perf_counter()
     interval_losses: list[float] = []
@@ -227,7 +227,7 @@ def pretrain(
                 activations = activation_memory(model, batch, config, autocast, device, objective, frozen)
             want_samples = controller is not None and controller.wants_samples
             try:
-                loss, norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples, objective, frozen)
+                loss, norm, samples = gradients(network, optimizer, batch, config, world, autocast, device, want_samples)
             except (torch.OutOfMemoryError, MemoryError) as e:
                 raise StageFailed(
                     f"out of memory at step {step + 1}; {_kept(checkpoints)}. Lower {section}.batch_size, raise grad_accum_steps "

@@ -18,29 +18,29 @@ from factory.config.schema import PretrainConfig
 from factory.data.loader import PAD, Batch
 from factory.errors import ConfigError
 from factory.train.distributed import World, gather, summed_over_ranks
-from factory.train.objective import NEXT_TOKEN, Objective, summed_cross_entropy
+from factory.train.objective import NEXT_TOKEN, Minimised, Objective, summed_cross_entropy
 from factory.train.parallel import recomputation_off
 
 
 def gradients(
     network: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, config: PretrainConfig, world: World,
-    autocast: torch.dtype | None, device: torch.device, want_samples: bool = False, objective: Objective = NEXT_TOKEN,
-    frozen: Mapping[str, torch.nn.Module] | None = None,
+    autocast: torch.dtype | None, device: torch.device, want_samples: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Gradients of one step over this rank's slice, in `grad_accum_steps` micro-batches, clipped; returns the global mean
     loss and the gradient norm before clipping, as 0-d tensors on `device` (nothing waits for the GPU: the caller reads
     them when it needs the numbers), and (when asked) the mean token loss of every sequence of the global batch. The
     caller applies the update (or, when a control rule says so, does not).
 
-    Each micro-batch's loss is its summed loss (`objective`'s; per-sequence losses need the next-token one) over the
-    global batch's `units` (times the world size, which gradient averaging across ranks divides out), so every rank
-    count and every accumulation split computes the same mean.
+    `network(x, y)` is the model and its objective (`factory.train.objective.Minimised`, maybe compiled, under DDP): each
+    micro-batch's loss is its summed loss (per-sequence losses need the next-token one) over the global batch's `units`
+    (times the world size, which gradient averaging across ranks divides out), so every rank count and every
+    accumulation split computes the same mean.
     """
     micro = batch.x.size(0) // config.grad_accum_steps
     if micro == 0:
         raise ConfigError(f"each rank gets {batch.x.size(0)} sequences, fewer than pretrain.grad_accum_steps ({config.grad_accum_steps})")
     scale = world.size / max(1, batch.units)
-    frozen = frozen or {}
+    sharded = _sharded(network)
     summed = torch.zeros((), dtype=torch.float64, device=device)
     samples: list[float] = []
     optimizer.zero_grad(set_to_none=True)
@@ -49,18 +49,16 @@ def gradients(
         x, y = xs[i * micro : (i + 1) * micro], ys[i * micro : (i + 1) * micro]
         last = i == config.grad_accum_steps - 1
         sync = contextlib.nullcontext() if last or not isinstance(network, DistributedDataParallel) else network.no_sync()
-        if isinstance(network, FSDPModule):  # reduce-scatter the gradients once, after the last micro-batch
-            network.set_requires_gradient_sync(last)
+        if sharded is not None:  # reduce-scatter the gradients once, after the last micro-batch
+            sharded.set_requires_gradient_sync(last)
         with sync, torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             if want_samples:
-                logits = network(x)
-                flat = logits.view(-1, logits.size(-1)).float()
-                token_losses = F.cross_entropy(flat, y.view(-1), ignore_index=PAD, reduction="none").view(y.shape)
+                token_losses = network(x, y, per_token=True)
                 loss_sum = token_losses.sum()
                 counts = (y != PAD).sum(dim=1).clamp(min=1)
                 samples += (token_losses.detach().sum(dim=1) / counts).tolist()
             else:
-                loss_sum = objective.loss(network, x, y, frozen)
+                loss_sum = network(x, y)
             (loss_sum * scale).backward()
         summed += loss_sum.detach().double()
     grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
@@ -69,6 +67,13 @@ def gradients(
     if want_samples and world.size > 1:
         samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
     return summed_over_ranks(world, summed) / max(1, batch.units), grad_norm.detach(), samples
+
+
+def _sharded(network: torch.nn.Module) -> FSDPModule | None:
+    """The FSDP-sharded model inside the network the loop calls (under compile and `Minimised`), or None."""
+    inner = getattr(network, "_orig_mod", network)  # torch.compile's wrapper
+    model = inner.model if isinstance(inner, Minimised) else inner
+    return model if isinstance(model, FSDPModule) else None
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -9,6 +9,11 @@ from factory.train import objective
 from factory.train.objective import summed_cross_entropy
 
 
+def chunked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The chunked path itself (`summed_cross_entropy` takes it for logits below float32)."""
+    return objective._SummedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 3, 10])
 def test_the_chunked_loss_is_torchs_cross_entropy_in_value_and_gradient_whatever_the_chunk(monkeypatch, chunk_rows):
     vocab = 16
@@ -17,12 +22,20 @@ def test_the_chunked_loss_is_torchs_cross_entropy_in_value_and_gradient_whatever
     logits = torch.randn(2, 5, vocab, dtype=torch.float64, generator=generator, requires_grad=True)
     targets = torch.randint(0, vocab, (2, 5), generator=generator)
     targets[:, ::3] = PAD
-    ours = summed_cross_entropy(logits, targets)
+    ours = chunked(logits, targets)
     theirs = F.cross_entropy(logits.view(-1, vocab), targets.view(-1), ignore_index=PAD, reduction="sum")
     assert torch.allclose(ours, theirs, rtol=1e-12)
     [ours_grad], [their_grad] = torch.autograd.grad(3 * ours, logits), torch.autograd.grad(3 * theirs, logits)
     assert torch.allclose(ours_grad, their_grad, rtol=1e-10, atol=1e-14)
-    assert torch.autograd.gradcheck(lambda x: summed_cross_entropy(x, targets), (logits,))
+    assert torch.autograd.gradcheck(lambda x: chunked(x, targets), (logits,))
+
+
+def test_float32_logits_take_torchs_own_kernel_bit_for_bit():
+    generator = torch.Generator().manual_seed(2)
+    logits, targets = torch.randn(3, 7, 50, generator=generator), torch.randint(0, 50, (3, 7), generator=generator)
+    targets[0, :2] = PAD
+    assert torch.equal(summed_cross_entropy(logits, targets),
+                       F.cross_entropy(logits.view(-1, 50), targets.view(-1), ignore_index=PAD, reduction="sum"))
 
 
 def test_low_precision_logits_are_summed_in_float32_and_get_gradients_of_their_own_precision():
