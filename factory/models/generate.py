@@ -210,9 +210,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]], sampling: Sampl
              use_cache: bool = True, graphs: bool | None = None, static: bool | None = None) -> list[Completion]:
     """One completion per prompt from `model` (see `TorchEngine`), in order, on the model's device."""
     try:
-        return TorchEngine(model, context, batch_size=batch_size, decode=decode, use_cache=use_cache, graphs=graphs,
-                           static=static).generate(
-            prompts, sampling, seeds)
+        engine = TorchEngine(model, context, batch_size=batch_size, decode=decode, use_cache=use_cache, graphs=graphs, static=static)
+        return engine.generate(prompts, sampling, seeds)
     except torch.OutOfMemoryError as e:
         raise StageFailed(f"out of GPU memory generating {len(prompts)} prompt(s) in batches of {batch_size} with {sampling.new_tokens} "
                           "new tokens: lower the batch size (eval.batch_size for evaluations, rl.group_size for RL) or the new "

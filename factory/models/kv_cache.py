@@ -17,6 +17,10 @@ How an architecture opts in (the GPT in `factory.models.gpt` is the worked examp
    then `scaled_dot_product_attention(q, k, v, attn_mask=cache.mask)` instead of `is_causal=True`
    (grouped-query attention: store the kv heads as they are, pass `enable_gqa=True`).
 
+5. On a GPU the generator makes the cache static (`static=True`): after the prompts, `update` writes each token at the
+   slot `cache.slot` holds and returns every slot, and `mask` covers them all; the decode step is then captured as a CUDA
+   graph, so the cached forward must not read tensors on the host (`.item()`, a Python branch on a tensor's value).
+
 The cache is a plain object beside the model, never a module buffer: a model's state dict (and so
 its checkpoints and exported bytes) is the same whether it has generated or not.
 """
