@@ -1,5 +1,6 @@
 """The one device rule, the peak table MFU divides by, and the utilisation figures of a metrics row."""
 
+import copy
 import logging
 
 import pytest
@@ -10,6 +11,7 @@ from factory.config.schema import ModelConfig
 from factory.devices import device_for, flops_per_token, peak_flops, where
 from factory.models.build import build_model
 from factory.train.distributed import World, backend_for
+from factory.train.parallel import implementation_here
 from factory.train.utilisation import Utilisation, lookup_parameters
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without GPUs does")
@@ -65,3 +67,24 @@ def test_a_metrics_row_on_a_gpu_carries_tokens_per_gpu_and_mfu_and_on_the_cpu_no
     assert on_two.row(400_000.0) == {"flops_per_token": 1_000_000_000, "tokens_per_second_per_gpu": 200_000.0, "mfu": 0.2}
     assert "mfu" not in Utilisation(flops_per_token=1e9, gpus=1, peak=None).row(1000.0), "an unknown GPU: no guess"
     assert Utilisation(flops_per_token=None).row(1000.0) == {}
+
+
+def test_a_checkpoint_written_with_fused_adamw_on_a_gpu_resumes_with_the_cpus_implementation():
+    """Resumed on the CPU, the run steps as an unbroken CPU run does (the checkpoint's `fused` flag would pick CPU-fused
+    AdamW, whose numbers differ)."""
+    generator = torch.Generator().manual_seed(0)
+    weights, grads = torch.randn(64, 64, generator=generator), [torch.randn(64, 64, generator=generator) for _ in range(2)]
+    unbroken = torch.nn.Parameter(weights.clone())
+    optimizer = torch.optim.AdamW([unbroken], lr=1e-2)
+    unbroken.grad = grads[0].clone()
+    optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())  # as read back from a file: nothing shared with the live optimizer
+    saved["param_groups"][0]["fused"] = True  # as a run on a GPU saves it
+    resumed = torch.nn.Parameter(unbroken.detach().clone())
+    here = torch.optim.AdamW([resumed], lr=1e-2)
+    here.load_state_dict({**saved, "param_groups": implementation_here(saved["param_groups"], here)})
+    assert here.param_groups[0]["fused"] is None
+    for parameter, step in ((unbroken, optimizer), (resumed, here)):
+        parameter.grad = grads[1].clone()
+        step.step()
+    assert torch.equal(unbroken, resumed)

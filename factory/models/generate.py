@@ -124,7 +124,7 @@ class TorchEngine:
         ids, valid = _left_padded([row.tokens for row in rows], self.device)
         cache.feed(valid)
         logits = self.model(ids, cache)[:, -1]
-        step_of = self._graphed(cache, len(rows)) if self.graphs else self._static_step(cache) if self.static else None
+        step_of: Callable[[torch.Tensor], torch.Tensor] | None = None  # made at the first decode step: there may be none
         used = width
         for step in range(sampling.new_tokens):
             active = [i for i, row in enumerate(rows) if row.finish is None]
@@ -132,6 +132,8 @@ class TorchEngine:
                 return
             if step > 0 and used < capacity:
                 last = torch.tensor([row.tokens[-1] for row in rows], dtype=torch.int64).view(-1, 1).to(self.device)
+                if self.static and step_of is None:
+                    step_of = self._graphed(cache, len(rows)) if self.graphs else self._static_step(cache)
                 if step_of is not None:
                     logits = step_of(last)
                 else:

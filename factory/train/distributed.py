@@ -26,6 +26,8 @@ class World:
     local_rank: int = 0
     gpus: int | None = None
     """GPUs per node the placement gives the stage (None: this machine's; see `factory.devices`)."""
+    local_size: int = 1
+    """Ranks on this node (torchrun's LOCAL_WORLD_SIZE)."""
 
     @property
     def is_main(self) -> bool:
@@ -47,7 +49,8 @@ def world_from_env(environ: Mapping[str, str] = os.environ, gpus: int | None = N
     """The world torchrun describes in the environment (a world of one without torchrun), on the `gpus` per node its
     placement gives it."""
     size = int(environ.get("WORLD_SIZE", "1"))
-    return World(rank=int(environ.get("RANK", "0")), size=size, local_rank=int(environ.get("LOCAL_RANK", "0")), gpus=gpus)
+    return World(rank=int(environ.get("RANK", "0")), size=size, local_rank=int(environ.get("LOCAL_RANK", "0")), gpus=gpus,
+                 local_size=int(environ.get("LOCAL_WORLD_SIZE", str(size))))
 
 
 def join(world: World, backend: str | None = None) -> None:
@@ -60,18 +63,27 @@ def join(world: World, backend: str | None = None) -> None:
 
     if not dist.is_initialized():
         backend = backend_for(world, backend)
-        if backend == "nccl":
-            torch.cuda.set_device(world.local_rank)
+        if world.device.type == "cuda":  # the rank's own GPU (the rule's), current for the collectives that allocate
+            torch.cuda.set_device(world.device)
         dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
 
 
 def backend_for(world: World, asked: str | None) -> str:
-    """The backend a world's ranks meet over: what the stage asks for, else nccl on GPUs and gloo on CPUs; nccl asked for
-    on a machine without the GPUs becomes gloo (the ranks then compute on the CPU)."""
-    on_gpus = world.device.type == "cuda"
-    if asked == "nccl" and not on_gpus:
+    """The backend a world's ranks meet over: what the stage asks for, else nccl where every rank of the node has a GPU of
+    its own and gloo otherwise. nccl asked for where ranks would share a GPU (fewer GPUs than ranks, or none: the ranks
+    then compute on the CPU) becomes gloo, which takes CPU and CUDA tensors alike."""
+    own_gpus = world.device.type == "cuda" and world.local_size <= _gpus_used(world)
+    if asked == "nccl" and not own_gpus:
         return "gloo"
-    return asked or ("nccl" if on_gpus else "gloo")
+    return asked or ("nccl" if own_gpus else "gloo")
+
+
+def _gpus_used(world: World) -> int:
+    """How many GPUs the ranks of a node spread over (`factory.devices.device_for`: rank r on `cuda:r mod` this)."""
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return available if world.gpus is None else min(world.gpus, available)
 
 
 def leave(world: World) -> None:

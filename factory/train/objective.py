@@ -99,7 +99,7 @@ def _kernel(function: Callable, logits: torch.Tensor) -> Callable:
     if logits.device.type != "cuda" or torch.compiler.is_compiling():
         return function
     if function not in _compiled:
-        _compiled[function] = torch.compile(function, fullgraph=True, dynamic=False)
+        _compiled[function] = torch.compile(function, fullgraph=True)  # a second shape (a last chunk) compiles a dynamic one
     return _compiled[function]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -154,10 +154,18 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[s
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optim = state["optimizer"]
     optimizer.load_state_dict({
-        "param_groups": optim["param_groups"],
+        "param_groups": implementation_here(optim["param_groups"], optimizer),
         "state": {index: {key: _like(value, params[index]) if _sharded_like(value, params[index]) else value for key, value in slots.items()}
                   for index, slots in optim["state"].items()},
     })
+
+
+def implementation_here(saved: Sequence[Mapping[str, Any]], optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """A checkpoint's optimizer param groups with `optimizer`'s own implementation (fused on GPUs, torch's default on the
+    CPU), so that a checkpoint resumes with the implementation of where it runs, not of where it was written (loading
+    places the step counters where that implementation keeps them)."""
+    return [{**group, **{key: live[key] for key in ("fused", "foreach") if key in live}}
+            for group, live in zip(saved, optimizer.param_groups, strict=True)]
 
 
 def check_shape(name: str, saved: Mapping[str, tuple[int, ...]], live: Mapping[str, tuple[int, ...]]) -> None:

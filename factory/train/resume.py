@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from factory.errors import ArtifactError, StageFailed
 from factory.train.checkpoint import CheckpointDir, checkpoint_digest, load_checkpoint
 from factory.train.distributed import World
-from factory.train.parallel import check_shape, restore
+from factory.train.parallel import check_shape, implementation_here, restore
 from factory.train.records import SavedCheckpoint
 
 MODEL, SLOTS = "model.", "optimizer.state."
@@ -87,5 +87,5 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
         dcp_load(target, storage_reader=FileSystemReader(path), planner=DefaultLoadPlanner(), no_dist=world.size == 1)
         _load_state_dict(rest, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys=others), no_dist=True)
     model.load_state_dict(target["model"])
-    optimizer.load_state_dict({"state": slots, "param_groups": rest.pop("optimizer")["param_groups"]})
+    optimizer.load_state_dict({"state": slots, "param_groups": implementation_here(rest.pop("optimizer")["param_groups"], optimizer)})
     return rest
