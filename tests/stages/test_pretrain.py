@@ -122,6 +122,7 @@ def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(t
     assert "written by 2 rank(s), this run has 1" in err and "reseeded" in err
     manifest = registry.lookup(fingerprint)
     assert manifest.summary["ranks"] == 1 and manifest.summary["steps"] == STEPS and manifest.summary["resumed_from_step"] >= EVERY
+    assert manifest.summary["device"] == "cpu", "the stage records where it computed"
 
     launch(pretrain_request(one, digests, reference_registry, tmp_path / "catalog", tmp_path / "reference.json"))
     reference = reference_registry.lookup(fingerprint)
