@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.schema import PretrainConfig
