@@ -16,6 +16,7 @@ import torch
 from factory.config import load, plan_stage
 from factory.config.stages import placement
 from factory.data.catalog import CatalogConfig
+from factory.devices import describe, device_for
 from factory.errors import StageFailed
 from factory.launch import LocalLauncher, stage_argv
 from factory.registry.layout import METRICS_FILE, POSITIONS_FILE
@@ -41,7 +42,7 @@ def pretrain_request(experiment, digests: dict[str, str], registry: ArtifactStor
     where = placement(experiment, "pretrain")
     request = StageRequest(spec=plan_stage(experiment, "pretrain", digests), registry=str(registry.root), catalog=CatalogConfig.local(catalog),
                            provenance=Provenance(experiment=experiment.name, config_hash="0" * 16, git_commit="test"),
-                           processes=where.processes, nodes=where.nodes, placement=dict(where.roles))
+                           processes=where.processes, nodes=where.nodes, placement=dict(where.roles), gpus=where.gpus)
     return request.write(path)
 
 
@@ -115,14 +116,18 @@ def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(t
     assert registry.lookup(fingerprint) is None and (registry.work_path(fingerprint) / "checkpoints").is_dir()
     capsys.readouterr()
 
-    launch(pretrain_request(one, digests, registry, tmp_path / "catalog", tmp_path / "one.json"))
+    # Resumed on one rank that asks for a GPU this machine does not have: said once, and run on the CPU.
+    on_a_gpu = one.model_copy(update={"resources": one.resources.model_copy(update={"gpus": 1})})
+    launch(pretrain_request(on_a_gpu, digests, registry, tmp_path / "catalog", tmp_path / "one.json"))
     err = capsys.readouterr().err
+    warned = err.count("resources.gpus asks for 1 GPU(s), but this machine has none: the stage runs on the CPU")
+    assert warned == (0 if torch.cuda.is_available() else 1), err[-3000:]
     resumed = (killed_at // EVERY) * EVERY
     assert f"resuming from step_{resumed:06d}" in err or f"resuming from step_{resumed - EVERY:06d}" in err, err[-3000:]
     assert "written by 2 rank(s), this run has 1" in err and "reseeded" in err
     manifest = registry.lookup(fingerprint)
     assert manifest.summary["ranks"] == 1 and manifest.summary["steps"] == STEPS and manifest.summary["resumed_from_step"] >= EVERY
-    assert manifest.summary["device"] == "cpu", "the stage records where it computed"
+    assert manifest.summary["device"] == describe(device_for(1)), "the stage records where it computed: the CPU here"
 
     launch(pretrain_request(one, digests, reference_registry, tmp_path / "catalog", tmp_path / "reference.json"))
     reference = reference_registry.lookup(fingerprint)
