@@ -45,18 +45,22 @@ def device_for(gpus: int | None, local_rank: int = 0, log: logging.Logger | None
     """The device rank `local_rank` of a node computes on, given the GPUs its placement gives the node (see the module)."""
     import torch
 
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus is None:
-        return torch.device("cuda", local_rank % available) if available else torch.device("cpu")
-    if gpus == 0:
-        return torch.device("cpu")
-    if available == 0:
-        if gpus not in _warned:
+    spread = gpus_used(gpus)
+    if spread == 0:
+        if gpus and gpus not in _warned:
             _warned.add(gpus)
             (log or logging.getLogger("factory")).warning(
                 "resources.gpus asks for %d GPU(s), but this machine has none: the stage runs on the CPU", gpus)
         return torch.device("cpu")
-    return torch.device("cuda", local_rank % min(gpus, available))
+    return torch.device("cuda", local_rank % spread)
+
+
+def gpus_used(gpus: int | None) -> int:
+    """How many of this machine's GPUs the ranks of a node spread over, given the placement's `gpus` (0: the CPU)."""
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return available if gpus is None else min(gpus, available)
 
 
 def where(gpus: int | None) -> str:

@@ -72,18 +72,12 @@ def backend_for(world: World, asked: str | None) -> str:
     """The backend a world's ranks meet over: what the stage asks for, else nccl where every rank of the node has a GPU of
     its own and gloo otherwise. nccl asked for where ranks would share a GPU (fewer GPUs than ranks, or none: the ranks
     then compute on the CPU) becomes gloo, which takes CPU and CUDA tensors alike."""
-    own_gpus = world.device.type == "cuda" and world.local_size <= _gpus_used(world)
+    from factory.devices import gpus_used
+
+    own_gpus = world.device.type == "cuda" and world.local_size <= gpus_used(world.gpus)
     if asked == "nccl" and not own_gpus:
         return "gloo"
     return asked or ("nccl" if own_gpus else "gloo")
-
-
-def _gpus_used(world: World) -> int:
-    """How many GPUs the ranks of a node spread over (`factory.devices.device_for`: rank r on `cuda:r mod` this)."""
-    import torch
-
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return available if world.gpus is None else min(world.gpus, available)
 
 
 def leave(world: World) -> None:

@@ -262,13 +262,14 @@ def pretrain(
             if on_step is not None:  # the loss last read: a bar does not make the GPU wait every step
                 on_step(done, loss_value, batch.global_tokens / max(now - step_started, 1e-9))
             if logs:
+                interval_speed = (tokens_seen - logged_tokens) / max(now - logged_at, 1e-9)
                 row = {
                     "step": done, "loss": round(loss_value, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
-                    "tokens_per_second": round((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9), 1),
+                    "tokens_per_second": round(interval_speed, 1),
                     "step_seconds": round((now - logged_at) / max(1, done - logged_step), 6),
                     **memory_mb(device),
                     **activations,
-                    **utilisation.row((tokens_seen - logged_tokens) / max(now - logged_at, 1e-9)),
+                    **utilisation.row(interval_speed),
                 }
                 logged_at, logged_tokens, logged_step = now, tokens_seen, done
                 if metrics_file:

@@ -16,6 +16,7 @@ from torch import nn
 
 from factory.config.schema import ModelConfig
 from factory.devices import flops_per_token, peak_flops
+from factory.models.build import count_parameters
 from factory.train.distributed import World
 
 
@@ -41,7 +42,7 @@ class Utilisation:
 
             log.warning("no bf16 peak is known for %s: metrics rows carry tokens/s per GPU and FLOPs per token, but no MFU "
                         "(add it to factory.devices.PEAK_BF16_TFLOPS)", torch.cuda.get_device_name(device))
-        per_token = flops_per_token(sum(p.numel() for p in model.parameters()), config.n_layer, config.n_embd, config.context,
+        per_token = flops_per_token(count_parameters(model), config.n_layer, config.n_embd, config.context,
                                     embedding=lookup_parameters(model))
         return cls(flops_per_token=per_token, gpus=world.size, peak=peak)
 
