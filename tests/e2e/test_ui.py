@@ -113,6 +113,9 @@ NUX_QUERY = "op=ShouldShowNux"
 NUX_DELAY_MS = 1_000
 """How long after that answer the UI waits before opening the dialog: the test moves the page's clock past it."""
 OVERLAY = ".bp5-overlay-backdrop, .bp5-dialog"
+ALL_CLICKS = 10
+ALL_CLICK_WAIT_MS = 6_000
+"""How often the backfill's `All` buttons are clicked, and how long the launch button is given each time to enable."""
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +144,17 @@ def browser_page(chromium, ui):
     yield page
     expect.set_options(timeout=None)  # Playwright's default again, for the modules after this one
     context.close()
+
+
+def wait_enabled(locator, timeout_ms: int) -> bool:
+    """Whether `locator` is enabled within `timeout_ms`."""
+    from playwright.sync_api import expect
+
+    try:
+        expect(locator).to_be_enabled(timeout=timeout_ms)
+    except AssertionError:
+        return False
+    return True
 
 
 def open_launch_dialog(page, ready) -> None:
@@ -225,12 +239,16 @@ def test_a_person_sees_the_lineage_materializes_a_partition_and_backfills_evalua
     page.goto("/assets/evaluations")
     launch = dialog.get_by_role("button", name="Launch backfill")
     open_launch_dialog(page, launch)
-    # One `All` per dimension (checkpoint, benchmark). The second renders once its partitions load: wait for both, or a
-    # loaded machine clicks only the first and the launch button stays disabled.
+    # One `All` per dimension (checkpoint, benchmark). The second renders once its partitions load: wait for both. `All`
+    # selects the keys the dimension has loaded when it is clicked (none yet, on a loaded machine, and the launch button
+    # stays disabled), so it is clicked again until both selections hold keys: selecting all twice selects all.
     all_keys = dialog.get_by_role("button", name="All", exact=True)
     expect(all_keys).to_have_count(2)
-    for button in all_keys.all():
-        button.click()
+    for _ in range(ALL_CLICKS):
+        for button in all_keys.all():
+            button.click()
+        if wait_enabled(launch, ALL_CLICK_WAIT_MS):
+            break
     expect(launch).to_be_enabled()
     launch.click()
     page.get_by_role("link", name="View", exact=True).first.click()
