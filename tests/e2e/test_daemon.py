@@ -84,9 +84,10 @@ class Factory:
                     for process in self.started_by_it():
                         if process.pid in seen:
                             continue
+                        parent = process.parent()  # None once the process has gone and been reaped
                         if "factory.runtime" in process.cmdline():
                             seen[process.pid] = "cold"
-                        elif "factory.launch.warm_server" in process.parent().cmdline():
+                        elif parent is not None and "factory.launch.warm_server" in parent.cmdline():
                             seen[process.pid] = "forked"
                 time.sleep(0.1)
 
