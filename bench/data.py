@@ -63,8 +63,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side is not None:
+        from factory.runtime.report import exit_now
+
         side(args.side, args.smoke, args.copies, args.out)
-        return
+        exit_now(0)  # as a stage ends: Daft's native threads can still be releasing Python objects while an interpreter finalizes (SIGABRT)
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         for name in SIDES:
