@@ -6,6 +6,10 @@ and `python -m moto.server` serves each request on a thread of its own: racing c
 one request handled at a time (a lock around it). `running_s3(parallel=True)` serves requests in parallel, as
 `python -m moto.server` does: for measuring throughput, where conditional writes do not race.
 
+Real S3 answers a conditional write that races another of the same key with 409 ConditionalRequestConflict, which moto
+never does: `S3Server.conflict(n)` makes the server answer the next `n` conditional PUTs so, writing nothing, as S3
+does for the write that lost the race.
+
 With `relay=True` the endpoint is a second process that relays connections to moto: `kill` SIGKILLs it (requests in
 flight are cut, new ones refused) and `restart` starts it again, and the objects written before are still there, as
 with a real store after an outage. `python tests/s3server.py` serves one until Ctrl-C and prints its endpoint.
@@ -31,6 +35,10 @@ from collections.abc import Iterator
 START_TIMEOUT_S = 30
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "factory-test", "AWS_SECRET_ACCESS_KEY": "factory-test-secret", "AWS_REGION": "us-east-1"}
 """Moto accepts any credentials; these are the ones the tests' clients send."""
+CONFLICTS_PATH = "/_factory/conflicts"
+"""POST a count here: the next that many conditional writes are answered 409 (`S3Server.conflict`)."""
+CONFLICT_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code><Message>A conflicting '
+                 b'conditional operation is currently in progress against this resource.</Message></Error>')
 
 
 def free_port() -> int:
@@ -67,6 +75,12 @@ class S3Server:
     def env(self) -> dict[str, str]:
         """The variables a client (or a process a test starts) needs to reach this server."""
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def conflict(self, count: int) -> None:
+        """The next `count` conditional writes (`If-None-Match`/`If-Match`) are answered 409 ConditionalRequestConflict
+        and write nothing (module docstring)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self._moto_port}{CONFLICTS_PATH}", data=str(count).encode(), method="POST")
+        urllib.request.urlopen(request, timeout=10).close()
 
     def kill(self) -> None:
         """The endpoint goes away at once (SIGKILL): requests in flight are cut, new ones refused. The objects stay."""
@@ -138,12 +152,28 @@ def _serve(port: int, parallel: bool) -> None:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
     moto = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
+    conflicts, counting = [0], threading.Lock()  # conditional writes still to answer 409
+
+    def with_conflicts(environ, start_response):
+        if environ["PATH_INFO"] == CONFLICTS_PATH:
+            with counting:
+                conflicts[0] = int(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
+            start_response("204 No Content", [])
+            return []
+        conditional = environ["REQUEST_METHOD"] == "PUT" and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ)
+        with counting:
+            if conditional and conflicts[0] > 0:
+                conflicts[0] -= 1
+                environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+                start_response("409 Conflict", [("Content-Type", "application/xml"), ("Content-Length", str(len(CONFLICT_BODY)))])
+                return [CONFLICT_BODY]
+        return moto(environ, start_response)
 
     def one_at_a_time(environ, start_response):
         with lock:
-            return list(moto(environ, start_response))  # the whole response, before the next request starts
+            return list(with_conflicts(environ, start_response))  # the whole response, before the next request starts
 
-    run_simple("127.0.0.1", port, moto if parallel else one_at_a_time, threaded=True, request_handler=MotoRequestHandler)
+    run_simple("127.0.0.1", port, with_conflicts if parallel else one_at_a_time, threaded=True, request_handler=MotoRequestHandler)
 
 
 async def _relay(port: int, target: int) -> None:

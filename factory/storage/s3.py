@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +51,9 @@ REQUEST_TIMEOUT = timedelta(minutes=10)
 """One request, its body included (a part, a range, a streamed download's whole body)."""
 RETRIES, RETRY_TIMEOUT = 4, timedelta(seconds=30)
 """Connection errors, 5xx and timeouts are retried with backoff; the check at open retries once."""
+CONFLICT_TRIES, CONFLICT_PAUSE_S = 6, 0.05
+"""A conditional write answered 409 ConditionalRequestConflict is sent this many times in all, pausing 0.05 s, 0.1 s,
+0.2 s... between (`S3Store._conditional`)."""
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
@@ -144,26 +149,42 @@ class S3Store(ObjectStore):
                     sha256=sha256 if sha256 and re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
 
     def _create(self, key: str, data: bytes) -> str | None:
-        with self._request("create", key):
+        def write() -> str | None:
             try:
                 return _etag(obstore.put(self._store, key, data, mode="create"), key)
-            except AlreadyExistsError:
-                return None
-            except BaseError as e:
+            except AlreadyExistsError as e:
                 if _conflict(e):
-                    return None  # a concurrent conditional write of the key: lost, as the caller reads again
-                raise
+                    raise
+                return None
+
+        return self._conditional("create", key, write)
 
     def _replace(self, key: str, data: bytes, etag: str) -> str | None:
-        with self._request("replace", key):
+        def write() -> str | None:
             try:
                 return _etag(obstore.put(self._store, key, data, mode={"e_tag": etag}), key)
             except (PreconditionError, FileNotFoundError):  # another version now, or none
                 return None
-            except BaseError as e:
+            except AlreadyExistsError as e:
                 if _conflict(e):
-                    return None
-                raise
+                    raise
+                return None
+
+        return self._conditional("replace", key, write)
+
+    def _conditional(self, what: str, key: str, write: Callable[[], str | None]) -> str | None:
+        """A conditional write, sent again while the server answers 409 ConditionalRequestConflict: S3's answer when
+        another conditional write of the key is in flight, which writes nothing and decides nothing (obstore reports it
+        as AlreadyExists, after retrying it itself on a replace). Only a 412 or an existing key means the write lost."""
+        for tries in itertools.count(1):
+            try:
+                with self._request(what, key):
+                    return write()
+            except AlreadyExistsError as e:  # a 409: `write` returns every other outcome
+                if tries == CONFLICT_TRIES:
+                    raise StorageError(f"{self.uri}/{key}: {what} failed: the server answered 409 ConditionalRequestConflict "
+                                       f"{tries} times (other writes of the key kept it busy): run it again") from e
+                time.sleep(CONFLICT_PAUSE_S * 2 ** (tries - 1))
 
     def _put(self, key: str, data: bytes) -> str:
         with self._request("write", key):
@@ -282,6 +303,5 @@ def _reason(error: BaseException) -> str:
 
 
 def _conflict(error: BaseError) -> bool:
-    """S3's answer to two conditional writes of one key at the same moment (409 ConditionalRequestConflict): the write
-    lost, and the caller reads the key again, as after a failed precondition. (Moto never answers it: not exercised here.)"""
+    """Whether the server answered 409 ConditionalRequestConflict (`S3Store._conditional`)."""
     return "ConditionalRequestConflict" in str(error)

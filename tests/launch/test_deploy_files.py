@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import re
 import shlex
+import textwrap
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -418,6 +419,42 @@ def test_the_readmes_kind_objects_fit_the_claim_and_the_values():
     assert service["spec"]["ports"][0]["port"] == vals["postgresql"]["service"]["port"]
     namespaces = {o["metadata"].get("namespace") for o in kind_objects() if o["kind"] != "PersistentVolume"}
     assert namespaces == {claim["metadata"]["namespace"]}
+
+
+def store_block(text: str) -> list[dict]:
+    """The values' commented `object store` env entries, uncommented."""
+    block = re.search(r"^ *# --- object store ---\n(.*?)^ *# --- end of object store ---$", text, re.MULTILINE | re.DOTALL)
+    assert block, "deploy/helm/dagster-values.yaml has a commented `object store` block"
+    return yaml.safe_load("\n".join(re.sub(r"^ *# ?", "", line) for line in block[1].splitlines()))
+
+
+def store_problems(text: str, readme: str) -> list[str]:
+    """What in the values' object-store block disagrees with the README's profile (its `store:` and `env_secrets:`)
+    or with the variables the store reads."""
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in store_block(text)}
+    snippet = re.search(r"^```yaml\n( *store: .*?)^```$", readme, re.MULTILINE | re.DOTALL)
+    assert snippet, "deploy/README.md shows the profile's store settings"
+    profile = yaml.safe_load(textwrap.dedent(snippet[1]))
+    wanted = {"FACTORY_STORE": profile["store"]["uri"], "AWS_ENDPOINT_URL": profile["store"]["endpoint"],
+              "AWS_REGION": profile["store"]["region"],
+              **{name: {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}} for name, ref in profile["env_secrets"].items()}}
+    return [f"{name}: the values say {env.get(name)!r}, the README's profile {value!r}" for name, value in wanted.items()
+            if env.get(name) != value] + [f"{name}: not a setting of the object store" for name in env.keys() - wanted.keys()]
+
+
+def test_the_values_object_store_block_validates_and_matches_the_readmes_profile():
+    vals = values()
+    [deployment] = at(vals, "dagster-user-deployments", "deployments")
+    deployment["env"] += store_block(VALUES.read_text())
+    kubernetes_validate.validate(as_pod("code location", workloads(vals)[f"code location {deployment['name']}"]), KUBERNETES_VERSION, strict=True)
+    assert not inlined_credentials(deployment["env"])
+    assert store_problems(VALUES.read_text(), README.read_text()) == []
+
+
+def test_an_object_store_block_that_drifts_from_the_readme_is_found():
+    text = VALUES.read_text()
+    assert store_problems(text.replace("key: secret-access-key", "key: secret-key"), README.read_text())
+    assert store_problems(text.replace("value: eu-west-1", "value: us-east-1"), README.read_text())
 
 
 def readme_profile(tmp_path: Path) -> ClusterProfile:

@@ -49,3 +49,42 @@ def test_increments_by_replace_if_match_from_two_processes_lose_no_update(store,
     count = 25
     seen = race(store, "increment", ["a", "b"], count, tmp_path)
     assert store.get("counter", limit=100).data == str(2 * count).encode(), seen
+
+
+def test_a_conditional_write_s3_answers_409_is_sent_again_until_the_server_decides_it(s3_server, monkeypatch):
+    """Real S3 answers a conditional write racing another of the same key with 409 ConditionalRequestConflict, which
+    writes nothing and decides nothing (moto never does: the test server answers so on demand, `S3Server.conflict`)."""
+    import uuid
+
+    import pytest
+
+    from factory.errors import StorageError
+    from factory.storage import Blob, open_store
+    from factory.storage.s3 import S3Settings, S3Store
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    prefix = uuid.uuid4().hex
+    store = open_store(f"s3://{s3_server.bucket}/{prefix}")
+    try:
+        s3_server.conflict(2)
+        first = store.create("manifests/a.json", b"first")
+        assert first is not None and store.get("manifests/a.json", limit=100) == Blob(b"first", first)
+        s3_server.conflict(2)
+        assert store.create("manifests/a.json", b"second") is None  # the key exists: the answer once the 409s end
+        s3_server.conflict(2)
+        second = store.replace("manifests/a.json", b"v2", first)
+        assert second is not None and store.get("manifests/a.json", limit=100) == Blob(b"v2", second)
+        s3_server.conflict(2)
+        assert store.replace("manifests/a.json", b"v3 from a writer that read v1", first) is None
+
+        # a server that answers 409 every time: the write fails saying so (obstore's own retries off, to be quick)
+        unretried = S3Store(s3_server.bucket, prefix, S3Settings.from_environment(os.environ), retries=0)
+        s3_server.conflict(1000)
+        for write in (lambda: unretried.create("manifests/b.json", b"x"), lambda: unretried.replace("manifests/a.json", b"v3", second)):
+            with pytest.raises(StorageError, match=r"manifests/\w\.json: \w+ failed: the server answered 409 ConditionalRequestConflict 6 times"):
+                write()
+        s3_server.conflict(0)
+        assert store.stat("manifests/b.json") is None and store.get("manifests/a.json", limit=100) == Blob(b"v2", second)
+    finally:
+        s3_server.conflict(0)
