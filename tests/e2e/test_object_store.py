@@ -1,7 +1,7 @@
 """The factory on an object store: `FACTORY_STORE` pointing at a real S3 server process (moto's, `tests/s3server.py`),
 one experiment through Dagster end to end. Every artifact and table file is in the bucket and none under the local root;
-a second run computes nothing; Podium browses and generates from the bucket; lineage and `data batch` read it;
-`registry verify` names a changed object;
+a second run computes nothing; Podium browses and generates from the bucket; lineage and `data batch` read it; the model
+reproduces from it and is promoted in it; the leaderboard reads it; `registry verify` names a changed object;
 an object deleted from the bucket is found by `plan` and computed again."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 from factory.registry.objects import ObjectRegistry
 from factory.storage import open_store
+from tests.conftest import publish_model, publish_result
 from tests.s3server import running_s3
 from tests.test_cli import small_experiment
 
@@ -76,10 +77,29 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         assert batch.returncode == 0, batch.stderr[-3000:]
         assert json.loads(batch.stdout)["step"] == 7 and json.loads(batch.stdout)["sequences"]
 
+        # The model reproduces from the bucket byte for byte, then is promoted there (an alias's history written by
+        # conditional writes) and the leaderboard reads the bucket.
+        model = kinds["model"]
+        same = factory("reproduce", model.digest[:12], "--json", "--root", str(root), env=env)
+        assert same.returncode == 0, same.stderr[-3000:]
+        assert json.loads(same.stdout)["matched"]
+        promoted = factory("promote", model.digest[:12], "--experiments", str(path.parent), "--reason", "first release",
+                           "--root", str(root), env=env)
+        assert promoted.returncode == 0, promoted.stderr[-3000:]
+        assert "reproduction 1 matched" in promoted.stdout
+        history = factory("promotions", "--json", "--root", str(root), env=env)
+        assert json.loads(history.stdout)["model"] == model.digest
+        assert any(key.startswith("history/promotions/production/") for key in registry.store.list("history/"))
+        scored = publish_model(registry, "scored")
+        publish_result(registry, "scored", "val_bpb", 1.25)
+        board = factory("leaderboard", "--json", "--root", str(root), env=env)
+        assert board.returncode == 0, board.stderr[-3000:]
+        [row] = json.loads(board.stdout)["rows"]
+        assert (row["experiment"], row["model"], row["scores"]["val_bpb"]) == ("scored", scored, 1.25), row
+
         # `factory registry verify` reads every object in the bucket, and names the one changed there.
         verified = factory("registry", "verify", "--root", str(root), env=env)
         assert verified.returncode == 0 and f"registry {server.url}/registry: every manifest and artifact intact" in verified.stdout
-        model = kinds["model"]
         name = sorted(model.files)[0]
         key = f"objects/{model.digest}/{name}"
         data = registry.store.get(key, limit=1 << 30).data
