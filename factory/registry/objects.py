@@ -329,11 +329,13 @@ class ObjectRegistry(Scratch):
         return {k: v for k, v in etags.items() if isinstance(v, str)} if isinstance(etags, dict) else {}
 
     def _check_layout(self, setting: str) -> None:
-        """Mark an empty store with this factory's layout; refuse one that another factory wrote with a newer layout."""
-        record = json.dumps({"layout": LAYOUT}).encode()
-        if self.store.create("layout.json", record) is not None:
-            return
+        """Mark an empty store with this factory's layout; refuse one that another factory wrote with a newer layout. One
+        request for a store that has its mark (every open but the first)."""
         blob = self.store.get("layout.json", limit=RECORD_BYTES)
+        if blob is None:
+            if self.store.create("layout.json", json.dumps({"layout": LAYOUT}).encode()) is not None:
+                return
+            blob = self.store.get("layout.json", limit=RECORD_BYTES)  # another factory marked it a moment ago
         try:
             layout = json.loads(blob.data)["layout"] if blob is not None else LAYOUT
             if type(layout) is not int:
