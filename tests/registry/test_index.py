@@ -1,0 +1,124 @@
+"""The registry's index of its manifests (`factory/registry/index.py`): listings come from it, it follows every
+change of the manifests, a damaged index is rebuilt with a warning, and deleting it loses nothing."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from factory.registry import ArtifactStore
+from factory.registry.index import INDEX_NAME
+from tests.registry.test_store import publish
+
+REPO = Path(__file__).resolve().parents[2]
+OPENED: list[str] = []
+"""Files opened while `opened_files` records (an audit hook: Python's own record of every `open`)."""
+_RECORDING = [False]
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _RECORDING[0] and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        OPENED.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+def opened_files(action) -> list[str]:
+    """The files opened while `action()` runs."""
+    OPENED.clear()
+    _RECORDING[0] = True
+    try:
+        action()
+    finally:
+        _RECORDING[0] = False
+    return list(OPENED)
+
+
+def listing(store: ArtifactStore, kind: str | None = None) -> list[tuple[str, str]]:
+    return [(m.fingerprint, m.digest) for m in store.manifests(kind)]
+
+
+@pytest.fixture
+def store(tmp_path) -> ArtifactStore:
+    return ArtifactStore(tmp_path / "registry")
+
+
+def test_a_listing_is_the_manifests_and_a_second_one_opens_no_manifest_file(store):
+    published = sorted((m.fingerprint, m.digest) for m in (publish(store, f"fp-{i}", files={"a.bin": bytes([i])}) for i in range(5)))
+    assert listing(store) == published == listing(store, "tokenizer") and listing(store, "pretrain") == []
+    assert (store.root / INDEX_NAME).is_file()
+    opened = opened_files(lambda: listing(store))
+    assert not [path for path in opened if "/manifests/" in path], opened
+
+
+def test_the_index_follows_manifests_published_removed_and_replaced(store):
+    publish(store, "fp-a")
+    assert [f for f, _ in listing(store)] == ["fp-a"]
+    publish(store, "fp-b", files={"b.bin": b"b"})
+    assert [f for f, _ in listing(store)] == ["fp-a", "fp-b"]
+    (store.root / "manifests" / "fp-a.json").unlink()
+    assert [f for f, _ in listing(store)] == ["fp-b"]
+    (store.root / "manifests" / "fp-c.json").write_text("{not json")  # damaged: left out, then repaired by publishing
+    assert [f for f, _ in listing(store)] == ["fp-b"]
+    repaired = publish(store, "fp-c", files={"c.bin": b"c"})
+    assert listing(store) == [("fp-b", listing(store)[0][1]), ("fp-c", repaired.digest)]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "not-a-manifest", "other-schema"])
+def test_a_damaged_index_is_rebuilt_from_the_manifests_with_a_warning(store, caplog, damage):
+    published = [(m.fingerprint, m.digest) for m in (publish(store, f"fp-{i}", files={"a.bin": bytes([i])}) for i in range(3))]
+    assert listing(store) == published
+    index = store.root / INDEX_NAME
+    if damage == "garbage":
+        index.write_bytes(b"this is not a database" * 100)
+    elif damage == "truncated":
+        index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+    else:
+        import sqlite3
+
+        with sqlite3.connect(index) as db:
+            if damage == "not-a-manifest":
+                db.execute("UPDATE manifests SET body = ? WHERE name = 'fp-1'", (json.dumps({"kind": "tokenizer"}),))
+            else:
+                db.execute("UPDATE meta SET value = 99 WHERE key = 'schema'")
+    assert listing(store) == published
+    assert any("index" in r.getMessage() and "again" in r.getMessage() for r in caplog.records if r.levelname == "WARNING"), caplog.text
+    assert listing(store) == published
+
+
+def test_deleting_the_index_loses_nothing_and_a_registry_that_cannot_hold_one_still_lists(store):
+    published = [(m.fingerprint, m.digest) for m in (publish(store, f"fp-{i}", files={"a.bin": bytes([i])}) for i in range(3))]
+    assert listing(store) == published
+    (store.root / INDEX_NAME).unlink()
+    assert listing(store) == published
+    (store.root / INDEX_NAME).unlink()
+    (store.root / INDEX_NAME).mkdir()  # no file can be made there: the manifests are read themselves
+    assert listing(store) == published
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from factory.registry import ArtifactStore
+    from tests.registry.test_store import publish
+    store, name, count = ArtifactStore(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    for i in range(count):
+        publish(store, f"{name}-{i}", files={"a.bin": f"{name}{i}".encode()})
+        seen = {m.fingerprint for m in store.manifests()}
+        assert {f"{name}-{j}" for j in range(i + 1)} <= seen, (i, sorted(seen))
+    """
+)
+
+
+def test_two_processes_publishing_and_listing_at_once_lose_nothing(store):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(store.root), name, "25"], env=env, stderr=subprocess.PIPE, text=True)
+               for name in ("left", "right")]
+    for writer in writers:
+        assert writer.wait(timeout=120) == 0, writer.stderr.read()
+    assert sorted(f for f, _ in listing(store)) == sorted(f"{name}-{i}" for name in ("left", "right") for i in range(25))
