@@ -1,12 +1,13 @@
 """Listing a registry's manifests at a lab's size: from its index vs from the manifest files, side by side (`make bench`).
 
-A registry is filled with N manifests of a lab's mix of kinds (two in three evaluation results; pretrain, SFT and RL
-runs, models, tokenizers and data versions for the rest), each naming its inputs, without artifact bytes: a listing
-reads manifests only. For each size it prints, median of `--repeat` runs: the index's first build (every manifest read
-once), a listing of the evaluation results from the index when nothing changed, the same after one new manifest, the
-listing without the index (every manifest file opened and parsed, as before the index), and the index's size on disk.
+A registry is filled with N manifests in experiments of a lab's mix of kinds (`BLOCK`: two in three are evaluation
+results), each naming its inputs, without artifact bytes: listings and lineage read manifests only. For each size it
+prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of the evaluation
+results from the index when nothing changed, the same after one new manifest, the listing without the index (every
+manifest file opened and parsed, as before the index), the lineage of one model up and down (`factory lineage`'s
+questions), and the index's size on disk; then how each grows from the smallest size to the largest.
 
-`--smoke`: 300 manifests, 2 runs each.
+`--smoke`: 90 and 360 manifests, 2 runs each.
 """
 
 from __future__ import annotations
@@ -22,26 +23,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MIX = (("evaluations", 12), ("pretrain", 1), ("sft", 1), ("rl", 1), ("model", 2), ("tokenizer", 1))
-"""Kinds and their weights (of 18): two in three manifests are evaluation results."""
+BLOCK = (("tokenizer", {}), ("pretrain", {"tokenizer": 0}), ("sft", {"pretrain": 1}), ("rl", {"sft": 2}),
+         ("model", {"pretrain": 1}), ("model", {"rl": 3}), *(("evaluations", {"training": 1 + i % 3}) for i in range(12)))
+"""One experiment's artifacts, 18 manifests: its tokenizer, pretrain, SFT and RL runs, two models, twelve evaluation
+results (two in three manifests); each names its inputs by their place in the block."""
 
 
 def fill(root: Path, count: int) -> None:
-    """`count` manifests under `root/manifests`, written as the registry writes them."""
+    """`count` manifests under `root/manifests` (whole blocks), written as the registry writes them."""
     from factory.registry.store import Manifest, Provenance
 
     (root / "manifests").mkdir(parents=True)
-    kinds = [kind for kind, weight in MIX for _ in range(weight)]
-    for i in range(count):
-        kind = kinds[i % len(kinds)]
-        digest = f"{i:064x}"
-        manifest = Manifest.new(kind=kind, fingerprint=f"{kind}-{i:08d}", digest=digest,
-                                files={"result.json" if kind == "evaluations" else "model.pt": {"sha256": digest, "bytes": 100}},
-                                config={"lr": 0.001 * (i % 7), "steps": 100}, inputs={"upstream": f"{max(i - 1, 0):064x}"},
-                                code="local:0123456789abcdef",
-                                provenance=Provenance(experiment=f"exp-{i % 1000}", config_hash="0" * 16, git_commit="f" * 40),
-                                summary={"benchmark": "val_bpb", "value": 1.0 + i % 13 / 10} if kind == "evaluations" else {})
-        (root / "manifests" / f"{manifest.fingerprint}.json").write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
+    for block in range(max(count // len(BLOCK), 1)):
+        digests = [f"{block * len(BLOCK) + i:064x}" for i in range(len(BLOCK))]
+        for i, (kind, inputs) in enumerate(BLOCK):
+            manifest = Manifest.new(kind=kind, fingerprint=f"{kind}-{digests[i][-12:]}", digest=digests[i],
+                                    files={"result.json" if kind == "evaluations" else "model.pt": {"sha256": digests[i], "bytes": 100}},
+                                    config={"lr": 0.001 * (block % 7), "steps": 100}, inputs={name: digests[at] for name, at in inputs.items()},
+                                    code="local:0123456789abcdef",
+                                    provenance=Provenance(experiment=f"exp-{block}", config_hash="0" * 16, git_commit="f" * 40),
+                                    summary={"benchmark": "val_bpb", "value": 1.0 + i / 10} if kind == "evaluations" else {})
+            (root / "manifests" / f"{manifest.fingerprint}.json").write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
 
 
 def median_s(action: Callable[[], object], repeat: int) -> float:
@@ -62,7 +64,7 @@ def measure(count: int, repeat: int) -> dict[str, float]:
         root = Path(tmp) / "registry"
         fill(root, count)
         store = ArtifactStore(root)
-        index = ManifestIndex(root / INDEX_NAME, root / "manifests", store._indexed)
+        index = ManifestIndex.of_directory(root / INDEX_NAME, root / "manifests", store._indexed)
 
         def build() -> None:
             index.drop()
@@ -82,23 +84,38 @@ def measure(count: int, repeat: int) -> dict[str, float]:
             extra.unlink()
 
         figures["changed"] = median_s(after_one_more, repeat)
+
+        def lineage() -> None:  # what `factory lineage` of the last experiment's RL model asks
+            from factory.ops.lineage import Lineage
+
+            graph = Lineage(store)
+            [model] = [m for m in graph.find(f"exp-{count // len(BLOCK) - 1}") if m.inputs.get("rl")]
+            graph.upstream(model.digest), graph.downstream(model.digest), graph.descendants(model.digest)
+
+        figures["lineage"] = median_s(lineage, repeat)
         figures["index_mb"] = (root / INDEX_NAME).stat().st_size / 1e6
         return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="300 manifests, 2 runs each: checks the bench runs")
+    parser.add_argument("--smoke", action="store_true", help="90 and 360 manifests, 2 runs each: checks the bench runs")
     parser.add_argument("--sizes", default="1000,10000,100000", help="registry sizes, in manifests (default 1000,10000,100000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each measure; the median is printed (default 5)")
     args = parser.parse_args()
-    sizes, repeat = ([300], 2) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
+    sizes, repeat = ([90, 360], 2) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
-    print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'index MB':>9}  ratio files / index")
+    print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'index MB':>9}  "
+          "ratio files / index")
+    figures = {}
     for count in sizes:
-        f = measure(count, repeat)
-        print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['index_mb']:>9.1f}  "
-              f"{f['files'] / f['index']:.1f}x")
+        f = figures[count] = measure(count, repeat)
+        print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
+              f"{f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
+    if len(sizes) > 1:
+        small, large = figures[sizes[0]], figures[sizes[-1]]
+        print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
+              f"listing from the index {large['index'] / small['index']:.1f}x, from the files {large['files'] / small['files']:.1f}x")
 
 
 if __name__ == "__main__":

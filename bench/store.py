@@ -8,6 +8,7 @@ Against one moto server on 127.0.0.1 (tests/s3server.py, handling requests in pa
   in the bucket against one on disk;
 - one `lookup` (what `factory plan` asks of each stage) against a store holding 10, 100 and 1,000 artifacts: the
   requests it sends and its time, which must not grow with the number of artifacts (it reads no other manifest);
+- a listing of every manifest of that store by a new reader, then from the local index it made;
 - the plan of the tiny experiment, every stage cached, against the same: its requests and its time.
 
 `--smoke`: 2 MB, 200 documents, 10 and 30 artifacts.
@@ -114,6 +115,21 @@ def lookups(url: str, local: Path, sizes: list[int]) -> None:
         print(f"lookup among {size} artifacts: {figures[-1][0]} requests, {seconds * 1000:.1f} ms")
     (few, fast), (many, slow) = figures[0], figures[-1]
     print(f"ratio lookup among {sizes[-1]} / among {sizes[0]} artifacts: {slow / fast:.2f}x time, {many} / {few} requests")
+    listings(counted, local, published)
+
+
+def listings(counted: Counted, local: Path, count: int) -> None:
+    """Every manifest listed (what the leaderboard, lineage and Podium ask for): by a reader with no local index yet
+    (a LIST, then a GET of each manifest) and again once its index holds them (a LIST)."""
+    first = ObjectRegistry(counted, local / "fresh-reader")
+    counted.requests = 0
+    cold = timed(lambda: list(first.manifests()))
+    cold_requests, counted.requests = counted.requests, 0
+    warm = min(timed(lambda: list(first.manifests())) for _ in range(5))
+    warm_requests = counted.requests // 5
+    print(f"listing {count} manifests: first {cold_requests} requests, {cold * 1000:.0f} ms; from the index {warm_requests} "
+          f"requests, {warm * 1000:.0f} ms")
+    print(f"ratio listing first / from the index: {cold / warm:.1f}x time, {cold_requests} / {warm_requests} requests")
 
 
 def plans(url: str, local: Path, sizes: list[int]) -> None:

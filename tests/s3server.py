@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -35,6 +36,8 @@ from collections.abc import Iterator
 START_TIMEOUT_S = 30
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "factory-test", "AWS_SECRET_ACCESS_KEY": "factory-test-secret", "AWS_REGION": "us-east-1"}
 """Moto accepts any credentials; these are the ones the tests' clients send."""
+READS_PATH = "/_factory/reads"
+"""GET here: how many times each object was read (GET) since the server started, as JSON {path: count} (`S3Server.reads`)."""
 CONFLICTS_PATH = "/_factory/conflicts"
 """POST a count here: the next that many conditional writes are answered 409 (`S3Server.conflict`)."""
 CONFLICT_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code><Message>A conflicting '
@@ -81,6 +84,11 @@ class S3Server:
         and write nothing (module docstring)."""
         request = urllib.request.Request(f"http://127.0.0.1:{self._moto_port}{CONFLICTS_PATH}", data=str(count).encode(), method="POST")
         urllib.request.urlopen(request, timeout=10).close()
+
+    def reads(self) -> dict[str, int]:
+        """How many times each object was read (GET of `/bucket/key`) since the server started."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self._moto_port}{READS_PATH}", timeout=10) as response:
+            return json.loads(response.read())
 
     def kill(self) -> None:
         """The endpoint goes away at once (SIGKILL): requests in flight are cut, new ones refused. The objects stay."""
@@ -153,8 +161,17 @@ def _serve(port: int, parallel: bool) -> None:
     moto = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
     conflicts, counting = [0], threading.Lock()  # conditional writes still to answer 409
+    reads: dict[str, int] = {}
 
     def with_conflicts(environ, start_response):
+        if environ["PATH_INFO"] == READS_PATH:
+            with counting:
+                body = json.dumps(reads).encode()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if environ["REQUEST_METHOD"] == "GET" and not environ.get("QUERY_STRING"):  # an object read, not a listing
+            with counting:
+                reads[environ["PATH_INFO"]] = reads.get(environ["PATH_INFO"], 0) + 1
         if environ["PATH_INFO"] == CONFLICTS_PATH:
             with counting:
                 conflicts[0] = int(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))

@@ -9,6 +9,7 @@ which models were trained on a dataset version, and which data and code made a m
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from factory.config import stages
 from factory.config.kinds import BLEND, main_training_kind, model_kind, provider
 from factory.config.stages import BASE, FROM_HF
 from factory.errors import ConfigError
+from factory.registry.index import Where
 from factory.registry.layout import BLEND_FILE, DATASETS_FILE
 from factory.registry.store import ArtifactStore, Manifest
 
@@ -48,17 +50,37 @@ class TableVersion:
 
 
 class Lineage:
-    """The registry's artifacts as a graph, with the table versions between them."""
+    """The registry's artifacts as a graph, with the table versions between them. Read as the questions walk it: each
+    artifact, and what was made from each, is one query of the registry's index (never every manifest), kept for the
+    rest of the walk; the table versions are read once, from the data stages' artifacts, when a question needs them."""
 
     def __init__(self, registry: ArtifactStore) -> None:
         self.registry = registry
-        self.manifests = {m.digest: m for m in registry.manifests() if m.kind not in REPORTS}
-        self.children: dict[str, list[str]] = {}
-        for manifest in self.manifests.values():
-            for digest in manifest.inputs.values():
-                if digest in self.manifests:
-                    self.children.setdefault(digest, []).append(manifest.digest)
-        self.written = {digest: self._written(m) for digest, m in self.manifests.items() if m.kind in stages.DATA_STAGES}
+        self.manifests = _ByDigest(registry)
+        self._children: dict[str, list[str]] = {}
+        self._written_by: dict[str, list[TableVersion]] = {}
+
+    @functools.cached_property
+    def written(self) -> dict[str, list[TableVersion]]:
+        """Data-stage artifact digest -> the table versions it wrote: every data stage's (what a table's question needs)."""
+        return {m.digest: self.written_by(m) for kind in sorted(stages.DATA_STAGES) for m in self.registry.manifests(kind)}
+
+    def written_by(self, manifest: Manifest) -> list[TableVersion]:
+        """The table versions one artifact wrote (none unless a data stage's), read once."""
+        if manifest.kind not in stages.DATA_STAGES:
+            return []
+        if manifest.digest not in self._written_by:
+            self._written_by[manifest.digest] = self._written(manifest)
+        return self._written_by[manifest.digest]
+
+    def children(self, digest: str) -> list[str]:
+        """The digests of the artifacts made straight from this one."""
+        if digest not in self._children:
+            made = {m.digest: m for m in self.registry.manifests(where=Where(made_from=digest)) if m.kind not in REPORTS}
+            for manifest in made.values():
+                self.manifests.remember(manifest)
+            self._children[digest] = list(made)
+        return self._children[digest]
 
     def find(self, query: str) -> list[Manifest] | list[TableVersion]:
         """The artifacts a digest (prefix) or experiment names, or the table versions `namespace.table[@tag]` names."""
@@ -69,13 +91,14 @@ class Lineage:
                 known = sorted({v.ref for written in self.written.values() for v in written if v.table == table})
                 raise ConfigError(f"no artifact in the registry wrote {query}" + (f"; versions written: {', '.join(known)}" if known else ""))
             return sorted(versions, key=lambda v: v.ref)
-        if HEX.match(query):
-            found = [m for digest, m in self.manifests.items() if digest.startswith(query)]
-        else:  # an experiment: its models
-            found = [m for m in self.manifests.values() if m.experiment == query and m.kind == model_kind().name]
+        where = Where(digest_prefix=query) if HEX.match(query) else Where(experiment=query)  # an experiment: its models
+        kind = None if HEX.match(query) else model_kind().name
+        found = list({m.digest: m for m in self.registry.manifests(kind, where) if m.kind not in REPORTS}.values())
         if not found:
             raise ConfigError(f"nothing in the registry is {query!r}: give an artifact digest (or its first 12 digits), "
                               "an experiment name with a model, or namespace.table[@tag]")
+        for manifest in found:
+            self.manifests.remember(manifest)
         return sorted(found, key=lambda m: m.created)
 
     def writers(self, version: TableVersion) -> list[Manifest]:
@@ -88,17 +111,17 @@ class Lineage:
 
     def downstream(self, digest: str) -> dict[str, Any]:
         """The artifact and everything made from it, as a tree of plain dicts."""
-        return self._tree(digest, lambda m: self.children.get(m.digest, []), set(), with_tables=False)
+        return self._tree(digest, lambda m: self.children(m.digest), set(), with_tables=False)
 
     def descendants(self, digest: str, kind: str | None = None) -> list[Manifest]:
         """Every artifact made (directly or not) from this one, of one kind if given."""
         seen: dict[str, Manifest] = {}
-        todo = list(self.children.get(digest, []))
+        todo = list(self.children(digest))
         while todo:
             child = todo.pop()
             if child not in seen:
                 seen[child] = self.manifests[child]
-                todo.extend(self.children.get(child, []))
+                todo.extend(self.children(child))
         return sorted((m for m in seen.values() if kind is None or m.kind == kind), key=lambda m: m.created)
 
     def ancestors(self, digest: str) -> Iterator[Manifest]:
@@ -167,7 +190,7 @@ class Lineage:
         if with_tables:
             node["tables"] = [v.ref for v in self.read(manifest)]
             node["external"] = self.external(manifest)
-            node["written"] = [v.ref for v in self.written.get(digest, [])]
+            node["written"] = [v.ref for v in self.written_by(manifest)]
         node["from" if with_tables else "to"] = [self._tree(d, next_of, seen, with_tables=with_tables) for d in sorted(
             next_of(manifest), key=lambda d: (self.manifests[d].kind, self.manifests[d].created))]
         return node
@@ -191,6 +214,33 @@ class Lineage:
             table, _, tag = ref.partition("@")
             return [TableVersion(table=table, tag=tag, content_tag=tag)]
         return []
+
+
+class _ByDigest:
+    """The registry's manifests by digest, each asked of its index when first needed (`None` kept for a digest that is
+    not there, or only a run report); where two fingerprints published the same bytes, the last by fingerprint."""
+
+    def __init__(self, registry: ArtifactStore) -> None:
+        self._registry = registry
+        self._known: dict[str, Manifest | None] = {}
+
+    def remember(self, manifest: Manifest) -> None:
+        self._known.setdefault(manifest.digest, manifest)
+
+    def get(self, digest: str) -> Manifest | None:
+        if digest not in self._known:
+            found = [m for m in self._registry.manifests(where=Where(digest=digest)) if m.kind not in REPORTS]
+            self._known[digest] = found[-1] if found else None
+        return self._known[digest]
+
+    def __contains__(self, digest: object) -> bool:
+        return isinstance(digest, str) and self.get(digest) is not None
+
+    def __getitem__(self, digest: str) -> Manifest:
+        manifest = self.get(digest)
+        if manifest is None:
+            raise KeyError(digest)
+        return manifest
 
 
 def describe(manifest: Manifest) -> dict[str, Any]:

@@ -329,7 +329,7 @@ def _copy_pinned_tables(source: Any, target: Any, graph: Lineage, lineage: list[
     """Copy into the scratch catalog the table versions the lineage reads but none of its stages writes."""
     from factory.data.tables import resolve, write_version  # pyiceberg and pyarrow, only when reproducing
 
-    written = {v for m in lineage for v in graph.written.get(m.digest, [])}
+    written = {v for m in lineage for v in graph.written_by(m)}
     for version in {v for m in lineage for v in graph.read(m)} - written:
         if any(w.table == version.table and w.content_tag == version.content_tag for w in written):
             continue

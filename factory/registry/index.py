@@ -1,14 +1,15 @@
-"""An index of a registry's manifests on local disk: one SQLite file beside them, so that listing the manifests of one
-kind reads one file instead of opening and parsing every manifest.
+"""An index of a registry's manifests: one SQLite file on local disk, so that listing the manifests of one kind reads
+one file instead of opening and parsing every manifest (on S3: one GET per manifest).
 
 The manifests stay the source of truth: the index only caches what they say, and deleting it loses nothing (the next
 reader builds it again). Each reader brings it up to date first, cheaply:
-- the manifests directory's mtime changes whenever an entry is added, removed or replaced (a publish links a manifest
-  in; a repair renames one over; a person or a collector removes one). While it equals the mtime the index recorded,
-  and that record is not "racily clean" (taken within `RACY_NS` of the change, when a second change could share its
-  timestamp), nothing is read;
-- otherwise the directory is listed (names and inode numbers, no file opened) and only the manifests that are new or
-  were replaced (another inode) are read; rows of manifests gone are dropped.
+- on local disk, the manifests directory's mtime changes whenever an entry is added, removed or replaced (a publish
+  links a manifest in; a repair renames one over; a person or a collector removes one). While it equals the mtime the
+  index recorded, and that record is not "racily clean" (taken within `RACY_NS` of the change, when a second change
+  could share its timestamp), nothing is read;
+- otherwise the manifests are listed with a version each (on disk: names and inode numbers from the directory, no file
+  opened; in an object store: keys and ETags, one LIST request per thousand) and only the manifests that are new or
+  have another version are read; rows of manifests gone are dropped.
 A damaged manifest is recorded as such (so it is not read again on every listing, and warned about once), until it is
 replaced. An index that is not a readable SQLite file of this shape is removed with a warning and built again. Two
 processes bringing it up to date at once take turns (SQLite's write lock): neither loses the other's rows.
@@ -20,38 +21,92 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 1
-RACY_NS = 2_000_000_000
-"""A directory mtime recorded less than this before the listing that read it is trusted no further than that listing."""
+SCHEMA_VERSION = 2
+RACY_NS = 100_000_000
+"""A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
+file system stamps changes with a coarse clock (a few milliseconds a tick), and a second change within the tick of the
+first would leave the same mtime."""
 BUSY_TIMEOUT_S = 60
+HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, inode INTEGER NOT NULL, kind TEXT, body TEXT);
+CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, version TEXT NOT NULL, kind TEXT, digest TEXT, experiment TEXT,
+                                      body TEXT);
 CREATE INDEX IF NOT EXISTS manifests_by_kind ON manifests (kind, name);
+CREATE INDEX IF NOT EXISTS manifests_by_digest ON manifests (digest);
+CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind);
+CREATE TABLE IF NOT EXISTS inputs (name TEXT NOT NULL, digest TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest);
+CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+"""A row per manifest (kind and body NULL for a damaged one), a row per input it names (what `Where.made_from` asks)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Where:
+    """Which manifests a listing asks for, besides their kind: every condition given holds."""
+
+    digest: str | None = None
+    digest_prefix: str | None = None
+    """Hex digits the digest starts with."""
+    experiment: str | None = None
+    made_from: str | None = None
+    """A digest the manifest names among its inputs."""
+
+    def sql(self) -> tuple[str, list[str]]:
+        """The conditions as SQL over `manifests`, and their parameters."""
+        if self.digest_prefix is not None and not HEX.fullmatch(self.digest_prefix):
+            raise ValueError(f"{self.digest_prefix!r} is not hex digits")
+        found = [("digest = ?", self.digest), ("digest LIKE ?", self.digest_prefix and f"{self.digest_prefix}%"),
+                 ("experiment = ?", self.experiment), ("name IN (SELECT name FROM inputs WHERE digest = ?)", self.made_from)]
+        given = [(clause, value) for clause, value in found if value is not None]
+        return " AND ".join(clause for clause, _ in given), [value for _, value in given]
+
+    def holds(self, manifest: Any) -> bool:
+        """Whether a manifest (anything with its attributes) meets the conditions: the same answer as `sql`, in Python."""
+        return ((self.digest is None or manifest.digest == self.digest)
+                and (self.digest_prefix is None or manifest.digest.startswith(self.digest_prefix))
+                and (self.experiment is None or manifest.experiment == self.experiment)
+                and (self.made_from is None or self.made_from in manifest.inputs.values()))
+
+
+EVERY = Where()
 
 
 class ManifestIndex:
-    """The index of the manifests in `directory` (`<name>.json` files), kept in `path`. `read(path)` parses one manifest
-    file into its JSON form and kind, or raises for a damaged one (the registry's own checks)."""
+    """The index, kept in `path`, of the manifests `listing()` names (name -> version: an inode number, an ETag); `read(name)`
+    parses one into its JSON form, or raises OSError or ValueError for a damaged one (the registry's own checks, which
+    warn). `changed()`, where there is one, stamps the manifests' directory (module docstring)."""
 
-    def __init__(self, path: Path, directory: Path, read: Callable[[Path], tuple[str, dict[str, Any]]]) -> None:
-        self.path, self.directory, self._read = path, directory, read
+    def __init__(self, path: Path, listing: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any]],
+                 changed: Callable[[], int] | None = None) -> None:
+        self.path, self._listing, self._read, self._changed = path, listing, read, changed
 
-    def bodies(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
-        """The JSON form of every intact manifest (of `kind`), in name order, after bringing the index up to date."""
+    @classmethod
+    def of_directory(cls, path: Path, directory: Path, read: Callable[[Path], dict[str, Any]]) -> ManifestIndex:
+        """The index of the `<name>.json` files in a local directory."""
+        return cls(path, lambda: _directory_listing(directory), lambda name: read(directory / f"{name}.json"), lambda: _mtime(directory))
+
+    def bodies(self, kind: str | None = None, where: Where = EVERY) -> Iterator[dict[str, Any]]:
+        """The JSON form of every intact manifest (of `kind`, meeting `where`), in name order, after bringing the index up
+        to date."""
+        conditions, values = where.sql()
+        if kind is not None:
+            conditions, values = " AND ".join(filter(None, ["kind = ?", conditions])), [kind, *values]
         with self._connected() as db:
             self._refresh(db)
-            query = "SELECT body FROM manifests WHERE kind IS NOT NULL" + (" AND kind = ?" if kind is not None else "")
-            rows = db.execute(query + " ORDER BY name", (kind,) if kind is not None else ()).fetchall()
+            query = "SELECT body FROM manifests WHERE kind IS NOT NULL" + (f" AND {conditions}" if conditions else "")
+            rows = db.execute(query + " ORDER BY name", values).fetchall()
         for (body,) in rows:
             yield json.loads(body)
 
@@ -67,6 +122,8 @@ class ManifestIndex:
             db.close()
 
     def _open(self) -> sqlite3.Connection:
+        with contextlib.suppress(OSError):  # a directory that cannot be made: sqlite3 says so
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             return _connect(self.path)
         except (_Damaged, sqlite3.DatabaseError) as e:
@@ -76,42 +133,64 @@ class ManifestIndex:
         self.drop()
         return _connect(self.path)
 
+    def manifests(self, kind: str | None, where: Where, parse: Callable[[dict[str, Any]], Any], every: Callable[[], list[Any]]) -> list[Any]:
+        """The intact manifests (of `kind`, meeting `where`) parsed by `parse`, in name order; an index holding what `parse`
+        refuses is built again (with a warning). Where no index can be kept (sqlite3.OperationalError, or one built again
+        that still holds what is not a manifest), `every()` lists every manifest, and those asked for are kept."""
+        where.sql()  # a condition that cannot be asked is refused before anything is read
+        for attempt in (1, 2):
+            try:
+                return [parse(body) for body in self.bodies(kind, where)]
+            except sqlite3.OperationalError as e:
+                log.debug("listing manifests without the index %s (%s)", self.path, e)
+                break
+            except (TypeError, ValueError) as e:
+                log.warning("the registry's index %s holds what is not a manifest (%s): %s", self.path, e,
+                            "building it again" if attempt == 1 else "reading the manifests themselves")
+                self.drop()
+        return [m for m in every() if kind in (None, m.kind) and where.holds(m)]
+
     def drop(self) -> None:
         """Remove the index (the next reader builds it again from the manifests)."""
         for suffix in ("", "-journal", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):  # then sqlite3 says why
                 os.unlink(f"{self.path}{suffix}")
 
     def _refresh(self, db: sqlite3.Connection) -> None:
-        """Bring the rows up to date with the directory (module docstring)."""
-        changed = _mtime(self.directory)
+        """Bring the rows up to date with the manifests (module docstring)."""
         known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('mtime', 'listed')").fetchall())
-        if known.get("mtime") == changed and known.get("listed", 0) - changed > RACY_NS:
+        if self._changed is not None and known.get("mtime") == self._changed() and known.get("listed", 0) - known["mtime"] > RACY_NS:
             return
         db.execute("BEGIN IMMEDIATE")  # one refresher at a time; the other reads its rows after it
         try:
             listed = time.time_ns()
-            changed = _mtime(self.directory)
-            present = _listing(self.directory)
-            indexed = dict(db.execute("SELECT name, inode FROM manifests").fetchall())
+            changed = self._changed() if self._changed is not None else 0
+            present = self._listing()
+            indexed = dict(db.execute("SELECT name, version FROM manifests").fetchall())
             gone = indexed.keys() - present.keys()
             db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in gone))
-            for name, inode in present.items():
-                if indexed.get(name) != inode:
-                    db.execute("INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?)", (name, inode, *self._row(name)))
+            db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in gone))
+            for name, version in present.items():
+                if indexed.get(name) != version:
+                    body = self._body(name)
+                    db.execute("INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?)",
+                               (name, version, *((body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True))
+                                                 if body is not None else (None, None, None, None))))
+                    db.execute("DELETE FROM inputs WHERE name = ?", (name,))
+                    if body is not None:
+                        db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", changed), ("listed", listed)))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
-    def _row(self, name: str) -> tuple[str | None, str | None]:
-        """The kind and body of one manifest; (None, None) when it is damaged (the reader warned)."""
+    def _body(self, name: str) -> dict[str, Any] | None:
+        """The JSON form of one manifest; None when it is damaged (the reader warned)."""
         try:
-            kind, body = self._read(self.directory / f"{name}.json")
+            return self._read(name)
         except (OSError, ValueError):
-            return None, None
-        return kind, json.dumps(body, sort_keys=True)
+            return None
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -133,12 +212,12 @@ class _Damaged(Exception):
     """The index file is a database, not one of this factory's indexes."""
 
 
-def _listing(directory: Path) -> dict[str, int]:
+def _directory_listing(directory: Path) -> dict[str, str]:
     """Manifest name -> inode number, from the directory's entries alone (no file opened); nothing when there is no
     directory to list."""
     try:
         with os.scandir(directory) as entries:
-            return {entry.name.removesuffix(".json"): entry.inode() for entry in entries if entry.name.endswith(".json")}
+            return {entry.name.removesuffix(".json"): str(entry.inode()) for entry in entries if entry.name.endswith(".json")}
     except (FileNotFoundError, NotADirectoryError):
         return {}
 

@@ -25,6 +25,7 @@ the copy is put in place only when its files give the digest, so what is served 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from factory.errors import ArtifactError, ConfigError
 from factory.registry import object_lease
 from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, make_writable, sha256_file
 from factory.registry.history import RECORD, checked_topic, parse_record
+from factory.registry.index import EVERY, ManifestIndex, Where
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
 from factory.storage import ObjectStore
@@ -159,13 +161,27 @@ class ObjectRegistry(Scratch):
         prefix = f"history/{checked_topic(parent)}/"
         return sorted({key.removeprefix(prefix).split("/", 1)[0] for key in self.store.list(prefix) if "/" in key.removeprefix(prefix)})
 
-    def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
-        """Every readable manifest, optionally of one kind; a damaged one is skipped with a warning."""
-        for key in self.store.list("manifests/"):
-            if key.endswith(".json") and NAME.match(fingerprint := key.removeprefix("manifests/").removesuffix(".json")):
-                manifest = self._manifest(fingerprint)
-                if manifest is not None and (kind is None or manifest.kind == kind):
-                    yield manifest
+    def manifests(self, kind: str | None = None, where: Where = EVERY) -> Iterator[Manifest]:
+        """Every readable manifest (of `kind`, meeting `where`), in fingerprint order; a damaged one is skipped with a
+        warning. Listed from a local index of the store's manifests (`factory.registry.index`: one LIST of their keys and
+        ETags, then a GET of each manifest new since the last listing), or, where no index can be kept, a GET of each."""
+        index = ManifestIndex(self.root / f"index-{hashlib.sha256(self.location.encode()).hexdigest()[:16]}.sqlite",
+                              self._manifest_versions, self._indexed)
+        yield from index.manifests(kind, where, parse_manifest,
+                                   lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None])
+
+    def _manifest_versions(self) -> dict[str, str]:
+        """Fingerprint -> ETag of every manifest in the store, from one listing."""
+        found = {key.removeprefix("manifests/").removesuffix(".json"): etag for key, etag in self.store.versions("manifests/").items()
+                 if key.endswith(".json")}
+        return {name: etag for name, etag in found.items() if NAME.match(name)}
+
+    def _indexed(self, fingerprint: str) -> dict[str, Any]:
+        """What the index keeps of one manifest: its JSON form; ValueError when it is damaged (warned) or gone."""
+        manifest = self._manifest(fingerprint)
+        if manifest is None:
+            raise ValueError(f"the manifest of {fingerprint} is damaged or gone")
+        return manifest.to_json()
 
     def work(self, fingerprint: str) -> Path:
         """A stage's scratch directory; a new one starts as the store's copy (`save_work`) of a run that stopped."""

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -47,7 +46,7 @@ from factory.registry.files import (
     structural_damage,
 )
 from factory.registry.history import History, checked_topic
-from factory.registry.index import INDEX_NAME, ManifestIndex
+from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, Where
 from factory.registry.lease import Holder, hold, read_holder
 
 MANIFEST_VERSION = 1
@@ -220,31 +219,22 @@ class ArtifactStore(Scratch):
         """Who is computing `fingerprint` right now, if anyone."""
         return read_holder(self._lease_path(fingerprint))
 
-    def manifests(self, kind: str | None = None) -> Iterator[Manifest]:
-        """Every readable manifest in the registry, optionally of one kind, in fingerprint order; a damaged one is skipped
-        with a warning. Listed from the registry's index (`factory.registry.index`), or, where this process cannot write
-        the index, from the manifest files themselves."""
+    def manifests(self, kind: str | None = None, where: Where = EVERY) -> Iterator[Manifest]:
+        """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order; a damaged one is
+        skipped with a warning. Listed from the registry's index (`factory.registry.index`), or, where this process
+        cannot write the index, from the manifest files themselves."""
         if not (self.root / "manifests").is_dir():
             return
-        index = ManifestIndex(self.root / INDEX_NAME, self.root / "manifests", self._indexed)
-        try:
-            try:
-                found = [parse_manifest(body) for body in index.bodies(kind)]
-            except (TypeError, ValueError) as e:
-                log.warning("the registry's index %s holds what is not a manifest (%s): building it again", index.path, e)
-                index.drop()
-                found = [parse_manifest(body) for body in index.bodies(kind)]
-        except sqlite3.OperationalError as e:
-            log.debug("listing the manifests of %s without its index (%s)", self.root, e)
-            found = [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None and kind in (None, m.kind)]
-        yield from found
+        index = ManifestIndex.of_directory(self.root / INDEX_NAME, self.root / "manifests", self._indexed)
+        yield from index.manifests(kind, where, parse_manifest,
+                                   lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None])
 
-    def _indexed(self, path: Path) -> tuple[str, dict[str, Any]]:
-        """What the index keeps of one manifest file: its kind and JSON form; ValueError when it is damaged (warned)."""
+    def _indexed(self, path: Path) -> dict[str, Any]:
+        """What the index keeps of one manifest file: its JSON form; ValueError when it is damaged (warned)."""
         manifest = self._read_or_warn(path)
         if manifest is None:
             raise ValueError(f"{path} is damaged")
-        return manifest.kind, manifest.to_json()
+        return manifest.to_json()
 
     def manifest_paths(self) -> list[Path]:
         """Every manifest file in the registry, readable or not."""

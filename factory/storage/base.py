@@ -134,6 +134,10 @@ class ObjectStore(ABC):
         """The keys that start with `prefix`, sorted."""
         return sorted(self._list(check_prefix(prefix)))
 
+    def versions(self, prefix: str = "") -> dict[str, str]:
+        """The keys that start with `prefix`, sorted, each with its ETag: from the listing alone, no object read."""
+        return dict(sorted(self._list(check_prefix(prefix)).items()))
+
     def delete(self, key: str) -> None:
         """Remove the object; nothing happens when it is absent."""
         self._delete(check_key(key))
@@ -173,7 +177,8 @@ class ObjectStore(ABC):
     def _open_read(self, key: str) -> BinaryIO: ...
 
     @abstractmethod
-    def _list(self, prefix: str) -> list[str]: ...
+    def _list(self, prefix: str) -> dict[str, str]:
+        """Key -> ETag of every object whose key starts with `prefix`."""
 
     @abstractmethod
     def _delete(self, key: str) -> None: ...

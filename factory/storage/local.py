@@ -119,19 +119,21 @@ class LocalStore(ObjectStore):
             raise self.missing(key)
         return os.fdopen(fd, "rb")
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> dict[str, str]:
         directory = prefix.rpartition("/")[0]
-        keys = []
+        keys = {}
         with self._directory(directory.split("/") if directory else [], prefix) as parent:
             if parent is None:
-                return []
+                return {}
             for top, dirs, names, top_fd in os.fwalk(".", dir_fd=parent, follow_symlinks=False):
                 dirs[:] = [name for name in dirs if not name.startswith(RESERVED)]
                 base = os.path.normpath(os.path.join(directory, top))
                 for name in names:
                     key = name if base == "." else f"{base}/{name}"
-                    if not name.startswith(RESERVED) and key.startswith(prefix) and _is_regular(name, top_fd):
-                        keys.append(key)
+                    if not name.startswith(RESERVED) and key.startswith(prefix):
+                        info = _lstat(top_fd, name)
+                        if info is not None and stat.S_ISREG(info.st_mode):
+                            keys[key] = _etag(info)
         return keys
 
     def _delete(self, key: str) -> None:
@@ -248,11 +250,6 @@ def _lstat(parent: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
         return None
-
-
-def _is_regular(name: str, parent: int) -> bool:
-    info = _lstat(parent, name)
-    return info is not None and stat.S_ISREG(info.st_mode)
 
 
 def _kind(mode: int) -> str:

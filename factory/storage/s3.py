@@ -219,11 +219,11 @@ class S3Store(ObjectStore):
                 raise self.missing(key) from None
         return io.BufferedReader(_RangeReader(reader, self, key), buffer_size=io.DEFAULT_BUFFER_SIZE)
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> dict[str, str]:
         directory = prefix.rpartition("/")[0]  # obstore lists by whole segments: the rest of the prefix is filtered here
         with self._request("list", prefix or "/"):
-            paths = [meta["path"] for chunk in obstore.list(self._store, directory or None) for meta in chunk]
-        return [path for path in paths if path.startswith(prefix) and _valid(path)]
+            metas = [meta for chunk in obstore.list(self._store, directory or None) for meta in chunk]
+        return {meta["path"]: _etag(meta, meta["path"]) for meta in metas if meta["path"].startswith(prefix) and _valid(meta["path"])}
 
     def _delete(self, key: str) -> None:
         with self._request("delete", key):

@@ -122,3 +122,42 @@ def test_two_processes_publishing_and_listing_at_once_lose_nothing(store):
     for writer in writers:
         assert writer.wait(timeout=120) == 0, writer.stderr.read()
     assert sorted(f for f, _ in listing(store)) == sorted(f"{name}-{i}" for name in ("left", "right") for i in range(25))
+
+
+def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
+    """Each condition a listing can ask (`Where`), from the index and from the files (an index that cannot be made),
+    on a small graph: two experiments, a pretrain run each, a model of one, an evaluation of both runs."""
+    from factory.registry import Provenance
+    from factory.registry.index import Where
+
+    def made(fingerprint: str, kind: str, experiment: str, inputs: dict[str, str]) -> str:
+        with store.staging() as out:
+            (out / "x.bin").write_text(fingerprint)
+            return store.publish(out, kind=kind, fingerprint=fingerprint, config={}, inputs=inputs, code="local:0", summary={},
+                                 provenance=Provenance(experiment=experiment, config_hash="0" * 16, git_commit="f" * 40)).digest
+
+    a, b = made("run-a", "pretrain", "exp-a", {}), made("run-b", "pretrain", "exp-b", {})
+    model = made("model-a", "model", "exp-a", {"pretrain": a})
+    made("eval-ab", "evaluations", "exp-a", {"left": a, "right": b})
+    asked = {"every": (None, Where()), "digest": (None, Where(digest=model)), "prefix": (None, Where(digest_prefix=a[:8])),
+             "experiment": (None, Where(experiment="exp-a")), "models of exp-a": ("model", Where(experiment="exp-a")),
+             "made from a": (None, Where(made_from=a)), "made from b": (None, Where(made_from=b)),
+             "evaluations made from b": ("evaluations", Where(made_from=b)), "nothing": ("model", Where(made_from=b))}
+    indexed = {name: [m.fingerprint for m in store.manifests(kind, where)] for name, (kind, where) in asked.items()}
+    assert indexed["made from a"] == ["eval-ab", "model-a"] and indexed["models of exp-a"] == ["model-a"] and indexed["nothing"] == []
+    (store.root / INDEX_NAME).unlink()
+    (store.root / INDEX_NAME).mkdir()
+    assert {name: [m.fingerprint for m in store.manifests(kind, where)] for name, (kind, where) in asked.items()} == indexed
+    with pytest.raises(ValueError, match="not hex digits"):
+        list(store.manifests(where=Where(digest_prefix="a%")))
+
+    # `factory lineage` walks the graph by these queries: it opens no manifest file once the index holds them
+    from factory.ops.lineage import Lineage
+
+    (store.root / INDEX_NAME).rmdir()
+    list(store.manifests())
+    answers: dict = {}
+    opened = opened_files(lambda: answers.update(up=Lineage(store).upstream(model), down=Lineage(store).downstream(a)))
+    assert not [path for path in opened if "/manifests/" in path], opened
+    assert [node["digest"] for node in answers["up"]["from"]] == [a]
+    assert sorted(node["kind"] for node in answers["down"]["to"]) == ["evaluations", "model"]

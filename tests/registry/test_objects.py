@@ -134,6 +134,28 @@ def test_a_damaged_manifest_is_a_miss_and_publishing_again_replaces_it(registry)
     assert registry.lookup("fp-a") == manifest and [m.fingerprint for m in registry.manifests()] == ["fp-a"]
 
 
+def test_listings_come_from_a_local_index_that_follows_the_store(registry, location, request, tmp_path):
+    """A second listing reads no manifest again (on S3: no GET of one, as the server counts them); a manifest removed,
+    damaged or published again in the store shows in the next listing, and a reader elsewhere lists the same."""
+    publish(registry, "fp-a")
+    publish(registry, "fp-b", files={"other.bin": b"x"})
+    assert [m.fingerprint for m in registry.manifests()] == ["fp-a", "fp-b"]
+    if location[0].startswith("s3://"):
+        server = request.getfixturevalue("s3")
+        before = server.reads()
+        assert [m.fingerprint for m in registry.manifests("tokenizer")] == ["fp-a", "fp-b"]
+        reread = {path: count for path, count in server.reads().items() if "/manifests/" in path and count != before.get(path, 0)}
+        assert not reread, reread
+    registry.store.delete("manifests/fp-a.json")
+    assert [m.fingerprint for m in registry.manifests()] == ["fp-b"]
+    registry.store.put("manifests/fp-b.json", b'{"kind": ')
+    assert list(registry.manifests()) == []
+    again = publish(registry, "fp-b", files={"other.bin": b"x"})
+    assert list(registry.manifests()) == [again]
+    elsewhere = ObjectRegistry(registry.store, tmp_path / "elsewhere")
+    assert list(elsewhere.manifests("tokenizer")) == [again] and list(elsewhere.manifests("model")) == []
+
+
 def test_a_manifest_naming_paths_outside_is_damage(registry):
     manifest = publish(registry, "fp-a")
     registry.store.put("manifests/fp-b.json", json.dumps({**manifest.to_json(), "fingerprint": "fp-b", "digest": "../x"}).encode())
