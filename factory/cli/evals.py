@@ -160,12 +160,13 @@ def evals_stages(
     root: RootOption = None,
 ) -> None:
     """What each training stage bought: pretrain -> sft -> rl on one benchmark. Exit 1 when a --must-improve stage did not."""
-    from factory.evals.leaderboard import stage_scores
     from factory.evals.base import EVALUATIONS
+    from factory.evals.leaderboard import stage_scores
+    from factory.registry.index import Where
 
     root = settings_of(None, root).root
     registry = open_registry(root / "registry")
-    scores = stage_scores(registry.manifests(EVALUATIONS), experiment, benchmark)
+    scores = stage_scores(registry.manifests(EVALUATIONS, Where(experiment=experiment)), experiment, benchmark)
     if not scores:
         err.print(f"error: no {benchmark} results for {experiment} in {root.resolve()}: run and evaluate it first")
         raise typer.Exit(2)

@@ -13,6 +13,7 @@ import yaml
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.kinds import main_training_kind, stage_kinds
 from factory.config.schema import Experiment
+from factory.registry.index import Where
 from factory.evals.base import EVALUATIONS
 from factory.evals.leaderboard import latest_results
 from factory.evals.scored_on import data_of, is_own_split
@@ -38,7 +39,8 @@ def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mappi
         training=_metrics(registry, training),
         curves=[TrainingCurve(plot=kind.metrics_plot(), rows=_metrics(registry, manifests.get(kind.name)))
                 for kind in stage_kinds() if kind.checkpoints],
-        evaluations=[_point(m) for m in latest_results(registry.manifests(EVALUATIONS)) if m.summary["experiment"] == experiment.name],
+        evaluations=[_point(m) for m in latest_results(registry.manifests(EVALUATIONS, Where(experiment=experiment.name)))
+                     if m.summary["experiment"] == experiment.name],
         stages=[_cost(kind, manifests[kind], cache) for kind, (_, cache) in stages.items()],
         control=_jsonl(registry.path(training.digest) / CONTROL_FILE) if training else [],
         links=links,

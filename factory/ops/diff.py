@@ -8,6 +8,7 @@ from typing import Any
 from factory.config import Experiment
 from factory.config.stages import NOT_RECIPE
 from factory.errors import ConfigError
+from factory.registry.index import HEX, ByDigest, Where
 from factory.registry.store import ArtifactStore, Manifest
 from factory.ops.bases import recipe, resolve
 from factory.ops.plan import build_plan, config_changes
@@ -85,11 +86,11 @@ def diff_artifacts(a: Manifest, b: Manifest, registry: ArtifactStore | None = No
     """What separates two published artifacts: kind, config, inputs, code, commit. With the `registry`, an input that
     differs is compared in turn (`input sft: …` then what separates the two sft artifacts: their base, data, knobs), down to
     `depth` inputs deep."""
-    manifests = {m.digest: m for m in registry.manifests()} if registry is not None else {}  # read once for every level
+    manifests = ByDigest(registry) if registry is not None else {}  # each input asked of the registry once, when compared
     return _differences(a, b, manifests, depth)
 
 
-def _differences(a: Manifest, b: Manifest, manifests: dict[str, Manifest], depth: int) -> list[str]:
+def _differences(a: Manifest, b: Manifest, manifests: ByDigest | dict[str, Manifest], depth: int) -> list[str]:
     lines = [] if a.kind == b.kind else [f"kind: {a.kind} -> {b.kind}"]
     lines += [f"config: {change}" for change in config_changes(a.config, b.config)]
     if a.base.get("from") != b.base.get("from"):
@@ -109,7 +110,7 @@ def _differences(a: Manifest, b: Manifest, manifests: dict[str, Manifest], depth
 
 def find_artifact(registry: ArtifactStore, prefix: str) -> Manifest:
     """The one manifest whose digest starts with `prefix`."""
-    matches = {m.digest: m for m in registry.manifests() if m.digest.startswith(prefix)}
+    matches = {m.digest: m for m in registry.manifests(where=Where(digest_prefix=prefix))} if HEX.fullmatch(prefix) else {}
     if len(matches) != 1:
         found = "no artifact" if not matches else f"{len(matches)} artifacts"
         raise ConfigError(f"{found} in {registry.root} with a digest starting {prefix!r}; give an experiment file or a longer digest prefix")

@@ -20,7 +20,7 @@ from factory.config import stages
 from factory.config.kinds import BLEND, main_training_kind, model_kind, provider
 from factory.config.stages import BASE, FROM_HF
 from factory.errors import ConfigError
-from factory.registry.index import Where
+from factory.registry.index import ByDigest, Where
 from factory.registry.layout import BLEND_FILE, DATASETS_FILE
 from factory.registry.store import ArtifactStore, Manifest
 
@@ -56,7 +56,7 @@ class Lineage:
 
     def __init__(self, registry: ArtifactStore) -> None:
         self.registry = registry
-        self.manifests = _ByDigest(registry)
+        self.manifests = ByDigest(registry, skip=REPORTS)
         self._children: dict[str, list[str]] = {}
         self._written_by: dict[str, list[TableVersion]] = {}
 
@@ -214,33 +214,6 @@ class Lineage:
             table, _, tag = ref.partition("@")
             return [TableVersion(table=table, tag=tag, content_tag=tag)]
         return []
-
-
-class _ByDigest:
-    """The registry's manifests by digest, each asked of its index when first needed (`None` kept for a digest that is
-    not there, or only a run report); where two fingerprints published the same bytes, the last by fingerprint."""
-
-    def __init__(self, registry: ArtifactStore) -> None:
-        self._registry = registry
-        self._known: dict[str, Manifest | None] = {}
-
-    def remember(self, manifest: Manifest) -> None:
-        self._known.setdefault(manifest.digest, manifest)
-
-    def get(self, digest: str) -> Manifest | None:
-        if digest not in self._known:
-            found = [m for m in self._registry.manifests(where=Where(digest=digest)) if m.kind not in REPORTS]
-            self._known[digest] = found[-1] if found else None
-        return self._known[digest]
-
-    def __contains__(self, digest: object) -> bool:
-        return isinstance(digest, str) and self.get(digest) is not None
-
-    def __getitem__(self, digest: str) -> Manifest:
-        manifest = self.get(digest)
-        if manifest is None:
-            raise KeyError(digest)
-        return manifest
 
 
 def describe(manifest: Manifest) -> dict[str, Any]:

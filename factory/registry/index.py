@@ -83,6 +83,37 @@ class Where:
 EVERY = Where()
 
 
+class ByDigest:
+    """A registry's manifests by digest, each asked of it (its index) when first needed and kept; `None` for a digest
+    that is not there, or only in a kind of `skip`. Where two fingerprints published the same bytes, the last by
+    fingerprint, as a listing into a dict would keep."""
+
+    def __init__(self, registry: Any, skip: tuple[str, ...] = ()) -> None:
+        self._registry, self._skip = registry, skip
+        self._known: dict[str, Any] = {}
+
+    def remember(self, manifest: Any) -> None:
+        """Keep a manifest a listing already read."""
+        self._known.setdefault(manifest.digest, manifest)
+
+    def get(self, digest: str, default: Any = None) -> Any:
+        if not isinstance(digest, str) or not HEX.fullmatch(digest):
+            return default
+        if digest not in self._known:
+            found = [m for m in self._registry.manifests(where=Where(digest=digest)) if m.kind not in self._skip]
+            self._known[digest] = found[-1] if found else None
+        return self._known[digest] if self._known[digest] is not None else default
+
+    def __contains__(self, digest: object) -> bool:
+        return isinstance(digest, str) and self.get(digest) is not None
+
+    def __getitem__(self, digest: str) -> Any:
+        manifest = self.get(digest)
+        if manifest is None:
+            raise KeyError(digest)
+        return manifest
+
+
 class ManifestIndex:
     """The index, kept in `path`, of the manifests `listing()` names (name -> version: an inode number, an ETag); `read(name)`
     parses one into its JSON form, or raises OSError or ValueError for a damaged one (the registry's own checks, which
