@@ -5,7 +5,7 @@ results), each naming its inputs, without artifact bytes: listings and lineage r
 prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of the evaluation
 results from the index when nothing changed, the same after one new manifest, the listing without the index (every
 manifest file opened and parsed, as before the index), the lineage of one model up and down (`factory lineage`'s
-questions), and the index's size on disk; then how each grows from the smallest size to the largest.
+questions), the leaderboard (`factory leaderboard`'s board), and the index's size on disk; then how each grows from the smallest size to the largest.
 
 `--smoke`: 90 and 360 manifests, 2 runs each.
 """
@@ -26,7 +26,21 @@ sys.path.insert(0, str(ROOT))
 BLOCK = (("tokenizer", {}), ("pretrain", {"tokenizer": 0}), ("sft", {"pretrain": 1}), ("rl", {"sft": 2}),
          ("model", {"pretrain": 1}), ("model", {"rl": 3}), *(("evaluations", {"training": 1 + i % 3}) for i in range(12)))
 """One experiment's artifacts, 18 manifests: its tokenizer, pretrain, SFT and RL runs, two models, twelve evaluation
-results (two in three manifests); each names its inputs by their place in the block."""
+results (two in three manifests: four checkpoints of each training run); each names its inputs by their place."""
+BENCHMARKS = ("val_bpb", "heldout_bpb")
+
+
+def summary(kind: str, block: int, place: int, fingerprints: list[str]) -> dict:
+    """What the stage would have recorded: a training run's steps, an evaluation's result as the evaluator writes it."""
+    if kind in ("pretrain", "sft", "rl"):
+        return {"steps": 100}
+    if kind != "evaluations":
+        return {}
+    training = BLOCK[place][1]["training"]
+    stage, step = BLOCK[training][0], 25 * (1 + (place - 6) // 3 % 4)
+    return {"benchmark": BENCHMARKS[place % 2], "version": 1, "lower_is_better": True, "value": 1.0 + (block * 7 + place) % 13 / 10,
+            "count": 64, "data": "", "checkpoint": f"exp-{block}__{stage}-{step:06d}", "experiment": f"exp-{block}", "step": step,
+            "tokens_seen": 1000 * step, "training": fingerprints[training], "seconds": 0.5}
 
 
 def fill(root: Path, count: int) -> None:
@@ -36,13 +50,14 @@ def fill(root: Path, count: int) -> None:
     (root / "manifests").mkdir(parents=True)
     for block in range(max(count // len(BLOCK), 1)):
         digests = [f"{block * len(BLOCK) + i:064x}" for i in range(len(BLOCK))]
+        fingerprints = [f"{kind}-{digest[-12:]}" for (kind, _), digest in zip(BLOCK, digests, strict=True)]
         for i, (kind, inputs) in enumerate(BLOCK):
-            manifest = Manifest.new(kind=kind, fingerprint=f"{kind}-{digests[i][-12:]}", digest=digests[i],
+            manifest = Manifest.new(kind=kind, fingerprint=fingerprints[i], digest=digests[i],
                                     files={"result.json" if kind == "evaluations" else "model.pt": {"sha256": digests[i], "bytes": 100}},
                                     config={"lr": 0.001 * (block % 7), "steps": 100}, inputs={name: digests[at] for name, at in inputs.items()},
                                     code="local:0123456789abcdef",
                                     provenance=Provenance(experiment=f"exp-{block}", config_hash="0" * 16, git_commit="f" * 40),
-                                    summary={"benchmark": "val_bpb", "value": 1.0 + i / 10} if kind == "evaluations" else {})
+                                    summary=summary(kind, block, i, fingerprints))
             (root / "manifests" / f"{manifest.fingerprint}.json").write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
 
 
@@ -93,6 +108,13 @@ def measure(count: int, repeat: int) -> dict[str, float]:
             graph.upstream(model.digest), graph.downstream(model.digest), graph.descendants(model.digest)
 
         figures["lineage"] = median_s(lineage, repeat)
+
+        def leaderboard() -> None:  # what `factory leaderboard` computes
+            from factory.evals.publish import current_board
+
+            assert len(current_board(store).rows) == count // len(BLOCK)
+
+        figures["leaderboard"] = median_s(leaderboard, repeat)
         figures["index_mb"] = (root / INDEX_NAME).stat().st_size / 1e6
         return figures
 
@@ -105,16 +127,17 @@ def main() -> None:
     args = parser.parse_args()
     sizes, repeat = ([90, 360], 2) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
-    print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'index MB':>9}  "
-          "ratio files / index")
+    print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'leaderboard':>12} "
+          f"{'index MB':>9}  ratio files / index")
     figures = {}
     for count in sizes:
         f = figures[count] = measure(count, repeat)
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
-              f"{f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
+              f"{f['leaderboard']:>12.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
     if len(sizes) > 1:
         small, large = figures[sizes[0]], figures[sizes[-1]]
         print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
+              f"leaderboard {large['leaderboard'] / small['leaderboard']:.1f}x, "
               f"listing from the index {large['index'] / small['index']:.1f}x, from the files {large['files'] / small['files']:.1f}x")
 
 

@@ -10,8 +10,8 @@ from dagster import ConfigurableResource, Failure, get_dagster_logger
 from factory.config import Experiment, load_text
 from factory.config.files import MAX_FILE_BYTES, read_text
 from factory.errors import ConfigError
-from factory.registry.provenance import files_at_commit
-from factory.registry.remote import fetch_branch
+from factory.registry.provenance import changed_at, files_at_commit, repo_root
+from factory.registry.remote import fetch_branch, is_ancestor
 
 REMOTE_ENV, BRANCH_ENV, RUN_EXISTING_ENV = "FACTORY_GIT_REMOTE", "FACTORY_GIT_BRANCH", "FACTORY_SENSOR_RUN_EXISTING"
 
@@ -69,13 +69,29 @@ class ExperimentFiles(ConfigurableResource):
                 get_dagster_logger().warning(f"skipped, cannot be read: {problem}")
             return texts
         try:
-            if self.remote_url():
-                # in the remote's repository: a relative directory as written, an absolute one by its last name
-                inside = Path(self.directory).name if Path(self.directory).is_absolute() else self.directory
-                return files_at_commit(inside, commit, max_bytes=MAX_FILE_BYTES, repo=self.clone_dir())
-            return files_at_commit(self.directory, commit, max_bytes=MAX_FILE_BYTES)
+            repo, inside = self._in_repository()
+            return files_at_commit(inside, commit, max_bytes=MAX_FILE_BYTES, repo=repo)
         except (OSError, ValueError, subprocess.CalledProcessError) as e:
             raise Failure(description=f"cannot read {self.directory} at commit {commit}: {e}") from e
+
+    def changed(self, old: str, new: str) -> set[Path] | None:
+        """The experiment files `new` adds or changes since `old` (paths as `texts` gives them); None when `old` is not
+        in `new`'s history (a rewritten branch, an unknown commit): then every file counts as changed."""
+        try:
+            repo, inside = self._in_repository()
+            if not is_ancestor(repo, old, new):
+                return None
+            return changed_at(repo, old, new, inside)
+        except (OSError, ValueError, subprocess.CalledProcessError) as e:
+            raise Failure(description=f"cannot compare {self.directory} at commits {old[:12]} and {new[:12]}: {e}") from e
+
+    def _in_repository(self) -> tuple[Path, str]:
+        """(the followed remote's clone, or the repository of the working tree; the directory's path in it)."""
+        if self.remote_url():
+            # in the remote's repository: a relative directory as written, an absolute one by its last name
+            return self.clone_dir(), Path(self.directory).name if Path(self.directory).is_absolute() else self.directory
+        root = repo_root(self.directory)
+        return root, Path(self.directory).resolve().relative_to(root.resolve()).as_posix()
 
     def readable_texts(self) -> tuple[dict[Path, str], list[str]]:
         """({path: text} of the working tree's experiment files that can be read, why each other one cannot): a FIFO,

@@ -24,8 +24,9 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
     urls: dict[str, tuple[str, str]] = {}
     bases: dict[str, str] = {}
     results = []
-    manifests = list(registry.manifests())  # one read of the registry for the results, the runs, the links and the bases
     main_training = main_training_kind().name
+    # the kinds it reads, each asked of the registry's index once: results, the runs, their links and bases, the models
+    manifests = [m for kind in dict.fromkeys((EVALUATIONS, *TRAINING_STAGES, model_kind().name)) for m in registry.manifests(kind)]
     for manifest in manifests:
         if manifest.kind == EVALUATIONS:
             results.append(manifest)

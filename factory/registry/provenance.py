@@ -67,11 +67,38 @@ def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max
     else:
         root, prefix = Path(repo).resolve(), Path(directory).as_posix().strip("/")
     listing = _git(root, "ls-tree", "-r", "-l", "-z", commit, "--", prefix)
-    names = []
+    blobs = {}
     for entry in filter(None, listing.split("\0")):
         meta, _, name = entry.partition("\t")
-        mode, kind, _, size = meta.split()
+        mode, kind, blob, size = meta.split()
         small = max_bytes is None or (size.isdigit() and int(size) <= max_bytes)
         if kind == "blob" and mode.startswith("100") and small and name.endswith(suffix) and "/" not in name[len(prefix) + 1 :]:
-            names.append(name)
-    return {root / name: _git_raw(root, "show", f"{commit}:{name}") for name in names}
+            blobs[name] = blob
+    return {root / name: text for name, text in zip(blobs, _blob_texts(root, list(blobs.values())), strict=True)}
+
+
+def changed_at(repo: str | Path, old: str, new: str, directory: str) -> set[Path]:
+    """The files directly in `directory` (a path inside `repo`) that `new` adds or changes since `old` (renamed ones
+    count as added), as absolute paths under `repo`."""
+    root = Path(repo).resolve()
+    prefix = directory.strip("/")
+    names = _git_raw(root, "diff", "--name-only", "--no-renames", "--diff-filter=AM", "-z", old, new, "--", prefix).split("\0")
+    return {root / name for name in names if name and "/" not in name[len(prefix) + 1 :]}
+
+
+def _blob_texts(root: Path, blobs: list[str]) -> list[str]:
+    """The texts (UTF-8) of git blobs, read by one `git cat-file --batch` rather than a process each."""
+    if not blobs:
+        return []
+    out = subprocess.run(["git", "cat-file", "--batch"], cwd=root, input="".join(f"{blob}\n" for blob in blobs).encode(),
+                         capture_output=True, check=True, timeout=60).stdout
+    texts, at = [], 0
+    for blob in blobs:
+        end = out.index(b"\n", at)
+        header = out[at:end].decode().split()  # <sha> blob <size>, or <sha> missing
+        if len(header) != 3 or header[1] != "blob":
+            raise ValueError(f"git has no blob {blob} ({' '.join(header[1:])})")
+        size = int(header[2])
+        texts.append(out[end + 1 : end + 1 + size].decode())
+        at = end + 1 + size + 1  # the blob, then a newline
+    return texts

@@ -63,12 +63,33 @@ def test_sensor_requests_runs_for_new_and_changed_files_at_head(tmp_path, tiny_p
     (experiments / "base.md").write_text("uncommitted edits are not run\n")
     second = tick(instance, experiments, cursor=first.cursor)
     keys = {r.partition_key: r.run_key for r in second.run_requests}
-    assert keys["base"] == request.run_key  # unchanged at HEAD: Dagster skips a run key it has seen
+    assert "base" not in keys  # unchanged since the commit the last tick read: not read again
     assert "refused" not in keys  # loads, but `factory check` refuses it: never started
     sweep_keys = sorted(k for k in keys if k != "base")
     assert sweep_keys == [f"sweep.lr={lr}.vocab_size={v}" for lr in ("0.001", "0.003") for v in ("1024", "512")]
     assert all("|" not in key for key in keys)
     assert second.cursor != first.cursor
+
+
+def test_a_new_commit_reads_only_the_files_it_adds_or_changes(tmp_path, tiny_path):
+    repo, experiments = local_repo(tmp_path, tiny_path)
+    for seed, name in enumerate(("a", "b", "c")):
+        (experiments / f"{name}.md").write_text(f"---\nextends: base.md\nseed: {seed}\n---\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "three")
+    instance = DagsterInstance.ephemeral()
+    first = tick(instance, experiments, run_existing=True)
+    assert {r.partition_key for r in first.run_requests} == {"base", "a", "b", "c"}
+
+    (experiments / "b.md").write_text("---\nextends: base.md\nseed: 9\n---\n")
+    (experiments / "c.md").unlink()
+    (experiments / "d.md").write_text("---\nextends: base.md\nseed: 4\n---\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "change b, remove c, add d")
+    second = tick(instance, experiments, cursor=first.cursor)
+    keys = {r.partition_key: r.run_key for r in second.run_requests}
+    assert set(keys) == {"b", "d"}
+    assert keys["b"] != {r.partition_key: r.run_key for r in first.run_requests}["b"]
 
 
 def test_sensor_skips_outside_git(tmp_path):
@@ -128,11 +149,10 @@ def test_sensor_follows_a_remote_branch(tmp_path, remote):
     merge = subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True).stdout.strip()
     second = remote_tick(instance, tmp_path, bare, cursor=first.cursor)
     by_file = {r.tags[SOURCE_TAG]: r for r in second.run_requests}
-    assert set(by_file) == {"base.md", "more.md"}  # base.md's run key is unchanged since it was there: Dagster skips it
+    assert set(by_file) == {"more.md"}  # base.md was there when the sensor started: never run
     more = by_file["more.md"]
     assert more.partition_key == "more" and second.cursor == merge
     assert more.tags[COMMIT_TAG] == merge and more.tags[FILE_TAG] == "experiments/more.md" and more.tags[MERGE_TAG] == merge
-    assert by_file["base.md"].tags[MERGE_TAG] != merge  # base.md came with an earlier commit
     assert FILE_URL_TAG not in more.tags  # a path remote has no web page
     assert isinstance(remote_tick(instance, tmp_path, bare, cursor=second.cursor), SkipReason)
 
@@ -154,14 +174,14 @@ def test_force_push_reads_the_new_tip(tmp_path, remote, capsys):
     start = remote_tick(instance, tmp_path, bare).cursor
     (work / "experiments" / "gone.md").write_text("---\nextends: base.md\nseed: 3\n---\n")
     pushed = push(work, "gone")
-    assert {r.partition_key for r in remote_tick(instance, tmp_path, bare, cursor=start).run_requests} == {"base", "gone"}
+    assert {r.partition_key for r in remote_tick(instance, tmp_path, bare, cursor=start).run_requests} == {"gone"}
     git(work, "reset", "-q", "--hard", "HEAD~1")
     (work / "experiments" / "kept.md").write_text("---\nextends: base.md\nseed: 5\n---\n")
     rewritten = push(work, "kept", "--force")
     after = remote_tick(instance, tmp_path, bare, cursor=pushed)
     assert after.cursor == rewritten
     assert f"was rewritten (force-push): {pushed[:12]}" in capsys.readouterr().err  # the tick's warning
-    assert {r.partition_key for r in after.run_requests} == {"base", "kept"}
+    assert {r.partition_key for r in after.run_requests} == {"base", "kept"}  # the old tip is not in the new history: all read
 
 
 
