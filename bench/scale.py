@@ -1,13 +1,15 @@
-"""Listing a registry's manifests at a lab's size: from its index vs from the manifest files, side by side (`make bench`).
+"""The control plane at a lab's size (`make bench`): listings, lineage and the leaderboard over a registry of 1k to 100k
+manifests (from its index, and listings from the manifest files as before the index), and the experiments sensor's tick.
 
 A registry is filled with N manifests in experiments of a lab's mix of kinds (`BLOCK`: two in three are evaluation
 results), each naming its inputs, without artifact bytes: listings and lineage read manifests only. For each size it
 prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of the evaluation
 results from the index when nothing changed, the same after one new manifest, the listing without the index (every
-manifest file opened and parsed, as before the index), the lineage of one model up and down (`factory lineage`'s
-questions), the leaderboard (`factory leaderboard`'s board), and the index's size on disk; then how each grows from the smallest size to the largest.
+manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the leaderboard
+(`factory leaderboard`'s board), and the index's size on disk. Then the experiments sensor's tick at a commit that changes
+one file among 10, 100 and 1,000 experiment files in a git repository; then how each figure grows with the size.
 
-`--smoke`: 90 and 360 manifests, 2 runs each.
+`--smoke`: 90 and 360 manifests, 5 and 20 files, 2 runs each.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,6 +122,43 @@ def measure(count: int, repeat: int) -> dict[str, float]:
         return figures
 
 
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=b@b", "-c", "user.name=b", *args], cwd=repo, check=True, capture_output=True)
+
+
+def sensor_tick(files: int, repeat: int) -> float:
+    """The experiments sensor's tick at a commit that changes one of `files` experiment files (each extending the tiny
+    recipe, all committed before): median seconds of `repeat` ticks, each after a new such commit."""
+    from dagster import DagsterInstance, build_sensor_context
+
+    from assets.sensors import experiments_at_head
+    from resources import ExperimentFiles, FactoryStores
+
+    with tempfile.TemporaryDirectory(prefix="bench-sensor-") as tmp:
+        repo = Path(tmp) / "repo"
+        experiments = repo / "experiments"
+        experiments.mkdir(parents=True)
+        git(repo, "init", "-q")
+        (experiments / "base.md").write_text((ROOT / "experiments" / "tiny-code-lm.md").read_text())
+        for i in range(files - 1):
+            (experiments / f"e{i:05d}.md").write_text(f"---\nextends: base.md\nseed: {i}\n---\nVariant {i}.\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-qm", "files")
+        instance = DagsterInstance.ephemeral()
+        resources = {"experiments": ExperimentFiles(directory=str(experiments)), "stores": FactoryStores(root=str(Path(tmp) / ".factory"))}
+        cursor = experiments_at_head(build_sensor_context(instance=instance, resources=resources)).cursor
+        times = []
+        for round_ in range(repeat):
+            (experiments / "e00000.md").write_text(f"---\nextends: base.md\nseed: {1000 + round_}\n---\nChanged.\n")
+            git(repo, "commit", "-qam", f"change {round_}")
+            started = time.perf_counter()
+            result = experiments_at_head(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+            times.append(time.perf_counter() - started)
+            assert len(result.run_requests) == 1, result
+            cursor = result.cursor
+        return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="90 and 360 manifests, 2 runs each: checks the bench runs")
@@ -134,6 +174,10 @@ def main() -> None:
         f = figures[count] = measure(count, repeat)
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
               f"{f['leaderboard']:>12.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
+    ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
+    for files, seconds in ticks.items():
+        print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
+    print(f"ratio sensor tick among {max(ticks):,} / among {min(ticks):,} files: {ticks[max(ticks)] / ticks[min(ticks)]:.2f}x")
     if len(sizes) > 1:
         small, large = figures[sizes[0]], figures[sizes[-1]]
         print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
