@@ -48,7 +48,8 @@ def runs_of(manifests: Iterable[Manifest]) -> Runs:
             trainings.setdefault(m.digest, []).append(m.fingerprint)
     steps = {m.fingerprint: m.summary["steps"] for m in manifests if m.kind in TRAINING_STAGES and isinstance(m.summary.get("steps"), int)}
     exported: dict[str, str] = {}
-    for model in (m for m in manifests if m.kind == model_kind().name):
+    models = model_kind().name
+    for model in (m for m in manifests if m.kind == models):
         last = [model.inputs[name] for name in TRAINING_STAGES if name in model.inputs][-1:]
         exported.update((fingerprint, model.digest) for digest in last for fingerprint in trainings.get(digest, []))
     return Runs(exported=exported, steps=steps)
