@@ -31,6 +31,7 @@ from factory.config.schema import ModelConfig
 from factory.config.stages import BASE, NOT_RECIPE, PENDING, inherited_inputs, stages_of
 from factory.errors import ConfigError
 from factory.registry.aliases import known_aliases, standing
+from factory.registry.index import HEX, ByDigest, Where
 from factory.registry.layout import MODEL_CONFIG
 from factory.registry.store import ArtifactStore, Manifest
 from factory.config.kinds import computed_datasets
@@ -110,9 +111,14 @@ def resolve(
 
 def _from_registry(section: str, ref: ParsedRef, registry: ArtifactStore, pinned: str | None, fail: Failer) -> Base:
     """An alias or a digest (or any reference a run pinned): the published model it names now."""
-    models = {m.digest: m for m in registry.manifests(model_kind().name)}
+    kind = model_kind().name
+
+    def model_named(digest: str | None) -> list[Manifest]:
+        """The model published with this digest (the last by fingerprint, as a listing into a dict keeps), if any."""
+        return list(registry.manifests(kind, Where(digest=digest)))[-1:] if digest and HEX.fullmatch(digest) else []
+
     if pinned is not None:
-        found = [models[pinned]] if pinned in models else []
+        found = model_named(pinned)
         how = "pinned when the run was planned"
     elif ref.form == "alias":
         now = standing(registry, ref.name)
@@ -120,17 +126,18 @@ def _from_registry(section: str, ref: ParsedRef, registry: ArtifactStore, pinned
             known = ", ".join(known_aliases(registry)) or "none yet"
             raise fail(f"alias {ref.name!r} names no model in the registry at {registry.root} (aliases: {known}); promote one with "
                        f"`factory promote MODEL --as {ref.name}`, or name a model by digest (model@<sha256>)")
-        found = [models[now.model]] if now.model in models else []
+        found = model_named(now.model)
         record = now.promotion or {}
         how = f"promoted {str(record.get('at', '?'))[:10]}" + (f" by {record['by']}" if record.get("by") else "")
         if not found:
             raise fail(f"alias {ref.name!r} names model {now.model[:12]}, which is not in the registry at {registry.root} (damaged or "
                        "removed); promote another model or repair the registry (`factory registry verify`)")
     else:
-        found = [m for digest, m in models.items() if digest.startswith(ref.digest)]
+        prefix = ref.digest if HEX.fullmatch(ref.digest) else None
+        found = list({m.digest: m for m in registry.manifests(kind, Where(digest_prefix=prefix))}.values()) if prefix else []
         how = ""
         if len(found) != 1:
-            recent = sorted(models.values(), key=lambda m: m.created)[-5:]
+            recent = sorted({m.digest: m for m in registry.manifests(kind)}.values(), key=lambda m: m.created)[-5:]
             listing = "; ".join(f"{m.digest[:12]} ({m.experiment}, {m.created[:10]})" for m in recent) or "none"
             what = "no model" if not found else f"{len(found)} models"
             raise fail(f"{what} in the registry at {registry.root} with a digest starting {ref.digest!r} (latest models: {listing})")
@@ -243,7 +250,7 @@ def _repository(path: Path) -> Path:
 def _lineage_inputs(registry: ArtifactStore, model: Manifest, fail: Failer) -> dict[str, str]:
     """{`base`: the model, and the blend and tokenizer it was trained with}, found by walking its manifests' inputs."""
     wanted = set(inherited_inputs())
-    by_digest = {m.digest: m for m in registry.manifests()}
+    by_digest = ByDigest(registry)
     found: dict[str, str] = {}
     todo, seen = [model], set()
     while todo and len(found) < len(wanted):  # breadth first: the nearest blend and tokenizer
@@ -263,7 +270,8 @@ def _lineage_inputs(registry: ArtifactStore, model: Manifest, fail: Failer) -> d
 
 def _inherited_from_registry(registry: ArtifactStore, inputs: Mapping[str, str]) -> dict[str, Any]:
     """The tokenizer and blend settings a published model was trained with, as their artifacts recorded them."""
-    configs = {m.digest: m.config for m in registry.manifests() if m.digest in inputs.values()}
+    by_digest = ByDigest(registry)
+    configs = {digest: m.config for digest in inputs.values() if (m := by_digest.get(digest)) is not None}
     tokenizer = configs.get(inputs[provider(TOKENIZER).name], {})
     blend = configs.get(inputs[provider(BLEND).name], {})
     return {"tokenizer": tokenizer.get("tokenizer", tokenizer),

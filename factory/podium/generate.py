@@ -103,17 +103,15 @@ class Completion:
 def candidates(registry: ArtifactStore, chosen: Collection[str] = ()) -> list[Candidate]:
     """Every published model and every checkpoint no model was exported from, newest first (one entry per sha256); a
     checkpoint a model was exported from too when it is `chosen` (by sha256: a link to that checkpoint opens it)."""
-    manifests = list(registry.manifests())
-    by_digest = {m.digest: m for m in manifests}
     found: dict[str, Candidate] = {}
     exported: set[tuple[str, int]] = set()  # (training artifact, step): the checkpoints that are a model listed already
-    for manifest in (m for m in manifests if m.kind == model_kind().name):
-        candidate = _model(registry, manifest, by_digest)
+    for manifest in registry.manifests(model_kind().name):
+        candidate = _model(registry, manifest)
         if candidate is not None:
             found.setdefault(candidate.sha256, candidate)
             last = [manifest.inputs[name] for name in TRAINING_STAGES if name in manifest.inputs][-1:]  # what the model stage exports
             exported.update((digest, candidate.step) for digest in last)
-    for manifest in (m for m in manifests if m.kind in TRAINING_STAGES):
+    for manifest in (m for kind in TRAINING_STAGES for m in registry.manifests(kind)):
         for c in _checkpoints(registry, manifest):
             if (c.digest, c.step) not in exported or c.sha256 in chosen:
                 found.setdefault(c.sha256, c)
@@ -146,7 +144,7 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
     return out
 
 
-def _model(registry: ArtifactStore, manifest: Manifest, by_digest: dict[str, Manifest]) -> Candidate | None:
+def _model(registry: ArtifactStore, manifest: Manifest) -> Candidate | None:
     base = registry.path(manifest.digest)
     weights = manifest.files.get(MODEL_WEIGHTS)
     try:
