@@ -1,12 +1,17 @@
 """Every bench under bench/ runs at a tiny size (`--smoke`) and prints its ratio lines, so that none stops working while
 nothing else runs it (bench/overhead.py did, unnoticed, when the held-out benchmark joined the tiny recipe).
 
-Each bench runs as `make bench` runs it, a script in a process of its own. Its figures are not checked: at a smoke
-size, on a loaded machine, they measure nothing worth comparing.
+Each bench runs as `make bench` runs it, a script in a process of its own, forked from one that imported the libraries
+the benches import (`tests/bench/warm.py`): seventeen benches would otherwise pay two or three seconds of imports each.
+Its figures are not checked: at a smoke size, on a loaded machine, they measure nothing worth comparing.
 """
 
+import contextlib
+import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,11 +30,48 @@ SMOKE_TIMEOUT_S = 600
 pytestmark = pytest.mark.slow  # about two CPU-minutes in all, one bench after another: scheduled first
 
 
-def smoke(name: str, *options: str) -> subprocess.CompletedProcess:
-    """`python bench/NAME --smoke OPTIONS`, on one thread (a smoke size gains nothing from more)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "bench" / name), "--smoke", *options], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=SMOKE_TIMEOUT_S)
+class Warm:
+    """`tests/bench/warm.py` started: it runs each bench in a process forked from one that imported their libraries."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # a smoke size gains nothing from more threads
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm.py"))], cwd=REPO, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        assert json.loads(self._answer(120)) == {"ready": True}
+
+    def run(self, script: Path, argv: list[str], directory: Path) -> subprocess.CompletedProcess:
+        out, err = directory / "stdout", directory / "stderr"
+        self.process.stdin.write(json.dumps({"script": str(script), "argv": argv, "out": str(out), "err": str(err)}).encode() + b"\n")
+        self.process.stdin.flush()
+        code = json.loads(self._answer(SMOKE_TIMEOUT_S))["code"]
+        return subprocess.CompletedProcess([str(script), *argv], code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def _answer(self, timeout_s: float) -> bytes:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        if not ready:
+            self.stop()
+            raise TimeoutError(f"no answer from tests/bench/warm.py within {timeout_s} s")
+        line = self.process.stdout.readline()
+        assert line, f"tests/bench/warm.py exited {self.process.wait()}"
+        return line
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def warm():
+    runner = Warm()
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def smoke(warm, tmp_path):
+    """`python bench/NAME --smoke OPTIONS` (through `warm`), on one thread."""
+    return lambda name, *options: warm.run(REPO / "bench" / name, ["--smoke", *options], tmp_path)
 
 
 def ratio_lines(output: str) -> list[str]:
@@ -37,13 +79,13 @@ def ratio_lines(output: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.e2e) if name in THROUGH_DAGSTER else name for name in BENCHES])
-def test_a_bench_runs_at_its_smoke_size_and_prints_its_ratios(name):
+def test_a_bench_runs_at_its_smoke_size_and_prints_its_ratios(name, smoke):
     done = smoke(name)
     assert done.returncode == 0, f"bench/{name} --smoke exited {done.returncode}:\n{done.stderr[-4000:]}"
     assert ratio_lines(done.stdout), f"bench/{name} --smoke printed no ratio:\n{done.stdout[-4000:]}"
 
 
-def test_the_gpu_bench_runs_on_two_gpus_and_refuses_cleanly_with_fewer():
+def test_the_gpu_bench_runs_on_two_gpus_and_refuses_cleanly_with_fewer(smoke):
     import torch
 
     done = smoke("fsdp.py", "--device", "cuda")
