@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -155,6 +156,12 @@ class ManifestIndex:
     def _open(self) -> sqlite3.Connection:
         with contextlib.suppress(OSError):  # a directory that cannot be made: sqlite3 says so
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", "-journal", "-wal", "-shm"):  # a FIFO or a device there would hang SQLite's first read
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.lstat(f"{self.path}{suffix}").st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    log.warning("the registry's index %s%s is not a regular file: building the index again", self.path, suffix)
+                    self.drop()
         try:
             return _connect(self.path)
         except (_Damaged, sqlite3.DatabaseError) as e:

@@ -161,3 +161,29 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     assert not [path for path in opened if "/manifests/" in path], opened
     assert [node["digest"] for node in answers["up"]["from"]] == [a]
     assert sorted(node["kind"] for node in answers["down"]["to"]) == ["evaluations", "model"]
+
+
+HOSTILE = textwrap.dedent(
+    """
+    import sys
+    from factory.registry import ArtifactStore
+    print(sorted(m.fingerprint for m in ArtifactStore(sys.argv[1]).manifests()))
+    """
+)
+
+
+@pytest.mark.parametrize("thing", ["fifo", "link-to-dev-zero", "fifo-journal"])
+def test_a_fifo_or_a_link_where_the_index_belongs_is_replaced_never_waited_on(store, thing):
+    publish(store, "fp-a")
+    index = store.root / INDEX_NAME
+    if thing == "fifo":
+        os.mkfifo(index)
+    elif thing == "link-to-dev-zero":
+        index.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(f"{index}-journal")
+    done = subprocess.run([sys.executable, "-c", HOSTILE, str(store.root)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.strip() == "['fp-a']", done.stderr
+    assert "is not a regular file" in done.stderr
+    assert Path("/dev/zero").is_char_device()
