@@ -23,6 +23,7 @@ from assets.stages import CHECK_SPECS
 from factory.config.kinds import model_kind
 from factory.errors import FactoryError
 from factory.registry import open_registry
+from factory.registry.index import Where
 from factory.ops.promote import demote, grounds, promote, standing
 from resources import FactoryStores
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     instance = DagsterInstance.get()
     try:
         if args.action == "promote":
-            model = next((m for m in registry.manifests(model_kind().name) if m.digest == args.model), None)
+            model = next(iter(registry.manifests(model_kind().name, Where(digest=args.model))), None)
             if model is None:
                 print(f"error: no model artifact {args.model}", file=sys.stderr)
                 return 2

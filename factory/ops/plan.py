@@ -22,6 +22,7 @@ from factory.config.sources import changed_files, source_files
 from factory.config.base_refs import ALIAS_PREFIX
 from factory.config.stages import BASE, PENDING, placement, stages_of
 from factory.devices import where as where_it_runs
+from factory.registry.index import Where
 from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
@@ -56,7 +57,8 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
     the stage that starts from it says so."""
     plans: list[StagePlan] = []
     first_runner: dict[str, str] = {}
-    history = functools.cache(lambda: list(registry.manifests()))  # read once, when a stage to run first needs a reason
+    # what an experiment's stage produced before, asked of the registry's index when a stage to run needs a reason
+    history = functools.cache(lambda kind, name: list(registry.manifests(kind, Where(experiment=name))))
     for experiment in experiments:
         base = resolve(experiment, registry) if experiment.base is not None and not experiment.bound else None
         experiment = bound_with(experiment, base)
@@ -111,7 +113,8 @@ def counts(plans: Iterable[StagePlan]) -> dict[str, int]:
 
 
 def _decide(
-    experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str], history: Callable[[], list[Manifest]]
+    experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str],
+    history: Callable[[str, str], list[Manifest]],
 ) -> tuple[str, str, str]:
     manifest = registry.lookup(spec.fingerprint)
     if manifest is not None:
@@ -125,7 +128,8 @@ def _decide(
     if spec.fingerprint in first_runner:
         return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
     first_runner[spec.fingerprint] = experiment.name
-    return "run", why_run(experiment.name, spec, history(), registry, experiment.base[1] if experiment.base else None) + note, pending
+    return "run", why_run(experiment.name, spec, history(spec.kind, experiment.name), registry,
+                          experiment.base[1] if experiment.base else None) + note, pending
 
 
 def why_run(
