@@ -75,10 +75,11 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
     root = experiments.clone_dir().resolve() if remote else repo_root(experiments.directory)
     requests, new, still = [], [], []
     texts = experiments.texts(commit)
-    # A new commit: the files it adds or changes since the last one read (every file on a first tick, or when the branch
-    # was rewritten); the same commit: neither. Both: the files that wait for a base model another file makes.
+    # A new commit: the files it adds or changes since the last one read, and the files that name those (every file on a
+    # first tick, or when the branch was rewritten); the same commit: neither. Both: the files that wait for a base
+    # model another file makes.
     again = seen == commit
-    changed = experiments.changed(seen, commit) if seen is not None and not again else None
+    changed = experiments.changed(seen, commit, texts) if seen is not None and not again else None
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
     registry, read = stores.registry(), reader(texts)
     for path, text in texts.items():

@@ -74,16 +74,24 @@ class ExperimentFiles(ConfigurableResource):
         except (OSError, ValueError, subprocess.CalledProcessError) as e:
             raise Failure(description=f"cannot read {self.directory} at commit {commit}: {e}") from e
 
-    def changed(self, old: str, new: str) -> set[Path] | None:
-        """The experiment files `new` adds or changes since `old` (paths as `texts` gives them); None when `old` is not
-        in `new`'s history (a rewritten branch, an unknown commit): then every file counts as changed."""
+    def changed(self, old: str, new: str, texts: dict[Path, str]) -> set[Path] | None:
+        """The experiment files `new` adds or changes since `old` (paths as `texts`, the files at `new`, gives them), and
+        those that name one of them (`extends: base.md`, a `from:` file), named or not yet: a file that did not load for
+        want of another loads once it comes. None when `old` is not in `new`'s history (a rewritten branch, an unknown
+        commit): then every file counts as changed."""
         try:
             repo, inside = self._in_repository()
             if not is_ancestor(repo, old, new):
                 return None
-            return changed_at(repo, old, new, inside)
+            changed = changed_at(repo, old, new, inside)
         except (OSError, ValueError, subprocess.CalledProcessError) as e:
             raise Failure(description=f"cannot compare {self.directory} at commits {old[:12]} and {new[:12]}: {e}") from e
+        names = {path.name for path in changed}
+        while names:  # what names a changed file is read again, and then what names that one
+            more = {path for path, text in texts.items() if path not in changed and any(name in text for name in names)}
+            changed |= more
+            names = {path.name for path in more}
+        return changed
 
     def _in_repository(self) -> tuple[Path, str]:
         """(the followed remote's clone, or the repository of the working tree; the directory's path in it)."""

@@ -7,7 +7,7 @@ reader builds it again). Each reader brings it up to date first, cheaply:
   links a manifest in; a repair renames one over; a person or a collector removes one). While it equals the mtime the
   index recorded, and that record is not "racily clean" (taken within `RACY_NS` of the change, when a second change
   could share its timestamp), nothing is read;
-- otherwise the manifests are listed with a version each (on disk: names and inode numbers from the directory, no file
+- otherwise the manifests are listed with a version each (on disk: each file's size, mtime, ctime and inode, no file
   opened; in an object store: keys and ETags, one LIST request per thousand) and only the manifests that are new or
   have another version are read; rows of manifests gone are dropped.
 A damaged manifest is recorded as such (so it is not read again on every listing, and warned about once), until it is
@@ -32,11 +32,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 2
-RACY_NS = 100_000_000
+SCHEMA_VERSION = 3
+RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
-file system stamps changes with a coarse clock (a few milliseconds a tick), and a second change within the tick of the
-first would leave the same mtime."""
+file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
+second change within the tick of the first would leave the same mtime."""
 BUSY_TIMEOUT_S = 60
 HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
@@ -50,7 +50,7 @@ CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest);
 CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-"""A row per manifest (kind and body NULL for a damaged one), a row per input it names (what `Where.made_from` asks)."""
+"""A row per readable manifest, a row per input it names (what `Where.made_from` asks)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,11 +179,11 @@ class ManifestIndex:
         for attempt in (1, 2):
             try:
                 return [parse(body) for body in self.bodies(kind, where)]
-            except sqlite3.OperationalError as e:
+            except sqlite3.OperationalError as e:  # no index can be kept here, or it is locked
                 log.debug("listing manifests without the index %s (%s)", self.path, e)
                 break
-            except (TypeError, ValueError) as e:
-                log.warning("the registry's index %s holds what is not a manifest (%s): %s", self.path, e,
+            except (sqlite3.DatabaseError, _Damaged, TypeError, ValueError, RecursionError) as e:  # damaged pages or rows
+                log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
                             "building it again" if attempt == 1 else "reading the manifests themselves")
                 self.drop()
         return [m for m in every() if kind in (None, m.kind) and where.holds(m)]
@@ -195,7 +195,8 @@ class ManifestIndex:
                 os.unlink(f"{self.path}{suffix}")
 
     def _refresh(self, db: sqlite3.Connection) -> None:
-        """Bring the rows up to date with the manifests (module docstring)."""
+        """Bring the rows up to date with the manifests (module docstring). A manifest that cannot be read now (damaged,
+        or refused to this process) gets no row, and the next reader lists the manifests again, so it is read again."""
         known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('mtime', 'listed')").fetchall())
         if self._changed is not None and known.get("mtime") == self._changed() and known.get("listed", 0) - known["mtime"] > RACY_NS:
             return
@@ -205,26 +206,28 @@ class ManifestIndex:
             changed = self._changed() if self._changed is not None else 0
             present = self._listing()
             indexed = dict(db.execute("SELECT name, version FROM manifests").fetchall())
-            gone = indexed.keys() - present.keys()
-            db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in gone))
-            db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in gone))
+            stale = (indexed.keys() - present.keys()) | {name for name, version in present.items() if indexed.get(name, version) != version}
+            db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in stale))
+            db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in stale))
+            unread = 0
             for name, version in present.items():
-                if indexed.get(name) != version:
-                    body = self._body(name)
-                    db.execute("INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?)",
-                               (name, version, *((body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True))
-                                                 if body is not None else (None, None, None, None))))
-                    db.execute("DELETE FROM inputs WHERE name = ?", (name,))
-                    if body is not None:
-                        db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", changed), ("listed", listed)))
+                if name in indexed and name not in stale:
+                    continue
+                body = self._body(name)
+                if body is None:
+                    unread += 1
+                    continue
+                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?)",
+                           (name, version, body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True)))
+                db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
     def _body(self, name: str) -> dict[str, Any] | None:
-        """The JSON form of one manifest; None when it is damaged (the reader warned)."""
+        """The JSON form of one manifest; None when it cannot be read (the reader warned)."""
         try:
             return self._read(name)
         except (OSError, ValueError):
@@ -251,13 +254,19 @@ class _Damaged(Exception):
 
 
 def _directory_listing(directory: Path) -> dict[str, str]:
-    """Manifest name -> inode number, from the directory's entries alone (no file opened); nothing when there is no
-    directory to list."""
+    """Manifest name -> its version: size, mtime, ctime and inode (a file written in place, or a new file at a reused
+    inode, has another), from the directory's entries (no file opened); nothing when there is no directory to list."""
+    found = {}
     try:
         with os.scandir(directory) as entries:
-            return {entry.name.removesuffix(".json"): str(entry.inode()) for entry in entries if entry.name.endswith(".json")}
+            for entry in entries:
+                if entry.name.endswith(".json"):
+                    with contextlib.suppress(FileNotFoundError):  # removed while listed
+                        info = entry.stat(follow_symlinks=False)
+                        found[entry.name.removesuffix(".json")] = f"{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}-{info.st_ino}"
     except (FileNotFoundError, NotADirectoryError):
         return {}
+    return found
 
 
 def _mtime(directory: Path) -> int:

@@ -78,11 +78,11 @@ def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max
 
 
 def changed_at(repo: str | Path, old: str, new: str, directory: str) -> set[Path]:
-    """The files directly in `directory` (a path inside `repo`) that `new` adds or changes since `old` (renamed ones
-    count as added), as absolute paths under `repo`."""
+    """The files directly in `directory` (a path inside `repo`) that `new` adds or changes (content or type) since `old`
+    (renamed ones count as added), as absolute paths under `repo`."""
     root = Path(repo).resolve()
     prefix = directory.strip("/")
-    names = _git_raw(root, "diff", "--name-only", "--no-renames", "--diff-filter=AM", "-z", old, new, "--", prefix).split("\0")
+    names = _git_raw(root, "diff", "--name-only", "--no-renames", "--diff-filter=AMT", "-z", old, new, "--", prefix).split("\0")
     return {root / name for name in names if name and "/" not in name[len(prefix) + 1 :]}
 
 

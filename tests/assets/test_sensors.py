@@ -92,6 +92,22 @@ def test_a_new_commit_reads_only_the_files_it_adds_or_changes(tmp_path, tiny_pat
     assert keys["b"] != {r.partition_key: r.run_key for r in first.run_requests}["b"]
 
 
+def test_a_file_that_did_not_load_for_want_of_another_runs_once_that_one_comes(tmp_path, tiny_path):
+    repo, experiments = local_repo(tmp_path, tiny_path)
+    instance = DagsterInstance.ephemeral()
+    start = tick(instance, experiments).cursor
+    (experiments / "child.md").write_text("---\nextends: parent.md\nseed: 4\n---\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "child of a parent not there yet")
+    first = tick(instance, experiments, cursor=start)
+    assert not first.run_requests  # it does not load: parent.md is missing
+    (experiments / "parent.md").write_text("---\nextends: base.md\nseed: 8\n---\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "the parent")
+    second = tick(instance, experiments, cursor=first.cursor)
+    assert {r.partition_key for r in second.run_requests} == {"child", "parent"}
+
+
 def test_sensor_skips_outside_git(tmp_path):
     assert isinstance(tick(DagsterInstance.ephemeral(), tmp_path), SkipReason)
 

@@ -9,14 +9,17 @@ the bench's process ended (its output in the two files).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
 import sys
 import traceback
 
-WARM = ("numpy", "torch", "pyarrow", "pyarrow.parquet", "dagster", "transformers", "factory.config", "factory.registry")
-"""What every bench imports, or most: imported before any fork. No threads are started by importing them."""
+WARM = ("numpy", "torch", "dagster", "factory.config")
+"""What every bench imports, or most, imported before any fork: none starts a thread on import, and none reads a setting
+a bench sets before importing it (transformers' HF_HUB_OFFLINE, for one, is left to the benches; pyarrow, whose
+allocator starts a thread, too)."""
 
 
 def run(request: dict) -> int:
@@ -27,7 +30,8 @@ def run(request: dict) -> int:
         try:
             for fd, path in ((1, request["out"]), (2, request["err"])):
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
-            sys.stdin = open(os.devnull)  # noqa: SIM115  (the protocol's pipe is not the bench's)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the protocol's pipe is not the bench's, nor its children's
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
             sys.argv = [request["script"], *request["argv"]]
             sys.path.insert(0, os.path.dirname(request["script"]))
             try:
@@ -41,6 +45,7 @@ def run(request: dict) -> int:
             except BaseException:  # noqa: BLE001  (what Python prints for an uncaught exception, and exit 1)
                 traceback.print_exc()
         finally:
+            atexit._run_exitfuncs()  # what an interpreter's exit runs (a bench's own handlers), then no teardown
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

@@ -68,6 +68,14 @@ def test_the_index_follows_manifests_published_removed_and_replaced(store):
     repaired = publish(store, "fp-c", files={"c.bin": b"c"})
     assert listing(store) == [("fp-b", listing(store)[0][1]), ("fp-c", repaired.digest)]
 
+    # a manifest written over in place (the same inode) or anew at a reused inode is read again
+    manifest = store.root / "manifests" / "fp-b.json"
+    other = json.loads((store.root / "manifests" / "fp-c.json").read_text())
+    with open(manifest, "r+") as f:  # same inode, other bytes
+        f.truncate(0)
+        f.write(json.dumps({**other, "fingerprint": "fp-b"}))
+    assert listing(store) == [("fp-b", repaired.digest), ("fp-c", repaired.digest)]
+
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "not-a-manifest", "other-schema"])
 def test_a_damaged_index_is_rebuilt_from_the_manifests_with_a_warning(store, caplog, damage):
