@@ -75,14 +75,14 @@ def median_s(action: Callable[[], object], repeat: int) -> float:
 
 def measure(count: int, repeat: int) -> dict[str, float]:
     from factory.registry import ArtifactStore
-    from factory.registry.index import INDEX_NAME, ManifestIndex
+    from factory.registry.index import INDEX_NAME
     from factory.registry.store import parse_manifest
 
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         root = Path(tmp) / "registry"
         fill(root, count)
         store = ArtifactStore(root)
-        index = ManifestIndex.of_directory(root / INDEX_NAME, root / "manifests", store._indexed)
+        index = store.index()
 
         def build() -> None:
             index.drop()

@@ -117,15 +117,14 @@ class ByDigest:
 
 class ManifestIndex:
     """The index, kept in `path`, of the manifests `listing()` names (name -> version: an inode number, an ETag); `read(name)`
-    parses one into its JSON form, or raises OSError or ValueError for a damaged one (the registry's own checks, which
-    warn). `changed()`, where there is one, stamps the manifests' directory (module docstring)."""
+    parses one into its JSON form, or gives None for one it cannot read (the registry's own checks, which warn). `changed()`, where there is one, stamps the manifests' directory (module docstring)."""
 
-    def __init__(self, path: Path, listing: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any]],
+    def __init__(self, path: Path, listing: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any] | None],
                  changed: Callable[[], int] | None = None) -> None:
         self.path, self._listing, self._read, self._changed = path, listing, read, changed
 
     @classmethod
-    def of_directory(cls, path: Path, directory: Path, read: Callable[[Path], dict[str, Any]]) -> ManifestIndex:
+    def of_directory(cls, path: Path, directory: Path, read: Callable[[Path], dict[str, Any] | None]) -> ManifestIndex:
         """The index of the `<name>.json` files in a local directory."""
         return cls(path, lambda: _directory_listing(directory), lambda name: read(directory / f"{name}.json"), lambda: _mtime(directory))
 
@@ -213,7 +212,7 @@ class ManifestIndex:
             for name, version in present.items():
                 if name in indexed and name not in stale:
                     continue
-                body = self._body(name)
+                body = self._read(name)
                 if body is None:
                     unread += 1
                     continue
@@ -225,14 +224,6 @@ class ManifestIndex:
         except BaseException:
             db.execute("ROLLBACK")
             raise
-
-    def _body(self, name: str) -> dict[str, Any] | None:
-        """The JSON form of one manifest; None when it cannot be read (the reader warned)."""
-        try:
-            return self._read(name)
-        except (OSError, ValueError):
-            return None
-
 
 def _connect(path: Path) -> sqlite3.Connection:
     """The index at `path`, its tables made; _Damaged or sqlite3.DatabaseError when the file is no such index."""

@@ -166,7 +166,7 @@ class ObjectRegistry(Scratch):
         warning. Listed from a local index of the store's manifests (`factory.registry.index`: one LIST of their keys and
         ETags, then a GET of each manifest new since the last listing), or, where no index can be kept, a GET of each."""
         index = ManifestIndex(self.root / f"index-{hashlib.sha256(self.location.encode()).hexdigest()[:16]}.sqlite",
-                              self._manifest_versions, self._indexed)
+                              self._manifest_versions, lambda name: m.to_json() if (m := self._manifest(name)) is not None else None)
         yield from index.manifests(kind, where, parse_manifest,
                                    lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None])
 
@@ -175,13 +175,6 @@ class ObjectRegistry(Scratch):
         found = {key.removeprefix("manifests/").removesuffix(".json"): etag for key, etag in self.store.versions("manifests/").items()
                  if key.endswith(".json")}
         return {name: etag for name, etag in found.items() if NAME.match(name)}
-
-    def _indexed(self, fingerprint: str) -> dict[str, Any]:
-        """What the index keeps of one manifest: its JSON form; ValueError when it is damaged (warned) or gone."""
-        manifest = self._manifest(fingerprint)
-        if manifest is None:
-            raise ValueError(f"the manifest of {fingerprint} is damaged or gone")
-        return manifest.to_json()
 
     def work(self, fingerprint: str) -> Path:
         """A stage's scratch directory; a new one starts as the store's copy (`save_work`) of a run that stopped."""

@@ -225,16 +225,13 @@ class ArtifactStore(Scratch):
         cannot write the index, from the manifest files themselves."""
         if not (self.root / "manifests").is_dir():
             return
-        index = ManifestIndex.of_directory(self.root / INDEX_NAME, self.root / "manifests", self._indexed)
-        yield from index.manifests(kind, where, parse_manifest,
-                                   lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None])
+        yield from self.index().manifests(kind, where, parse_manifest,
+                                          lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None])
 
-    def _indexed(self, path: Path) -> dict[str, Any]:
-        """What the index keeps of one manifest file: its JSON form; ValueError when it is damaged (warned)."""
-        manifest = self._read_or_warn(path)
-        if manifest is None:
-            raise ValueError(f"{path} is damaged")
-        return manifest.to_json()
+    def index(self) -> ManifestIndex:
+        """The index of the registry's manifests that listings read (`factory.registry.index`)."""
+        return ManifestIndex.of_directory(self.root / INDEX_NAME, self.root / "manifests",
+                                          lambda path: m.to_json() if (m := self._read_or_warn(path)) is not None else None)
 
     def manifest_paths(self) -> list[Path]:
         """Every manifest file in the registry, readable or not."""
