@@ -20,7 +20,7 @@ from assets.partitions import COMMIT_TAG, EXPERIMENTS, FILE_TAG, FILE_URL_TAG, M
 from assets.pools import configure_pools
 from assets.stages import base_tags
 from factory.config import STAGES, load_text
-from factory.config.loader import read_document
+from factory.config.loader import read_document, reader
 from factory.config.stages import stages_of
 from factory.errors import ConfigError
 from factory.ops.bases import resolve
@@ -28,7 +28,6 @@ from factory.preflight import TableLookup, check_variants
 from factory.registry.provenance import head_commit, repo_root
 from factory.registry.remote import RemoteError, bringing_commit, file_url, is_ancestor
 from resources import ExperimentFiles, FactoryStores
-from resources.experiments import reader
 
 INTERVAL_ENV = "FACTORY_SENSOR_INTERVAL_S"
 SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV, "") or 30)  # seconds between ticks; read when the code location loads

@@ -8,24 +8,13 @@ from pathlib import Path
 from dagster import ConfigurableResource, Failure, get_dagster_logger
 
 from factory.config import Experiment, load_text
+from factory.config.loader import reader
 from factory.config.files import MAX_FILE_BYTES, read_text
 from factory.errors import ConfigError
 from factory.registry.provenance import changed_at, files_at_commit, repo_root
 from factory.registry.remote import fetch_branch, is_ancestor
 
 REMOTE_ENV, BRANCH_ENV, RUN_EXISTING_ENV = "FACTORY_GIT_REMOTE", "FACTORY_GIT_BRANCH", "FACTORY_SENSOR_RUN_EXISTING"
-
-
-def reader(texts: dict[Path, str]) -> Callable[[Path], str]:
-    """Read files from a snapshot of texts (e.g. at a commit), so `extends` resolves at that commit too."""
-    by_path = {path.resolve(): text for path, text in texts.items()}
-
-    def read(path: Path) -> str:
-        if path.resolve() not in by_path:
-            raise ConfigError(f"no such file {path} at that commit")
-        return by_path[path.resolve()]
-
-    return read
 
 
 class ExperimentFiles(ConfigurableResource):

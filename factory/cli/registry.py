@@ -1,15 +1,27 @@
-"""`factory registry verify`: the registry's damaged manifests and artifacts."""
+"""`factory registry verify | gc`: the registry's damaged manifests and artifacts; the artifacts nothing needs any more."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from factory.cli.common import RootOption, out, settings_of
+from factory.cli.common import RootOption, err, hint, out, settings_of
+from factory.config import Experiment, load_text
+from factory.config.files import read_text
+from factory.config.loader import reader
+from factory.errors import ConfigError
+from factory.ops.gc import MIN_AGE_S, collect, plan_collection, size_of
 from factory.registry import open_registry
+from factory.registry.provenance import files_at_commit, head_commit
 from factory.registry.verify import verify
+
+EXPERIMENTS_ENV = "FACTORY_EXPERIMENTS"
+"""The directory of experiment files the sensor reads (as `assets.definitions` reads it)."""
 
 registry_app = typer.Typer(no_args_is_help=True, help="The artifact registry: manifests and published artifacts.")
 
@@ -33,3 +45,89 @@ def registry_verify(
         out.print(f"registry {store.location}: every manifest and artifact intact", markup=False, highlight=False)
     if damaged:
         raise typer.Exit(1)
+
+
+@registry_app.command("gc")
+def registry_gc(
+    paths: Annotated[list[Path] | None, typer.Argument(
+        help="The experiment files or directories whose artifacts to keep (default: the repository's experiments directory, "
+             "at git HEAD and as checked out).")] = None,
+    root: RootOption = None,
+    delete: Annotated[bool, typer.Option("--delete", help="Remove the garbage (without it: a dry run that lists it).")] = False,
+    min_age_hours: Annotated[float, typer.Option(
+        "--min-age-hours", min=0, help="Keep whatever was published less than this long ago.")] = MIN_AGE_S / 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+) -> None:
+    """Remove the artifacts no experiment at HEAD, no alias or ref, no stage computing now and nothing they were made
+    from needs; list them first (the default), remove them with --delete."""
+    settings = settings_of(paths[0] if paths else None, root)
+    experiments, broken = kept_experiments(paths or [settings.repository / os.environ.get(EXPERIMENTS_ENV, "experiments")])
+    if broken:
+        for problem in broken:
+            err.print(problem, markup=False, highlight=False)
+        err.print("gc keeps what every experiment needs, so every one must load: fix these files, or name the experiment "
+                  "files to keep", markup=False, highlight=False)
+        raise typer.Exit(2)
+    store = open_registry(settings.root / "registry")
+    try:
+        collection = plan_collection(store, experiments, min_age_s=min_age_hours * 3600)
+    except ConfigError as e:  # a `from:` that names nothing any more
+        err.print(f"{e}\ngc cannot tell what that experiment needs; fix it first", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    removal = collect(store, collection) if delete else None
+    if as_json:
+        shown = collection.to_json() | {"registry": store.location}
+        if removal is not None:
+            shown |= {"removed": [m.digest for m in removal.removed], "freed": removal.bytes,
+                      "in_use": [{"digest": m.digest, "why": why} for m, why in removal.in_use]}
+        out.print_json(json.dumps(shown))
+        return
+    for manifest in collection.garbage:
+        out.print(f"{manifest.kind:<18} {manifest.digest[:12]}  {manifest.experiment:<24} {manifest.created}  "
+                  f"{_size(size_of(manifest))}", markup=False, highlight=False)
+    if removal is None:
+        out.print(f"{len(collection.garbage)} artifacts ({_size(collection.bytes)}) in {store.location} are needed by nothing; "
+                  f"{len(collection.keep)} kept. Remove them: {hint(settings, 'registry', 'gc', '--delete')}",
+                  markup=False, highlight=False)
+        return
+    for manifest, why in removal.in_use:
+        out.print(f"left {manifest.kind} {manifest.digest[:12]}: {why}", markup=False, highlight=False)
+    out.print(f"removed {len(removal.removed)} artifacts ({_size(removal.bytes)}) from {store.location}", markup=False, highlight=False)
+
+
+def kept_experiments(paths: list[Path]) -> tuple[list[Experiment], list[str]]:
+    """The experiments of the files named and of the Markdown files with front matter under the directories named (at git
+    HEAD too), and why each such file that does not load fails."""
+    experiments: list[Experiment] = []
+    broken: list[str] = []
+
+    def load(file: Path, text: str | None, read: Callable[[Path], str] | None, where: str = "") -> None:
+        try:
+            if text is None:
+                text = read_text(file)
+            if text.startswith("---"):  # front matter: an experiment (a README beside them is not)
+                experiments.extend(load_text(file, text, read=read))
+        except ConfigError as e:
+            broken.append(f"{where}{e}")
+
+    for path in paths:
+        if not path.exists():
+            broken.append(f"{path}: no such file or directory")
+        elif not path.is_dir():
+            load(path, None, None)
+            continue
+        if (commit := head_commit(path)) is not None:
+            texts = files_at_commit(path, commit, recursive=True)
+            for file, text in texts.items():
+                load(file, text, reader(texts), "at HEAD: ")
+        for file in sorted(path.rglob("*.md")):
+            load(file, None, None)
+    return experiments, broken
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"

@@ -313,3 +313,15 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 
 def _read(path: Path) -> str:
     return read_text(path)
+
+
+def reader(texts: Mapping[Path, str]) -> Reader:
+    """Read files from a snapshot of texts (e.g. at a commit), so `extends` and `from` resolve at that commit too."""
+    by_path = {path.resolve(): text for path, text in texts.items()}
+
+    def read(path: Path) -> str:
+        if path.resolve() not in by_path:
+            raise ConfigError(f"no such file {path} at that commit")
+        return by_path[path.resolve()]
+
+    return read

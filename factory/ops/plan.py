@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from factory.registry.index import Where
 from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
 from factory.registry.store import ArtifactStore, Manifest
-from factory.ops.bases import bound_with, resolve
+from factory.ops.bases import Base, bound_with, resolve
 
 FILES_KEY = "files"
 """The raw stage's config key that holds each source's file digest."""
@@ -59,19 +59,39 @@ def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> li
     first_runner: dict[str, str] = {}
     # what an experiment's stage produced before, asked of the registry's index when a stage to run needs a reason
     history = functools.cache(lambda kind, name: list(registry.manifests(kind, Where(experiment=name))))
+    for stage in planned_stages(experiments, registry):
+        experiment, spec, base = stage.experiment, stage.spec, stage.base
+        status, detail = _decide(experiment, spec, stage.manifest, registry, first_runner, history)
+        if BASE in spec.upstream and base is not None:
+            detail = f"{spec.kind} starts from {base.said}; {detail}"
+        plans.append(StagePlan(experiment=experiment.name, kind=spec.kind, status=status, fingerprint=spec.fingerprint, detail=detail,
+                               placement=training_placement(experiment, spec.kind)))
+    return plans
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannedStage:
+    """One stage of an experiment as planned: its spec, and its artifact when the registry holds it already."""
+
+    experiment: Experiment
+    """Bound to the model its `from` names now, when it has one."""
+    spec: StageSpec
+    manifest: Manifest | None
+    base: Base | None
+
+
+def planned_stages(experiments: Iterable[Experiment], registry: ArtifactStore) -> Iterator[PlannedStage]:
+    """Every stage of every experiment, in order, planned against the registry: a stage downstream of one not computed
+    yet gets a placeholder digest for it (`PENDING` + its fingerprint)."""
     for experiment in experiments:
         base = resolve(experiment, registry) if experiment.base is not None and not experiment.bound else None
         experiment = bound_with(experiment, base)
         digests: dict[str, str] = dict(experiment.bound)
         for kind in stages_of(experiment):
             spec = plan_stage(experiment, kind, {name: digests[name] for name in upstream_of(experiment, kind)})
-            status, detail, digest = _decide(experiment, spec, registry, first_runner, history)
-            if BASE in spec.upstream and base is not None:
-                detail = f"{kind} starts from {base.said}; {detail}"
-            digests[kind] = digest
-            plans.append(StagePlan(experiment=experiment.name, kind=kind, status=status, fingerprint=spec.fingerprint, detail=detail,
-                                   placement=training_placement(experiment, kind)))
-    return plans
+            manifest = registry.lookup(spec.fingerprint)
+            digests[kind] = manifest.digest if manifest is not None else PENDING + spec.fingerprint
+            yield PlannedStage(experiment=experiment, spec=spec, manifest=manifest, base=base)
 
 
 def training_placement(experiment: Experiment, kind: str) -> dict[str, Any]:
@@ -113,23 +133,21 @@ def counts(plans: Iterable[StagePlan]) -> dict[str, int]:
 
 
 def _decide(
-    experiment: Experiment, spec: StageSpec, registry: ArtifactStore, first_runner: dict[str, str],
+    experiment: Experiment, spec: StageSpec, manifest: Manifest | None, registry: ArtifactStore, first_runner: dict[str, str],
     history: Callable[[str, str], list[Manifest]],
-) -> tuple[str, str, str]:
-    manifest = registry.lookup(spec.fingerprint)
+) -> tuple[str, str]:
     if manifest is not None:
-        return "cached", f"from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}, {manifest.created})", manifest.digest
-    pending = PENDING + spec.fingerprint
+        return "cached", f"from {manifest.experiment} (run {manifest.run_id or 'outside Dagster'}, {manifest.created})"
     note = ""
     if (holder := registry.holder(spec.fingerprint)) is not None:
         if (gone := abandoned(holder)) is None:
-            return "waiting", f"{holder.owner} holds the lease", pending
+            return "waiting", f"{holder.owner} holds the lease"
         note = f" (lease of {holder.owner} ignored: {gone})"  # the next launch takes it over
     if spec.fingerprint in first_runner:
-        return "shared", f"computed once, by {first_runner[spec.fingerprint]}", pending
+        return "shared", f"computed once, by {first_runner[spec.fingerprint]}"
     first_runner[spec.fingerprint] = experiment.name
     return "run", why_run(experiment.name, spec, history(spec.kind, experiment.name), registry,
-                          experiment.base[1] if experiment.base else None) + note, pending
+                          experiment.base[1] if experiment.base else None) + note
 
 
 def why_run(

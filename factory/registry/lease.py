@@ -27,13 +27,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from factory.atomic import synced_temp
-from factory.registry.files import load_record
+from factory.registry.files import DIGEST, load_record
 
 LEASE_STALE_S = 120.0
 LEASE_HEARTBEAT_S = 10.0
@@ -60,6 +60,17 @@ class Holder:
     age_s: float
     damage: str = ""
     """Why the lease file could not be read ("" when it could); such a lease has no holder to ask."""
+    needs: tuple[str, ...] = ()
+    """The digests of the artifacts its holder reads while it computes (its stage's inputs): `factory registry gc` keeps
+    them while the lease is alive."""
+
+
+class LeaseBusy(Exception):
+    """A lease asked for without waiting is held by someone alive."""
+
+    def __init__(self, holder: Holder) -> None:
+        super().__init__(f"{holder.owner} holds it")
+        self.holder = holder
 
 
 def read_holder(path: Path) -> Holder | None:
@@ -79,7 +90,9 @@ def holder_of(where: str, data: dict[str, Any], token: str, damage: str, claimed
         age = _age(where, (token,), claimed_s)
         return Holder(owner=f"an unreadable lease ({damage})", token=token, host="", pid=0, age_s=age, damage=damage)
     age = _age(where, (token, data["beat"]), claimed_s)
-    return Holder(owner=data["owner"], token=token, host=data["host"], pid=data["pid"], age_s=age)
+    needs = data.get("needs")
+    needs = tuple(n for n in needs if isinstance(n, str) and DIGEST.fullmatch(n)) if isinstance(needs, list) else ()
+    return Holder(owner=data["owner"], token=token, host=data["host"], pid=data["pid"], age_s=age, needs=needs)
 
 
 def parse_lease(data: Any) -> float:
@@ -138,15 +151,19 @@ def hold(
     stale_after_s: float = LEASE_STALE_S,
     heartbeat_s: float = LEASE_HEARTBEAT_S,
     poll_s: float = LEASE_POLL_S,
+    needs: Iterable[str] = (),
+    wait: bool = True,
 ) -> Iterator[None]:
-    """Block until this process holds the lease at `path`; keep it alive until the block ends."""
+    """Block until this process holds the lease at `path`; keep it alive until the block ends. `needs`: the digests its
+    holder reads meanwhile (`Holder.needs`). With `wait=False`, LeaseBusy instead of waiting for a holder alive."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    needs = tuple(needs)
     token = uuid.uuid4().hex
     announced = retried = False
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(path, owner, token, stop, heartbeat_s), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(path, owner, token, stop, heartbeat_s, needs), daemon=True)
     try:  # from the first try on: an interrupt between creating the file and holding it must not leave it behind
-        while not _try_create(path, owner, token):
+        while not _try_create(path, record(owner, token, needs)):
             holder, why = read_holder(path), None
             if holder is not None and (why := abandoned(holder, stale_after_s)) is not None:
                 if holder.damage:
@@ -154,6 +171,8 @@ def hold(
                 if on_takeover:
                     on_takeover(holder)
                 _remove_if_token(path, holder.token)
+            elif holder is not None and not wait:
+                raise LeaseBusy(holder)
             elif holder is not None and on_wait and not announced:
                 on_wait(holder)
                 announced = True
@@ -200,14 +219,15 @@ def abandoned(holder: Holder, stale_after_s: float = LEASE_STALE_S) -> str | Non
     return None
 
 
-def record(owner: str, token: str) -> bytes:
-    """A lease record: who holds it, on which machine, and its beat (now, on this clock)."""
-    return json.dumps({"owner": owner, "token": token, "host": socket.gethostname(), "pid": os.getpid(), "beat": time.time()}).encode()
+def record(owner: str, token: str, needs: tuple[str, ...] = ()) -> bytes:
+    """A lease record: who holds it, on which machine, its beat (now, on this clock), and what it reads (when it says)."""
+    fields = {"owner": owner, "token": token, "host": socket.gethostname(), "pid": os.getpid(), "beat": time.time()}
+    return json.dumps(fields | ({"needs": list(needs)} if needs else {})).encode()
 
 
-def _try_create(path: Path, owner: str, token: str) -> bool:
+def _try_create(path: Path, content: bytes) -> bool:
     """Create the lease with its content in one step (a link never replaces), so no reader sees it empty."""
-    with synced_temp(path, record(owner, token), mode=0o600) as tmp:
+    with synced_temp(path, content, mode=0o600) as tmp:
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -215,12 +235,12 @@ def _try_create(path: Path, owner: str, token: str) -> bool:
     return True
 
 
-def _heartbeat(path: Path, owner: str, token: str, stop: threading.Event, interval_s: float) -> None:
+def _heartbeat(path: Path, owner: str, token: str, stop: threading.Event, interval_s: float, needs: tuple[str, ...] = ()) -> None:
     while not stop.wait(interval_s):
         holder = read_holder(path)
         if holder is None or holder.token != token:
             return  # taken over: it is no longer ours to keep alive
-        with synced_temp(path, record(owner, token), mode=0o600) as tmp:
+        with synced_temp(path, record(owner, token, needs), mode=0o600) as tmp:
             os.replace(tmp, path)
 
 

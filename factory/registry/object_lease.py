@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from factory.registry.lease import (
@@ -24,6 +24,7 @@ from factory.registry.lease import (
     LEASE_POLL_S,
     LEASE_STALE_S,
     Holder,
+    LeaseBusy,
     abandoned,
     holder_of,
     parse_lease,
@@ -52,14 +53,17 @@ def hold(
     stale_after_s: float = LEASE_STALE_S,
     heartbeat_s: float = LEASE_HEARTBEAT_S,
     poll_s: float = LEASE_POLL_S,
+    needs: Iterable[str] = (),
+    wait: bool = True,
 ) -> Iterator[None]:
-    """Block until this process holds the lease at `key`; keep it alive until the block ends."""
+    """Block until this process holds the lease at `key`; keep it alive until the block ends (`needs`, `wait`: as
+    `factory.registry.lease.hold`'s)."""
     token = uuid.uuid4().hex
-    held = _Held(store, key, owner, token)
+    held = _Held(store, key, owner, token, tuple(needs))
     announced = False
     try:
         while not held.etag:
-            if (etag := store.create(key, record(owner, token))) is not None:
+            if (etag := store.create(key, held.record())) is not None:
                 held.etag = etag
                 break
             blob = store.get(key, limit=LEASE_BYTES)
@@ -70,8 +74,10 @@ def hold(
             if why is not None:
                 if holder is not None and on_takeover:
                     on_takeover(holder)
-                held.etag = store.replace(key, record(owner, token), blob.etag)  # None: another waiter won
+                held.etag = store.replace(key, held.record(), blob.etag)  # None: another waiter won
                 continue
+            if not wait:
+                raise LeaseBusy(holder)
             if on_wait and not announced:
                 on_wait(holder)
                 announced = True
@@ -90,8 +96,8 @@ def hold(
 class _Held:
     """This process's version of a lease (its ETag), renewed by the heartbeat and released at the end."""
 
-    def __init__(self, store: ObjectStore, key: str, owner: str, token: str) -> None:
-        self.store, self.key, self.owner, self.token = store, key, owner, token
+    def __init__(self, store: ObjectStore, key: str, owner: str, token: str, needs: tuple[str, ...]) -> None:
+        self.store, self.key, self.owner, self.token, self.needs = store, key, owner, token, needs
         self.etag: str | None = None
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -101,9 +107,13 @@ class _Held:
             with self.lock:
                 if self.etag is None:
                     return
-                self.etag = self.store.replace(self.key, record(self.owner, self.token), self.etag)
+                self.etag = self.store.replace(self.key, self.record(), self.etag)
                 if self.etag is None:
                     return  # taken over: no longer ours to keep alive
+
+    def record(self) -> bytes:
+        """The lease's content, with a fresh beat."""
+        return record(self.owner, self.token, self.needs)
 
     def release(self) -> None:
         with self.lock:

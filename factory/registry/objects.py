@@ -152,6 +152,28 @@ class ObjectRegistry(Scratch):
         """Who is computing `fingerprint` right now, if anyone."""
         return object_lease.read_holder(self.store, self._lease_key(fingerprint))
 
+    def holders(self) -> list[Holder]:
+        """Whoever holds a lease in the store now (including holders that died: `abandoned` tells)."""
+        keys = [key for key in self.store.list("leases/") if key.endswith(".lease")]
+        return [holder for key in keys if (holder := object_lease.read_holder(self.store, key)) is not None]
+
+    def remove(self, manifest: Manifest) -> int | None:
+        """Remove a published artifact, as `ArtifactStore.remove` does: the manifest first, then its objects unless another
+        manifest names the same bytes (and this machine's copy). The bytes freed (None: the manifest is no longer this one)."""
+        current = self._manifest(manifest.fingerprint)
+        if current is None or current.digest != manifest.digest:
+            return None
+        self.store.delete(self._manifest_key(manifest.fingerprint))
+        if any(True for _ in self.manifests(where=Where(digest=manifest.digest))):
+            return 0
+        for key in self.store.list(f"objects/{manifest.digest}/"):
+            self.store.delete(key)
+        self.store.delete(f"verified/{manifest.digest}.json")
+        if (copy := self._copy(manifest.digest)).is_dir():
+            make_writable(copy)
+            shutil.rmtree(copy, ignore_errors=True)
+        return sum(entry["bytes"] for entry in manifest.files.values())
+
     def history(self, topic: str) -> ObjectHistory:
         """The append-only records of a topic (`promotions/production`, `reproductions/<model>`), in the store."""
         return ObjectHistory(self.store, topic)

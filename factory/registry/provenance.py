@@ -57,10 +57,10 @@ def repo_root(cwd: str | Path) -> Path:
 
 
 def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max_bytes: int | None = None,
-                    repo: str | Path | None = None) -> dict[Path, str]:
-    """{absolute path: text} of the regular files directly in `directory` as they are at `commit`; files larger than
-    `max_bytes` are left out unread (as are symlinks and submodules). With `repo` (e.g. a bare clone), `directory` is
-    a path inside it and the paths returned are under `repo`."""
+                    repo: str | Path | None = None, recursive: bool = False) -> dict[Path, str]:
+    """{absolute path: text} of the regular files directly in `directory` (`recursive`: anywhere under it) as they are at
+    `commit`; files larger than `max_bytes` are left out unread (as are symlinks and submodules). With `repo` (e.g. a bare
+    clone), `directory` is a path inside it and the paths returned are under `repo`."""
     if repo is None:
         root = repo_root(directory)
         prefix = Path(directory).resolve().relative_to(root).as_posix()
@@ -72,7 +72,7 @@ def files_at_commit(directory: str | Path, commit: str, suffix: str = ".md", max
         meta, _, name = entry.partition("\t")
         mode, kind, blob, size = meta.split()
         small = max_bytes is None or (size.isdigit() and int(size) <= max_bytes)
-        if kind == "blob" and mode.startswith("100") and small and name.endswith(suffix) and "/" not in name[len(prefix) + 1 :]:
+        if kind == "blob" and mode.startswith("100") and small and name.endswith(suffix) and (recursive or "/" not in name[len(prefix) + 1 :]):
             blobs[name] = blob
     return {root / name: text for name, text in zip(blobs, _blob_texts(root, list(blobs.values())), strict=True)}
 

@@ -219,6 +219,34 @@ class ArtifactStore(Scratch):
         """Who is computing `fingerprint` right now, if anyone."""
         return read_holder(self._lease_path(fingerprint))
 
+    def holders(self) -> list[Holder]:
+        """Whoever holds a lease in the registry now (including holders that died: `abandoned` tells)."""
+        directory = self.root / "leases"
+        paths = sorted(p for p in directory.glob("*.lease") if NAME.match(p.stem)) if directory.is_dir() else []
+        return [holder for path in paths if (holder := read_holder(path)) is not None]
+
+    def remove(self, manifest: Manifest) -> int | None:
+        """Remove a published artifact (`factory registry gc`; the caller holds its lease): the manifest first, after which
+        the artifact does not exist (a lookup misses and its stage computes it again), then its files, unless another
+        manifest names the same bytes. The bytes freed; None (and nothing removed) when the manifest is no longer this one."""
+        path = self._manifest_path(manifest.fingerprint)
+        current = self._read_or_warn(path) if os.path.lexists(path) else None
+        if current is None or current.digest != manifest.digest:
+            return None
+        with self.staging() as aside:
+            os.rename(path, aside / "manifest.json")
+            fsync_directory(path.parent)
+            if any(True for _ in self.manifests(where=Where(digest=manifest.digest))):
+                return 0
+            objects = self.path(manifest.digest)
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(objects, 0o755)  # moving a directory to another parent writes its `..`
+                os.rename(objects, aside / "objects")
+                make_writable(aside / "objects")
+            with contextlib.suppress(FileNotFoundError):
+                self._stamps_path(manifest.digest).unlink()
+        return sum(entry["bytes"] for entry in manifest.files.values())
+
     def manifests(self, kind: str | None = None, where: Where = EVERY) -> Iterator[Manifest]:
         """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order; a damaged one is
         skipped with a warning. Listed from the registry's index (`factory.registry.index`), or, where this process

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -11,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from factory.config.kinds import registered_kinds
+from factory.config.stages import StageSpec
 from factory.devices import device_for
 from factory.errors import FactoryError
 from factory.podium.links import table_links
+from factory.registry.files import DIGEST
 from factory.registry.lease import abandoned
 from factory.registry import open_registry
 from factory.runtime import runner
@@ -24,6 +28,8 @@ from factory.runtime.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
 
 USAGE = "usage: python -m factory.runtime <request.json>"
+ARTIFACT_PATH = re.compile(r"objects/([0-9a-f]{64})/")
+"""A published artifact's file, named by path (in the registry, or in the local copies of an object store's)."""
 
 
 def run(request: StageRequest) -> None:
@@ -56,6 +62,7 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
         owner=f"{spec.kind} for {request.provenance.experiment} (pid {os.getpid()} on {socket.gethostname()})",
         on_wait=lambda holder: reporter.log.info("awaiting cache: %s is computing this stage", holder.owner),
         on_takeover=lambda holder: reporter.log.info("taking over the lease of %s (%s)", holder.owner, abandoned(holder) or "released"),
+        needs=reads(spec),
     ):
         manifest = registry.lookup(spec.fingerprint)
         cache = "hit" if manifest else "miss"
@@ -84,6 +91,13 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
         artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
         links = {name: {"raw_value": url, "type": "url"} for name, url in table_links(manifest.summary).items()}
         reporter.materialized({**as_metadata(manifest.metadata()), "cache": cache, "artifact": artifact, **links}, manifest.digest)
+
+
+def reads(spec: StageSpec) -> list[str]:
+    """The digests of the artifacts a stage reads while it computes, which its lease lists (`factory registry gc` keeps them):
+    its inputs, and the published artifacts its config names by path (an evaluation batch's checkpoints)."""
+    named = ARTIFACT_PATH.findall(json.dumps(spec.config))
+    return sorted(digest for digest in {*spec.upstream.values(), *named} if DIGEST.match(digest))
 
 
 def as_metadata(values: dict[str, Any]) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def test_a_ctrl_c_while_the_last_beat_is_written_still_releases_the_lease(tmp_pa
     the lease goes (released before the beat, the beat would put it back; not released at all, it would stay)."""
     path = tmp_path / "x.lease"
 
-    def slow_beat(path, owner, token, stop, interval_s):
+    def slow_beat(path, owner, token, stop, interval_s, needs=()):
         stop.wait()
         time.sleep(0.5)  # a beat's write that the block's end must wait for
         with synced_temp(path, record(owner, token)) as tmp:

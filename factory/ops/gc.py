@@ -1,0 +1,209 @@
+"""`factory registry gc`: remove the artifacts nothing needs any more, after a dry run that lists them and what they free.
+
+An artifact is kept, for the first of these reasons found (the dry run shows it):
+- an experiment at HEAD needs it: a stage `factory plan` finds cached, or an artifact a stage to run starts from;
+- it is the newest artifact made for an experiment at HEAD by one of its stages (what it has until a run makes the next:
+  a change of code or config leaves the last model standing);
+- an alias names it or named it (a demotion goes back to the model named before), or a ref names it (the newest
+  leaderboard and best model, and the checkpoint of the best model's result);
+- a stage computing now reads it (its lease lists its inputs: `Holder.needs`);
+- it was published less than `min_age_s` ago (a run of an experiment that is not at HEAD may be about to read it);
+- it is in the lineage of one of those: an input, transitively, or the model a `from:` started from;
+- it describes a kept artifact: an evaluation result of a kept checkpoint, the run report of an experiment whose stages
+  are all kept.
+Everything else is garbage. Removal goes artifact by artifact, newest first (a dependent before what it was made from):
+take its lease without waiting (one being computed right now is skipped), read the leases again (a stage that started
+since the plan may read it), then remove its manifest (from then on the artifact does not exist: a lookup misses and
+its stage computes it again) and its files, unless another manifest names the same bytes.
+
+What this cannot see: a process that read a manifest before the removal and opens the artifact's files after it. A
+stage says what it reads in its lease, but a `factory podium` or `reproduce` session does not; `min_age_s` is the margin.
+Table versions in the catalog, MLflow runs and a stage's work directory are not the registry's, and stay.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from factory.config import Experiment
+from factory.config.stages import PENDING, stages_of
+from factory.evals.base import EVALUATIONS
+from factory.evals.publish import BEST_REF
+from factory.evals.publish import KIND as LEADERBOARD
+from factory.evals.run_report import KIND as RUN_REPORT
+from factory.registry.aliases import history, known_aliases
+from factory.registry.lease import LeaseBusy, abandoned
+from factory.registry.store import ArtifactStore, Manifest
+
+REFS = (LEADERBOARD, BEST_REF)
+"""The refs the evaluations keep up to date (`factory.evals.publish`): what each names is kept."""
+MIN_AGE_S = 24 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Collection:
+    """What a collection keeps (digest -> why) and what it would remove."""
+
+    keep: dict[str, str]
+    garbage: list[Manifest]
+    """Newest first."""
+    bytes: int
+    """What removing the garbage frees (bytes two garbage manifests share counted once)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return {"kept": len(self.keep), "garbage": [describe(m) for m in self.garbage], "bytes": self.bytes}
+
+
+@dataclass(kw_only=True, slots=True)
+class Removal:
+    """What a collection removed, and what it left because someone was using it."""
+
+    removed: list[Manifest] = field(default_factory=list)
+    bytes: int = 0
+    in_use: list[tuple[Manifest, str]] = field(default_factory=list)
+
+
+def describe(manifest: Manifest) -> dict[str, Any]:
+    """One line of the dry run, as data."""
+    return {"kind": manifest.kind, "digest": manifest.digest, "experiment": manifest.experiment, "created": manifest.created,
+            "bytes": size_of(manifest)}
+
+
+def size_of(manifest: Manifest) -> int:
+    """The bytes of an artifact's files."""
+    return sum(int(entry.get("bytes", 0)) for entry in manifest.files.values())
+
+
+def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], *, min_age_s: float = MIN_AGE_S,
+                    now: datetime | None = None) -> Collection:
+    """Decide what to keep and what to remove (the module's rules); nothing is removed."""
+    manifests = list(registry.manifests())
+    by_digest: dict[str, list[Manifest]] = {}
+    for manifest in manifests:
+        by_digest.setdefault(manifest.digest, []).append(manifest)
+    keep: dict[str, str] = {}
+    experiments = list(experiments)
+    roots = {**needed_by_experiments(registry, experiments), **named(registry, by_digest), **in_use(registry)}
+    newest: dict[tuple[str, str], Manifest] = {}
+    for manifest in manifests:  # in fingerprint order: ties of `created` go to one of them, the same every time
+        if (key := (manifest.experiment, manifest.kind)) not in newest or manifest.created > newest[key].created:
+            newest[key] = manifest
+    for experiment in experiments:
+        for kind in stages_of(experiment):
+            if (last := newest.get((experiment.name, kind))) is not None:
+                roots.setdefault(last.digest, f"{experiment.name}: its newest {kind}")
+    cutoff = (now or datetime.now(UTC)).timestamp() - min_age_s
+    roots.update({m.digest: "published less than the minimum age ago" for m in manifests if _created(m) > cutoff and m.digest not in roots})
+    _close(roots, by_digest, keep)
+    while described := {m.digest: f"describes {subject[:12]}" for m in manifests if m.digest not in keep
+                        and (subject := _subject(m, keep)) is not None}:
+        _close(described, by_digest, keep)  # their inputs are kept too
+    garbage = sorted((m for m in manifests if m.digest not in keep), key=lambda m: (m.created, m.fingerprint), reverse=True)
+    freed = {m.digest: size_of(m) for m in garbage}
+    return Collection(keep=keep, garbage=garbage, bytes=sum(freed.values()))
+
+
+def collect(registry: ArtifactStore, collection: Collection, *, owner: str | None = None) -> Removal:
+    """Remove the garbage of a planned collection, artifact by artifact (module docstring); what is in use now stays."""
+    owner = owner or f"factory registry gc (pid {os.getpid()} on {socket.gethostname()})"
+    removal = Removal()
+    for manifest in collection.garbage:
+        try:
+            with registry.lease(manifest.fingerprint, owner, wait=False):
+                reader = next((h.owner for h in registry.holders() if manifest.digest in h.needs and abandoned(h) is None), None)
+                if reader is not None:
+                    removal.in_use.append((manifest, f"{reader} reads it"))
+                    continue
+                if (freed := registry.remove(manifest)) is not None:
+                    removal.removed.append(manifest)
+                    removal.bytes += freed
+        except LeaseBusy as e:
+            removal.in_use.append((manifest, f"{e.holder.owner} is computing it"))
+    return removal
+
+
+def needed_by_experiments(registry: ArtifactStore, experiments: Iterable[Experiment]) -> dict[str, str]:
+    """Digest -> why, of what the experiments need now: each stage `factory plan` finds cached, and what each stage to run
+    starts from."""
+    from factory.ops.plan import planned_stages  # plans load the stage kinds' code
+
+    needs: dict[str, str] = {}
+    for stage in planned_stages(experiments, registry):
+        name, kind = stage.experiment.name, stage.spec.kind
+        if stage.manifest is not None:
+            needs.setdefault(stage.manifest.digest, f"{name}: its {kind}")
+        for upstream, digest in stage.spec.upstream.items():
+            if not digest.startswith(PENDING):
+                needs.setdefault(digest, f"{name}: {kind} starts from it ({upstream})")
+    return needs
+
+
+def named(registry: ArtifactStore, by_digest: dict[str, list[Manifest]]) -> dict[str, str]:
+    """Digest -> why, of every model an alias names or named, of what each ref names, and of the checkpoint (training
+    artifact) the best model's result scored."""
+    found: dict[str, str] = {}
+    for alias in known_aliases(registry):
+        for record in history(registry, alias).records():
+            if isinstance(model := record.get("model"), str):
+                found.setdefault(model, f"alias {alias} names it" if record.get("action") == "promote" else f"alias {alias} named it")
+    for ref in REFS:
+        if (digest := registry.ref(ref)) is not None:
+            found.setdefault(digest, f"ref {ref} names it")
+    best = registry.ref(BEST_REF)
+    for manifest in by_digest.get(best, []) if best is not None else []:
+        for result in manifest.inputs.values():
+            for scored in by_digest.get(result, []):
+                if isinstance(training := scored.summary.get("training"), str):
+                    found.setdefault(training, f"ref {BEST_REF}: the checkpoint of its result")
+    return found
+
+
+def in_use(registry: ArtifactStore) -> dict[str, str]:
+    """Digest -> why, of what the stages computing now read (their leases say)."""
+    return {digest: f"{holder.owner} reads it" for holder in registry.holders() if abandoned(holder) is None for digest in holder.needs}
+
+
+def parents(manifest: Manifest) -> list[str]:
+    """The digests an artifact was made from: its inputs, and the model its experiment's `from:` started from."""
+    found = [digest for digest in manifest.inputs.values() if isinstance(digest, str)]
+    if isinstance(model := manifest.base.get("model"), str):
+        found.append(model)
+    return found
+
+
+def _close(roots: dict[str, str], by_digest: dict[str, list[Manifest]], keep: dict[str, str]) -> None:
+    """Keep `roots` (for their own reasons) and everything they were made from, transitively."""
+    todo = [digest for digest, why in roots.items() if keep.setdefault(digest, why) == why]
+    while todo:
+        digest = todo.pop()
+        for manifest in by_digest.get(digest, ()):
+            for parent in parents(manifest):
+                if parent not in keep:
+                    keep[parent] = f"made {digest[:12]} ({manifest.kind})"
+                    todo.append(parent)
+
+
+def _subject(manifest: Manifest, keep: dict[str, str]) -> str | None:
+    """The kept artifact a result or report describes, or None: an evaluation result's checkpoint (the training artifact),
+    a run report's stages (all of them kept)."""
+    if manifest.kind == EVALUATIONS:
+        training = manifest.summary.get("training")
+        return training if isinstance(training, str) and training in keep else None
+    if manifest.kind == RUN_REPORT and manifest.inputs and all(d in keep for d in manifest.inputs.values()):
+        return next(iter(manifest.inputs.values()))
+    return None
+
+
+def _created(manifest: Manifest) -> float:
+    """When the artifact was published (POSIX seconds); 0 for a date that does not parse (never "new")."""
+    try:
+        created = datetime.fromisoformat(manifest.created)
+    except (TypeError, ValueError):
+        return 0.0
+    return (created if created.tzinfo else created.replace(tzinfo=UTC)).timestamp()
