@@ -6,7 +6,8 @@ results), each naming its inputs, without artifact bytes: listings and lineage r
 prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of the evaluation
 results from the index when nothing changed, the same after one new manifest, the listing without the index (every
 manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the leaderboard
-(`factory leaderboard`'s board), and the index's size on disk. Then the experiments sensor's tick at a commit that changes
+(`factory leaderboard`'s board, as kept while nothing changed, and computed again after a new result), the dry run of
+`factory registry gc`, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
 one file among 10, 100 and 1,000 experiment files in a git repository; then how each figure grows with the size.
 
 `--smoke`: 90 and 360 manifests, 5 and 20 files, 2 runs each.
@@ -112,12 +113,29 @@ def measure(count: int, repeat: int) -> dict[str, float]:
 
         figures["lineage"] = median_s(lineage, repeat)
 
-        def leaderboard() -> None:  # what `factory leaderboard` computes
+        def leaderboard() -> None:  # what `factory leaderboard` answers while nothing changed since its last board
             from factory.evals.publish import current_board
 
             assert len(current_board(store).rows) == count // len(BLOCK)
 
+        leaderboard()  # the first board since the registry was filled
         figures["leaderboard"] = median_s(leaderboard, repeat)
+
+        def board_after_one_more() -> None:  # a new result: the board is computed again from every result
+            extra = root / "manifests" / "evaluations-extra.json"
+            body = parse_manifest(json.loads(next((root / "manifests").glob("evaluations-*.json")).read_text())).to_json()
+            extra.write_text(json.dumps({**body, "fingerprint": "evaluations-extra", "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00")}))
+            leaderboard()
+            extra.unlink()
+
+        figures["board_changed"] = median_s(board_after_one_more, repeat)
+
+        def gc_dry_run() -> None:  # `factory registry gc`'s dry run, no experiment file: whatever no alias or ref names
+            from factory.ops.gc import plan_collection
+
+            plan_collection(store, [], min_age_s=0)
+
+        figures["gc"] = median_s(gc_dry_run, repeat)
         figures["index_mb"] = (root / INDEX_NAME).stat().st_size / 1e6
         return figures
 
@@ -168,12 +186,12 @@ def main() -> None:
     sizes, repeat = ([90, 360], 2) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
     print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'leaderboard':>12} "
-          f"{'index MB':>9}  ratio files / index")
+          f"{'board, 1 new':>13} {'gc plan':>8} {'index MB':>9}  ratio files / index")
     figures = {}
     for count in sizes:
         f = figures[count] = measure(count, repeat)
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
-              f"{f['leaderboard']:>12.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
+              f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
     ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
     for files, seconds in ticks.items():
         print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
@@ -181,7 +199,8 @@ def main() -> None:
     if len(sizes) > 1:
         small, large = figures[sizes[0]], figures[sizes[-1]]
         print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
-              f"leaderboard {large['leaderboard'] / small['leaderboard']:.1f}x, "
+              f"leaderboard {large['leaderboard'] / small['leaderboard']:.1f}x (after a new result "
+              f"{large['board_changed'] / small['board_changed']:.1f}x), gc plan {large['gc'] / small['gc']:.1f}x, "
               f"listing from the index {large['index'] / small['index']:.1f}x, from the files {large['files'] / small['files']:.1f}x")
 
 

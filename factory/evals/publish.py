@@ -2,31 +2,74 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging
 from collections.abc import Iterable
+from pathlib import Path
 
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.kinds import main_training_kind, model_kind
 from factory.config.stages import TRAINING_STAGES
 from factory.evals.base import EVALUATIONS
 from factory.evals.leaderboard import Board, Row, Runs, build_board, render_html, render_markdown
+from factory.atomic import write_atomic
+from factory.evals import leaderboard
+from factory.registry.files import load_record
 from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 
 KIND = "leaderboard"
+BOARD_BYTES = 256 << 20
+"""A kept board larger than this is damage (a board of 100,000 experiments is about 60 MB)."""
+_BOARD_CODE = hashlib.sha256(Path(__file__).read_bytes() + Path(leaderboard.__file__).read_bytes()).hexdigest()
+"""What computes a board: a kept board of other code is computed again."""
+log = logging.getLogger(__name__)
 BEST_REF = "best-model"
 """The registry ref of the current best model (a published leaderboard row)."""
 
 
 def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
     """Every experiment at the model it exported (or marked unfinished) from the evaluation results in the registry, with
-    links to its main training's tracker run and the model it started from (`from:`), if made elsewhere."""
+    links to its main training's tracker run and the model it started from (`from:`), if made elsewhere.
+
+    A board is kept under the registry's local root (`cache/boards/`) with the state of the registry's index it was
+    computed at, and given again while the index holds the same manifests: a registry of 100,000 manifests answers at
+    once until one is published or removed (then the board is computed again, reading the results)."""
+    index = registry.index()
+    state = index.state()
+    kinds = tuple(dict.fromkeys((EVALUATIONS, *TRAINING_STAGES, model_kind().name)))
+    cache = registry.root / "cache" / "boards" / f"{sha256_of({'sort': sort, 'kinds': kinds, 'code': _BOARD_CODE})[:24]}.json"
+    if state is not None and (board := _cached_board(cache, state)) is not None:
+        return board
+    board = _board(registry, sort, kinds)
+    if state is not None and index.state() == state:  # nothing changed while it was computed
+        with contextlib.suppress(OSError):  # a registry this process cannot write: computed again next time
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(cache, json.dumps({"state": state, "board": board.to_json()}))
+    return board
+
+
+def _cached_board(path: Path, state: str) -> Board | None:
+    """The board kept at `path` if it was computed at `state`; None when there is none, it is of another state, or damaged."""
+    try:
+        kept = load_record(path, BOARD_BYTES)
+        return Board.from_json(kept["board"]) if kept["state"] == state else None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+        log.warning("the kept leaderboard %s cannot be read (%s): computing it again", path, e)
+        return None
+
+
+def _board(registry: ArtifactStore, sort: str | None, kinds: tuple[str, ...]) -> Board:
     urls: dict[str, tuple[str, str]] = {}
     bases: dict[str, str] = {}
     results = []
     main_training = main_training_kind().name
     # the kinds it reads, each asked of the registry's index once: results, the runs, their links and bases, the models
-    manifests = [m for kind in dict.fromkeys((EVALUATIONS, *TRAINING_STAGES, model_kind().name)) for m in registry.manifests(kind)]
+    manifests = [m for kind in kinds for m in registry.manifests(kind)]
     for manifest in manifests:
         if manifest.kind == EVALUATIONS:
             results.append(manifest)

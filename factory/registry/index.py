@@ -5,7 +5,7 @@ The manifests stay the source of truth: the index only caches what they say, and
 reader builds it again). Each reader brings it up to date first, cheaply:
 - on local disk, the manifests directory's mtime changes whenever an entry is added, removed or replaced (a publish
   links a manifest in; a repair renames one over; a person or a collector removes one). While it equals the mtime the
-  index recorded, and that record is not "racily clean" (taken within `RACY_NS` of the change, when a second change
+  index recorded, and that record is not "racily clean" (taken within `racy_ns` of the change, when a second change
   could share its timestamp), nothing is read;
 - otherwise the manifests are listed with a version each (on disk: each file's size, mtime, ctime and inode, no file
   opened; in an object store: keys and ETags, one LIST request per thousand) and only the manifests that are new or
@@ -32,11 +32,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
 file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
 second change within the tick of the first would leave the same mtime."""
+FINE_RACY_NS = 50_000_000
+"""The same for a file system whose stamps have a fraction of a second (ext4, XFS, btrfs: the kernel's clock tick, a few
+milliseconds): a listing 50 ms after the change it saw is trusted."""
 BUSY_TIMEOUT_S = 60
 HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
@@ -141,6 +144,18 @@ class ManifestIndex:
         for (body,) in rows:
             yield json.loads(body)
 
+    def state(self) -> str | None:
+        """A token of the manifests the index holds, after bringing it up to date: the same token, the same manifests (a
+        result computed from them, keyed by it, still holds). None where no index can be kept."""
+        try:
+            with self._connected() as db:
+                self._refresh(db)
+                known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('epoch', 'generation')").fetchall())
+        except (sqlite3.DatabaseError, _Damaged) as e:
+            log.debug("no state of the index %s (%s)", self.path, e)
+            return None
+        return f"{known['epoch']:x}-{known['generation']}" if len(known) == 2 else None
+
     @contextlib.contextmanager
     def _connected(self) -> Iterator[sqlite3.Connection]:
         """The index open, its tables made; a file that is not such an index is removed (with a warning) and made anew.
@@ -197,7 +212,7 @@ class ManifestIndex:
         """Bring the rows up to date with the manifests (module docstring). A manifest that cannot be read now (damaged,
         or refused to this process) gets no row, and the next reader lists the manifests again, so it is read again."""
         known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('mtime', 'listed')").fetchall())
-        if self._changed is not None and known.get("mtime") == self._changed() and known.get("listed", 0) - known["mtime"] > RACY_NS:
+        if self._changed is not None and known.get("mtime") == self._changed() and known.get("listed", 0) - known["mtime"] > racy_ns(known["mtime"]):
             return
         db.execute("BEGIN IMMEDIATE")  # one refresher at a time; the other reads its rows after it
         try:
@@ -208,7 +223,7 @@ class ManifestIndex:
             stale = (indexed.keys() - present.keys()) | {name for name, version in present.items() if indexed.get(name, version) != version}
             db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in stale))
             db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in stale))
-            unread = 0
+            unread = inserted = 0
             for name, version in present.items():
                 if name in indexed and name not in stale:
                     continue
@@ -216,10 +231,13 @@ class ManifestIndex:
                 if body is None:
                     unread += 1
                     continue
+                inserted += 1
                 db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?)",
                            (name, version, body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True)))
                 db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))
+            if stale or inserted:
+                db.execute("UPDATE meta SET value = value + 1 WHERE key = 'generation'")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -230,7 +248,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     try:
         if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():  # new: made once, not at every open
-            db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} INSERT OR IGNORE INTO meta VALUES ('schema', {SCHEMA_VERSION}); COMMIT;")
+            epoch = int.from_bytes(os.urandom(7))  # this index's own: a state read of another index never matches it
+            db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} INSERT OR IGNORE INTO meta VALUES ('schema', {SCHEMA_VERSION}); "
+                             f"INSERT OR IGNORE INTO meta VALUES ('epoch', {epoch}); INSERT OR IGNORE INTO meta VALUES ('generation', 0); COMMIT;")
         [version] = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() or [None]
         if version != SCHEMA_VERSION:
             raise _Damaged(f"it has schema {version}, this factory writes {SCHEMA_VERSION}")
@@ -242,6 +262,12 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 class _Damaged(Exception):
     """The index file is a database, not one of this factory's indexes."""
+
+
+def racy_ns(mtime: int) -> int:
+    """How long after a change stamped `mtime` a listing must be taken to be trusted: `RACY_NS` when the stamp is whole
+    seconds (a file system that keeps no fraction, or one in a billion stamps of one that does), else `FINE_RACY_NS`."""
+    return RACY_NS if mtime % 1_000_000_000 == 0 else FINE_RACY_NS
 
 
 def _directory_listing(directory: Path) -> dict[str, str]:

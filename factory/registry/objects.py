@@ -187,10 +187,13 @@ class ObjectRegistry(Scratch):
         """Every readable manifest (of `kind`, meeting `where`), in fingerprint order; a damaged one is skipped with a
         warning. Listed from a local index of the store's manifests (`factory.registry.index`: one LIST of their keys and
         ETags, then a GET of each manifest new since the last listing), or, where no index can be kept, a GET of each."""
-        index = ManifestIndex(self.root / f"index-{hashlib.sha256(self.location.encode()).hexdigest()[:16]}.sqlite",
-                              self._manifest_versions, lambda name: m.to_json() if (m := self._manifest(name)) is not None else None)
-        yield from index.manifests(kind, where, parse_manifest,
-                                   lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None])
+        yield from self.index().manifests(kind, where, parse_manifest,
+                                          lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None])
+
+    def index(self) -> ManifestIndex:
+        """The local index of the store's manifests that listings read (`factory.registry.index`)."""
+        return ManifestIndex(self.root / f"index-{hashlib.sha256(self.location.encode()).hexdigest()[:16]}.sqlite",
+                             self._manifest_versions, lambda name: m.to_json() if (m := self._manifest(name)) is not None else None)
 
     def _manifest_versions(self) -> dict[str, str]:
         """Fingerprint -> ETag of every manifest in the store, from one listing."""

@@ -294,3 +294,26 @@ def test_the_primary_an_experiment_file_names_is_recorded_with_its_scores_and_ra
     board = current_board(registry)
     assert board.sort == "val_bpb" and [row.experiment for row in board.rows] == ["notes", "more"]
     assert [row.experiment for row in current_board(registry, "heldout_bpb").rows] == ["more", "notes"]
+
+
+def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_path, caplog):
+    registry = ArtifactStore(tmp_path)
+    publish_result(registry, "done", "val_bpb", 2.0, step=100)
+    publish_model(registry, "done", step=100)
+    first = current_board(registry)
+    [kept] = (tmp_path / "cache" / "boards").iterdir()
+    saved = json.loads(kept.read_text())
+    assert saved["board"] == first.to_json()
+    # what is kept is what is given while the registry is unchanged (a board written there by hand shows that)
+    kept.write_text(json.dumps({**saved, "board": {**saved["board"], "rows": []}}))
+    assert current_board(registry).rows == ()
+    publish_result(registry, "late", "val_bpb", 1.0, step=100, training="run-2")  # a new manifest: computed again
+    assert [row.experiment for row in current_board(registry).rows] == ["done", "late"]
+    [manifest] = [m for m in registry.manifests("evaluations") if m.experiment == "late"]
+    (tmp_path / "manifests" / f"{manifest.fingerprint}.json").unlink()  # one removed: computed again
+    assert [row.experiment for row in current_board(registry).rows] == ["done"]
+    kept.write_text("{not json")
+    assert [row.experiment for row in current_board(registry).rows] == ["done"]
+    assert "the kept leaderboard" in caplog.text
+    assert current_board(registry, "val_bpb").to_json() == current_board(registry).to_json()  # kept per sort
+    assert len(list((tmp_path / "cache" / "boards").iterdir())) == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from factory.registry import ArtifactStore
-from factory.registry.index import INDEX_NAME
+from factory.registry.index import FINE_RACY_NS, INDEX_NAME, RACY_NS, racy_ns
 from tests.registry.test_store import publish
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,6 +75,25 @@ def test_the_index_follows_manifests_published_removed_and_replaced(store):
         f.truncate(0)
         f.write(json.dumps({**other, "fingerprint": "fp-b"}))
     assert listing(store) == [("fp-b", repaired.digest), ("fp-c", repaired.digest)]
+
+
+def test_a_listing_is_trusted_after_the_clock_tick_of_the_file_system_that_stamped_the_change():
+    assert racy_ns(1_700_000_000_000_000_000) == RACY_NS  # whole seconds: FAT, some network file systems
+    assert racy_ns(1_700_000_000_123_456_789) == FINE_RACY_NS < RACY_NS
+
+
+def test_the_state_of_the_index_changes_with_the_manifests_it_holds_and_only_then(store):
+    index = store.index()
+    empty = index.state()
+    publish(store, "fp-a")
+    one = index.state()
+    assert one != empty and index.state() == one and store.index().state() == one  # read again, nothing changed
+    publish(store, "fp-b", files={"b.bin": b"b"})
+    two = index.state()
+    (store.root / "manifests" / "fp-b.json").unlink()
+    assert len({empty, one, two, index.state()}) == 4  # back to fp-a alone is another state: the token never goes back
+    index.drop()
+    assert index.state() not in {empty, one, two}  # an index built again is another index
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "not-a-manifest", "other-schema"])
