@@ -7,7 +7,8 @@ prints, median of `--repeat` runs: the index's first build (every manifest read 
 results from the index when nothing changed, the same after one new manifest, the listing without the index (every
 manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the leaderboard
 (`factory leaderboard`'s board, as kept while nothing changed, and computed again after a new result), the dry run of
-`factory registry gc`, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
+`factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
+checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
 one file among 10, 100 and 1,000 experiment files in a git repository; then how each figure grows with the size.
 
 `--smoke`: 90 and 360 manifests, 5 and 20 files, 2 runs each.
@@ -63,6 +64,36 @@ def fill(root: Path, count: int) -> None:
                                     provenance=Provenance(experiment=f"exp-{block}", config_hash="0" * 16, git_commit="f" * 40),
                                     summary=summary(kind, block, i, fingerprints))
             (root / "manifests" / f"{manifest.fingerprint}.json").write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
+
+
+def publish_tiny(store) -> object:
+    """The tiny recipe's stages published as `factory plan` plans them (a file each, no work): an experiment all cached."""
+    from factory.config import load, plan_stage
+    from factory.config.stages import stages_of
+    from factory.registry.store import Provenance
+
+    tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
+    digests: dict[str, str] = {}
+    for kind in stages_of(tiny):
+        spec = plan_stage(tiny, kind, digests)
+        with store.staging() as out:
+            (out / "x").write_text(spec.fingerprint)
+            digests[kind] = store.publish(out, kind=kind, fingerprint=spec.fingerprint, config=spec.config, inputs=spec.upstream,
+                                          code=spec.code, summary={},
+                                          provenance=Provenance(experiment=tiny.name, config_hash="0" * 16, git_commit="f" * 40)).digest
+    return tiny
+
+
+def publish_model_files(store) -> str:
+    """An exported model with its files (config and weights, not loadable): the sha256 of its weights."""
+    from factory.registry.store import Provenance
+
+    with store.staging() as out:
+        (out / "config.json").write_text(json.dumps({"model": {"n_layer": 1}, "steps": 1}))
+        (out / "model.pt").write_bytes(b"weights")
+        manifest = store.publish(out, kind="model", fingerprint="model-with-files", config={}, inputs={}, code="local:0", summary={},
+                                 provenance=Provenance(experiment="exp-files", config_hash="0" * 16, git_commit="f" * 40))
+    return manifest.files["model.pt"]["sha256"]
 
 
 def median_s(action: Callable[[], object], repeat: int) -> float:
@@ -130,6 +161,25 @@ def measure(count: int, repeat: int) -> dict[str, float]:
 
         figures["board_changed"] = median_s(board_after_one_more, repeat)
 
+        tiny = publish_tiny(store)
+
+        def plan() -> None:  # `factory plan` of one experiment whose stages are all cached
+            from factory.ops.plan import build_plan
+
+            assert {p.status for p in build_plan([tiny], store)} == {"cached"}
+
+        figures["plan"] = median_s(plan, repeat)
+        weights = publish_model_files(store)
+
+        def podium() -> None:  # Podium's generate page's list, and the page a checkpoint link opens
+            from factory.podium.generate import candidates, find_candidate
+
+            candidates(store)
+            assert find_candidate(store, weights) is not None
+
+        podium()  # its imports (torch) are the server's start-up, not the page's
+        figures["podium"] = median_s(podium, repeat)
+
         def gc_dry_run() -> None:  # `factory registry gc`'s dry run, no experiment file: whatever no alias or ref names
             from factory.ops.gc import plan_collection
 
@@ -186,12 +236,12 @@ def main() -> None:
     sizes, repeat = ([90, 360], 2) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
     print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'leaderboard':>12} "
-          f"{'board, 1 new':>13} {'gc plan':>8} {'index MB':>9}  ratio files / index")
+          f"{'board, 1 new':>13} {'plan':>6} {'podium':>7} {'gc plan':>8} {'index MB':>9}  ratio files / index")
     figures = {}
     for count in sizes:
         f = figures[count] = measure(count, repeat)
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
-              f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
+              f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
     ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
     for files, seconds in ticks.items():
         print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
@@ -200,7 +250,8 @@ def main() -> None:
         small, large = figures[sizes[0]], figures[sizes[-1]]
         print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
               f"leaderboard {large['leaderboard'] / small['leaderboard']:.1f}x (after a new result "
-              f"{large['board_changed'] / small['board_changed']:.1f}x), gc plan {large['gc'] / small['gc']:.1f}x, "
+              f"{large['board_changed'] / small['board_changed']:.1f}x), plan {large['plan'] / small['plan']:.2f}x, "
+              f"podium {large['podium'] / small['podium']:.2f}x, gc plan {large['gc'] / small['gc']:.1f}x, "
               f"listing from the index {large['index'] / small['index']:.1f}x, from the files {large['files'] / small['files']:.1f}x")
 
 

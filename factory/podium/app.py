@@ -38,7 +38,7 @@ from factory.podium.browse import OPERATORS, PAGE_SIZES, POSITION, Browser, Filt
 from factory.podium.cells import Preview
 from factory.podium.errors import Busy, NotFound, PodiumError
 from factory.podium.conversation import sampled
-from factory.podium.generate import MAX_NEW_TOKENS, Generator, candidates, checked_temperature
+from factory.podium.generate import LISTED, MAX_NEW_TOKENS, Generator, candidates, checked_temperature
 from factory.podium.render import pygments_css, render_row
 from factory.podium.sql import parse_params
 from factory.registry.store import ArtifactStore
@@ -191,7 +191,7 @@ def create_app(root: Path, *, host: str = "127.0.0.1", allowed_hosts: Sequence[s
                     )
                 except PodiumError as e:
                     error = str(e)
-        return page(request, "generate.html", candidates=candidates(podium.registry, chosen), chosen=chosen, prompt=prompt, source=source,
+        return page(request, "generate.html", candidates=candidates(podium.registry, chosen), listed=LISTED, chosen=chosen, prompt=prompt, source=source,
                     chat=chat, reply=reply, new_tokens=new_tokens, temperature=temperature, max_new_tokens=MAX_NEW_TOKENS, completions=completions,
                     error=error, saved=request.query_params.get("saved", ""), status=400 if error else 200)
 

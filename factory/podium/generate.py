@@ -4,7 +4,9 @@ A checkpoint is named by the sha256 its record gives, so a link to it never chan
 is loaded only from bytes that hash to that sha256, with the tokenizer and model config of the
 stage that saved it. A few loaded models are kept in memory. The list shows each model once (the
 checkpoint a model stage exported is the model), with the date it was made and the digest the CLI
-prints (`factory leaderboard`, `factory lineage`: the artifact's first 12 hex digits).
+prints (`factory leaderboard`, `factory lineage`: the artifact's first 12 hex digits): of the newest
+`LISTED` models and training runs, asked of the registry's index, so a registry of years answers at
+once; a checkpoint is found by its sha256 through the index too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
+from factory.registry.index import Where
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
 
@@ -44,6 +47,9 @@ MAX_TEMPERATURE = 5.0
 """Sampling temperatures (0 is greedy): below MIN logits / temperature overflow to inf and the draw fails; past MAX it is noise."""
 MAX_PROMPT_CHARS = 20_000
 LOADED_MODELS = 4
+LISTED = 50
+"""The page lists the newest this many models, and the checkpoints of the newest this many runs of each training stage; a
+link to any other (`/checkpoint/<sha256>`) opens it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,22 +106,39 @@ class Completion:
     stopped_at_eos: bool
 
 
-def candidates(registry: ArtifactStore, chosen: Collection[str] = ()) -> list[Candidate]:
-    """Every published model and every checkpoint no model was exported from, newest first (one entry per sha256); a
-    checkpoint a model was exported from too when it is `chosen` (by sha256: a link to that checkpoint opens it)."""
+def candidates(registry: ArtifactStore, chosen: Collection[str] = (), newest: int | None = LISTED) -> list[Candidate]:
+    """The published models and the checkpoints no model was exported from, newest first (one entry per sha256): of the
+    `newest` models and training runs (None: all of them), and every `chosen` one (by sha256: a checkpoint a model was
+    exported from too, when a link names it)."""
     found: dict[str, Candidate] = {}
     exported: set[tuple[str, int]] = set()  # (training artifact, step): the checkpoints that are a model listed already
-    for manifest in registry.manifests(model_kind().name):
+    for manifest in registry.manifests(model_kind().name, newest=newest):
         candidate = _model(registry, manifest)
         if candidate is not None:
             found.setdefault(candidate.sha256, candidate)
             last = [manifest.inputs[name] for name in TRAINING_STAGES if name in manifest.inputs][-1:]  # what the model stage exports
             exported.update((digest, candidate.step) for digest in last)
-    for manifest in (m for kind in TRAINING_STAGES for m in registry.manifests(kind)):
+    for manifest in (m for kind in TRAINING_STAGES for m in registry.manifests(kind, newest=newest)):
         for c in _checkpoints(registry, manifest):
             if (c.digest, c.step) not in exported or c.sha256 in chosen:
                 found.setdefault(c.sha256, c)
+    for sha256 in set(chosen) - found.keys() if newest is not None else ():  # all of them were read: it is none
+        if (candidate := find_candidate(registry, sha256)) is not None:
+            found[sha256] = candidate
     return sorted(found.values(), key=lambda c: (c.created, c.experiment, c.stage, c.step), reverse=True)
+
+
+def find_candidate(registry: ArtifactStore, sha256: str) -> Candidate | None:
+    """The model or checkpoint with this sha256: asked of the registry's index by the sha256 of an artifact's file (a model's
+    weights, a checkpoint file), else (a sharded checkpoint, whose sha256 is its listing's) looked for among every one."""
+    holding = Where(file_sha256=sha256)
+    for manifest in registry.manifests(model_kind().name, holding):
+        if (candidate := _model(registry, manifest)) is not None and candidate.sha256 == sha256:
+            return candidate
+    for manifest in (m for kind in TRAINING_STAGES for m in registry.manifests(kind, holding)):
+        if found := [c for c in _checkpoints(registry, manifest) if c.sha256 == sha256]:
+            return found[0]
+    return next((c for c in candidates(registry, chosen={sha256}, newest=None) if c.sha256 == sha256), None)
 
 
 def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]:
@@ -183,9 +206,8 @@ class Generator:
         """The candidate with this sha256."""
         if not SHA256.match(sha256):
             raise NotFound(f"{sha256!r} is not a checkpoint sha256 (64 hex digits)")
-        for candidate in candidates(self.registry, chosen={sha256}):
-            if candidate.sha256 == sha256:
-                return candidate
+        if (candidate := find_candidate(self.registry, sha256)) is not None:
+            return candidate
         raise NotFound(f"no published checkpoint or model has sha256 {sha256[:12]}…; it may not be published yet")
 
     def complete(self, candidate: Candidate, prompt: str, new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,

@@ -44,16 +44,21 @@ BUSY_TIMEOUT_S = 60
 HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, version TEXT NOT NULL, kind TEXT, digest TEXT, experiment TEXT,
-                                      body TEXT);
+                                      body TEXT, created TEXT);
 CREATE INDEX IF NOT EXISTS manifests_by_kind ON manifests (kind, name);
+CREATE INDEX IF NOT EXISTS manifests_by_created ON manifests (kind, created);
 CREATE INDEX IF NOT EXISTS manifests_by_digest ON manifests (digest);
 CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind);
 CREATE TABLE IF NOT EXISTS inputs (name TEXT NOT NULL, digest TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest);
 CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name);
+CREATE TABLE IF NOT EXISTS files (name TEXT NOT NULL, sha256 TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS files_by_sha256 ON files (sha256);
+CREATE INDEX IF NOT EXISTS files_by_name ON files (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-"""A row per readable manifest, a row per input it names (what `Where.made_from` asks)."""
+"""A row per readable manifest, a row per input it names (what `Where.made_from` asks), a row per file it lists
+(`Where.file_sha256`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,13 +71,16 @@ class Where:
     experiment: str | None = None
     made_from: str | None = None
     """A digest the manifest names among its inputs."""
+    file_sha256: str | None = None
+    """The sha256 of one of the artifact's files."""
 
     def sql(self) -> tuple[str, list[str]]:
         """The conditions as SQL over `manifests`, and their parameters."""
         if self.digest_prefix is not None and not HEX.fullmatch(self.digest_prefix):
             raise ValueError(f"{self.digest_prefix!r} is not hex digits")
         found = [("digest = ?", self.digest), ("digest LIKE ?", self.digest_prefix and f"{self.digest_prefix}%"),
-                 ("experiment = ?", self.experiment), ("name IN (SELECT name FROM inputs WHERE digest = ?)", self.made_from)]
+                 ("experiment = ?", self.experiment), ("name IN (SELECT name FROM inputs WHERE digest = ?)", self.made_from),
+                 ("name IN (SELECT name FROM files WHERE sha256 = ?)", self.file_sha256)]
         given = [(clause, value) for clause, value in found if value is not None]
         return " AND ".join(clause for clause, _ in given), [value for _, value in given]
 
@@ -81,7 +89,8 @@ class Where:
         return ((self.digest is None or manifest.digest == self.digest)
                 and (self.digest_prefix is None or manifest.digest.startswith(self.digest_prefix))
                 and (self.experiment is None or manifest.experiment == self.experiment)
-                and (self.made_from is None or self.made_from in manifest.inputs.values()))
+                and (self.made_from is None or self.made_from in manifest.inputs.values())
+                and (self.file_sha256 is None or any(entry.get("sha256") == self.file_sha256 for entry in manifest.files.values())))
 
 
 EVERY = Where()
@@ -131,16 +140,17 @@ class ManifestIndex:
         """The index of the `<name>.json` files in a local directory."""
         return cls(path, lambda: _directory_listing(directory), lambda name: read(directory / f"{name}.json"), lambda: _mtime(directory))
 
-    def bodies(self, kind: str | None = None, where: Where = EVERY) -> Iterator[dict[str, Any]]:
-        """The JSON form of every intact manifest (of `kind`, meeting `where`), in name order, after bringing the index up
-        to date."""
+    def bodies(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[dict[str, Any]]:
+        """The JSON form of every intact manifest (of `kind`, meeting `where`), in name order (`newest`: only that many,
+        the newest first), after bringing the index up to date."""
         conditions, values = where.sql()
         if kind is not None:
             conditions, values = " AND ".join(filter(None, ["kind = ?", conditions])), [kind, *values]
         with self._connected() as db:
             self._refresh(db)
             query = "SELECT body FROM manifests WHERE kind IS NOT NULL" + (f" AND {conditions}" if conditions else "")
-            rows = db.execute(query + " ORDER BY name", values).fetchall()
+            order = " ORDER BY name" if newest is None else " ORDER BY created DESC, name DESC LIMIT ?"
+            rows = db.execute(query + order, values + ([] if newest is None else [newest])).fetchall()
         for (body,) in rows:
             yield json.loads(body)
 
@@ -185,14 +195,16 @@ class ManifestIndex:
         self.drop()
         return _connect(self.path)
 
-    def manifests(self, kind: str | None, where: Where, parse: Callable[[dict[str, Any]], Any], every: Callable[[], list[Any]]) -> list[Any]:
-        """The intact manifests (of `kind`, meeting `where`) parsed by `parse`, in name order; an index holding what `parse`
+    def manifests(self, kind: str | None, where: Where, parse: Callable[[dict[str, Any]], Any], every: Callable[[], list[Any]],
+                  newest: int | None = None) -> list[Any]:
+        """The intact manifests (of `kind`, meeting `where`) parsed by `parse`, in name order (`newest`: only that many, the
+        newest first, by `created` then name); an index holding what `parse`
         refuses is built again (with a warning). Where no index can be kept (sqlite3.OperationalError, or one built again
         that still holds what is not a manifest), `every()` lists every manifest, and those asked for are kept."""
         where.sql()  # a condition that cannot be asked is refused before anything is read
         for attempt in (1, 2):
             try:
-                return [parse(body) for body in self.bodies(kind, where)]
+                return [parse(body) for body in self.bodies(kind, where, newest)]
             except sqlite3.OperationalError as e:  # no index can be kept here, or it is locked
                 log.debug("listing manifests without the index %s (%s)", self.path, e)
                 break
@@ -200,7 +212,8 @@ class ManifestIndex:
                 log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
                             "building it again" if attempt == 1 else "reading the manifests themselves")
                 self.drop()
-        return [m for m in every() if kind in (None, m.kind) and where.holds(m)]
+        found = [m for m in every() if kind in (None, m.kind) and where.holds(m)]
+        return found if newest is None else sorted(found, key=lambda m: (m.created, m.fingerprint), reverse=True)[:newest]
 
     def drop(self) -> None:
         """Remove the index (the next reader builds it again from the manifests)."""
@@ -223,6 +236,7 @@ class ManifestIndex:
             stale = (indexed.keys() - present.keys()) | {name for name, version in present.items() if indexed.get(name, version) != version}
             db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in stale))
             db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in stale))
+            db.executemany("DELETE FROM files WHERE name = ?", ((name,) for name in stale))
             unread = inserted = 0
             for name, version in present.items():
                 if name in indexed and name not in stale:
@@ -232,8 +246,9 @@ class ManifestIndex:
                     unread += 1
                     continue
                 inserted += 1
-                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?)",
-                           (name, version, body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True)))
+                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (name, version, body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True), body["created"]))
+                db.executemany("INSERT INTO files VALUES (?, ?)", ((name, sha) for sha in {f["sha256"] for f in body["files"].values()}))
                 db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))
             if stale or inserted:

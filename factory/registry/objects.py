@@ -183,12 +183,14 @@ class ObjectRegistry(Scratch):
         prefix = f"history/{checked_topic(parent)}/"
         return sorted({key.removeprefix(prefix).split("/", 1)[0] for key in self.store.list(prefix) if "/" in key.removeprefix(prefix)})
 
-    def manifests(self, kind: str | None = None, where: Where = EVERY) -> Iterator[Manifest]:
-        """Every readable manifest (of `kind`, meeting `where`), in fingerprint order; a damaged one is skipped with a
-        warning. Listed from a local index of the store's manifests (`factory.registry.index`: one LIST of their keys and
-        ETags, then a GET of each manifest new since the last listing), or, where no index can be kept, a GET of each."""
+    def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
+        """Every readable manifest (of `kind`, meeting `where`), in fingerprint order (`newest`: that many, the newest
+        first); a damaged one is skipped with a warning. Listed from a local index of the store's manifests
+        (`factory.registry.index`: one LIST of their keys and ETags, then a GET of each manifest new since the last
+        listing), or, where no index can be kept, a GET of each."""
         yield from self.index().manifests(kind, where, parse_manifest,
-                                          lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None])
+                                          lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None],
+                                          newest)
 
     def index(self) -> ManifestIndex:
         """The local index of the store's manifests that listings read (`factory.registry.index`)."""

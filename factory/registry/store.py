@@ -247,14 +247,15 @@ class ArtifactStore(Scratch):
                 self._stamps_path(manifest.digest).unlink()
         return sum(entry["bytes"] for entry in manifest.files.values())
 
-    def manifests(self, kind: str | None = None, where: Where = EVERY) -> Iterator[Manifest]:
-        """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order; a damaged one is
-        skipped with a warning. Listed from the registry's index (`factory.registry.index`), or, where this process
-        cannot write the index, from the manifest files themselves."""
+    def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
+        """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order (`newest`: that many,
+        the newest first); a damaged one is skipped with a warning. Listed from the registry's index
+        (`factory.registry.index`), or, where this process cannot write the index, from the manifest files themselves."""
         if not (self.root / "manifests").is_dir():
             return
         yield from self.index().manifests(kind, where, parse_manifest,
-                                          lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None])
+                                          lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None],
+                                          newest)
 
     def index(self) -> ManifestIndex:
         """The index of the registry's manifests that listings read (`factory.registry.index`)."""

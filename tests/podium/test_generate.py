@@ -8,7 +8,7 @@ import torch
 from factory.config.sft_data import DEFAULT_CHAT_TEMPLATES
 from factory.podium.conversation import rendered, sampled, turns_in
 from factory.podium.errors import NotFound, PodiumError
-from factory.podium.generate import Generator, candidates
+from factory.podium.generate import Generator, candidates, find_candidate
 from factory.podium.links import checkpoint_url, table_links, table_url
 from factory.registry import ArtifactStore
 
@@ -95,3 +95,15 @@ def test_a_model_is_listed_once_with_its_date_and_the_digest_the_cli_prints(stor
     step10 = json.loads((source / "step_000010.json").read_text())["sha256"]
     linked = client.get(f"/checkpoint/{step10}")  # the link Dagster's metadata gives that checkpoint still opens it
     assert linked.status_code == 200 and f'value="{step10}" checked' in linked.text
+
+
+def test_the_page_lists_the_newest_runs_and_a_link_opens_an_older_checkpoint_by_its_sha256(store):
+    registry = ArtifactStore(store / "registry")
+    every = {c.experiment: c.sha256 for c in candidates(registry, newest=None)}
+    assert set(every) == {"podium-seed1", "podium-seed2"}
+    [listed] = candidates(registry, newest=1)  # the newest run of the pretrain stage (ties of date: by fingerprint)
+    assert listed.experiment == "podium-seed2"
+    older = every["podium-seed1"]
+    assert find_candidate(registry, older).experiment == "podium-seed1"  # asked of the index by the checkpoint file's sha256
+    assert {c.experiment for c in candidates(registry, chosen={older}, newest=1)} == {"podium-seed1", "podium-seed2"}
+    assert find_candidate(registry, "0" * 64) is None

@@ -1,6 +1,7 @@
 """The registry's index of its manifests (`factory/registry/index.py`): listings come from it, it follows every
 change of the manifests, a damaged index is rebuilt with a warning, and deleting it loses nothing."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -169,12 +170,22 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     asked = {"every": (None, Where()), "digest": (None, Where(digest=model)), "prefix": (None, Where(digest_prefix=a[:8])),
              "experiment": (None, Where(experiment="exp-a")), "models of exp-a": ("model", Where(experiment="exp-a")),
              "made from a": (None, Where(made_from=a)), "made from b": (None, Where(made_from=b)),
-             "evaluations made from b": ("evaluations", Where(made_from=b)), "nothing": ("model", Where(made_from=b))}
-    indexed = {name: [m.fingerprint for m in store.manifests(kind, where)] for name, (kind, where) in asked.items()}
+             "evaluations made from b": ("evaluations", Where(made_from=b)), "nothing": ("model", Where(made_from=b)),
+             "holding model-a's file": (None, Where(file_sha256=hashlib.sha256(b"model-a").hexdigest()))}
+    newest = {"newest 2": (None, Where(), 2), "newest pretrain of exp-b": ("pretrain", Where(experiment="exp-b"), 1)}
+
+    def answers() -> dict[str, list[str]]:
+        return ({name: [m.fingerprint for m in store.manifests(kind, where)] for name, (kind, where) in asked.items()}
+                | {name: [m.fingerprint for m in store.manifests(kind, where, newest=n)] for name, (kind, where, n) in newest.items()})
+
+    indexed = answers()
     assert indexed["made from a"] == ["eval-ab", "model-a"] and indexed["models of exp-a"] == ["model-a"] and indexed["nothing"] == []
+    assert indexed["holding model-a's file"] == ["model-a"] and indexed["newest pretrain of exp-b"] == ["run-b"]
+    created = {m.fingerprint: m.created for m in store.manifests()}
+    assert indexed["newest 2"] == sorted(created, key=lambda f: (created[f], f), reverse=True)[:2]
     (store.root / INDEX_NAME).unlink()
     (store.root / INDEX_NAME).mkdir()
-    assert {name: [m.fingerprint for m in store.manifests(kind, where)] for name, (kind, where) in asked.items()} == indexed
+    assert answers() == indexed
     with pytest.raises(ValueError, match="not hex digits"):
         list(store.manifests(where=Where(digest_prefix="a%")))
 
