@@ -19,7 +19,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, 
 from assets.evaluations import EVALS_PER_RUN, evaluated
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, materialize, resources_at
 from assets.partitions import BENCHMARKS, CHECKPOINTS
-from assets.records import latest_metadata
+from assets.records import latest_metadata_by_partition
 from factory.config.fingerprint import code_identity
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
@@ -45,21 +45,19 @@ def ranges(order: Iterable[str], wanted: set[str], limit: int = EVALS_PER_RUN) -
 
 def stored_checkpoints(instance: DagsterInstance, experiment: str | None = None) -> set[str]:
     """Checkpoint partitions (of one experiment, or all) whose bytes are still where they were recorded."""
-    stored = set()
-    for key in instance.get_dynamic_partitions(CHECKPOINTS):
-        if experiment is None or key.rsplit("__", 1)[0] == experiment:
-            metadata = latest_metadata(instance, CHECKPOINTS, key)
-            if metadata is not None and metadata.get("path") and Path(metadata["path"]).exists():
-                stored.add(key)
-    return stored
+    keys = [key for key in instance.get_dynamic_partitions(CHECKPOINTS) if experiment is None or key.rsplit("__", 1)[0] == experiment]
+    recorded = latest_metadata_by_partition(instance, CHECKPOINTS, keys)
+    return {key for key in keys if (metadata := recorded.get(key)) and metadata.get("path") and Path(metadata["path"]).exists()}
 
 
 def unevaluated(instance: DagsterInstance, registry: ArtifactStore, benchmarks: Iterable[str], checkpoints: set[str]) -> set[str]:
     """The checkpoints with an evaluation on some of `benchmarks` that is not in the registry: the others need no run."""
     code = code_identity("local")
+    recorded = latest_metadata_by_partition(instance, CHECKPOINTS, checkpoints)
+    known = {name for name in benchmarks if instance.has_dynamic_partition(BENCHMARKS, name)}
     return {checkpoint for checkpoint in checkpoints if not all(
-        instance.has_dynamic_partition(BENCHMARKS, name)
-        and evaluated(instance, registry, str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint})), code) for name in benchmarks
+        name in known and evaluated(instance, registry, str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint})), code, recorded)
+        for name in benchmarks
     )}
 
 

@@ -9,7 +9,8 @@ where it runs every stage (a process here, a Volcano Job on a cluster).
 """
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from dagster import (
     AssetExecutionContext,
@@ -29,7 +30,7 @@ from pydantic import ValidationError
 
 from assets.benchmark_data import ensure_benchmark_data
 from assets.partitions import CHECKPOINTS, evaluations_partitions
-from assets.records import latest_metadata
+from assets.records import latest_metadata, latest_metadata_by_partition
 from factory.config.fingerprint import code_identity
 from factory.config.pools import EVALUATION_POOL
 from factory.errors import ConfigError
@@ -60,7 +61,9 @@ warnings.filterwarnings("ignore", category=BetaWarning, message="Parameter `back
 def evaluations(
     context: AssetExecutionContext, stores: FactoryStores, launcher: StageLauncher
 ) -> Iterator[PipesExecutionResult | MaterializeResult]:
-    items = tuple(eval_item(context.instance, key) for key in context.partition_keys)
+    checkpoints = {evaluations_partitions.get_partition_key_from_str(key).keys_by_dimension["checkpoint"] for key in context.partition_keys}
+    recorded = latest_metadata_by_partition(context.instance, CHECKPOINTS, checkpoints)
+    items = tuple(eval_item(context.instance, key, recorded) for key in context.partition_keys)
     registry, code = stores.registry(), code_identity("local")  # the code location's evaluator scores every experiment alike
     found = {item.partition: manifest for item in items if (manifest := registry.lookup(item.fingerprint(code)))}
     if len(found) == len(items):  # nothing to compute: no process, no model loaded
@@ -85,19 +88,20 @@ def evaluations(
             ))
 
 
-def eval_item(instance: DagsterInstance, key: str) -> EvalItem:
-    """The evaluation of one partition: its benchmark, and the checkpoint exactly as its partition recorded it."""
+def eval_item(instance: DagsterInstance, key: str, metadata: Mapping[str, Mapping[str, Any]] | None = None) -> EvalItem:
+    """The evaluation of one partition: its benchmark, and the checkpoint exactly as its partition recorded it (read from
+    the event log, or from `metadata`: checkpoint partition -> its newest materialization's, read for many at once)."""
     dimensions = evaluations_partitions.get_partition_key_from_str(key).keys_by_dimension
     name, checkpoint = dimensions["benchmark"], dimensions["checkpoint"]
     try:
         benchmark(name)
     except ConfigError as e:
         raise Failure(description=f"{key}: {e}") from e
-    metadata = latest_metadata(instance, CHECKPOINTS, checkpoint)
-    if metadata is None or any(field not in metadata for field in CHECKPOINT_FIELDS):
+    recorded = latest_metadata(instance, CHECKPOINTS, checkpoint) if metadata is None else metadata.get(checkpoint)
+    if recorded is None or any(field not in recorded for field in CHECKPOINT_FIELDS):
         raise Failure(description=f"{key}: checkpoint {checkpoint} has no recorded materialization with its sha256; rerun its training stage")
     try:
-        ref = CheckpointRef(key=checkpoint, **{field: metadata[field] for field in CHECKPOINT_FIELDS})
+        ref = CheckpointRef(key=checkpoint, **{field: recorded[field] for field in CHECKPOINT_FIELDS})
     except ValidationError as e:
         raise Failure(description=f"{key}: checkpoint {checkpoint} has a recorded materialization that does not say how to load it "
                                   f"({e.error_count()} problems, first: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}); "
@@ -105,11 +109,12 @@ def eval_item(instance: DagsterInstance, key: str) -> EvalItem:
     return EvalItem(partition=key, benchmark=name, checkpoint=ref)
 
 
-def evaluated(instance: DagsterInstance, registry: ArtifactStore, key: str, code: str) -> bool:
+def evaluated(instance: DagsterInstance, registry: ArtifactStore, key: str, code: str,
+              metadata: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
     """Whether the result of one `evaluations` partition is in the registry already (its run would compute nothing); a
-    partition that cannot be evaluated is not, so that its run says why."""
+    partition that cannot be evaluated is not, so that its run says why. `metadata`: as `eval_item`'s."""
     try:
-        item = eval_item(instance, key)
+        item = eval_item(instance, key, metadata)
     except Failure:
         return False
     return registry.lookup(item.fingerprint(code)) is not None

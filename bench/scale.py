@@ -9,9 +9,10 @@ manifest file opened and parsed), the lineage of one model up and down (`factory
 (`factory leaderboard`'s board, as kept while nothing changed, and computed again after a new result), the dry run of
 `factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
 checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
-one file among 10, 100 and 1,000 experiment files in a git repository; then how each figure grows with the size.
+one file among 10, 100 and 1,000 experiment files in a git repository; `factory evals backfill`'s planning over a Dagster
+instance recording 1,000 and 10,000 checkpoints; then how each figure grows with the size.
 
-`--smoke`: 90 and 360 manifests, 5 and 20 files, 2 runs each.
+`--smoke`: 90 and 360 manifests, 5 and 20 files, 10 and 40 checkpoints, 2 runs each.
 """
 
 from __future__ import annotations
@@ -227,6 +228,49 @@ def sensor_tick(files: int, repeat: int) -> float:
         return statistics.median(times)
 
 
+def backfill_planning(checkpoints: int, repeat: int) -> dict[str, float]:
+    """`factory evals backfill`'s planning over a Dagster instance (sqlite, on disk) recording `checkpoints` checkpoint
+    partitions, each materialized once with the metadata a training stage records: which checkpoints are still stored
+    (median seconds), read per partition as before and in chunks as now, and which still lack a result."""
+    import warnings
+
+    from dagster import AssetMaterialization, DagsterInstance
+
+    from assets.backfill import stored_checkpoints, unevaluated
+    from assets.partitions import CHECKPOINTS
+    from assets.records import latest_metadata
+    from factory.config import load, plan_stage
+    from factory.registry import ArtifactStore
+
+    warnings.filterwarnings("ignore")
+    tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
+    training = plan_stage(tiny, "pretrain", {"blend": "b" * 64, "tokenizer": "c" * 64}).to_json()
+    with tempfile.TemporaryDirectory(prefix="bench-dagster-") as tmp:
+        instance = DagsterInstance.local_temp(tmp)
+        keys = [f"exp-{i // 40}__pretrain-{i % 40 * 25:06d}" for i in range(checkpoints)]
+        instance.add_dynamic_partitions(CHECKPOINTS, keys)
+        stored = Path(tmp) / "step.pt"
+        stored.write_bytes(b"weights")
+        for i, key in enumerate(keys):
+            instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
+                "step": i % 40 * 25, "tokens_seen": i, "path": str(stored), "sha256": f"{i:064x}", "training": training,
+                "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "0" * 40, "experiment": key.split("__")[0]}))
+        registry = ArtifactStore(Path(tmp) / "registry")
+
+        def per_partition() -> None:  # one query of the event log per checkpoint (before)
+            found = {key for key in instance.get_dynamic_partitions(CHECKPOINTS)
+                     if (metadata := latest_metadata(instance, CHECKPOINTS, key)) and Path(metadata["path"]).exists()}
+            assert len(found) == checkpoints
+
+        def chunked() -> None:
+            assert len(stored_checkpoints(instance)) == checkpoints
+
+        def due() -> None:  # `factory run`'s question for an experiment's checkpoints, here all of them
+            assert len(unevaluated(instance, registry, ["val_bpb"], set(keys))) == checkpoints
+
+        return {"before": median_s(per_partition, repeat), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="90 and 360 manifests, 2 runs each: checks the bench runs")
@@ -242,6 +286,11 @@ def main() -> None:
         f = figures[count] = measure(count, repeat)
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
               f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
+    print("`factory evals backfill` planning over the Dagster instance, median seconds:")
+    print(f"{'checkpoints':>12} {'stored, per partition':>22} {'stored, in chunks':>18} {'without a result':>17}  ratio")
+    for checkpoints in ([10, 40] if args.smoke else [1000, 10000]):
+        f = backfill_planning(checkpoints, repeat)
+        print(f"{checkpoints:>12,} {f['before']:>22.3f} {f['stored']:>18.3f} {f['due']:>17.3f}  {f['before'] / f['stored']:.1f}x")
     ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
     for files, seconds in ticks.items():
         print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
