@@ -160,6 +160,7 @@ def hold(
     needs = tuple(needs)
     token = uuid.uuid4().hex
     announced = retried = False
+    busy: Holder | None = None
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(path, owner, token, stop, heartbeat_s, needs), daemon=True)
     try:  # from the first try on: an interrupt between creating the file and holding it must not leave it behind
@@ -172,6 +173,7 @@ def hold(
                     on_takeover(holder)
                 _remove_if_token(path, holder.token)
             elif holder is not None and not wait:
+                busy = holder  # never created: nothing of ours to remove
                 raise LeaseBusy(holder)
             elif holder is not None and on_wait and not announced:
                 on_wait(holder)
@@ -188,7 +190,8 @@ def hold(
         try:
             _join_uninterrupted(beat)  # a beat being written would otherwise put the lease back after the removal below
         finally:
-            _remove_if_token(path, token)  # only a lease of this token: another's stays
+            if busy is None:
+                _remove_if_token(path, token)  # only a lease of this token: another's stays
 
 
 def _join_uninterrupted(thread: threading.Thread) -> None:

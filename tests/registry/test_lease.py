@@ -12,7 +12,7 @@ import pytest
 
 from factory.atomic import synced_temp
 from factory.registry import lease
-from factory.registry.lease import hold, read_holder, record
+from factory.registry.lease import LeaseBusy, hold, read_holder, record
 
 HOLDER = textwrap.dedent(
     """
@@ -178,4 +178,17 @@ def test_a_ctrl_c_while_the_last_beat_is_written_still_releases_the_lease(tmp_pa
             signal.setitimer(signal.ITIMER_REAL, 0.2)  # fires while the end of the block waits for the beat
     finally:
         signal.signal(signal.SIGALRM, previous)
+    assert not path.exists()
+
+
+def test_a_lease_asked_for_without_waiting_says_who_holds_it_and_leaves_their_lease_alone(tmp_path):
+    path = tmp_path / "x.lease"
+    with hold(path, "the holder"):
+        before = (os.stat(path).st_ctime_ns, path.read_bytes())
+        with pytest.raises(LeaseBusy, match="the holder holds it") as busy, hold(path, "gc", wait=False):
+            pass
+        assert busy.value.holder.owner == "the holder"
+        assert (os.stat(path).st_ctime_ns, path.read_bytes()) == before  # never moved aside, never written
+    with hold(path, "gc", wait=False, needs=["a" * 64]):  # free: taken at once, and it says what it reads
+        assert read_holder(path).needs == ("a" * 64,)
     assert not path.exists()
