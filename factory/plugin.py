@@ -1,7 +1,8 @@
 """The public plugin API: everything a package that extends the factory may use, in one module.
 
 A plugin package declares stage kinds (`model_factory.stages`), source kinds (`model_factory.sources`), architectures
-(`model_factory.models`) and benchmarks (`model_factory.benchmarks`) through entry points, and imports the factory only
+(`model_factory.models`), benchmarks (`model_factory.benchmarks`) and document filters (`model_factory.filters`) through
+entry points, and imports the factory only
 from here: the rest of `factory` is private and may change between releases (an import-linter contract,
 `examples/importlinter.toml`, keeps the shipped plugins in `examples/` on this surface). `docs/plugins.md` walks through
 writing each of them.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from factory.config.architectures import ModelArch
 from factory.config.data_sections import SourceConfig
+from factory.config.filter_kinds import DocumentFilter
 from factory.config.kinds import DatasetNeed, MetricsPlot, Placement, StageKind, TableNeed, as_resources_say, one_rank
 from factory.config.schema import Experiment, ModelConfig, TrainedModel, TrainingSection
 from factory.config.section import GrownSection, Section
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PAD", "REFERENCE", "as_resources_say", "Batch", "Benchmark", "checkpoints_of", "ConfigError", "DataPath",
-    "DatasetNeed", "EvalInputs", "Experiment", "final_weights", "GrownSection", "HFLayout", "load_weights", "LoaderState", "MetricsPlot",
+    "DatasetNeed", "DocumentFilter", "EvalInputs", "Experiment", "final_weights", "GrownSection", "HFLayout", "load_weights", "LoaderState", "MetricsPlot",
     "ModelArch", "ModelConfig", "one_rank", "Placement", "PluginError", "read_dataset", "save_final", "Score", "Section",
     "sequence_log_probs", "source_cache", "SourceConfig", "SourceKind", "StageContext", "StageFailed", "StageKind",
     "TableNeed", "TrainedModel", "training_kind", "TrainingInputs", "TrainingSection", "World",

@@ -3,14 +3,15 @@ training streams it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     Field, ModelWrapValidatorHandler, PrivateAttr, SerializationInfo, ValidationError, field_validator, model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from factory.config.filter_kinds import document_filter
 from factory.config.limits import MAX_BYTES
 from factory.config.section import UNKNOWN_KEY, GrownSection, Section
 from factory.config.source_kinds import SourceKind, source_kind
@@ -93,13 +94,7 @@ class SourceConfig(GrownSection):
     @field_validator("kind")
     @classmethod
     def _kind_is_registered(cls, value: str) -> str:
-        try:
-            source_kind(value)
-        except PluginError:
-            raise  # a broken plugin is not this file's fault: said as such, not as a field error
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
-        return value
+        return registered(source_kind, value)
 
     @field_validator("columns")
     @classmethod
@@ -122,6 +117,18 @@ class SourceConfig(GrownSection):
         if self.columns and self.format == "text":
             raise ValueError("'columns' are keys of records: give format 'jsonl' or 'parquet'")
         return self
+
+
+def registered(lookup: Callable[[str], Any], name: str) -> str:
+    """`name`, when `lookup` (a registry's) finds it: an unknown name is this field's error, a broken plugin is not this
+    file's fault and is said as such (PluginError)."""
+    try:
+        lookup(name)
+    except PluginError:
+        raise
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return name
 
 
 def _kind_with_fields(data: Any, default: str) -> SourceKind | None:
@@ -167,8 +174,10 @@ class DedupConfig(Section):
     """Consecutive word tokens per shingle."""
 
 
-class FiltersConfig(Section):
+class FiltersConfig(GrownSection):
     """Quality filters; each reports how many documents it removed."""
+
+    UNSET_LEFT_OUT: ClassVar[tuple[str, ...]] = ("custom",)
 
     min_bytes: int = Field(1, ge=0, le=MAX_BYTES)
     """Documents shorter than this are dropped."""
@@ -182,6 +191,18 @@ class FiltersConfig(Section):
     """Drop files that say they are generated (`auto-generated`, `do not edit`, ... in the first lines)."""
     drop_license_only: bool = False
     """Drop files that are nothing but a license header (comments) and blank lines."""
+    custom: tuple[str, ...] = ()
+    """Filters installed packages declare (`factory.config.filter_kinds`), by name, applied in this order after the built-in
+    ones, on the data engine's workers."""
+
+    @field_validator("custom")
+    @classmethod
+    def _filters_are_registered(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            registered(document_filter, name)
+        if len(set(value)) != len(value):
+            raise ValueError(f"custom {list(value)} names a filter twice")
+        return value
 
 
 class DatasetConfig(Section):

@@ -189,6 +189,9 @@ class StageKind:
     reads_sources: bool = False
     """Whether it reads source files from outside the registry: its settings hold the `sources` and their `files` digest,
     which `factory plan` and `factory reproduce` compare with the files there today."""
+    runs_filters: bool = False
+    """Whether it runs the datasets' filters that plugins declare (`filters.custom`): their packages' code enters its code
+    identity."""
     provides: str | None = None
     """The shared input its artifact holds for the stages downstream: `BLEND` (the training mixture) or `TOKENIZER`. One
     kind at most provides each."""

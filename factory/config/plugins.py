@@ -7,12 +7,12 @@ from __future__ import annotations
 import functools
 import importlib
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint, EntryPoints, entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
-from factory.errors import PluginError
+from factory.errors import ConfigError, PluginError
 
 Declaration = TypeVar("Declaration")
 
@@ -67,6 +67,14 @@ def example_declaring(group: str, name: str) -> str | None:
         if name in project.get("entry-points", {}).get(group, {}):
             return pyproject.parent.relative_to(examples.parent).as_posix()
     return None
+
+
+def unknown(group: str, noun: str, name: str, known: Iterable[str]) -> ConfigError:
+    """The error for a name no registered `noun` of `group` has: the known ones, and the example package of this checkout
+    that declares it, when one does."""
+    package = example_declaring(group, name)
+    install = f"install the package that declares it: pip install -e {package}" if package else "a plugin package adds others"
+    return ConfigError(f"unknown {noun} {name!r}; known: {', '.join(known) or 'none'} ({install})")
 
 
 def resolve(function: str | Callable[..., Any]) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from factory.config.plugins import example_declaring, load_declarations, plugin_name
+from factory.config.plugins import load_declarations, plugin_name, unknown
 from factory.config.section import Section
 from factory.errors import ConfigError, FactoryError, PluginError
 
@@ -141,7 +141,5 @@ def source_kind(name: str) -> SourceKind:
             return kind
     kinds = source_kinds()
     if name not in kinds:
-        package = example_declaring(ENTRY_POINT_GROUP, name)
-        install = f"install the package that declares it: pip install -e {package}" if package else "a plugin package adds others"
-        raise ConfigError(f"unknown source kind {name!r}; known: {', '.join(kinds)} ({install})")
+        raise unknown(ENTRY_POINT_GROUP, "source kind", name, kinds)
     return kinds[name]

@@ -11,6 +11,7 @@ from factory.config.pools import TRAINING_POOL
 from factory.config.architectures import architecture
 from factory.config.kinds import BLEND, TOKENIZER, Placement, StageKind, computed_datasets, provider, stage_kind, stage_kinds
 from factory.config.schema import Experiment
+from factory.config.filter_kinds import document_filter
 from factory.config.source_kinds import source_kind
 from factory.errors import ConfigError
 
@@ -140,6 +141,9 @@ def _declared_code(experiment: Experiment, kind: StageKind) -> list[Any]:
         declared += [kind.training.batches, kind.training.loss]
     if kind.reads_sources:
         declared += [source_kind(experiment.data.datasets[name].source.kind).root for name in computed_datasets(experiment)]
+    if kind.runs_filters:
+        declared += [document_filter(custom).keep for name in computed_datasets(experiment)
+                     for custom in experiment.data.datasets[name].filters.custom]
     if kind.checkpoints or kind.exports_model:
         declared.append(architecture(experiment.model.arch).build)
     return declared

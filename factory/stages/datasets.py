@@ -171,7 +171,7 @@ DEDUPED_DATASETS = StageKind(
 )
 FILTERED_DATASETS = StageKind(
     name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",), writes_tables=True,
-    dataset_checks=True,
+    dataset_checks=True, runs_filters=True,
     present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
     imports=(*DATA_MODULES, "factory.data.filters", "factory.stages.dataset_checks"),
     description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",

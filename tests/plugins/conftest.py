@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from factory.config import plugins
+from factory.config.filter_kinds import document_filters
 from factory.config.source_kinds import source_kinds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +62,7 @@ def _read_registries_again() -> None:
     importlib.invalidate_caches()
     plugins._installed.cache_clear()
     source_kinds.cache_clear()
+    document_filters.cache_clear()
 
 
 @pytest.fixture(scope="session")

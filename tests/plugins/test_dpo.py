@@ -4,6 +4,7 @@ transformers, raising the chosen-over-rejected margin on held-out pairs; an edit
 computes. The average example plugin (examples/checkpoint-average) runs beside it in the same file: two kinds that end
 the training chain, the file choosing which one the model stage exports."""
 
+import importlib.util
 import json
 import math
 import random
@@ -24,8 +25,12 @@ from factory.train.objective import sequence_log_probs
 from factory.train.pretrain import load_weights
 from tests.plugins.conftest import REPO, factory_with
 
-sys.path.insert(0, str(REPO / "examples" / "dpo"))
-import factory_dpo  # noqa: E402  (the example package's module, as its users import it)
+# The example package's module, as its users import it; loaded from its file, not by putting its directory on sys.path
+# (where a build's egg-info would register its entry points in every later test of this process).
+_spec = importlib.util.spec_from_file_location("factory_dpo", REPO / "examples" / "dpo" / "factory_dpo.py")
+factory_dpo = importlib.util.module_from_spec(_spec)
+sys.modules["factory_dpo"] = factory_dpo
+_spec.loader.exec_module(factory_dpo)
 
 WORDS = "apple pear plum fig kiwi lime mango peach grape melon cherry lemon olive onion carrot pepper bean pea corn rice".split()
 EXPERIMENT = """\
