@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -108,50 +108,63 @@ def enabled_filters(config: FiltersConfig) -> list[tuple[str, Callable[[pa.Table
 
 
 def apply_filters(documents: pa.Table, config: FiltersConfig, log: logging.Logger) -> FilterResult:
-    """Apply the enabled filters in order, then the plugins' (`config.custom`) on the data engine's workers, keeping the
-    rows' order and counting what each removed."""
+    """Apply the enabled filters in order, then the plugins' (`config.custom`, judged on the data engine's workers in one
+    pass), keeping the rows' order and counting what each removed (a document two filters refuse counts for the first)."""
     table = documents
     removed: dict[str, int] = {}
-    custom = [(name, lambda t, name=name: plugin_mask(t, name)) for name in config.custom]
-    for name, keep in [*enabled_filters(config), *custom]:
+    for name, keep in enabled_filters(config):
         before = table.num_rows
         table = table.filter(keep(table))
         removed[name] = before - table.num_rows
+    masks = plugin_masks(table, config.custom)
+    kept = pa.array([True] * table.num_rows, pa.bool_())
+    for name, mask in masks.items():
+        refused = pc.and_(kept, pc.invert(mask))
+        removed[name] = pc.sum(refused).as_py() or 0
+        kept = pc.and_(kept, mask)
+    table = table.filter(kept) if masks else table
     dropped = ", ".join(f"{name} {count}" for name, count in removed.items())
     log.info("filters: %d -> %d documents (removed: %s)", documents.num_rows, table.num_rows, dropped)
     return FilterResult(documents=table, rows_in=documents.num_rows, removed=removed)
 
 
-def plugin_mask(table: pa.Table, name: str) -> pa.Array:
-    """Boolean mask of the rows the plugin filter `name` keeps, computed by Daft in worker processes (`use_process`; on a
-    Ray cluster, its workers): never in this process. A filter that fails is a StageFailed naming it and the document."""
+def plugin_masks(table: pa.Table, names: Sequence[str]) -> dict[str, pa.Array]:
+    """Filter name -> boolean mask of the rows it keeps, for the plugin filters `names`, computed by Daft in worker
+    processes (`use_process`; on a Ray cluster, its workers) in one pass over the table: never in this process. A filter
+    that fails is a StageFailed naming it and the document."""
+    if not names:
+        return {}
+    if table.num_rows == 0:
+        return {name: pa.array([], pa.bool_()) for name in names}
     import daft
 
-    if table.num_rows == 0:
-        return pa.array([], pa.bool_())
     keep = daft.func(_keeps, return_dtype=daft.DataType.bool(), use_process=True)
-    frame = daft.from_arrow(table.select(DOCUMENT_FIELDS))
+    fields = [daft.col(field) for field in DOCUMENT_FIELDS]
+    frame = daft.from_arrow(table.select(DOCUMENT_FIELDS)).select(*(keep(daft.lit(name), *fields).alias(name) for name in names))
     try:
-        kept = frame.select(keep(daft.lit(name), *(daft.col(field) for field in DOCUMENT_FIELDS)).alias("keep")).to_arrow()["keep"]
-    except Exception as e:  # the plugin's function raised, in a worker: Daft wraps it
-        raise StageFailed(f"the filter {name!r} ({document_filter(name).origin}) failed: {_cause(e)}") from None
-    return kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept
+        judged = frame.to_arrow()
+    except Exception as e:  # a plugin's function raised, in a worker: Daft wraps it
+        raise StageFailed(_failure(e, names)) from None
+    return {name: judged[name].combine_chunks() for name in names}
 
 
 def _keeps(name: str, id: str, source: str, path: str, text: str, bytes: int, sha256: str, metadata: str) -> bool:  # noqa: A002
     """In a worker: whether the plugin filter `name` keeps this document."""
     document = {"id": id, "source": source, "path": path, "text": text, "bytes": bytes, "sha256": sha256, "metadata": metadata}
+    declared = document_filter(name)
     try:
-        kept = document_filter(name).keep(document)
+        kept = declared.keep(document)
     except Exception as e:
-        raise RuntimeError(f"{type(e).__name__}: {e} (document {id}, {path})") from e
+        raise RuntimeError(f"the filter {name!r} ({declared.origin}): {type(e).__name__}: {e} (document {id}, {path})") from e
     if not isinstance(kept, bool):
-        raise RuntimeError(f"it gave {type(kept).__name__} {kept!r} for document {id} ({path}); a filter gives True or False")
+        raise RuntimeError(f"the filter {name!r} ({declared.origin}) gave {type(kept).__name__} {kept!r} for document {id} ({path}); "
+                           "a filter gives True or False")
     return kept
 
 
-def _cause(error: BaseException) -> str:
-    """The message of the innermost error a worker's failure carries (Daft wraps it in its own)."""
+def _failure(error: BaseException, names: Sequence[str]) -> str:
+    """What failed in a worker (Daft wraps the error `_keeps` raised, which names the filter, in its own)."""
     text = str(error)
     marker = "RuntimeError: "
-    return text[text.rindex(marker) + len(marker):].strip().splitlines()[0] if marker in text else text.strip().splitlines()[-1]
+    cause = text[text.rindex(marker) + len(marker):].strip().splitlines()[0] if marker in text else text.strip().splitlines()[-1]
+    return f"a plugin filter of {', '.join(names)} failed: {cause}"

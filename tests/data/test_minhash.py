@@ -44,7 +44,7 @@ def test_the_engines_signatures_are_datasketchs_value_for_value(tokens):
 
 
 ON_THREADS = """
-import json, sys
+import json, os, sys
 import daft
 daft.set_runner_native(num_threads=int(sys.argv[1]))
 daft.set_execution_config(default_morsel_size=256)  # many small batches, finished in whatever order the threads go
@@ -52,7 +52,8 @@ from factory.config.data_sections import DedupConfig
 from factory.data.minhash import near_duplicates
 from tests.data.conftest import documents
 from tests.data.test_minhash import EDGES, corpus
-print(json.dumps(sorted(near_duplicates(documents("code", {**corpus(), **EDGES}), DedupConfig(near_threshold=0.7), 0))))
+print(json.dumps(sorted(near_duplicates(documents("code", {**corpus(), **EDGES}), DedupConfig(near_threshold=0.7), 0))), flush=True)
+os._exit(0)  # as a stage ends (`exit_now`): Daft's native threads can abort the interpreter's finalization
 """
 
 

@@ -65,7 +65,7 @@ def documents(texts: list[str]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
 
 
-def test_plugin_filters_run_on_the_workers_after_the_built_in_ones_and_count_what_they_removed(on_workers):
+def test_plugin_filters_run_on_the_workers_after_the_built_in_ones_count_what_they_removed_and_name_a_failure(on_workers):
     texts = ["x", "def f():\n    return 1\n", "<<<<<<< HEAD\na = 1\n=======\na = 2\n>>>>>>> other\n",
              "".join(f"# In[{i}]:\nprint({i})\n" for i in range(5)), "keep me", "please drop me"]
     config = FiltersConfig(min_bytes=2, custom=("no_merge_conflicts", "no_notebook_dumps", "recorded"))
@@ -75,11 +75,10 @@ def test_plugin_filters_run_on_the_workers_after_the_built_in_ones_and_count_wha
     ran_in = set(on_workers.read_text().split())
     assert ran_in and str(os.getpid()) not in ran_in  # every document was judged in a worker process, none here
 
-
-def test_a_filter_that_fails_names_itself_and_the_document(on_workers):
-    config = FiltersConfig(custom=("recorded",))
-    with pytest.raises(StageFailed, match=r"the filter 'recorded' \(plugin 'recorded'.*ValueError: cannot judge this one \(document d1, f1.py\)"):
-        apply_filters(documents(["fine", "boom"]), config, logging.getLogger("test"))
+    # a filter that fails names itself, its package and the document
+    failing = FiltersConfig(custom=("no_merge_conflicts", "recorded"))
+    with pytest.raises(StageFailed, match=r"the filter 'recorded' \(plugin 'recorded'.*\): ValueError: cannot judge this one \(document d1, f1.py\)"):
+        apply_filters(documents(["fine", "boom"]), failing, logging.getLogger("test"))
 
 
 def test_the_plugins_code_enters_the_filtered_stages_fingerprint_and_nothing_else_changes(on_workers, tmp_path):
