@@ -12,7 +12,7 @@ checkpoint a link names, and the index's size on disk. Then the experiments sens
 one file among 10, 100 and 1,000 experiment files in a git repository; `factory evals backfill`'s planning over a Dagster
 instance recording 1,000 and 10,000 checkpoints; then how each figure grows with the size.
 
-`--smoke`: 90 and 360 manifests, 5 and 20 files, 10 and 40 checkpoints, 2 runs each.
+`--smoke`: 90 and 360 manifests, 5 and 20 files, 10 and 40 checkpoints, one run each.
 """
 
 from __future__ import annotations
@@ -273,11 +273,11 @@ def backfill_planning(checkpoints: int, repeat: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="90 and 360 manifests, 2 runs each: checks the bench runs")
+    parser.add_argument("--smoke", action="store_true", help="90 and 360 manifests, one run each: checks the bench runs")
     parser.add_argument("--sizes", default="1000,10000,100000", help="registry sizes, in manifests (default 1000,10000,100000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each measure; the median is printed (default 5)")
     args = parser.parse_args()
-    sizes, repeat = ([90, 360], 2) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
+    sizes, repeat = ([90, 360], 1) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
     print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'leaderboard':>12} "
           f"{'board, 1 new':>13} {'plan':>6} {'podium':>7} {'gc plan':>8} {'index MB':>9}  ratio files / index")

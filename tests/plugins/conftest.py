@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.config import plugins
+from factory.config import fingerprint, plugins
 from factory.config.filter_kinds import document_filters
 from factory.config.source_kinds import source_kinds
 
@@ -63,6 +63,7 @@ def _read_registries_again() -> None:
     plugins._installed.cache_clear()
     source_kinds.cache_clear()
     document_filters.cache_clear()
+    fingerprint._distributions.cache_clear()  # which distribution a plugin's module belongs to (its code identity's name)
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow  # two-rank worlds under torchrun
 # start); the first restore of a process is the one whose reads come before any other's.
 RESAVER = textwrap.dedent(
     """
-    import json, logging, sys
+    import json, logging, os, sys
     from pathlib import Path
     from factory.config.schema import ModelConfig, PretrainConfig
     from factory.data.loader import LoaderState
@@ -63,6 +63,7 @@ RESAVER = textwrap.dedent(
         reads = {"verify": verified - before, "load": loaded - verified - (verified - before)}
         (target.parent / f"read-{world.rank}.json").write_text(json.dumps(reads))
     leave(world)
+    os._exit(0)  # as a stage's ranks end (`exit_now`): a thread torch leaves joinable can abort the interpreter's exit
     """
 )
 RESAVES = [("fsdp2", 2, "fsdp"), ("fsdp2", 1, "ddp"), ("fsdp2", 1, "fsdp"), ("one", 2, "fsdp"), ("ddp2", 2, "fsdp")]

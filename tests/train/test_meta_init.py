@@ -29,7 +29,7 @@ VOCAB = 67  # odd: the ranks' rows of the embeddings differ in number
 # Builds every shape as training under FSDP builds it on this world, and rank 0 saves the whole state it holds.
 INITIALISER = textwrap.dedent(
     """
-    import sys
+    import os, sys
     import torch
     from torch.distributed.tensor import DTensor
     from factory.config.schema import ModelConfig, PretrainConfig
@@ -53,6 +53,7 @@ INITIALISER = textwrap.dedent(
     if world.is_main:
         torch.save(states, sys.argv[2])
     leave(world)
+    os._exit(0)  # as a stage's ranks end (`exit_now`): a thread torch leaves joinable can abort the interpreter's exit
     """
 )
 
@@ -133,7 +134,7 @@ def test_an_initialisation_that_reads_what_it_overwrites_is_refused_with_what_to
 # Builds a model of about 680 MB as FSDP training does and reports how much this rank's peak resident memory grew.
 PEAK = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, os, resource, sys
     from factory.config.schema import ModelConfig, PretrainConfig
     from factory.train.distributed import join, leave, world_from_env
     from factory.train.heap import keep_freed_memory
@@ -150,6 +151,7 @@ PEAK = textwrap.dedent(
     with open(sys.argv[1] + f".{world.rank}", "w") as out:
         json.dump({"grown": grown, "whole": whole}, out)
     leave(world)
+    os._exit(0)  # as a stage's ranks end (`exit_now`)
     """
 )
 

@@ -51,3 +51,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as a stage's ranks end (`exit_now`): a thread torch leaves joinable can abort the interpreter's exit
