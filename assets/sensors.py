@@ -40,7 +40,8 @@ SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV, "") or 30)  # seconds betwe
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     description="New or changed experiment files at git HEAD (of $FACTORY_GIT_REMOTE's branch when set) become partitions "
     "and runs (run key = path + content hash); a new sensor starts after the files already there. A file whose `from` names "
-    "a model not made yet waits, and is run on the first tick after that model is made.",
+    "a model not made yet, or that pins a table version or names an alias that does not exist yet, waits, and is run on "
+    "the first tick after it does.",
 )
 def experiments_at_head(context: SensorEvaluationContext, experiments: ExperimentFiles, stores: FactoryStores) -> SensorResult | SkipReason:
     from factory.data.catalog import open_catalog
@@ -92,7 +93,15 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
             continue
         written = lambda path=path, text=text: read_document(path, text, chain=(), read=reader(texts)).locations  # noqa: E731
         if errors := check_variants(path, variants, tables, locations=written, bases=lambda e: resolve(e, registry, read=read)):
-            context.log.warning("skipped, refused by `factory check`:\n" + "\n".join(_in_repo(error, root) for error in errors))
+            # Refused only for what is outside the file (a pinned table version not written yet, an alias naming nothing
+            # yet): it waits, and is checked again on every tick until what it names exists. Refused for the file itself:
+            # skipped until the file changes.
+            outside = not check_variants(path, variants, None, locations=written)
+            if not again:
+                context.log.warning(f"{'waits, refused for now' if outside else 'skipped, refused'} by `factory check`:\n"
+                                    + "\n".join(_in_repo(error, root) for error in errors))
+            if outside:
+                still.append(shown)
             continue
         content = hashlib.sha256(text.encode()).hexdigest()[:16]  # what `factory check` refuses never runs (above)
         for experiment in variants:

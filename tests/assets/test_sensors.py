@@ -108,6 +108,31 @@ def test_a_file_that_did_not_load_for_want_of_another_runs_once_that_one_comes(t
     assert {r.partition_key for r in second.run_requests} == {"child", "parent"}
 
 
+def test_a_file_refused_for_an_alias_that_names_nothing_yet_waits_and_runs_once_it_does(tmp_path, tiny_path):
+    from factory.ops.promote import promote
+    from factory.registry import ArtifactStore
+    from tests.ops.test_bases import SFT, made_model
+
+    repo, experiments = local_repo(tmp_path, tiny_path)
+    instance = DagsterInstance.ephemeral()
+    start = tick(instance, experiments).cursor
+    (experiments / "ft.md").write_text(SFT.format(ref="alias:production"))
+    (experiments / "wrong.md").write_text("---\nextends: base.md\neval:\n  benchmarks: [no_such_benchmark]\n---\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "a fine-tune of whatever production names, and a file refused for itself")
+    first = tick(instance, experiments, cursor=start)
+    assert isinstance(first, SensorResult) and not first.run_requests  # the alias names no model yet
+    assert "ft.md" in first.cursor and "wrong.md" not in first.cursor  # it waits; the file refused for itself does not
+    waiting = tick(instance, experiments, cursor=first.cursor)
+    assert not waiting.run_requests and waiting.cursor == first.cursor  # the same commit: still waiting, asked again
+    registry = ArtifactStore(experiments.parent / ".factory" / "registry")
+    made_model(registry, "base", "a")
+    promote(registry, next(registry.manifests("model")), "production", "first", "test", "none")
+    ran = tick(instance, experiments, cursor=waiting.cursor)
+    assert [r.partition_key for r in ran.run_requests] == ["ft"]  # the same commit, run now that the alias names a model
+    assert "ft.md" not in ran.cursor
+
+
 def test_sensor_skips_outside_git(tmp_path):
     assert isinstance(tick(DagsterInstance.ephemeral(), tmp_path), SkipReason)
 
