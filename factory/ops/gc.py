@@ -13,8 +13,8 @@ An artifact is kept, for the first of these reasons found (the dry run shows it)
   are all kept.
 Everything else is garbage. Removal goes artifact by artifact, newest first (a dependent before what it was made from):
 take its lease without waiting (one being computed right now is skipped), read the leases again (a stage that started
-since the plan may read it), then remove its manifest (from then on the artifact does not exist: a lookup misses and
-its stage computes it again) and its files, unless another manifest names the same bytes.
+since the plan may read it; read at most once a second), then remove its manifest (from then on the artifact does not
+exist: a lookup misses and its stage computes it again) and its files, unless another manifest names the same bytes.
 
 What this cannot see: a process that read a manifest before the removal and opens the artifact's files after it. A
 stage says what it reads in its lease, but a `factory podium` or `reproduce` session does not; `min_age_s` is the margin.
@@ -23,8 +23,10 @@ Table versions in the catalog, MLflow runs and a stage's work directory are not 
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,6 +45,8 @@ from factory.registry.store import ArtifactStore, Manifest
 REFS = (LEADERBOARD, BEST_REF)
 """The refs the evaluations keep up to date (`factory.evals.publish`): what each names is kept."""
 MIN_AGE_S = 24 * 3600.0
+READERS_TTL_S = 1.0
+"""How long a removal trusts the leases it read last for what the stages computing now read."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,12 +117,15 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
     """Remove the garbage of a planned collection, artifact by artifact (module docstring); what is in use now stays."""
     owner = owner or f"factory registry gc (pid {os.getpid()} on {socket.gethostname()})"
     removal = Removal()
+    readers: dict[str, str] = {}
+    read_at = -math.inf
     for manifest in collection.garbage:
         try:
             with registry.lease(manifest.fingerprint, owner, wait=False):
-                reader = next((h.owner for h in registry.holders() if manifest.digest in h.needs and abandoned(h) is None), None)
-                if reader is not None:
-                    removal.in_use.append((manifest, f"{reader} reads it"))
+                if time.monotonic() - read_at > READERS_TTL_S:  # the leases, read again (a LIST and a GET each on S3)
+                    readers, read_at = in_use(registry), time.monotonic()
+                if (reader := readers.get(manifest.digest)) is not None:
+                    removal.in_use.append((manifest, reader))
                     continue
                 if (freed := registry.remove(manifest)) is not None:
                     removal.removed.append(manifest)
