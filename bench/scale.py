@@ -9,8 +9,9 @@ manifest file opened and parsed), the lineage of one model up and down (`factory
 (`factory leaderboard`'s board, as kept while nothing changed, and computed again after a new result), the dry run of
 `factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
 checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
-one file among 10, 100 and 1,000 experiment files in a git repository; `factory evals backfill`'s planning over a Dagster
-instance recording 1,000 and 10,000 checkpoints; then how each figure grows with the size.
+one file among 10, 100 and 1,000 experiment files in a git repository; over a Dagster instance recording 1,000 and
+10,000 checkpoints x 20 benchmarks, `factory evals backfill`'s planning and the UI's asset pages; then how each figure
+grows with the size.
 
 `--smoke`: 90 and 360 manifests, 5 and 20 files, 10 and 40 checkpoints, one run each.
 """
@@ -228,34 +229,76 @@ def sensor_tick(files: int, repeat: int) -> float:
         return statistics.median(times)
 
 
-def backfill_planning(checkpoints: int, repeat: int) -> dict[str, float]:
-    """`factory evals backfill`'s planning over a Dagster instance (sqlite, on disk) recording `checkpoints` checkpoint
-    partitions, each materialized once with the metadata a training stage records: which checkpoints are still stored
-    (median seconds), read per partition as before and in chunks as now, and which still lack a result."""
-    import warnings
+BENCHMARK_PARTITIONS = 20
+ASSET_PAGE = """
+query AssetPage($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode {
+      partitionStats { numMaterialized numPartitions numFailed numMaterializing }
+      assetPartitionStatuses {
+        __typename
+        ... on MultiPartitionStatuses {
+          primaryDimensionName
+          ranges { primaryDimStartKey primaryDimEndKey secondaryDim { ... on DefaultPartitionStatuses { materializedPartitions } } }
+        }
+        ... on DefaultPartitionStatuses { materializedPartitions failedPartitions }
+      }
+    }
+  }
+}
+"""
+"""What the Dagster UI's asset page asks of the webserver for a partitioned asset: the counts and each partition's status."""
 
+
+def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]:
+    """A Dagster instance (sqlite, under `tmp`) recording `checkpoints` checkpoint partitions, each materialized once with
+    the metadata a training stage records (its bytes in one file that exists); the instance and the partition keys."""
     from dagster import AssetMaterialization, DagsterInstance
 
-    from assets.backfill import stored_checkpoints, unevaluated
     from assets.partitions import CHECKPOINTS
-    from assets.records import latest_metadata
     from factory.config import load, plan_stage
+
+    tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
+    training = plan_stage(tiny, "pretrain", {"blend": "b" * 64, "tokenizer": "c" * 64}).to_json()
+    instance = DagsterInstance.local_temp(str(tmp))
+    keys = [f"exp-{i // 40}__pretrain-{i % 40 * 25:06d}" for i in range(checkpoints)]
+    instance.add_dynamic_partitions(CHECKPOINTS, keys)
+    stored = tmp / "step.pt"
+    stored.write_bytes(b"weights")
+    for i, key in enumerate(keys):
+        instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
+            "step": i % 40 * 25, "tokens_seen": i, "path": str(stored), "sha256": f"{i:064x}", "training": training,
+            "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "0" * 40, "experiment": key.split("__")[0]}))
+    return instance, keys
+
+
+def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
+    """Over a Dagster instance (sqlite, on disk) recording `checkpoints` checkpoint partitions (each materialized once
+    with the metadata a training stage records), `BENCHMARK_PARTITIONS` benchmarks and a tenth of the checkpoints
+    evaluated on one of them, median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored,
+    read per partition as before and in chunks as now; which still lack a result), and the GraphQL query of the Dagster
+    UI's asset page (partition counts and statuses) for `evaluations` and `checkpoints`, executed by the webserver's
+    schema over the code location loaded in this process (no HTTP), the first after the instance changed and again."""
+    import warnings
+
+    from dagster import AssetMaterialization
+    from dagster._core.test_utils import in_process_test_workspace
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    from assets.backfill import stored_checkpoints, unevaluated
+    from assets.partitions import BENCHMARKS, CHECKPOINTS
+    from assets.records import latest_metadata
     from factory.registry import ArtifactStore
 
     warnings.filterwarnings("ignore")
-    tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
-    training = plan_stage(tiny, "pretrain", {"blend": "b" * 64, "tokenizer": "c" * 64}).to_json()
     with tempfile.TemporaryDirectory(prefix="bench-dagster-") as tmp:
-        instance = DagsterInstance.local_temp(tmp)
-        keys = [f"exp-{i // 40}__pretrain-{i % 40 * 25:06d}" for i in range(checkpoints)]
-        instance.add_dynamic_partitions(CHECKPOINTS, keys)
-        stored = Path(tmp) / "step.pt"
-        stored.write_bytes(b"weights")
-        for i, key in enumerate(keys):
-            instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
-                "step": i % 40 * 25, "tokens_seen": i, "path": str(stored), "sha256": f"{i:064x}", "training": training,
-                "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "0" * 40, "experiment": key.split("__")[0]}))
+        instance, keys = checkpoint_instance(Path(tmp), checkpoints)
         registry = ArtifactStore(Path(tmp) / "registry")
+        benchmarks = [f"bench_{i:02d}" for i in range(BENCHMARK_PARTITIONS)]
+        instance.add_dynamic_partitions(BENCHMARKS, benchmarks)
+        for key in keys[: max(1, checkpoints // 10)]:
+            instance.report_runless_asset_event(AssetMaterialization("evaluations", partition=f"{benchmarks[0]}|{key}"))
 
         def per_partition() -> None:  # one query of the event log per checkpoint (before)
             found = {key for key in instance.get_dynamic_partitions(CHECKPOINTS)
@@ -268,7 +311,16 @@ def backfill_planning(checkpoints: int, repeat: int) -> dict[str, float]:
         def due() -> None:  # `factory run`'s question for an experiment's checkpoints, here all of them
             assert len(unevaluated(instance, registry, ["val_bpb"], set(keys))) == checkpoints
 
-        return {"before": median_s(per_partition, repeat), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
+        figures = {"before": median_s(per_partition, repeat), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
+        origin = LoadableTargetOrigin(module_name="assets.definitions", attribute="defs", working_directory=str(ROOT))
+        with in_process_test_workspace(instance, origin) as context:
+            for asset in ("evaluations", "checkpoints"):
+                def page(asset: str = asset) -> None:
+                    result = execute_dagster_graphql(context, ASSET_PAGE, {"key": {"path": [asset]}})
+                    assert not result.errors and result.data["assetNodeOrError"]["partitionStats"]["numPartitions"], result.errors
+                figures[f"{asset}_first"] = median_s(page, 1)
+                figures[asset] = median_s(page, repeat)
+        return figures
 
 
 def main() -> None:
@@ -286,11 +338,14 @@ def main() -> None:
         f = figures[count] = measure(count, repeat)
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
               f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
-    print("`factory evals backfill` planning over the Dagster instance, median seconds:")
-    print(f"{'checkpoints':>12} {'stored, per partition':>22} {'stored, in chunks':>18} {'without a result':>17}  ratio")
+    print(f"over a Dagster instance of N checkpoints x {BENCHMARK_PARTITIONS} benchmarks, median seconds: `factory evals backfill`'s "
+          "planning, and the UI's asset page (GraphQL; first after a change, then again):")
+    print(f"{'checkpoints':>12} {'stored, per partition':>22} {'stored, in chunks':>18} {'without a result':>17} {'ratio':>6} "
+          f"{'evaluations page':>17} {'checkpoints page':>17}")
     for checkpoints in ([10, 40] if args.smoke else [1000, 10000]):
-        f = backfill_planning(checkpoints, repeat)
-        print(f"{checkpoints:>12,} {f['before']:>22.3f} {f['stored']:>18.3f} {f['due']:>17.3f}  {f['before'] / f['stored']:.1f}x")
+        f = dagster_at_scale(checkpoints, repeat)
+        print(f"{checkpoints:>12,} {f['before']:>22.3f} {f['stored']:>18.3f} {f['due']:>17.3f} {f['before'] / f['stored']:>5.1f}x "
+              f"{f['evaluations_first']:>8.3f} {f['evaluations']:>8.3f} {f['checkpoints_first']:>8.3f} {f['checkpoints']:>8.3f}")
     ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
     for files, seconds in ticks.items():
         print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
