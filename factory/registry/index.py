@@ -191,7 +191,10 @@ class ManifestIndex:
         except (_Damaged, sqlite3.DatabaseError) as e:
             if isinstance(e, sqlite3.OperationalError):
                 raise
-            log.warning("the registry's index %s is damaged (%s): building it again from the manifests", self.path, e)
+            if isinstance(e, _OtherSchema):  # written by another version of the factory: nothing is wrong
+                log.info("the registry's index %s was written by another version of the factory (%s): building it again", self.path, e)
+            else:
+                log.warning("the registry's index %s is damaged (%s): building it again from the manifests", self.path, e)
         self.drop()
         return _connect(self.path)
 
@@ -268,7 +271,7 @@ def _connect(path: Path) -> sqlite3.Connection:
                              f"INSERT OR IGNORE INTO meta VALUES ('epoch', {epoch}); INSERT OR IGNORE INTO meta VALUES ('generation', 0); COMMIT;")
         [version] = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() or [None]
         if version != SCHEMA_VERSION:
-            raise _Damaged(f"it has schema {version}, this factory writes {SCHEMA_VERSION}")
+            raise _OtherSchema(f"it has schema {version}, this factory writes {SCHEMA_VERSION}")
     except BaseException:
         db.close()
         raise
@@ -277,6 +280,10 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 class _Damaged(Exception):
     """The index file is a database, not one of this factory's indexes."""
+
+
+class _OtherSchema(_Damaged):
+    """The index file is one of another version of the factory's indexes."""
 
 
 def racy_ns(mtime: int) -> int:
