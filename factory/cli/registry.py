@@ -15,7 +15,6 @@ from factory.config import Experiment, load_text
 from factory.config.files import read_text
 from factory.config.loader import reader
 from factory.errors import ConfigError
-from factory.ops.gc import MIN_AGE_S, collect, plan_collection, size_of
 from factory.registry import open_registry
 from factory.registry.provenance import files_at_commit, head_commit
 from factory.registry.verify import verify
@@ -55,11 +54,12 @@ def registry_gc(
     root: RootOption = None,
     delete: Annotated[bool, typer.Option("--delete", help="Remove the garbage (without it: a dry run that lists it).")] = False,
     min_age_hours: Annotated[float, typer.Option(
-        "--min-age-hours", min=0, help="Keep whatever was published less than this long ago.")] = MIN_AGE_S / 3600,
+        "--min-age-hours", min=0, help="Keep whatever was published less than this long ago.")] = 24.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
     """Remove the artifacts no experiment at HEAD, no alias or ref, no stage computing now and nothing they were made
     from needs; list them first (the default), remove them with --delete."""
+    from factory.ops.gc import collect, plan_collection, size_of  # the leaderboard's code: only for this command
     settings = settings_of(paths[0] if paths else None, root)
     experiments, broken = kept_experiments(paths or [settings.repository / os.environ.get(EXPERIMENTS_ENV, "experiments")])
     if broken:

@@ -45,6 +45,7 @@ from factory.registry.store import ArtifactStore, Manifest
 REFS = (LEADERBOARD, BEST_REF)
 """The refs the evaluations keep up to date (`factory.evals.publish`): what each names is kept."""
 MIN_AGE_S = 24 * 3600.0
+"""What `factory registry gc --min-age-hours` defaults to (24), in seconds."""
 READERS_TTL_S = 1.0
 """How long a removal trusts the leases it read last for what the stages computing now read."""
 
