@@ -78,21 +78,29 @@ def registry_gc(
     if as_json:
         shown = collection.to_json() | {"registry": store.location}
         if removal is not None:
-            shown |= {"removed": [m.digest for m in removal.removed], "freed": removal.bytes,
-                      "in_use": [{"digest": m.digest, "why": why} for m, why in removal.in_use]}
+            shown |= {"removed": [m.digest for m in removal.removed], "removed_work": removal.work, "freed": removal.bytes,
+                      "in_use": [{"digest": m.digest, "why": why} for m, why in removal.in_use]
+                      + [{"work": fingerprint, "why": why} for fingerprint, why in removal.work_in_use]}
         out.print_json(json.dumps(shown))
         return
     for manifest in collection.garbage:
         out.print(f"{manifest.kind:<18} {manifest.digest[:12]}  {manifest.experiment:<24} {manifest.created}  "
                   f"{_size(size_of(manifest))}", markup=False, highlight=False)
+    for fingerprint, size in sorted(collection.work.items()):
+        out.print(f"{'work directory':<18} {fingerprint[:12]}  {'(a stage no experiment plans)':<24} {'':<25}  {_size(size)}",
+                  markup=False, highlight=False)
+    work = f" and {len(collection.work)} work directories" if collection.work else ""
     if removal is None:
-        out.print(f"{len(collection.garbage)} artifacts ({_size(collection.bytes)}) in {store.location} are needed by nothing; "
+        out.print(f"{len(collection.garbage)} artifacts{work} ({_size(collection.bytes)}) in {store.location} are needed by nothing; "
                   f"{len(collection.keep)} kept. Remove them: {hint(settings, 'registry', 'gc', '--delete')}",
                   markup=False, highlight=False)
         return
     for manifest, why in removal.in_use:
         out.print(f"left {manifest.kind} {manifest.digest[:12]}: {why}", markup=False, highlight=False)
-    out.print(f"removed {len(removal.removed)} artifacts ({_size(removal.bytes)}) from {store.location}", markup=False, highlight=False)
+    for fingerprint, why in removal.work_in_use:
+        out.print(f"left the work directory of {fingerprint[:12]}: {why}", markup=False, highlight=False)
+    removed = f" and {len(removal.work)} work directories" if removal.work else ""
+    out.print(f"removed {len(removal.removed)} artifacts{removed} ({_size(removal.bytes)}) from {store.location}", markup=False, highlight=False)
 
 
 def kept_experiments(paths: list[Path]) -> tuple[list[Experiment], list[str]]:

@@ -11,7 +11,9 @@ An artifact is kept, for the first of these reasons found (the dry run shows it)
 - it is in the lineage of one of those: an input, transitively, or the model a `from:` started from;
 - it describes a kept artifact: an evaluation result of a kept checkpoint, the run report of an experiment whose stages
   are all kept.
-Everything else is garbage. Removal goes artifact by artifact, newest first (a dependent before what it was made from):
+Everything else is garbage. So is a stage's work directory (the checkpoints of a run that stopped, kept to resume from)
+whose stage no experiment at HEAD plans, or whose artifact is published already, unless a stage holds its lease or it
+changed within `min_age_s`. Removal goes artifact by artifact, newest first (a dependent before what it was made from):
 take its lease without waiting (one being computed right now is skipped), read the leases again (a stage that started
 since the plan may read it; read at most once a second), then remove its manifest (from then on the artifact does not
 exist: a lookup misses and its stage computes it again) and its files, unless another manifest names the same bytes.
@@ -58,11 +60,14 @@ class Collection:
     garbage: list[Manifest]
     """Newest first."""
     bytes: int
-    """What removing the garbage frees (bytes two garbage manifests share counted once)."""
+    """What removing the garbage frees (bytes two garbage manifests share counted once, work directories included)."""
+    work: dict[str, int] = field(default_factory=dict)
+    """The stale work directories: fingerprint -> their bytes on this machine."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
-        return {"kept": len(self.keep), "garbage": [describe(m) for m in self.garbage], "bytes": self.bytes}
+        return {"kept": len(self.keep), "garbage": [describe(m) for m in self.garbage],
+                "work": [{"fingerprint": fingerprint, "bytes": size} for fingerprint, size in sorted(self.work.items())], "bytes": self.bytes}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -72,6 +77,9 @@ class Removal:
     removed: list[Manifest] = field(default_factory=list)
     bytes: int = 0
     in_use: list[tuple[Manifest, str]] = field(default_factory=list)
+    work: list[str] = field(default_factory=list)
+    """The fingerprints whose work directories it removed."""
+    work_in_use: list[tuple[str, str]] = field(default_factory=list)
 
 
 def describe(manifest: Manifest) -> dict[str, Any]:
@@ -94,7 +102,8 @@ def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], 
         by_digest.setdefault(manifest.digest, []).append(manifest)
     keep: dict[str, str] = {}
     experiments = list(experiments)
-    roots = {**needed_by_experiments(registry, experiments), **named(registry, by_digest), **in_use(registry)}
+    planned: set[str] = set()
+    roots = {**needed_by_experiments(registry, experiments, planned), **named(registry, by_digest), **in_use(registry)}
     newest: dict[tuple[str, str], Manifest] = {}
     for manifest in manifests:  # in fingerprint order: ties of `created` go to one of them, the same every time
         if (key := (manifest.experiment, manifest.kind)) not in newest or manifest.created > newest[key].created:
@@ -111,7 +120,10 @@ def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], 
         _close(described, by_digest, keep)  # their inputs are kept too
     garbage = sorted((m for m in manifests if m.digest not in keep), key=lambda m: (m.created, m.fingerprint), reverse=True)
     freed = {m.digest: size_of(m) for m in garbage}
-    return Collection(keep=keep, garbage=garbage, bytes=sum(freed.values()))
+    published = {m.fingerprint for m in manifests}
+    work = {fingerprint: size for fingerprint, (size, changed) in registry.works().items()
+            if (fingerprint in published or fingerprint not in planned) and changed <= cutoff}
+    return Collection(keep=keep, garbage=garbage, bytes=sum(freed.values()) + sum(work.values()), work=work)
 
 
 def collect(registry: ArtifactStore, collection: Collection, *, owner: str | None = None) -> Removal:
@@ -120,6 +132,14 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
     removal = Removal()
     readers: dict[str, str] = {}
     read_at = -math.inf
+    for fingerprint, size in sorted(collection.work.items()):
+        try:
+            with registry.lease(fingerprint, owner, wait=False):
+                registry.drop_work(fingerprint)
+                removal.work.append(fingerprint)
+                removal.bytes += size
+        except LeaseBusy as e:
+            removal.work_in_use.append((fingerprint, f"{e.holder.owner} is computing it"))
     for manifest in collection.garbage:
         try:
             with registry.lease(manifest.fingerprint, owner, wait=False):
@@ -136,14 +156,16 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
     return removal
 
 
-def needed_by_experiments(registry: ArtifactStore, experiments: Iterable[Experiment]) -> dict[str, str]:
+def needed_by_experiments(registry: ArtifactStore, experiments: Iterable[Experiment], planned: set[str] | None = None) -> dict[str, str]:
     """Digest -> why, of what the experiments need now: each stage `factory plan` finds cached, and what each stage to run
-    starts from."""
+    starts from. The fingerprint of every stage planned goes into `planned`."""
     from factory.ops.plan import planned_stages  # plans load the stage kinds' code
 
     needs: dict[str, str] = {}
     for stage in planned_stages(experiments, registry):
         name, kind = stage.experiment.name, stage.spec.kind
+        if planned is not None:
+            planned.add(stage.spec.fingerprint)
         if stage.manifest is not None:
             needs.setdefault(stage.manifest.digest, f"{name}: its {kind}")
         for upstream, digest in stage.spec.upstream.items():

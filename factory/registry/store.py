@@ -37,6 +37,7 @@ from factory.errors import ArtifactError
 from factory.registry.files import (
     DIGEST,
     NAME,
+    entries,
     hash_files,
     load_record,
     make_read_only,
@@ -136,6 +137,17 @@ class Scratch:
         if not isinstance(fingerprint, str) or not NAME.match(fingerprint):
             raise ArtifactError(f"{fingerprint!r} is not a fingerprint (letters, digits, '_', '.', '-')")
         return self.root / "work" / fingerprint
+
+    def works(self) -> dict[str, tuple[int, float]]:
+        """Fingerprint -> (bytes, when last changed: POSIX seconds) of every stage's scratch directory on this machine."""
+        found: dict[str, tuple[int, float]] = {}
+        directory = self.root / "work"
+        for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+            if path.is_dir() and not path.is_symlink() and NAME.match(path.name):
+                files, _ = entries(path)
+                changed = max([path.stat().st_mtime, *(info.st_mtime for info in files.values())])
+                found[path.name] = (sum(info.st_size for info in files.values()), changed)
+        return found
 
     def drop_work(self, fingerprint: str) -> None:
         """Remove a stage's scratch directory (after its artifact is published)."""

@@ -221,3 +221,20 @@ def test_two_manifests_of_the_same_bytes_keep_them_until_both_go(tmp_path):
     assert registry.path(twins[0].digest).is_dir()
     assert collect(registry, plan_collection(registry, [], min_age_s=0)).bytes == 40
     assert not registry.path(twins[0].digest).exists() and list(registry.manifests()) == []
+
+
+def test_a_work_directory_no_experiment_plans_goes_unless_its_stage_is_computing(tmp_path, tiny_path):
+    registry = ArtifactStore(tmp_path / "registry")
+    tiny = load(tiny_path)
+    planned = plan_stage(tiny, "raw_datasets", {}).fingerprint  # its stage not run yet: a relaunch resumes from its work
+    for fingerprint in (planned, "stopped-run", "running-stage"):
+        (registry.work(fingerprint) / "step_000010.pt").write_bytes(b"w" * 100)
+    young = plan_collection(registry, [tiny])
+    assert young.work == {}  # changed a moment ago: within the minimum age
+    collection = plan_collection(registry, [tiny], min_age_s=0)
+    assert collection.work == {"stopped-run": 100, "running-stage": 100} and collection.bytes == 200
+    with registry.lease("running-stage", "pretrain for gone"):
+        removal = collect(registry, collection)
+    assert removal.work == ["stopped-run"] and removal.work_in_use == [("running-stage", "pretrain for gone is computing it")]
+    assert not registry.work_path("stopped-run").exists()
+    assert registry.work_path(planned).is_dir() and registry.work_path("running-stage").is_dir()
