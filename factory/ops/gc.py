@@ -20,7 +20,7 @@ exist: a lookup misses and its stage computes it again) and its files, unless an
 
 What this cannot see: a process that read a manifest before the removal and opens the artifact's files after it. A
 stage says what it reads in its lease, but a `factory podium` or `reproduce` session does not; `min_age_s` is the margin.
-Table versions in the catalog, MLflow runs and a stage's work directory are not the registry's, and stay.
+Table versions in the catalog and MLflow runs are not the registry's, and stay.
 """
 
 from __future__ import annotations
