@@ -59,7 +59,7 @@ def registry_gc(
 ) -> None:
     """Remove the artifacts no experiment at HEAD, no alias or ref, no stage computing now and nothing they were made
     from needs; list them first (the default), remove them with --delete."""
-    from factory.ops.gc import collect, plan_collection, size_of  # the leaderboard's code: only for this command
+    from factory.ops.gc import collect, plan_collection  # the leaderboard's code: only for this command
     settings = settings_of(paths[0] if paths else None, root)
     experiments, broken = kept_experiments(paths or [settings.repository / os.environ.get(EXPERIMENTS_ENV, "experiments")])
     if broken:
@@ -85,7 +85,7 @@ def registry_gc(
         return
     for manifest in collection.garbage:
         out.print(f"{manifest.kind:<18} {manifest.digest[:12]}  {manifest.experiment:<24} {manifest.created}  "
-                  f"{_size(size_of(manifest))}", markup=False, highlight=False)
+                  f"{_size(manifest.size)}", markup=False, highlight=False)
     for fingerprint, size in sorted(collection.work.items()):
         out.print(f"{'work directory':<18} {fingerprint[:12]}  {'(a stage no experiment plans)':<24} {'':<25}  {_size(size)}",
                   markup=False, highlight=False)

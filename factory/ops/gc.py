@@ -85,12 +85,7 @@ class Removal:
 def describe(manifest: Manifest) -> dict[str, Any]:
     """One line of the dry run, as data."""
     return {"kind": manifest.kind, "digest": manifest.digest, "experiment": manifest.experiment, "created": manifest.created,
-            "bytes": size_of(manifest)}
-
-
-def size_of(manifest: Manifest) -> int:
-    """The bytes of an artifact's files."""
-    return sum(int(entry.get("bytes", 0)) for entry in manifest.files.values())
+            "bytes": manifest.size}
 
 
 def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], *, min_age_s: float = MIN_AGE_S,
@@ -119,7 +114,7 @@ def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], 
                         and (subject := _subject(m, keep)) is not None}:
         _close(described, by_digest, keep)  # their inputs are kept too
     garbage = sorted((m for m in manifests if m.digest not in keep), key=lambda m: (m.created, m.fingerprint), reverse=True)
-    freed = {m.digest: size_of(m) for m in garbage}
+    freed = {m.digest: m.size for m in garbage}
     published = {m.fingerprint for m in manifests}
     work = {fingerprint: size for fingerprint, (size, changed) in registry.works().items()
             if (fingerprint in published or fingerprint not in planned) and changed <= cutoff}

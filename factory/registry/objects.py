@@ -172,7 +172,7 @@ class ObjectRegistry(Scratch):
         if (copy := self._copy(manifest.digest)).is_dir():
             make_writable(copy)
             shutil.rmtree(copy, ignore_errors=True)
-        return sum(entry["bytes"] for entry in manifest.files.values())
+        return manifest.size
 
     def history(self, topic: str) -> ObjectHistory:
         """The append-only records of a topic (`promotions/production`, `reproductions/<model>`), in the store."""

@@ -90,6 +90,11 @@ class Manifest:
         """Plain JSON form."""
         return asdict(self)
 
+    @property
+    def size(self) -> int:
+        """The bytes of the artifact's files, as the manifest records them."""
+        return sum(entry["bytes"] for entry in self.files.values())
+
     def metadata(self) -> dict[str, Any]:
         """Flat key/values shown on the materialization: provenance first, then the stage's summary."""
         return {
@@ -257,7 +262,7 @@ class ArtifactStore(Scratch):
                 make_writable(aside / "objects")
             with contextlib.suppress(FileNotFoundError):
                 self._stamps_path(manifest.digest).unlink()
-        return sum(entry["bytes"] for entry in manifest.files.values())
+        return manifest.size
 
     def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
         """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order (`newest`: that many,
