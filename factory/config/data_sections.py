@@ -18,6 +18,9 @@ from factory.config.source_kinds import SourceKind, source_kind
 from factory.config.table_refs import DOCUMENT_COLUMNS, TABLE_PART, TAG_PATTERN, table_ref
 from factory.errors import ConfigError, PluginError
 
+DATASET_SHARDS = ("**/data-*.arrow",)
+"""The files of a Hugging Face `datasets` dataset saved to disk: `save_to_disk` names its shards `data-<i>-of-<n>.arrow`."""
+
 
 class SourceConfig(GrownSection):
     """Where the raw documents of one dataset come from. A kind a plugin adds may take fields of its own, written beside
@@ -31,16 +34,20 @@ class SourceConfig(GrownSection):
     path: str | None = None
     """For a kind that takes a path (`directory`): the directory to read, absolute or relative to the working directory."""
     include: tuple[str, ...] = ("**/*.py",)
-    """Glob patterns, relative to the source root, of the files to read."""
+    """Glob patterns, relative to the source root, of the files to read (format `arrow`, left out: `**/data-*.arrow`)."""
     exclude: tuple[str, ...] = ()
     """Glob patterns of files to leave out (caches are always left out)."""
-    format: Literal["text", "jsonl", "parquet"] = "text"
-    """`text`: one document per file; `jsonl`: one document per line; `parquet`: one document per row (read with pyarrow).
-    A record's text is in `text_field`, or is rendered from the `columns` it keeps."""
+    format: Literal["text", "jsonl", "parquet", "arrow"] = "text"
+    """`text`: one document per file; `jsonl`: one document per line; `parquet`: one document per row (read with pyarrow);
+    `arrow`: one document per row of Arrow IPC files, as a Hugging Face `datasets` dataset's `save_to_disk` writes them
+    (`path` names the dataset's directory, or one split's; `include` left out reads its `data-*.arrow` shards, as
+    `load_from_disk` does, and never the `cache-*.arrow` files beside them). A record's text is in `text_field`, or is
+    rendered from the `columns` it keeps. A record file larger than `max_file_bytes` is skipped: raise it for large shards."""
     text_field: str = "text"
-    """For `jsonl` and `parquet` without `columns`: the key that holds the document text; the other keys become metadata."""
+    """For records (`jsonl`, `parquet`, `arrow`) without `columns`: the key that holds the document text; the other keys
+    become metadata."""
     columns: tuple[str, ...] = ()
-    """For `jsonl` and `parquet`: keys of each record kept as columns of the dataset's tables (what `sft.data` maps), such
+    """For records (`jsonl`, `parquet`, `arrow`): keys of each record kept as columns of the dataset's tables (what `sft.data` maps), such
     as `[messages]` or `[prompt, completion]`. A value is text, or a list of `{role, content}` turns (stored as their
     JSON). The document's text, which dedup and the filters read, is the kept values joined in this order (turns: their
     contents joined by newlines); the other keys become metadata. A record missing a kept key, or holding another type,
@@ -115,7 +122,9 @@ class SourceConfig(GrownSection):
         if not takes_path and self.path is not None:
             raise ValueError(f"'path' is only for a kind that takes one (directory); kind {self.kind!r} knows its own root")
         if self.columns and self.format == "text":
-            raise ValueError("'columns' are keys of records: give format 'jsonl' or 'parquet'")
+            raise ValueError("'columns' are keys of records: give format 'jsonl', 'parquet' or 'arrow'")
+        if self.format == "arrow" and "include" not in self.model_fields_set:
+            object.__setattr__(self, "include", DATASET_SHARDS)  # a default of its own, written out in the config's dump
         return self
 
 

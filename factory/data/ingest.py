@@ -1,6 +1,7 @@
 """Raw ingest: the files of one source, read into the document table, with every skipped file counted by reason.
 
-A file is a document (`text`), or holds records (`jsonl` lines, `parquet` rows), each a document whose text is in a
+A file is a document (`text`), or holds records (`jsonl` lines, `parquet` rows, rows of `arrow` IPC files such as a
+Hugging Face `datasets` dataset's shards), each a document whose text is in a
 field or rendered from the columns the source keeps. A bad file (binary, not UTF-8, unreadable, too large) or record
 (not JSON, a kept column missing or of another type) is skipped and counted, never fatal: a source tree of thousands of
 files always holds a few. Which files a source reads is `factory.config.sources`'s
@@ -25,8 +26,10 @@ from factory.config.data_sections import SourceConfig
 from factory.config.sources import matching_files, source_root
 from factory.data.documents import doc_id, document_schemas
 
-SKIP_REASONS = ("too_large", "binary", "not_utf8", "unreadable", "bad_json", "bad_parquet", "empty", "missing_column", "wrong_type")
+SKIP_REASONS = ("too_large", "binary", "not_utf8", "unreadable", "bad_json", "bad_parquet", "bad_arrow", "empty", "missing_column",
+                "wrong_type")
 BINARY_SNIFF_BYTES = 8192
+ARROW_FILE_MAGIC = b"ARROW1"
 Record = tuple[str, dict[str, Any] | None]
 """Where a record is in its file (`path:line`, `path:row`) and the record (None: a line that is not a JSON object)."""
 
@@ -38,7 +41,7 @@ class IngestResult:
     documents: pa.Table
     """Document table (the document schema, then the columns the source keeps), sorted by id."""
     files_read: int
-    """Files read and decoded (a jsonl or Parquet file counts once, however many documents it holds)."""
+    """Files read and decoded (a file of records counts once, however many documents it holds)."""
     skipped: dict[str, int]
     """Reason -> files skipped (for `bad_json`, `missing_column`, `wrong_type` and a record's `empty`: records skipped);
     every reason is present."""
@@ -93,10 +96,16 @@ def jsonl_records(rel: str, text: str) -> list[Record]:
     return records
 
 
-def parquet_records(rel: str, raw: bytes) -> list[Record] | None:
-    """(`rel:row`, the row as a record) per row of a Parquet file (rows counted from 0); None when it is not Parquet."""
+def table_records(rel: str, raw: bytes, form: str) -> list[Record] | None:
+    """(`rel:row`, the row as a record) per row of a Parquet or Arrow IPC file (rows counted from 0); None when it is not
+    one. Arrow's stream format is what `datasets` writes; its file format (with a footer) is read too."""
     try:
-        rows = pq.read_table(pa.BufferReader(raw)).to_pylist()
+        if form == "parquet":
+            rows = pq.read_table(pa.BufferReader(raw)).to_pylist()
+        elif raw.startswith(ARROW_FILE_MAGIC):
+            rows = pa.ipc.open_file(pa.BufferReader(raw)).read_all().to_pylist()
+        else:
+            rows = pa.ipc.open_stream(pa.BufferReader(raw)).read_all().to_pylist()
     except (pa.ArrowException, OSError, ValueError):
         return None
     return [(f"{rel}:{number}", row) for number, row in enumerate(rows)]
@@ -133,13 +142,13 @@ def record_document(record: dict[str, Any], config: SourceConfig, kinds: dict[st
 
 
 def file_records(root: Path, rel: str, config: SourceConfig) -> tuple[list[Record] | None, str | None]:
-    """The records of one jsonl or Parquet file, or (None, why the file is skipped)."""
-    if config.format == "parquet":
+    """The records of one jsonl, Parquet or Arrow file, or (None, why the file is skipped)."""
+    if config.format in ("parquet", "arrow"):
         raw, reason = read_bytes(root / rel, config.max_file_bytes)
         if raw is None:
             return None, reason
-        records = parquet_records(rel, raw)
-        return (records, None) if records is not None else (None, "bad_parquet")
+        records = table_records(rel, raw, config.format)
+        return (records, None) if records is not None else (None, f"bad_{config.format}")
     text, reason = read_text(root / rel, config.max_file_bytes)
     return (jsonl_records(rel, text), None) if text is not None else (None, reason)
 

@@ -70,6 +70,7 @@ def test_text_files_are_read_with_globs_and_bad_files_counted(tree):
         "unreadable": 0 if RUNNING_AS_ROOT else 1,
         "bad_json": 0,
         "bad_parquet": 0,
+        "bad_arrow": 0,
         "empty": 1,
         "missing_column": 0,
         "wrong_type": 0,
@@ -180,7 +181,45 @@ def test_records_keep_their_columns_and_bad_ones_are_counted(tmp_path):
 
 
 def test_columns_are_for_records_only(tmp_path):
-    with pytest.raises(ValueError, match="give format 'jsonl' or 'parquet'"):
+    with pytest.raises(ValueError, match="give format 'jsonl', 'parquet' or 'arrow'"):
         config(tmp_path, columns=("messages",))
     with pytest.raises(ValueError, match="other than the document's own"):
         config(tmp_path, format="jsonl", columns=("text",))
+
+
+def test_a_hugging_face_dataset_saved_to_disk_is_read_as_load_from_disk_reads_it(tmp_path):
+    """`datasets` itself writes the dataset (a split of two shards, with a `.map()` cache file beside them) and reads it
+    back: the documents are its rows, their other columns the metadata; the cache file is not read."""
+    datasets = pytest.importorskip("datasets")
+    turns = [[{"role": "user", "content": f"{n} + {n}?"}, {"role": "assistant", "content": str(2 * n)}] for n in range(5)]
+    rows = {"text": [f"def f{n}():\n    return {n}\n" for n in range(5)], "lang": ["py"] * 5, "stars": list(range(5)), "messages": turns}
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict({k: v[:1] for k, v in rows.items()})})
+    splits.save_to_disk(str(tmp_path / "hf"), num_shards={"train": 2, "test": 1})
+    datasets.load_from_disk(str(tmp_path / "hf" / "train")).map(lambda row: {"text": "cached, not saved"})
+    assert any(path.name.startswith("cache-") for path in (tmp_path / "hf" / "train").iterdir())
+    source = SourceConfig(kind="directory", path=str(tmp_path / "hf" / "train"), format="arrow")
+    assert source.include == ("**/data-*.arrow",) and SourceConfig(**source.model_dump()) == source  # written out in its dump
+
+    result = read_documents("hub", source, LOG)
+    theirs = datasets.load_from_disk(str(tmp_path / "hf" / "train"))
+    ours = sorted(result.documents.to_pylist(), key=lambda row: row["path"])
+    assert [row["text"] for row in ours] == theirs["text"]
+    assert [row["path"] for row in ours] == ["data-00000-of-00002.arrow:0", "data-00000-of-00002.arrow:1", "data-00000-of-00002.arrow:2",
+                                            "data-00001-of-00002.arrow:0", "data-00001-of-00002.arrow:1"]
+    assert json.loads(ours[3]["metadata"]) == {"lang": "py", "stars": 3, "messages": turns[3]}
+    assert result.files_read == 2 and not any(result.skipped.values())
+
+    chats = read_documents("hub", SourceConfig(kind="directory", path=str(tmp_path / "hf"), format="arrow", columns=("messages",)), LOG)
+    assert chats.documents.num_rows == 6 and chats.documents.column_names[-1] == "messages"  # both splits, from the top
+    assert sorted(chats.documents["messages"].to_pylist()) == sorted(json.dumps(t) for t in [*turns, turns[0]])
+
+
+def test_arrow_files_with_a_footer_are_read_and_broken_ones_counted(tmp_path):
+    import pyarrow as pa
+
+    write(tmp_path / "src", {"broken.arrow": b"ARROW1 not really", "empty.arrow": b""})
+    with pa.ipc.new_file(tmp_path / "src" / "table.arrow", pa.schema([("text", pa.string())])) as writer:
+        writer.write_table(pa.table({"text": ["one", "two"]}))
+    result = read_documents("files", config(tmp_path / "src", include=("*.arrow",), format="arrow"), LOG)
+    assert sorted(result.documents["text"].to_pylist()) == ["one", "two"]
+    assert {reason: count for reason, count in result.skipped.items() if count} == {"bad_arrow": 1, "empty": 1}
