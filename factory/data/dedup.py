@@ -83,8 +83,10 @@ def _rows_whose_id(table: pa.Table, keep: Callable[[str], bool]) -> pa.Table:
     return table.filter(pa.array([keep(document) for document in table["id"].to_pylist()], pa.bool_()))
 
 
-def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: logging.Logger) -> DedupResult:
-    """Drop exact then near duplicates, keeping the first document in id order of each group."""
+def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: logging.Logger,
+                on_part: Callable[[int, int], None] | None = None) -> DedupResult:
+    """Drop exact then near duplicates, keeping the first document in id order of each group (`on_part`: as
+    `near_duplicates` says)."""
     table = documents.sort_by("id")
     rows_in = table.num_rows
     if config.exact:
@@ -92,7 +94,7 @@ def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: loggin
         table = _rows_whose_id(table, lambda document: document in kept)
     exact_removed = rows_in - table.num_rows
     if config.near_threshold is not None and table.num_rows:
-        removed = near_duplicates(table, config, seed)
+        removed = near_duplicates(table, config, seed, on_part)
         table = _rows_whose_id(table, lambda document: document not in removed)
     near_removed = rows_in - exact_removed - table.num_rows
     result = DedupResult(documents=table, rows_in=rows_in, exact_removed=exact_removed, near_removed=near_removed)

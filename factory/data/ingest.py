@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,9 @@ def file_records(root: Path, rel: str, config: SourceConfig) -> tuple[list[Recor
     return (jsonl_records(rel, text), None) if text is not None else (None, reason)
 
 
-def read_documents(name: str, config: SourceConfig, log: logging.Logger) -> IngestResult:
-    """Read every matching file of a source into the document table (source column = name), counting what was skipped."""
+def read_documents(name: str, config: SourceConfig, log: logging.Logger, on_part: Callable[[int, int], None] | None = None) -> IngestResult:
+    """Read every matching file of a source into the document table (source column = name), counting what was skipped
+    (`on_part(files done, files)` hears of each file as it is done)."""
     root = source_root(config)
     skipped = dict.fromkeys(SKIP_REASONS, 0)
     paths: list[str] = []
@@ -164,7 +166,10 @@ def read_documents(name: str, config: SourceConfig, log: logging.Logger) -> Inge
     kept: dict[str, list[str]] = {column: [] for column in config.columns}
     kinds: dict[str, bool] = {}
     files_read = 0
-    for rel in matching_files(root, config):
+    files = matching_files(root, config)
+    for done, rel in enumerate(files):
+        if on_part is not None and done:  # the file before this one is done (the last: after the loop)
+            on_part(done, len(files))
         if config.format == "text":
             text, reason = read_text(root / rel, config.max_file_bytes)
             records: list[Record] | None = [(rel, {config.text_field: text})] if text is not None else None
@@ -191,6 +196,8 @@ def read_documents(name: str, config: SourceConfig, log: logging.Logger) -> Inge
                 digests.append(hashlib.sha256(text.encode() + (json.dumps(list(values.values())).encode() if values else b"")).hexdigest())
                 for column, value in values.items():
                     kept[column].append(value)
+    if on_part is not None:
+        on_part(len(files), len(files))
     encoded = [t.encode() for t in texts]
     arrow_schema, _ = document_schemas(config.columns)
     table = pa.table(

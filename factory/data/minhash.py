@@ -20,7 +20,7 @@ gives the same answer whatever the number of threads or workers and the order th
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,11 +55,12 @@ def bands(config: DedupConfig) -> tuple[int, int]:
     return index.b, index.r
 
 
-def near_duplicates(documents: pa.Table, config: DedupConfig, seed: int) -> set[Any]:
-    """The ids of `documents` (columns `id`, `text`) that near-duplicate a document kept before them in id order."""
+def near_duplicates(documents: pa.Table, config: DedupConfig, seed: int, on_part: Callable[[int, int], None] | None = None) -> set[Any]:
+    """The ids of `documents` (columns `id`, `text`) that near-duplicate a document kept before them in id order.
+    `on_part(documents signed, documents)` hears of each partition's signatures as they are made."""
     import daft
 
-    signed = daft.from_arrow(_signed(documents, config, seed))
+    signed = daft.from_arrow(_signed(documents, config, seed, on_part))
     count, rows = bands(config)
     groups: list[list[Any]] = []
     for band in range(count):
@@ -75,14 +76,17 @@ def signatures(documents: pa.Table, config: DedupConfig, seed: int) -> dict[Any,
     return {document: [table[f"p{i}"][row] for i in range(config.num_perm)] for row, document in enumerate(table["id"])}
 
 
-def _signed(documents: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
+def _signed(documents: pa.Table, config: DedupConfig, seed: int, on_part: Callable[[int, int], None] | None = None) -> pa.Table:
     """The signatures of `documents`, computed CHUNK_DOCUMENTS at a time: the shingles of one chunk are in memory at once,
     never the corpus's (a signature is 4 bytes a permutation, a few hundred a document)."""
     import daft
 
     texts = documents.select(["id", "text"])
-    chunks = [_signatures(daft.from_arrow(texts.slice(start, CHUNK_DOCUMENTS)), config, seed).to_arrow()
-              for start in range(0, max(texts.num_rows, 1), CHUNK_DOCUMENTS)]
+    chunks = []
+    for start in range(0, max(texts.num_rows, 1), CHUNK_DOCUMENTS):
+        chunks.append(_signatures(daft.from_arrow(texts.slice(start, CHUNK_DOCUMENTS)), config, seed).to_arrow())
+        if on_part is not None:
+            on_part(min(start + CHUNK_DOCUMENTS, texts.num_rows), texts.num_rows)
     return pa.concat_tables(chunks)
 
 

@@ -18,6 +18,7 @@ from factory.config.sources import source_files
 from factory.errors import StageFailed
 from factory.registry.layout import SOURCES_FILE
 from factory.runtime.context import StageContext
+from factory.runtime.progress import wants_progress, work_progress
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -100,7 +101,8 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
         if listing.digest != settings.files[name]:
             raise StageFailed(f"the files of dataset {name!r} under {listing.root} changed after this stage was planned; run it again")
         listings[name] = dict(listing.files)
-        result = read_documents(name, config, ctx.log)
+        with work_progress(f"{name}: ingest", "files", ctx.log, wants_progress(1)) as on_part:
+            result = read_documents(name, config, ctx.log, on_part)
         versions[name] = write_version(catalog, f"raw.{name}", result.documents, ctx.log)
         stats[name] = {"files_read": result.files_read, **{f"skipped_{reason}": count for reason, count in sorted(result.skipped.items())}}
     (ctx.out / SOURCES_FILE).write_text(json.dumps(listings, indent=1, sort_keys=True))
@@ -118,7 +120,8 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
     catalog = open_catalog(ctx.request.catalog)
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
-        result = deduplicate(documents, settings.dedup[name], settings.seed, ctx.log)
+        with work_progress(f"{name}: near dedup", "documents signed", ctx.log, wants_progress(1)) as on_part:
+            result = deduplicate(documents, settings.dedup[name], settings.seed, ctx.log, on_part)
         return result.documents, {
             "rows_in": result.rows_in, "rows_out": result.rows_out, "exact_removed": result.exact_removed,
             "near_removed": result.near_removed, "removed_share": round(result.removed_share, 6),
