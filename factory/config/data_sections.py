@@ -30,7 +30,8 @@ class SourceConfig(GrownSection):
 
     kind: str = "python-stdlib"
     """A registered source kind: `python-stdlib` (the running interpreter's standard library), `site-packages` (its
-    installed packages), `directory` (`path`), or one a plugin package adds (`model_factory.sources`)."""
+    installed packages), `directory` (`path`), `object-store` (`uri: s3://bucket/prefix`: the objects under it, copied
+    into the source cache once per version of them), or one a plugin package adds (`model_factory.sources`)."""
     path: str | None = None
     """For a kind that takes a path (`directory`): the directory to read, absolute or relative to the working directory."""
     include: tuple[str, ...] = ("**/*.py",)

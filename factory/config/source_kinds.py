@@ -2,16 +2,19 @@
 
 A `SourceKind` names a directory of files; the source's `include`/`exclude` globs pick the files in it, which the
 raw stage lists (their digest enters its fingerprint) and reads (as text or JSON lines). The built-in kinds are the
-running interpreter's standard library, its site-packages, and a directory the file names (`path`, under the data
-roots). An installed package adds a kind through the entry-point group `model_factory.sources`, each entry point
-naming a `SourceKind`: e.g. a team's shared corpus mounted at a fixed place, a tool's cache directory, or a commit of a
-git repository (`examples/git-source`). A kind may add fields of its own to the `source` mapping (`SourceKind.fields`)
+running interpreter's standard library, its site-packages, a directory the file names (`path`, under the data
+roots), and the objects under a prefix of an object store (`uri: s3://bucket/prefix`), copied into the source cache.
+An installed package adds a kind through the entry-point group `model_factory.sources`, each entry point naming a
+`SourceKind`: e.g. a team's shared corpus mounted at a fixed place, a tool's cache directory, or a commit of a git
+repository (`examples/git-source`). A kind may add fields of its own to the `source` mapping (`SourceKind.fields`)
 and check them before anything is read (`SourceKind.check`).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,12 +112,83 @@ def _path(config: Any) -> Path:
     return Path(config.path)
 
 
+def glob_pattern(pattern: str) -> re.Pattern[str]:
+    """Compile a glob over relative posix paths: `**/` spans directories (or none), `*` and `?` stay within one."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            body = body.replace("\\", "\\\\")
+            body = "^" + body[1:] if body.startswith("!") else "\\" + body if body.startswith("^") else body
+            out.append("[" + body + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+class StoreFields(Section):
+    """The prefix an `object-store` source reads."""
+
+    uri: str
+    """The objects to read, under a prefix of an object store: `s3://bucket/prefix` (the endpoint, region and credentials
+    from the standard AWS variables, as for `FACTORY_STORE`). Their keys below the prefix are the paths `include` and
+    `exclude` match."""
+
+
+def _store_uri(fields: StoreFields) -> None:
+    from factory.storage import BACKENDS
+
+    scheme, separator, _ = fields.uri.partition("://")
+    if not separator or scheme == "file" or scheme not in BACKENDS:
+        known = ", ".join(f"{name}://" for name in BACKENDS if name != "file")
+        raise ConfigError(f"uri: {fields.uri!r} is not an object store's prefix: write {known}bucket/prefix (files on this "
+                          "machine are a source of kind `directory`)")
+
+
+def _store_root(source: Any) -> Path:
+    """The objects under the source's prefix that its globs match, copied into the source cache once per set of ETags (a
+    changed object has another ETag: another copy is made, and the raw stage runs again)."""
+    from factory.config.source_cache import source_cache
+    from factory.storage import open_store
+
+    fields: StoreFields = source.fields
+    store = open_store(fields.uri, setting="source.uri")
+    include = [glob_pattern(p) for p in source.include]
+    exclude = [glob_pattern(p) for p in source.exclude]
+    versions = {key: etag for key, etag in store.versions().items()
+                if any(p.fullmatch(key) for p in include) and not any(p.fullmatch(key) for p in exclude)}
+    listing = hashlib.sha256("".join(f"{key}\0{etag}\n" for key, etag in versions.items()).encode()).hexdigest()[:32]
+
+    def fill(directory: Path) -> None:
+        for key in versions:
+            (directory / key).parent.mkdir(parents=True, exist_ok=True)
+            store.download(key, directory / key)
+
+    return source_cache("object-store", listing, fill)
+
+
 BUILTIN_SOURCES = (
     SourceKind(name="python-stdlib", description="the running interpreter's standard library",
                root=lambda config: Path(sysconfig.get_paths()["stdlib"]), skip_dirs=frozenset({"site-packages", "dist-packages"})),
     SourceKind(name="site-packages", description="the running interpreter's installed packages",
                root=lambda config: Path(sysconfig.get_paths()["purelib"])),
     SourceKind(name="directory", description="a directory, named by `path`", root=_path, takes_path=True),
+    SourceKind(name="object-store", description="the objects under a prefix of an object store, named by `uri` (s3://bucket/prefix)",
+               root=_store_root, fields=StoreFields, check=_store_uri),
 )
 
 

@@ -30,7 +30,7 @@ from factory.config.files import outside_roots
 from factory.config.settings import data_roots
 from factory.config.data_sections import SourceConfig
 from factory.config.source_cache import cache_home
-from factory.config.source_kinds import data_path_fields, source_kind
+from factory.config.source_kinds import data_path_fields, glob_pattern, source_kind
 from factory.errors import ConfigError
 
 CACHE_DIRS = frozenset({"__pycache__"})
@@ -86,34 +86,6 @@ def source_root(config: SourceConfig) -> Path:
             "point source.path at an existing directory (relative paths start at the working directory)"
         )
     return root
-
-
-def glob_pattern(pattern: str) -> re.Pattern[str]:
-    """Compile a glob over relative posix paths: `**/` spans directories (or none), `*` and `?` stay within one."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
-            body = pattern[i + 1 : end]
-            body = body.replace("\\", "\\\\")
-            body = "^" + body[1:] if body.startswith("!") else "\\" + body if body.startswith("^") else body
-            out.append("[" + body + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
 
 
 def _top_directories(patterns: tuple[str, ...]) -> frozenset[str] | None:

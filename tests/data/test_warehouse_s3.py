@@ -35,3 +35,41 @@ def test_tables_in_an_s3_warehouse_are_written_to_the_bucket_and_read_back(tmp_p
         local = [p.name for p in tmp_path.rglob("*") if p.is_file()]
         assert local == ["catalog.db"]  # no table file on local disk
         assert first.snapshot_id != second.snapshot_id
+
+
+def test_an_object_store_source_reads_the_objects_its_globs_match_and_copies_them_again_only_when_one_changes(tmp_path, monkeypatch):
+    import hashlib
+
+    import pytest
+
+    from factory.config.data_sections import SourceConfig
+    from factory.config.sources import changed_files, source_files, source_problems
+    from factory.data.ingest import read_documents
+    from factory.errors import ConfigError
+
+    files = {"corpus/a.py": b"a = 1\n", "corpus/pkg/b.py": b"def b():\n    return 2\n", "corpus/notes.txt": b"not code\n", "other/c.py": b"c = 3\n"}
+    with running_s3(relay=False) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("FACTORY_CACHE", str(tmp_path / "cache"))
+        client = boto3.client("s3", endpoint_url=server.endpoint)
+        for key, data in files.items():
+            client.put_object(Bucket=server.bucket, Key=key, Body=data)
+        source = SourceConfig.model_validate({"kind": "object-store", "uri": f"s3://{server.bucket}/corpus", "include": ["**/*.py"]})
+        first = source_files(source)
+        assert first.files == {"a.py": hashlib.sha256(files["corpus/a.py"]).hexdigest(), "pkg/b.py": hashlib.sha256(files["corpus/pkg/b.py"]).hexdigest()}
+        ingested = read_documents("bucket", source, LOG)
+        assert sorted(ingested.documents["text"].to_pylist()) == ["a = 1\n", "def b():\n    return 2\n"]
+        reads = sum(server.reads().values())
+        assert source_files(source) == first and sum(server.reads().values()) == reads  # listed again, not read again
+
+        client.put_object(Bucket=server.bucket, Key="corpus/pkg/b.py", Body=b"def b():\n    return 3\n")
+        second = source_files(source)
+        assert second.digest != first.digest and second.root != first.root
+        assert changed_files(first.files, second.files) == "1 changed (pkg/b.py)"
+
+        assert source_problems(SourceConfig.model_validate({"kind": "object-store", "uri": str(tmp_path)}), ()) == [
+            ((), f"uri: {str(tmp_path)!r} is not an object store's prefix: write s3://bucket/prefix (files on this machine are a "
+                 "source of kind `directory`)")]
+        with pytest.raises(ConfigError, match=r"source\.uri=s3://no-such-bucket/corpus: .* has no bucket 'no-such-bucket'"):
+            source_files(SourceConfig.model_validate({"kind": "object-store", "uri": "s3://no-such-bucket/corpus"}))
