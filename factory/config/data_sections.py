@@ -31,7 +31,8 @@ class SourceConfig(GrownSection):
     kind: str = "python-stdlib"
     """A registered source kind: `python-stdlib` (the running interpreter's standard library), `site-packages` (its
     installed packages), `directory` (`path`), `object-store` (`uri: s3://bucket/prefix`: the objects under it, copied
-    into the source cache once per version of them), or one a plugin package adds (`model_factory.sources`)."""
+    into the source cache once per version of them), `iceberg` (`table: namespace.name`, `catalog`, `snapshot`: a snapshot
+    of an Iceberg table, as Parquet parts in the source cache), or one a plugin package adds (`model_factory.sources`)."""
     path: str | None = None
     """For a kind that takes a path (`directory`): the directory to read, absolute or relative to the working directory."""
     include: tuple[str, ...] = ("**/*.py",)
@@ -117,15 +118,18 @@ class SourceConfig(GrownSection):
 
     @model_validator(mode="after")
     def _path_when_the_kind_takes_one(self) -> SourceConfig:
-        takes_path = source_kind(self.kind).takes_path
-        if takes_path and not self.path:
+        kind = source_kind(self.kind)
+        for name, value in kind.defaults.items():  # what the kind reads unless the file says otherwise
+            if name in type(self).model_fields and name not in self.model_fields_set:
+                object.__setattr__(self, name, value)  # written out in the config's dump, as if the file said it
+        if self.format == "arrow" and "include" not in self.model_fields_set and "include" not in kind.defaults:
+            object.__setattr__(self, "include", DATASET_SHARDS)
+        if kind.takes_path and not self.path:
             raise ValueError(f"a {self.kind!r} source needs 'path'")
-        if not takes_path and self.path is not None:
+        if not kind.takes_path and self.path is not None:
             raise ValueError(f"'path' is only for a kind that takes one (directory); kind {self.kind!r} knows its own root")
         if self.columns and self.format == "text":
             raise ValueError("'columns' are keys of records: give format 'jsonl', 'parquet' or 'arrow'")
-        if self.format == "arrow" and "include" not in self.model_fields_set:
-            object.__setattr__(self, "include", DATASET_SHARDS)  # a default of its own, written out in the config's dump
         return self
 
 

@@ -3,7 +3,8 @@
 A `SourceKind` names a directory of files; the source's `include`/`exclude` globs pick the files in it, which the
 raw stage lists (their digest enters its fingerprint) and reads (as text or JSON lines). The built-in kinds are the
 running interpreter's standard library, its site-packages, a directory the file names (`path`, under the data
-roots), and the objects under a prefix of an object store (`uri: s3://bucket/prefix`), copied into the source cache.
+roots), the objects under a prefix of an object store (`uri: s3://bucket/prefix`), copied into the source cache, and a
+snapshot of an Iceberg table (`table`, in a catalog pyiceberg is configured with), written there as Parquet parts.
 An installed package adds a kind through the entry-point group `model_factory.sources`, each entry point naming a
 `SourceKind`: e.g. a team's shared corpus mounted at a fixed place, a tool's cache directory, or a commit of a git
 repository (`examples/git-source`). A kind may add fields of its own to the `source` mapping (`SourceKind.fields`)
@@ -16,10 +17,12 @@ import functools
 import hashlib
 import re
 import sysconfig
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
+
+from pydantic import Field, field_validator
 
 from factory.config.plugins import load_declarations, plugin_name, unknown
 from factory.config.section import Section
@@ -80,6 +83,9 @@ class SourceKind:
     check: Callable[[Any], None] | None = None
     """`check(fields)`: raises `ConfigError` saying what to change when the source cannot be read here (run by `factory
     check`, and before the source is listed or read); None: nothing to check beyond the fields' types."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """What a source of this kind reads when its file leaves these of the `source` mapping's own fields out (`format`,
+    `include`, ...): e.g. `{"format": "parquet", "include": ("*.parquet",)}` for a kind that writes Parquet files."""
     origin: str = BUILT_IN
     """Who declared it: `built in`, or the plugin's entry point and package (set by the registry)."""
 
@@ -181,6 +187,84 @@ def _store_root(source: Any) -> Path:
     return source_cache("object-store", listing, fill)
 
 
+class TableFields(Section):
+    """The Iceberg table an `iceberg` source reads."""
+
+    catalog: str = "default"
+    """The catalog's name, configured as pyiceberg configures catalogs (`~/.pyiceberg.yaml`, or variables such as
+    `PYICEBERG_CATALOG__<NAME>__URI` and `__WAREHOUSE`): where it is and its credentials stay out of the experiment file."""
+    table: str
+    """The table, `namespace.name`."""
+    snapshot: int | None = Field(None, gt=0)
+    """The snapshot to read (its id); left out: the table's current snapshot when the stage is planned (a new snapshot
+    makes the raw stage run again, as a changed file does)."""
+
+    @field_validator("table")
+    @classmethod
+    def _namespaced(cls, value: str) -> str:
+        if not re.fullmatch(r"[^.\s]+(\.[^.\s]+)+", value):
+            raise ValueError(f"{value!r} is not a table's full name: write namespace.name")
+        return value
+
+
+PART_ROWS_SHARE = 4
+"""An `iceberg` source's part files hold rows whose Arrow size adds up to at most a quarter of `max_file_bytes` (Parquet
+is smaller than Arrow in memory: a part stays within the bound the raw stage reads files under)."""
+
+
+def _table_root(source: Any) -> Path:
+    """The rows of the table's snapshot, written as Parquet parts into the source cache, keyed by the table's identity and
+    the snapshot: the rows as the table's scan gives them (deletes applied), in parts the raw stage reads as files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from factory.config.source_cache import source_cache
+
+    fields: TableFields = source.fields
+    try:
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.utils.config import Config
+
+        # read now, not as pyiceberg read it when first imported: a long-lived process sees the configuration of today
+        catalog = load_catalog(fields.catalog, **(Config().get_catalog_config(fields.catalog) or {}))
+        table = catalog.load_table(fields.table)
+    except NoSuchTableError as e:
+        raise ConfigError(f"source.table: catalog {fields.catalog!r} has no table {fields.table!r}; check its name") from e
+    except (ValueError, OSError, ImportError) as e:  # no such catalog configured, or one that cannot be reached
+        raise ConfigError(f"source.catalog: pyiceberg cannot open the catalog {fields.catalog!r} ({e}); configure it in "
+                          "~/.pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__URI") from e
+    snapshot = table.snapshot_by_id(fields.snapshot) if fields.snapshot is not None else table.current_snapshot()
+    if snapshot is None and fields.snapshot is None:
+        raise ConfigError(f"source.table: table {fields.table!r} holds no snapshot yet (nothing was ever written to it)")
+    if snapshot is None:
+        known = ", ".join(str(s.snapshot_id) for s in table.snapshots()[-5:])
+        raise ConfigError(f"source.snapshot: table {fields.table!r} has no snapshot {fields.snapshot}; its newest: {known}")
+    key = hashlib.sha256(f"{table.metadata.table_uuid}\0{snapshot.snapshot_id}\0{source.max_file_bytes}".encode()).hexdigest()[:32]
+
+    def fill(directory: Path) -> None:
+        budget = max(source.max_file_bytes // PART_ROWS_SHARE, 1)
+        part: list[pa.RecordBatch] = []
+        written = 0
+
+        def write() -> None:  # without statistics: a text column's would hold its smallest and largest texts again
+            nonlocal part, written
+            pq.write_table(pa.Table.from_batches(part), directory / f"part-{written:05d}.parquet", write_statistics=False)
+            part, written = [], written + 1
+
+        for batch in table.scan(snapshot_id=snapshot.snapshot_id).to_arrow_batch_reader():
+            rows = max(1, batch.num_rows * budget // max(batch.nbytes, 1))
+            for start in range(0, batch.num_rows, rows):
+                piece = batch.slice(start, rows)
+                if part and sum(b.nbytes for b in part) + piece.nbytes > budget:
+                    write()
+                part.append(piece)
+        if part:
+            write()
+
+    return source_cache("iceberg", key, fill)
+
+
 BUILTIN_SOURCES = (
     SourceKind(name="python-stdlib", description="the running interpreter's standard library",
                root=lambda config: Path(sysconfig.get_paths()["stdlib"]), skip_dirs=frozenset({"site-packages", "dist-packages"})),
@@ -189,6 +273,8 @@ BUILTIN_SOURCES = (
     SourceKind(name="directory", description="a directory, named by `path`", root=_path, takes_path=True),
     SourceKind(name="object-store", description="the objects under a prefix of an object store, named by `uri` (s3://bucket/prefix)",
                root=_store_root, fields=StoreFields, check=_store_uri),
+    SourceKind(name="iceberg", description="the rows of a snapshot of an Iceberg table (`table`, `catalog`, `snapshot`)",
+               root=_table_root, fields=TableFields, defaults={"format": "parquet", "include": ("*.parquet",)}),
 )
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,41 @@ def test_arrow_files_with_a_footer_are_read_and_broken_ones_counted(tmp_path):
     result = read_documents("files", config(tmp_path / "src", include=("*.arrow",), format="arrow"), LOG)
     assert sorted(result.documents["text"].to_pylist()) == ["one", "two"]
     assert {reason: count for reason, count in result.skipped.items() if count} == {"bad_arrow": 1, "empty": 1}
+
+
+def test_an_iceberg_source_reads_a_snapshot_of_a_table_as_its_scan_gives_it(tmp_path, monkeypatch):
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+
+    from factory.config.sources import source_files
+
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKE__URI", f"sqlite:///{tmp_path / 'catalog.db'}")
+    monkeypatch.setenv("PYICEBERG_CATALOG__LAKE__WAREHOUSE", f"file://{tmp_path / 'warehouse'}")
+    monkeypatch.setenv("FACTORY_CACHE", str(tmp_path / "cache"))
+    catalog = load_catalog("lake", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"file://{tmp_path / 'warehouse'}")
+    catalog.create_namespace("corpora")
+    schema = pa.schema([("text", pa.large_string()), ("url", pa.string())])
+    table = catalog.create_table("corpora.web", schema=schema)
+    texts, urls = [f"page {n}\n" * 100 * (n + 1) for n in range(5)], [f"https://x/{n}" for n in range(5)]  # 0.7 to 3.5 kB
+    table.append(pa.table({"text": texts[:3], "url": urls[:3]}, schema=schema))
+    first = table.current_snapshot().snapshot_id
+    table.append(pa.table({"text": texts[3:], "url": urls[3:]}, schema=schema))
+    table.delete("url == 'https://x/0'")
+
+    pinned = SourceConfig.model_validate({"kind": "iceberg", "catalog": "lake", "table": "corpora.web", "snapshot": first})
+    assert pinned.format == "parquet" and pinned.include == ("*.parquet",)
+    rows = read_documents("web", pinned, LOG).documents.to_pylist()
+    assert sorted(row["text"] for row in rows) == texts[:3] and sorted(json.loads(row["metadata"])["url"] for row in rows) == urls[:3]
+
+    current = SourceConfig.model_validate({"kind": "iceberg", "catalog": "lake", "table": "corpora.web", "max_file_bytes": 12_000})
+    theirs = catalog.load_table("corpora.web").scan().to_arrow()  # pyiceberg reads the table itself
+    listing = source_files(current)
+    assert len(listing.files) > 1 and not any(value.startswith("too_large") for value in listing.files.values())  # parts within the bound
+    assert sorted(read_documents("web", current, LOG).documents["text"].to_pylist()) == sorted(theirs["text"].to_pylist())  # deletes applied
+    assert listing.digest != source_files(pinned).digest and source_files(current) == listing
+
+    for fields, said in (({"table": "corpora.nope"}, "source.table: catalog 'lake' has no table 'corpora.nope'"),
+                         ({"table": "corpora.web", "snapshot": 12345}, "source.snapshot: table 'corpora.web' has no snapshot 12345"),
+                         ({"catalog": "nowhere", "table": "corpora.web"}, "source.catalog: pyiceberg cannot open the catalog 'nowhere'")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            source_files(SourceConfig.model_validate({"kind": "iceberg", "catalog": "lake", **fields}))

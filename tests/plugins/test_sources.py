@@ -58,7 +58,7 @@ def test_an_unknown_source_kind_names_the_known_ones_at_its_line(tmp_path, kind,
     result = factory_with(None, "check", str(path))
     assert result.returncode == 2
     assert (f"{path}:5: data.datasets.code.source.kind: unknown source kind {kind!r}; known: python-stdlib, site-packages, "
-            f"directory, object-store ({said})") in result.stderr, result.stderr
+            f"directory, object-store, iceberg ({said})") in result.stderr, result.stderr
 
 
 def test_a_plugin_that_redeclares_a_built_in_source_is_refused(tmp_path):
