@@ -10,8 +10,8 @@ manifest file opened and parsed), the lineage of one model up and down (`factory
 `factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
 checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
 one file among 10, 100 and 1,000 experiment files in a git repository; over a Dagster instance recording 1,000 and
-10,000 checkpoints x 20 benchmarks, `factory evals backfill`'s planning and the UI's asset pages; then how each figure
-grows with the size.
+10,000 checkpoints x 20 benchmarks, `factory evals backfill`'s planning, the UI's asset pages and the page of a run of
+the backfill's shape (one range of partitions); then how each figure grows with the size.
 
 `--smoke`: 90 and 360 manifests, 5 and 20 files, 10 and 40 checkpoints, one run each.
 """
@@ -248,6 +248,44 @@ query AssetPage($key: AssetKeyInput!) {
 }
 """
 """What the Dagster UI's asset page asks of the webserver for a partitioned asset: the counts and each partition's status."""
+RUN_PAGE = """
+query RunPage($runId: ID!) {
+  runOrError(runId: $runId) {
+    __typename
+    ... on Run {
+      id status startTime endTime assetSelection { path } assets { key { path } }
+      stats { __typename ... on RunStatsSnapshot { stepsSucceeded stepsFailed materializations } }
+    }
+  }
+  logsForRun(runId: $runId, limit: 10000) {
+    __typename
+    ... on EventConnection {
+      cursor hasMore
+      events { __typename ... on MessageEvent { message timestamp level stepKey } ... on MaterializationEvent { assetKey { path } partition } }
+    }
+  }
+}
+"""
+"""What the Dagster UI's page of a run asks of the webserver: the run, its stats and assets, and its event log."""
+
+
+def backfill_like_run(instance: object, partitions: list[str]) -> str:
+    """A run in `instance` shaped as one of `factory evals backfill`'s: one step that reports a materialization of each
+    `evaluations` partition of its range, with a log line each; its run id."""
+    from dagster import AssetMaterialization, job, op
+
+    @op
+    def evaluate(context) -> None:
+        for partition in partitions:
+            context.log.info(f"scored {partition}")
+            context.log_event(AssetMaterialization("evaluations", partition=partition))
+
+    @job
+    def evaluations_range() -> None:
+        evaluate()
+
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # its events are in the instance, not on the terminal
+    return evaluations_range.execute_in_process(instance=instance, run_config=quiet).run_id
 
 
 def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]:
@@ -287,6 +325,7 @@ def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
     from dagster_graphql.test.utils import execute_dagster_graphql
 
     from assets.backfill import stored_checkpoints, unevaluated
+    from assets.evaluations import EVALS_PER_RUN
     from assets.partitions import BENCHMARKS, CHECKPOINTS
     from assets.records import latest_metadata
     from factory.registry import ArtifactStore
@@ -312,8 +351,15 @@ def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
             assert len(unevaluated(instance, registry, ["val_bpb"], set(keys))) == checkpoints
 
         figures = {"before": median_s(per_partition, repeat), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
+        run_id = backfill_like_run(instance, [f"{benchmarks[1]}|{key}" for key in keys[:EVALS_PER_RUN]])
         origin = LoadableTargetOrigin(module_name="assets.definitions", attribute="defs", working_directory=str(ROOT))
         with in_process_test_workspace(instance, origin) as context:
+            def run_page() -> None:
+                result = execute_dagster_graphql(context, RUN_PAGE, {"runId": run_id})
+                assert not result.errors and result.data["runOrError"]["__typename"] == "Run", result.errors
+                assert sum(e["__typename"] == "MaterializationEvent" for e in result.data["logsForRun"]["events"]) == min(EVALS_PER_RUN, checkpoints)
+
+            figures["run"] = median_s(run_page, repeat)
             for asset in ("evaluations", "checkpoints"):
                 def page(asset: str = asset) -> None:
                     result = execute_dagster_graphql(context, ASSET_PAGE, {"key": {"path": [asset]}})
@@ -339,13 +385,13 @@ def main() -> None:
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
               f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
     print(f"over a Dagster instance of N checkpoints x {BENCHMARK_PARTITIONS} benchmarks, median seconds: `factory evals backfill`'s "
-          "planning, and the UI's asset page (GraphQL; first after a change, then again):")
+          "planning, the UI's asset page (GraphQL; first after a change, then again) and the page of a backfill's run:")
     print(f"{'checkpoints':>12} {'stored, per partition':>22} {'stored, in chunks':>18} {'without a result':>17} {'ratio':>6} "
-          f"{'evaluations page':>17} {'checkpoints page':>17}")
+          f"{'evaluations page':>17} {'checkpoints page':>17} {'run page':>9}")
     for checkpoints in ([10, 40] if args.smoke else [1000, 10000]):
         f = dagster_at_scale(checkpoints, repeat)
         print(f"{checkpoints:>12,} {f['before']:>22.3f} {f['stored']:>18.3f} {f['due']:>17.3f} {f['before'] / f['stored']:>5.1f}x "
-              f"{f['evaluations_first']:>8.3f} {f['evaluations']:>8.3f} {f['checkpoints_first']:>8.3f} {f['checkpoints']:>8.3f}")
+              f"{f['evaluations_first']:>8.3f} {f['evaluations']:>8.3f} {f['checkpoints_first']:>8.3f} {f['checkpoints']:>8.3f} {f['run']:>9.3f}")
     ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
     for files, seconds in ticks.items():
         print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
