@@ -5,7 +5,8 @@ A registry is filled with N manifests in experiments of a lab's mix of kinds (`B
 results), each naming its inputs, without artifact bytes: listings and lineage read manifests only. For each size it
 prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of the evaluation
 results from the index when nothing changed, the same after one new manifest, the listing without the index (every
-manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the leaderboard
+manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the models
+made from the data every experiment shares (`factory lineage TABLE@tag`'s: the whole registry lies below it), the leaderboard
 (`factory leaderboard`'s board, as kept while nothing changed, and computed again after a new result), the dry run of
 `factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
 checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
@@ -35,6 +36,9 @@ BLOCK = (("tokenizer", {}), ("pretrain", {"tokenizer": 0}), ("sft", {"pretrain":
 """One experiment's artifacts, 18 manifests: its tokenizer, pretrain, SFT and RL runs, two models, twelve evaluation
 results (two in three manifests: four checkpoints of each training run); each names its inputs by their place."""
 BENCHMARKS = ("val_bpb", "heldout_bpb")
+SHARED_BLEND = "b" * 64
+"""The data every experiment's tokenizer was made from (one blend, as a lab's main corpus): what `factory lineage
+TABLE@tag` walks down from to the models trained on it."""
 
 
 def summary(kind: str, block: int, place: int, fingerprints: list[str]) -> dict:
@@ -55,13 +59,18 @@ def fill(root: Path, count: int) -> None:
     from factory.registry.store import Manifest, Provenance
 
     (root / "manifests").mkdir(parents=True)
+    blend = Manifest.new(kind="blend", fingerprint="blend-shared", digest=SHARED_BLEND, files={"blend.json": {"sha256": SHARED_BLEND, "bytes": 100}},
+                         config={}, inputs={}, code="local:0123456789abcdef", summary={},
+                         provenance=Provenance(experiment="exp-0", config_hash="0" * 16, git_commit="f" * 40))
+    (root / "manifests" / "blend-shared.json").write_text(json.dumps(blend.to_json(), indent=2, sort_keys=True))
     for block in range(max(count // len(BLOCK), 1)):
         digests = [f"{block * len(BLOCK) + i:064x}" for i in range(len(BLOCK))]
         fingerprints = [f"{kind}-{digest[-12:]}" for (kind, _), digest in zip(BLOCK, digests, strict=True)]
         for i, (kind, inputs) in enumerate(BLOCK):
             manifest = Manifest.new(kind=kind, fingerprint=fingerprints[i], digest=digests[i],
                                     files={"result.json" if kind == "evaluations" else "model.pt": {"sha256": digests[i], "bytes": 100}},
-                                    config={"lr": 0.001 * (block % 7), "steps": 100}, inputs={name: digests[at] for name, at in inputs.items()},
+                                    config={"lr": 0.001 * (block % 7), "steps": 100},
+                                    inputs={name: digests[at] for name, at in inputs.items()} | ({"blend": SHARED_BLEND} if kind == "tokenizer" else {}),
                                     code="local:0123456789abcdef",
                                     provenance=Provenance(experiment=f"exp-{block}", config_hash="0" * 16, git_commit="f" * 40),
                                     summary=summary(kind, block, i, fingerprints))
@@ -145,6 +154,13 @@ def measure(count: int, repeat: int) -> dict[str, float]:
             graph.upstream(model.digest), graph.downstream(model.digest), graph.descendants(model.digest)
 
         figures["lineage"] = median_s(lineage, repeat)
+
+        def trained_on() -> None:  # `factory lineage TABLE@tag`'s models: every model made, through any stages, from the data
+            from factory.ops.lineage import Lineage
+
+            assert len(Lineage(store).descendants(SHARED_BLEND, "model")) == 2 * (count // len(BLOCK))
+
+        figures["trained_on"] = median_s(trained_on, repeat)
 
         def leaderboard() -> None:  # what `factory leaderboard` answers while nothing changed since its last board
             from factory.evals.publish import current_board
@@ -377,12 +393,12 @@ def main() -> None:
     args = parser.parse_args()
     sizes, repeat = ([90, 360], 1) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
-    print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'leaderboard':>12} "
+    print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'trained on':>11} {'leaderboard':>12} "
           f"{'board, 1 new':>13} {'plan':>6} {'podium':>7} {'gc plan':>8} {'index MB':>9}  ratio files / index")
     figures = {}
     for count in sizes:
         f = figures[count] = measure(count, repeat)
-        print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} "
+        print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} {f['trained_on']:>11.3f} "
               f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
     print(f"over a Dagster instance of N checkpoints x {BENCHMARK_PARTITIONS} benchmarks, median seconds: `factory evals backfill`'s "
           "planning, the UI's asset page (GraphQL; first after a change, then again) and the page of a backfill's run:")
@@ -399,6 +415,7 @@ def main() -> None:
     if len(sizes) > 1:
         small, large = figures[sizes[0]], figures[sizes[-1]]
         print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
+              f"models trained on the data {large['trained_on'] / small['trained_on']:.1f}x (they are {sizes[-1] // sizes[0]}x as many), "
               f"leaderboard {large['leaderboard'] / small['leaderboard']:.1f}x (after a new result "
               f"{large['board_changed'] / small['board_changed']:.1f}x), plan {large['plan'] / small['plan']:.2f}x, "
               f"podium {large['podium'] / small['podium']:.2f}x, gc plan {large['gc'] / small['gc']:.1f}x, "

@@ -114,15 +114,10 @@ class Lineage:
         return self._tree(digest, lambda m: self.children(m.digest), set(), with_tables=False)
 
     def descendants(self, digest: str, kind: str | None = None) -> list[Manifest]:
-        """Every artifact made (directly or not) from this one, of one kind if given."""
-        seen: dict[str, Manifest] = {}
-        todo = list(self.children(digest))
-        while todo:
-            child = todo.pop()
-            if child not in seen:
-                seen[child] = self.manifests[child]
-                todo.extend(self.children(child))
-        return sorted((m for m in seen.values() if kind is None or m.kind == kind), key=lambda m: m.created)
+        """Every artifact made (directly or not) from this one, of one kind if given: one question to the registry's
+        index, however many artifacts lie between (a table version the whole lab trains on)."""
+        found = {m.digest: m for m in self.registry.manifests(kind, Where(descends_from=digest)) if m.kind not in REPORTS}
+        return sorted(found.values(), key=lambda m: m.created)
 
     def ancestors(self, digest: str) -> Iterator[Manifest]:
         """Every artifact this one was made from, each once, upstream first (a topological order)."""

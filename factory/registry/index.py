@@ -73,6 +73,8 @@ class Where:
     """A digest the manifest names among its inputs."""
     file_sha256: str | None = None
     """The sha256 of one of the artifact's files."""
+    descends_from: str | None = None
+    """A digest the manifest was made from, directly or through others: its inputs, their inputs, ... name it."""
 
     def sql(self) -> tuple[str, list[str]]:
         """The conditions as SQL over `manifests`, and their parameters."""
@@ -80,12 +82,18 @@ class Where:
             raise ValueError(f"{self.digest_prefix!r} is not hex digits")
         found = [("digest = ?", self.digest), ("digest LIKE ?", self.digest_prefix and f"{self.digest_prefix}%"),
                  ("experiment = ?", self.experiment), ("name IN (SELECT name FROM inputs WHERE digest = ?)", self.made_from),
-                 ("name IN (SELECT name FROM files WHERE sha256 = ?)", self.file_sha256)]
+                 ("name IN (SELECT name FROM files WHERE sha256 = ?)", self.file_sha256), (DESCENDANTS, self.descends_from)]
         given = [(clause, value) for clause, value in found if value is not None]
         return " AND ".join(clause for clause, _ in given), [value for _, value in given]
 
+    def among(self, manifests: list[Any]) -> list[Any]:
+        """Those of `manifests` (anything with their attributes) that meet the conditions: the same answer as `sql`, in
+        Python (descent: the artifacts made from the digest among these manifests, then from those, ...)."""
+        below = {self.descends_from, *_made_below(self.descends_from, manifests)} if self.descends_from is not None else None
+        return [m for m in manifests if self.holds(m) and (below is None or not below.isdisjoint(m.inputs.values()))]
+
     def holds(self, manifest: Any) -> bool:
-        """Whether a manifest (anything with its attributes) meets the conditions: the same answer as `sql`, in Python."""
+        """Whether one manifest meets the conditions other than descent (which the other manifests decide: `among`)."""
         return ((self.digest is None or manifest.digest == self.digest)
                 and (self.digest_prefix is None or manifest.digest.startswith(self.digest_prefix))
                 and (self.experiment is None or manifest.experiment == self.experiment)
@@ -94,6 +102,27 @@ class Where:
 
 
 EVERY = Where()
+DESCENDANTS = """name IN (WITH RECURSIVE below(digest) AS (
+    SELECT ? UNION SELECT manifests.digest FROM below JOIN inputs ON inputs.digest = below.digest JOIN manifests ON manifests.name = inputs.name)
+  SELECT inputs.name FROM below JOIN inputs ON inputs.digest = below.digest)"""
+"""`Where.descends_from` in SQL: the digests made from it (UNION: each once, so a cycle in damaged manifests ends), then
+every manifest naming one of them (or it) among its inputs: one query, however deep and wide the graph."""
+
+
+def _made_below(digest: str, manifests: list[Any]) -> set[str]:
+    """The digests of the artifacts among `manifests` made from `digest`, directly or not."""
+    children: dict[str, set[str]] = {}
+    for m in manifests:
+        for parent in set(m.inputs.values()):
+            children.setdefault(parent, set()).add(m.digest)
+    found: set[str] = set()
+    todo = [digest]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 class ByDigest:
@@ -215,7 +244,7 @@ class ManifestIndex:
                 log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
                             "building it again" if attempt == 1 else "reading the manifests themselves")
                 self.drop()
-        found = [m for m in every() if kind in (None, m.kind) and where.holds(m)]
+        found = [m for m in where.among(every()) if kind in (None, m.kind)]
         return found if newest is None else sorted(found, key=lambda m: (m.created, m.fingerprint), reverse=True)[:newest]
 
     def drop(self) -> None:

@@ -156,24 +156,29 @@ def test_two_processes_publishing_and_listing_at_once_lose_nothing(store):
 
 def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     """Each condition a listing can ask (`Where`), from the index and from the files (an index that cannot be made),
-    on a small graph: two experiments, a pretrain run each, a model of one, an evaluation of both runs."""
+    on a small graph: two experiments, a pretrain run each, a model of one, an evaluation of both runs, a fine-tune of the
+    model, and an artifact of the other experiment with the fine-tune's bytes (one digest, made from something else)."""
     from factory.registry import Provenance
     from factory.registry.index import Where
 
-    def made(fingerprint: str, kind: str, experiment: str, inputs: dict[str, str]) -> str:
+    def made(fingerprint: str, kind: str, experiment: str, inputs: dict[str, str], content: str = "") -> str:
         with store.staging() as out:
-            (out / "x.bin").write_text(fingerprint)
+            (out / "x.bin").write_text(content or fingerprint)
             return store.publish(out, kind=kind, fingerprint=fingerprint, config={}, inputs=inputs, code="local:0", summary={},
                                  provenance=Provenance(experiment=experiment, config_hash="0" * 16, git_commit="f" * 40)).digest
 
     a, b = made("run-a", "pretrain", "exp-a", {}), made("run-b", "pretrain", "exp-b", {})
     model = made("model-a", "model", "exp-a", {"pretrain": a})
     made("eval-ab", "evaluations", "exp-a", {"left": a, "right": b})
+    tuned = made("sft-a", "sft", "exp-a", {"base": model})
+    assert made("same-bytes-b", "sft", "exp-b", {"base": b}, content="sft-a") == tuned
     asked = {"every": (None, Where()), "digest": (None, Where(digest=model)), "prefix": (None, Where(digest_prefix=a[:8])),
              "experiment": (None, Where(experiment="exp-a")), "models of exp-a": ("model", Where(experiment="exp-a")),
              "made from a": (None, Where(made_from=a)), "made from b": (None, Where(made_from=b)),
              "evaluations made from b": ("evaluations", Where(made_from=b)), "nothing": ("model", Where(made_from=b)),
-             "holding model-a's file": (None, Where(file_sha256=hashlib.sha256(b"model-a").hexdigest()))}
+             "holding model-a's file": (None, Where(file_sha256=hashlib.sha256(b"model-a").hexdigest())),
+             "descending from a": (None, Where(descends_from=a)), "sft descending from b": ("sft", Where(descends_from=b)),
+             "descending from the fine-tune": (None, Where(descends_from=tuned))}
     newest = {"newest 2": (None, Where(), 2), "newest pretrain of exp-b": ("pretrain", Where(experiment="exp-b"), 1)}
 
     def answers() -> dict[str, list[str]]:
@@ -183,6 +188,8 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     indexed = answers()
     assert indexed["made from a"] == ["eval-ab", "model-a"] and indexed["models of exp-a"] == ["model-a"] and indexed["nothing"] == []
     assert indexed["holding model-a's file"] == ["model-a"] and indexed["newest pretrain of exp-b"] == ["run-b"]
+    assert indexed["descending from a"] == ["eval-ab", "model-a", "sft-a"] and indexed["sft descending from b"] == ["same-bytes-b"]
+    assert indexed["descending from the fine-tune"] == []
     created = {m.fingerprint: m.created for m in store.manifests()}
     assert indexed["newest 2"] == sorted(created, key=lambda f: (created[f], f), reverse=True)[:2]
     (store.root / INDEX_NAME).unlink()
