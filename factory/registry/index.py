@@ -32,7 +32,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
 file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
@@ -50,14 +50,15 @@ CREATE INDEX IF NOT EXISTS manifests_by_created ON manifests (kind, created);
 CREATE INDEX IF NOT EXISTS manifests_by_digest ON manifests (digest);
 CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind);
 CREATE TABLE IF NOT EXISTS inputs (name TEXT NOT NULL, digest TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest);
+CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest, name);
 CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name);
 CREATE TABLE IF NOT EXISTS files (name TEXT NOT NULL, sha256 TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS files_by_sha256 ON files (sha256);
 CREATE INDEX IF NOT EXISTS files_by_name ON files (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-"""A row per readable manifest, a row per input it names (what `Where.made_from` asks), a row per file it lists
+"""A row per readable manifest, a row per input it names (what `Where.made_from` and `Where.descends_from` ask: the
+index on both columns answers a step of descent without reading the table), a row per file it lists
 (`Where.file_sha256`)."""
 
 
