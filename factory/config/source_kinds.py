@@ -146,6 +146,13 @@ def glob_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL)
 
 
+def selected_by(source: Any) -> Callable[[str], bool]:
+    """Whether a relative path is one the source reads: matched by an `include` glob and by no `exclude` glob."""
+    include = [glob_pattern(p) for p in source.include]
+    exclude = [glob_pattern(p) for p in source.exclude]
+    return lambda rel: any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude)
+
+
 class StoreFields(Section):
     """The prefix an `object-store` source reads."""
 
@@ -173,10 +180,8 @@ def _store_root(source: Any) -> Path:
 
     fields: StoreFields = source.fields
     store = open_store(fields.uri, setting="source.uri")
-    include = [glob_pattern(p) for p in source.include]
-    exclude = [glob_pattern(p) for p in source.exclude]
-    versions = {key: etag for key, etag in store.versions().items()
-                if any(p.fullmatch(key) for p in include) and not any(p.fullmatch(key) for p in exclude)}
+    selected = selected_by(source)
+    versions = {key: etag for key, etag in store.versions().items() if selected(key)}
     listing = hashlib.sha256("".join(f"{key}\0{etag}\n" for key, etag in versions.items()).encode()).hexdigest()[:32]
 
     def fill(directory: Path) -> None:
@@ -245,20 +250,21 @@ def _table_root(source: Any) -> Path:
     def fill(directory: Path) -> None:
         budget = max(source.max_file_bytes // PART_ROWS_SHARE, 1)
         part: list[pa.RecordBatch] = []
-        written = 0
+        written = size = 0
 
         def write() -> None:  # without statistics: a text column's would hold its smallest and largest texts again
-            nonlocal part, written
+            nonlocal part, written, size
             pq.write_table(pa.Table.from_batches(part), directory / f"part-{written:05d}.parquet", write_statistics=False)
-            part, written = [], written + 1
+            part, written, size = [], written + 1, 0
 
         for batch in table.scan(snapshot_id=snapshot.snapshot_id).to_arrow_batch_reader():
             rows = max(1, batch.num_rows * budget // max(batch.nbytes, 1))
             for start in range(0, batch.num_rows, rows):
                 piece = batch.slice(start, rows)
-                if part and sum(b.nbytes for b in part) + piece.nbytes > budget:
+                if part and size + piece.nbytes > budget:
                     write()
                 part.append(piece)
+                size += piece.nbytes
         if part:
             write()
 

@@ -30,7 +30,7 @@ from factory.config.files import outside_roots
 from factory.config.settings import data_roots
 from factory.config.data_sections import SourceConfig
 from factory.config.source_cache import cache_home
-from factory.config.source_kinds import data_path_fields, glob_pattern, source_kind
+from factory.config.source_kinds import data_path_fields, selected_by, source_kind
 from factory.errors import ConfigError
 
 CACHE_DIRS = frozenset({"__pycache__"})
@@ -105,8 +105,7 @@ def matching_files(root: Path, config: SourceConfig) -> list[str]:
     the data roots (a directory source) or under the root (a built-in one)."""
     kind = source_kind(config.kind)
     roots = data_roots() if kind.takes_path else (root.resolve(),)
-    include = [glob_pattern(p) for p in config.include]
-    exclude = [glob_pattern(p) for p in config.exclude]
+    selected = selected_by(config)
     pruned = CACHE_DIRS | kind.skip_dirs
     tops = _top_directories(config.include)
     found = []
@@ -118,7 +117,7 @@ def matching_files(root: Path, config: SourceConfig) -> list[str]:
         prefix = "" if base == "." else base + "/"
         for filename in filenames:
             rel = prefix + filename
-            if any(p.fullmatch(rel) for p in include) and not any(p.fullmatch(rel) for p in exclude) and _inside(root / rel, roots):
+            if selected(rel) and _inside(root / rel, roots):
                 found.append(rel)
     return sorted(found)
 

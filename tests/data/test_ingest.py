@@ -10,7 +10,8 @@ import pytest
 
 from factory.config.data_sections import SourceConfig
 from factory.data.documents import ARROW_SCHEMA, doc_id
-from factory.config.sources import glob_pattern, source_root
+from factory.config.source_kinds import glob_pattern
+from factory.config.sources import source_root
 from factory.data.ingest import SKIP_REASONS, read_documents
 from factory.errors import ConfigError
 from tests.data.conftest import LOG
