@@ -47,6 +47,11 @@ class VolcanoStageLauncher(StageLauncher):
                                       "in_cluster, image_registry, storage); see deploy/README.md")
         return profile.kubernetes
 
+    def engine_env(self) -> dict[str, str]:
+        """What each stage's pod is told of the data engine: the profile's Ray cluster, when it names one."""
+        ray = load_profile(Path(self.profile)).ray
+        return ray.environ() if ray is not None else {}
+
     def launch(
         self, context: AssetExecutionContext, request: StageRequest, on_message: MessageSink | None = None,
         experiment: Experiment | None = None,
@@ -63,7 +68,7 @@ class VolcanoStageLauncher(StageLauncher):
         tapped = PipesMessageTap(reader, on_message) if on_message else reader
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=tapped) as session:
             try:
-                env = session.get_bootstrap_env_vars()
+                env = {**self.engine_env(), **session.get_bootstrap_env_vars()}
                 spec = (cluster_job_spec(experiment, request.spec, settings, env=env) if experiment is not None
                         else batch_job_spec(request.spec, settings, os.environ.get("DAGSTER_CURRENT_IMAGE"), env=env))
                 jobs = VolcanoJobs(connect(settings.kubeconfig, settings.in_cluster, settings.context), settings.namespace, context.log,

@@ -17,7 +17,7 @@ import typer
 from factory.cli.common import ClusterOption, RootOption, dagster_home, err, hint, kubernetes, out, settings_of
 from factory.cli.evals import print_leaderboard
 from factory.config import Experiment, load_file
-from factory.config.cluster import load_profile
+from factory.config.cluster import ClusterProfile, check_ray, load_profile
 from factory.config.settings import Settings
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ConfigError
@@ -48,7 +48,7 @@ def run(
 
             print(volcano.dry_run(variants, kubernetes(cluster)), end="")
             return
-        preflight(experiment, variants, settings, launcher, cluster)
+        profile = preflight(experiment, variants, settings, launcher, cluster)
     except ConfigError as e:
         err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -61,10 +61,12 @@ def run(
     env = {**progress_env(), **os.environ, **settings.environ(), "DAGSTER_HOME": str(dagster_home(settings.root))}
     if launcher == "volcano":
         env["FACTORY_CLUSTER"] = str(cluster)  # the code location's launcher resource reads it: stages become Volcano Jobs
+    elif profile is not None and profile.ray is not None:
+        env.update(profile.ray.environ())  # local stages run their data engine on the profile's Ray cluster
     out.print(f"[bold]materializing {', '.join(v.name for v in variants)}[/] through Dagster (instance {env['DAGSTER_HOME']})")
     # The command that goes on from where an interrupted run stopped: this one, with the options that change where and how it runs.
     again = hint(settings, "run", str(experiment), *(["--strict"] if strict else []),
-                 *(["--launcher", launcher, "--cluster", str(cluster)] if launcher == "volcano" else []))
+                 *(["--launcher", launcher] if launcher == "volcano" else []), *(["--cluster", str(cluster)] if cluster is not None else []))
     # A group of its own: Ctrl-C reaches only this process, which stops the run in order (the run then says where it stopped).
     ended = run_group([sys.executable, "-m", "assets.run", str(experiment), "--root", str(settings.root), "--again", again], env)
     if ended.signals > 1:
@@ -80,11 +82,14 @@ def run(
     out.print(f"Dagster UI: {hint(settings, 'ui')}, then open http://127.0.0.1:3000", markup=False, highlight=False)
 
 
-def preflight(experiment: Path, variants: list[Experiment], settings: Settings, launcher: str, cluster: Path | None) -> None:
-    """ConfigError for everything `factory check` would refuse (and, for Volcano, what the cluster cannot run), before any compute."""
+def preflight(experiment: Path, variants: list[Experiment], settings: Settings, launcher: str, cluster: Path | None) -> ClusterProfile | None:
+    """ConfigError for everything `factory check` would refuse (and, for Volcano, what the cluster cannot run; a Ray
+    cluster the profile names that does not answer), before any compute. Returns the profile, if any."""
     if launcher == "volcano":
         _submittable(variants, cluster)
     profile = load_profile(cluster) if cluster is not None else None
+    if profile is not None:
+        check_ray(cluster, profile)
     registry = open_registry(settings.root / "registry")
     [report] = check_files([experiment], catalog=lambda: open_catalog(CatalogConfig.at(settings.root)), cluster=profile,
                            bases=lambda variant: resolve(variant, registry), registry=registry)
@@ -92,6 +97,7 @@ def preflight(experiment: Path, variants: list[Experiment], settings: Settings, 
         err.print(f"warning: {warning}", markup=False, highlight=False)
     if not report.ok:
         raise ConfigError("\n".join(report.errors) + f"\nnothing ran: fix the file ({hint(settings, 'check', str(experiment))} checks it again)")
+    return profile
 
 
 def check_commit(experiment: Path, strict: bool) -> None:

@@ -16,15 +16,19 @@ A profile is YAML, kept with the deployment rather than with any experiment:
                     AWS_SECRET_ACCESS_KEY: {secret: factory-s3, key: secret-access-key}}
       evaluations: {queue: cpu, image: registry.example.com/ml/model-factory@sha256:...}
     pools: {training: 4, evaluation: 8}
+    ray: {address: "ray://factory-data-head-svc.model-factory.svc:10001"}   # the data stages' Ray cluster
 
 With one, `factory check` refuses placements that cannot be scheduled (an unknown queue, more
 nodes or GPUs than the queue has, an unknown priority class) and `image: local`, which only the
 local launcher can run, before anything is submitted. Its `pools` say how many training stages and
-evaluations the Dagster instance that uses it runs at once (`python -m assets.pools` applies them).
+evaluations the Dagster instance that uses it runs at once (`python -m assets.pools` applies them). Its `ray`
+names the Ray cluster the data stages' engine runs on (deploy/ray-cluster.yaml); without it, they run on this
+machine's cores.
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -36,6 +40,9 @@ from factory.config.loader import describe_validation_error
 from factory.config.section import Section
 from factory.config.pools import POOL_LIMITS
 from factory.errors import ConfigError
+
+RAY_ADDRESS_ENV = "FACTORY_RAY_ADDRESS"
+"""The Ray cluster a data stage's engine connects to (factory/data/engine.py); unset: Daft's native runner."""
 
 
 class QueueSpec(Section):
@@ -141,6 +148,17 @@ class KubernetesSettings(Section):
     """Where evaluation batches run (each a Volcano Job, as every stage)."""
 
 
+class RaySettings(Section):
+    """The Ray cluster the data stages run on (Daft's Ray runner): `FACTORY_RAY_ADDRESS` in each stage's environment."""
+
+    address: str = Field(pattern=r"^(ray://)?[A-Za-z0-9.-]+:[0-9]{1,5}$")
+    """`ray://<head>:10001` (Ray Client, from anywhere) or `<head>:6379` (the head's GCS, from a machine of the cluster)."""
+
+    def environ(self) -> dict[str, str]:
+        """What a stage's environment says of the cluster."""
+        return {RAY_ADDRESS_ENV: self.address}
+
+
 class ClusterProfile(Section):
     """Where stages run and what they may ask for."""
 
@@ -153,6 +171,9 @@ class ClusterProfile(Section):
     pools: dict[str, Annotated[int, Field(ge=0, le=10_000)]] = {}
     """Slots per concurrency pool (`training`, `evaluation`): how many of its stages run at once; a pool left out
     keeps the instance's limit."""
+    ray: RaySettings | None = None
+    """The Ray cluster the data stages' engine runs on (None: Daft's native runner, on every core of the machine a
+    stage runs on)."""
 
     @field_validator("pools")
     @classmethod
@@ -180,6 +201,28 @@ def load_profile(path: Path) -> ClusterProfile:
         line = lines.get(field) or lines.get(field[:2]) or lines.get(field[:1]) or 1
         raise ConfigError(f"{path}:{line}: {'.'.join(field)}: {message}")
     return profile
+
+
+def ray_unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at a Ray address (a TCP connection to its head), or None when something does: Ray's own
+    client waits minutes for a head that is not there."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def check_ray(path: Path, profile: ClusterProfile) -> None:
+    """ConfigError at the profile's `ray.address` (file:line) unless its Ray cluster answers: checked before a run starts
+    any stage."""
+    if profile.ray is None or (reason := ray_unreachable(profile.ray.address)) is None:
+        return
+    _, lines = parse_yaml(path, read_text(path), 1)
+    line = lines.get(("ray", "address")) or lines.get(("ray",)) or 1
+    raise ConfigError(f"{path}:{line}: ray.address: no Ray cluster answers at {profile.ray.address} ({reason}); start one "
+                      "(`ray start --head`, or deploy/ray-cluster.yaml on Kubernetes) or correct the address")
 
 
 def queue_problems(profile: ClusterProfile, queue: str, nodes: int, gpus: int, priority: str | None) -> list[tuple[str, str]]:

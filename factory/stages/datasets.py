@@ -113,11 +113,13 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
     """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`."""
     from factory.data.catalog import open_catalog
     from factory.data.dedup import deduplicate
+    from factory.data.engine import use_engine
     from factory.data.tables import write_version
     from factory.stages.versions import transform
 
     settings = ctx.settings
     catalog = open_catalog(ctx.request.catalog)
+    use_engine(ctx.log)
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
         with work_progress(f"{name}: near dedup", "documents signed", ctx.log, wants_progress(1)) as on_part:
@@ -133,6 +135,7 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
 def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
     """Quality filters: `dedup.<name>` -> `filtered.<name>`, checked, then tagged `v<n>` (or the configured tag) only if it passed."""
     from factory.data.catalog import open_catalog
+    from factory.data.engine import use_engine
     from factory.data.filters import apply_filters
     from factory.data.tables import name_version, reject_version, write_content
     from factory.stages.dataset_checks import check_dataset, combine, record_checks
@@ -140,6 +143,7 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
 
     datasets = ctx.settings.datasets
     catalog = open_catalog(ctx.request.catalog)
+    use_engine(ctx.log)
     checks: dict[str, list[CheckOutcome]] = {}
 
     def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:

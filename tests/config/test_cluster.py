@@ -72,6 +72,8 @@ def test_without_a_profile_placement_is_not_judged(tmp_path):
     ("queues:\n  default: {nodes: 1, gpu: 1}\n", ":2: queues.default.gpu: unknown key; allowed here: gpus_per_node, nodes, priorities"),
     ("queues: {}\n", ":1: queues: "),
     ("queues: [\n", ": invalid YAML"),
+    ("queues: {default: {nodes: 1}}\nray:\n  address: http://head:8265\n", ":3: ray.address: "),
+    ("queues: {default: {nodes: 1}}\nray: {adress: 'head:6379'}\n", ":2: ray.adress: unknown key; allowed here: address"),
 ])
 def test_a_bad_profile_is_a_config_error_with_file_line(tmp_path, text, message):
     path = write(tmp_path, "cluster.yaml", text)

@@ -296,6 +296,8 @@ def dockerfile_problems(text: str) -> list[str]:
     installs = [shlex.split(args) for args in arguments(instructions, "RUN") if "pip install" in args]
     if not any("." in tokens or any(t.startswith(".[") for t in tokens) for tokens in installs):
         found.append("no `pip install .`: the image must install the project itself")
+    elif not any(t.startswith(".[") and "ray" in t[2:-1].split(",") for tokens in installs for t in tokens):
+        found.append("the project is installed without its `ray` extra: deploy/ray-cluster.yaml's pods run this image")
     found += [f"{word} {name}: a credential-looking variable; pass credentials at run time from a Secret"
               for word, name, value in declared(instructions)
               if SECRET_NAME.search(name) or CREDENTIAL_KEY.search(name) or URL_WITH_PASSWORD.search(value or "")]
@@ -325,13 +327,14 @@ def test_the_image_is_pinned_runs_as_run_as_and_installs_the_project():
     ("FROM python:3.11-slim-bookworm", "FROM python"),
     ("USER 1000:1000", "USER root"),
     ("USER 1000:1000\n", ""),
-    ('RUN pip install . "dagster-k8s', 'RUN pip install "dagster-k8s'),
+    ('RUN pip install ".[ray]" "dagster-k8s', 'RUN pip install "dagster-k8s'),
+    ('RUN pip install ".[ray]"', 'RUN pip install .'),
     ("WORKDIR /opt/factory\n", "WORKDIR /opt/factory\nENV NEPTUNE_API_TOKEN=abc\n"),
     ("WORKDIR /opt/factory\n", "WORKDIR /opt/factory\nARG HF_TOKEN\n"),
     ("ARG TORCH_INDEX_URL=https://", "ARG TORCH_INDEX_URL=https://me:pw@"),
     ("ARG TORCH_VERSION=2.13.0", "ARG TORCH_VERSION=2.12.0"),
     ("WORKDIR /opt/factory\n", ""),
-], ids=["latest", "untagged", "root", "no-user", "no-project", "env-token", "arg-token", "url-with-password", "torch-drift",
+], ids=["latest", "untagged", "root", "no-user", "no-project", "no-ray", "env-token", "arg-token", "url-with-password", "torch-drift",
      "no-workdir"])
 def test_a_dockerfile_that_breaks_a_rule_is_refused(old, new):
     text = DOCKERFILE.read_text()

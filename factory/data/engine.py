@@ -1,0 +1,54 @@
+"""Where the data stages' engine runs: Daft's native runner on every core of this machine, or Daft's Ray runner on the
+Ray cluster `$FACTORY_RAY_ADDRESS` names (the cluster profile's `ray.address`, which the launcher puts in each stage's
+environment). A stage's code is the same on both: it calls `use_engine` once, before its first dataframe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from factory.config.cluster import RAY_ADDRESS_ENV, ray_unreachable
+from factory.errors import StageFailed
+
+os.environ.setdefault("DAFT_ANALYTICS_ENABLED", "0")  # Daft reports each import and run over the network unless told not to
+os.environ.setdefault("DAFT_PROGRESS_BAR", "0")  # the stages report progress themselves (factory.runtime.progress)
+
+_chosen: tuple[str, str] | None = None
+"""The Ray address this process's engine was set for ("": none) and what it is (Daft's runner is set once per process)."""
+
+
+def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> str:
+    """Set Daft's runner for this process from `environ` (once; later calls say what was chosen) and say which it is."""
+    global _chosen
+    address = environ.get(RAY_ADDRESS_ENV, "").strip()
+    if _chosen is not None and _chosen[0] == address:
+        return _chosen[1]
+    if not address:  # Daft's default runner: nothing to set
+        chosen = f"Daft's native runner on this machine's {os.cpu_count()} cores"
+    else:
+        chosen = f"Daft's Ray runner on the Ray cluster at {address} ({_cpus(_connected(address))} CPUs)"
+    _chosen = (address, chosen)
+    log.info("data engine: %s", chosen)
+    return chosen
+
+
+def _connected(address: str) -> object:
+    """Ray, connected to the cluster at `address` (without forwarding its workers' output to this process's terminal)."""
+    if (reason := ray_unreachable(address)) is not None:
+        raise StageFailed(f"no Ray cluster answers at {address} ({RAY_ADDRESS_ENV}, the cluster profile's ray.address): {reason}")
+    import daft
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        daft.set_runner_ray(noop_if_initialized=True)
+    except Exception as e:  # Ray's errors (ConnectionError, its own) say what failed; the stage says where it was told to go
+        raise StageFailed(f"cannot run on the Ray cluster at {address} ({RAY_ADDRESS_ENV}, the cluster profile's ray.address): "
+                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no reason given'}") from None
+    return ray
+
+
+def _cpus(ray: object) -> int:
+    return int(ray.cluster_resources().get("CPU", 0))  # type: ignore[attr-defined]

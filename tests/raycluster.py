@@ -1,0 +1,51 @@
+"""A real Ray cluster for the tests: `ray start --head` on 127.0.0.1 (one node, the dashboard off), in a process group
+of its own that is killed whole when the test is done."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from tests.s3server import free_port
+
+START_TIMEOUT_S = 180
+RAY = Path(sys.executable).parent / "ray"
+
+
+@contextlib.contextmanager
+def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[str]:
+    """A Ray head started with `env` added to ours (its workers inherit it: a plugin's PYTHONPATH, say); its GCS address."""
+    port, client_port = free_port(), free_port()  # ephemeral ports: outside the range Ray's workers take theirs from
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    argv = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", f"--ray-client-server-port={client_port}",
+            f"--num-cpus={cpus}", "--include-dashboard=false",
+            "--disable-usage-stats", f"--temp-dir={temp}"]
+    process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    said: list[str] = []
+    started = threading.Event()
+
+    def follow() -> None:
+        for line in process.stdout:
+            said.append(line)
+            if "Ray runtime started" in line:
+                started.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    try:
+        if not started.wait(START_TIMEOUT_S):
+            raise RuntimeError("ray start did not start a head in time:\n" + "".join(said[-30:]))
+        yield f"127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the head, its raylet and every worker: one group
+        process.wait(30)
+        shutil.rmtree(temp, ignore_errors=True)
