@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from factory.config.data_sections import DedupConfig
 from factory.data.minhash import near_duplicates
+from factory.data.tables import KEY_COLUMNS, keys_of
 
 TOKEN = re.compile(r"\w+")
+
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,8 +81,35 @@ def exact_firsts(documents: pa.Table) -> set[str]:
     return set(firsts.to_pydict()["id"])
 
 
-def _rows_whose_id(table: pa.Table, keep: Callable[[str], bool]) -> pa.Table:
-    return table.filter(pa.array([keep(document) for document in table["id"].to_pylist()], pa.bool_()))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Duplicates:
+    """What dedup removes from a version, found a record batch at a time."""
+
+    keys: pa.Table
+    """`id`, `sha256` and `bytes` of every input row."""
+    exact: set[str]
+    """Ids of documents whose sha256 a document before them in id order has."""
+    near: set[str]
+    """Ids of the rest that near-duplicate a document kept before them in id order."""
+
+    @property
+    def removed(self) -> set[str]:
+        return self.exact | self.near
+
+
+def find_duplicates(read: Callable[[tuple[str, ...]], Iterable[pa.RecordBatch]], config: DedupConfig, seed: int,
+                    on_part: Callable[[int, int], None] | None = None) -> Duplicates:
+    """Exact then near duplicates of the rows `read(columns)` yields (a pass over those columns each call): the first pass
+    reads ids and hashes only, the second the texts a batch at a time (`on_part`: as `near_duplicates` says)."""
+    keys = keys_of(read(KEY_COLUMNS))
+    exact = set(keys["id"].to_pylist()) - exact_firsts(keys) if config.exact else set()
+    left = keys.num_rows - len(exact)
+    near: set[str] = set()
+    if config.near_threshold is not None and left:
+        texts = (batch.filter(pa.array([document not in exact for document in batch["id"].to_pylist()], pa.bool_()))
+                 for batch in read(("id", "text")))
+        near = near_duplicates(texts, config, seed, on_part, left)
+    return Duplicates(keys=keys, exact=exact, near=near)
 
 
 def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: logging.Logger,
@@ -88,18 +117,15 @@ def deduplicate(documents: pa.Table, config: DedupConfig, seed: int, log: loggin
     """Drop exact then near duplicates, keeping the first document in id order of each group (`on_part`: as
     `near_duplicates` says)."""
     table = documents.sort_by("id")
-    rows_in = table.num_rows
-    if config.exact:
-        kept = exact_firsts(table)
-        table = _rows_whose_id(table, lambda document: document in kept)
-    exact_removed = rows_in - table.num_rows
-    if config.near_threshold is not None and table.num_rows:
-        removed = near_duplicates(table, config, seed, on_part)
-        table = _rows_whose_id(table, lambda document: document not in removed)
-    near_removed = rows_in - exact_removed - table.num_rows
-    result = DedupResult(documents=table, rows_in=rows_in, exact_removed=exact_removed, near_removed=near_removed)
-    log.info(
-        "dedup: %d -> %d documents (%d exact, %d near duplicates, %.1f%% removed)",
-        rows_in, result.rows_out, exact_removed, near_removed, 100 * result.removed_share,
-    )
+    found = find_duplicates(lambda columns: table.select(list(columns)).to_batches(), config, seed, on_part)
+    removed = found.removed
+    kept = table.filter(pa.array([document not in removed for document in table["id"].to_pylist()], pa.bool_()))
+    result = DedupResult(documents=kept, rows_in=table.num_rows, exact_removed=len(found.exact), near_removed=len(found.near))
+    log_dedup(log, result.rows_in, result.rows_out, result.exact_removed, result.near_removed)
     return result
+
+
+def log_dedup(log: logging.Logger, rows_in: int, rows_out: int, exact: int, near: int) -> None:
+    """The one line dedup logs."""
+    share = (rows_in - rows_out) / rows_in if rows_in else 0.0
+    log.info("dedup: %d -> %d documents (%d exact, %d near duplicates, %.1f%% removed)", rows_in, rows_out, exact, near, 100 * share)

@@ -20,7 +20,7 @@ gives the same answer whatever the number of threads or workers and the order th
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,12 +55,14 @@ def bands(config: DedupConfig) -> tuple[int, int]:
     return index.b, index.r
 
 
-def near_duplicates(documents: pa.Table, config: DedupConfig, seed: int, on_part: Callable[[int, int], None] | None = None) -> set[Any]:
-    """The ids of `documents` (columns `id`, `text`) that near-duplicate a document kept before them in id order.
-    `on_part(documents signed, documents)` hears of each partition's signatures as they are made."""
+def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
+                    on_part: Callable[[int, int], None] | None = None, total: int | None = None) -> set[Any]:
+    """The ids of `documents` (columns `id`, `text`: a table, or record batches of `total` rows in all) that near-duplicate
+    a document kept before them in id order. `on_part(documents signed, documents)` hears of each partition's signatures
+    as they are made."""
     import daft
 
-    signed = daft.from_arrow(_signed(documents, config, seed, on_part))
+    signed = daft.from_arrow(_signed(documents, config, seed, on_part, total))
     count, rows = bands(config)
     groups: list[list[Any]] = []
     for band in range(count):
@@ -76,18 +78,37 @@ def signatures(documents: pa.Table, config: DedupConfig, seed: int) -> dict[Any,
     return {document: [table[f"p{i}"][row] for i in range(config.num_perm)] for row, document in enumerate(table["id"])}
 
 
-def _signed(documents: pa.Table, config: DedupConfig, seed: int, on_part: Callable[[int, int], None] | None = None) -> pa.Table:
+def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
+            on_part: Callable[[int, int], None] | None = None, total: int | None = None) -> pa.Table:
     """The signatures of `documents`, computed CHUNK_DOCUMENTS at a time: the shingles of one chunk are in memory at once,
     never the corpus's (a signature is 4 bytes a permutation, a few hundred a document)."""
     import daft
 
-    texts = documents.select(["id", "text"])
-    chunks = []
-    for start in range(0, max(texts.num_rows, 1), CHUNK_DOCUMENTS):
-        chunks.append(_signatures(daft.from_arrow(texts.slice(start, CHUNK_DOCUMENTS)), config, seed).to_arrow())
+    if isinstance(documents, pa.Table):
+        documents, total = documents.select(["id", "text"]).to_batches(), documents.num_rows
+    chunks, done = [], 0
+    for piece in _pieces(documents, CHUNK_DOCUMENTS):
+        chunks.append(_signatures(daft.from_arrow(piece), config, seed).to_arrow())
+        done += piece.num_rows
         if on_part is not None:
-            on_part(min(start + CHUNK_DOCUMENTS, texts.num_rows), texts.num_rows)
+            on_part(done, total if total is not None else done)
     return pa.concat_tables(chunks)
+
+
+def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
+    """The `id` and `text` of `batches` cut again into tables of `size` rows (the last one shorter; one empty table when
+    there are no rows)."""
+    held: list[pa.Table] = []
+    count, given = 0, False
+    for batch in batches:
+        held.append(pa.Table.from_batches([batch.select(["id", "text"])]))
+        count += batch.num_rows
+        while count >= size:
+            joined = pa.concat_tables(held)
+            yield joined.slice(0, size)
+            given, held, count = True, [joined.slice(size)], count - size
+    if count or not given:
+        yield pa.concat_tables(held) if held else pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())})
 
 
 def _signatures(frame: Any, config: DedupConfig, seed: int) -> Any:

@@ -34,6 +34,22 @@ T = TypeVar("T")
 # Another writer committed between our read and our commit: reload the table and publish again.
 # (A replaced version is never lost: its tags keep its snapshot readable.)
 CONFLICTS = (CommitFailedException, ValidationException)
+KEY_COLUMNS = ("id", "sha256", "bytes")
+"""The columns a version's content tag and counts come from."""
+BATCH_ROWS = 16_384
+"""Rows of a record batch read from a version: what a stage that streams holds of it at once."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rows:
+    """A version's rows as passes over record batches, never held whole: what a stage that streams publishes."""
+
+    keys: pa.Table
+    """`id`, `sha256` and `bytes` of every row, in the order `batches` yields them: the version's content tag and counts."""
+    column_names: tuple[str, ...]
+    """The batches' columns."""
+    batches: Callable[[], Iterator[pa.RecordBatch]]
+    """A fresh pass over the rows each call (a commit that lost to another writer writes them again)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +69,13 @@ class TableVersion:
     def ref(self) -> str:
         """`namespace.table@tag`, as configs pin it."""
         return f"{self.table}@{self.tag}"
+
+
+def keys_of(batches: Iterable[pa.RecordBatch]) -> pa.Table:
+    """`KEY_COLUMNS` of every row of `batches`, as one table."""
+    parts = [pa.Table.from_batches([batch.select(list(KEY_COLUMNS))]) for batch in batches]
+    return pa.concat_tables(parts) if parts else pa.table({"id": pa.array([], pa.string()), "sha256": pa.array([], pa.string()),
+                                                           "bytes": pa.array([], pa.int64())})
 
 
 def content_sha256(documents: pa.Table) -> str:
@@ -87,7 +110,7 @@ def ensure_namespace(catalog: Catalog, name: str) -> None:
 
 
 def write_version(
-    catalog: Catalog, table_name: str, documents: pa.Table, log: logging.Logger, tag: str | None = None, schema: pa.Schema | None = None
+    catalog: Catalog, table_name: str, documents: pa.Table | Rows, log: logging.Logger, tag: str | None = None, schema: pa.Schema | None = None
 ) -> TableVersion:
     """Publish `documents` as a version of `table_name` (creating it), named `tag` or `v<n>`; identical content reuses its snapshot.
 
@@ -97,17 +120,27 @@ def write_version(
     return name_version(catalog, write_content(catalog, table_name, documents, schema), log, tag)
 
 
-def write_content(catalog: Catalog, table_name: str, documents: pa.Table, schema: pa.Schema | None = None) -> TableVersion:
-    """Publish `documents` as a snapshot tagged by content only: a version without a name yet (checks decide whether it gets one)."""
-    arrow, iceberg = (schema, schema) if schema is not None else document_schemas(kept_columns(documents.column_names))
-    documents = documents.select(list(arrow.names)).cast(arrow).sort_by("id")
-    sha = content_sha256(documents)
+def write_content(catalog: Catalog, table_name: str, documents: pa.Table | Rows, schema: pa.Schema | None = None) -> TableVersion:
+    """Publish `documents` as a snapshot tagged by content only: a version without a name yet (checks decide whether it
+    gets one). A table is written sorted by id; `Rows` stream in the order they come (a stage that streams keeps its
+    input's, which this wrote sorted), a batch in memory at a time."""
+    arrow, iceberg = (schema, schema) if schema is not None else document_schemas(kept_columns(list(documents.column_names)))
+    if isinstance(documents, Rows):
+        keys = documents.keys
+        rows = documents
+
+        def data() -> pa.RecordBatchReader:
+            return pa.RecordBatchReader.from_batches(arrow, (batch.select(list(arrow.names)).cast(arrow) for batch in rows.batches()))
+    else:
+        keys = documents = documents.select(list(arrow.names)).cast(arrow).sort_by("id")
+        data = documents
+    sha = content_sha256(keys)
     ensure_namespace(catalog, table_name.split(".")[0])
     table = catalog.create_table_if_not_exists(table_name, schema=iceberg)
-    snapshot_id = _committed(catalog, table_name, table, lambda t: _write(t, documents, sha))
+    snapshot_id = _committed(catalog, table_name, table, lambda t: _write(t, data, sha))
     return TableVersion(
-        table=table_name, snapshot_id=snapshot_id, tag=content_tag(sha), content_tag=content_tag(sha), rows=documents.num_rows,
-        bytes=int(pa.compute.sum(documents["bytes"]).as_py() or 0),
+        table=table_name, snapshot_id=snapshot_id, tag=content_tag(sha), content_tag=content_tag(sha), rows=keys.num_rows,
+        bytes=int(pa.compute.sum(keys["bytes"]).as_py() or 0),
     )
 
 
@@ -140,10 +173,11 @@ def _committed(catalog: Catalog, table_name: str, table: Table, commit: Callable
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _write(table: Table, documents: pa.Table, sha: str) -> int:
+def _write(table: Table, data: pa.Table | Callable[[], pa.RecordBatchReader], sha: str) -> int:
     by_content = content_tag(sha)
     snapshot = table.snapshot_by_name(by_content)
     if snapshot is None:
+        documents = data if isinstance(data, pa.Table) else data()  # pyiceberg streams a reader, a file of batches at a time
         if table.current_snapshot() is None:
             table.append(documents, snapshot_properties={"content-sha256": sha})
         else:
@@ -302,7 +336,7 @@ def record_batches(table: Table, snapshot_id: int, columns: tuple[str, ...]) -> 
             parquet = pq.ParquetFile(handle)
             stored = _names_by_field_id(parquet.schema_arrow)  # Iceberg writes `my col` as `my_x20col`
             names = [stored.get(field_ids[c], c) for c in columns]
-            for batch in parquet.iter_batches(columns=names):
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=names):
                 yield batch.rename_columns(list(columns)) if names != list(columns) else batch
 
 

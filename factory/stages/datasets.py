@@ -21,10 +21,9 @@ from factory.runtime.context import StageContext
 from factory.runtime.progress import wants_progress, work_progress
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from factory.data.checks import CheckOutcome
-    from factory.data.tables import TableVersion
+    from factory.data.tables import Rows, TableVersion
+    from factory.stages.versions import Upstream
 
 DATA_MODULES = ("factory.stages.versions", "factory.data.catalog", "factory.data.tables")
 """What every dataset kind's run function imports."""
@@ -110,9 +109,9 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
 
 
 def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
-    """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`."""
+    """Exact and near-duplicate removal: `raw.<name>` -> `dedup.<name>`, a record batch in memory at a time."""
     from factory.data.catalog import open_catalog
-    from factory.data.dedup import deduplicate
+    from factory.data.dedup import find_duplicates, log_dedup
     from factory.data.engine import use_engine
     from factory.data.tables import write_version
     from factory.stages.versions import transform
@@ -121,22 +120,24 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
     catalog = open_catalog(ctx.request.catalog)
     use_engine(ctx.log)
 
-    def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+    def step(name: str, upstream: Upstream) -> tuple[Rows, dict[str, Any]]:
         with work_progress(f"{name}: near dedup", "documents signed", ctx.log, wants_progress(1)) as on_part:
-            result = deduplicate(documents, settings.dedup[name], settings.seed, ctx.log, on_part)
-        return result.documents, {
-            "rows_in": result.rows_in, "rows_out": result.rows_out, "exact_removed": result.exact_removed,
-            "near_removed": result.near_removed, "removed_share": round(result.removed_share, 6),
-        }
+            found = find_duplicates(upstream.read, settings.dedup[name], settings.seed, on_part)
+        rows = upstream.without(found.removed, found.keys)
+        rows_in, rows_out = found.keys.num_rows, rows.keys.num_rows
+        log_dedup(ctx.log, rows_in, rows_out, len(found.exact), len(found.near))
+        return rows, {"rows_in": rows_in, "rows_out": rows_out, "exact_removed": len(found.exact), "near_removed": len(found.near),
+                      "removed_share": round((rows_in - rows_out) / rows_in if rows_in else 0.0, 6)}
 
-    return transform(ctx, "raw_datasets", step, lambda name, documents: write_version(catalog, f"dedup.{name}", documents, ctx.log))
+    return transform(ctx, "raw_datasets", step, lambda name, rows: write_version(catalog, f"dedup.{name}", rows, ctx.log))
 
 
 def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
-    """Quality filters: `dedup.<name>` -> `filtered.<name>`, checked, then tagged `v<n>` (or the configured tag) only if it passed."""
+    """Quality filters: `dedup.<name>` -> `filtered.<name>`, checked, then tagged `v<n>` (or the configured tag) only if it
+    passed; a record batch in memory at a time."""
     from factory.data.catalog import open_catalog
     from factory.data.engine import use_engine
-    from factory.data.filters import apply_filters
+    from factory.data.filters import judge
     from factory.data.tables import name_version, reject_version, write_content
     from factory.stages.dataset_checks import check_dataset, combine, record_checks
     from factory.stages.versions import transform
@@ -146,14 +147,16 @@ def run_filtered_datasets(ctx: StageContext) -> dict[str, Any]:
     use_engine(ctx.log)
     checks: dict[str, list[CheckOutcome]] = {}
 
-    def step(name: str, documents: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
-        result = apply_filters(documents, datasets[name].filters, ctx.log)
-        removed = {f"removed_{key}": count for key, count in result.removed.items()}
-        return result.documents, {"rows_in": result.rows_in, "rows_out": result.rows_out, **removed}
+    def step(name: str, upstream: Upstream) -> tuple[Rows, dict[str, Any]]:
+        with work_progress(f"{name}: filters", "documents judged", ctx.log, wants_progress(1)) as on_part:
+            judged = judge(upstream.read(upstream.columns), datasets[name].filters, ctx.log, on_part, upstream.rows)
+        rows = upstream.without(judged.refused, judged.keys)
+        removed = {f"removed_{key}": count for key, count in judged.removed.items()}
+        return rows, {"rows_in": judged.keys.num_rows, "rows_out": rows.keys.num_rows, **removed}
 
-    def publish(name: str, documents: pa.Table) -> TableVersion:
+    def publish(name: str, rows: Rows) -> TableVersion:
         # The checks decide the name: a version they refuse takes no `v<n>` (nor the configured tag), so no pin can reach it.
-        version = write_content(catalog, f"filtered.{name}", documents)
+        version = write_content(catalog, f"filtered.{name}", rows)
         checks[name] = check_dataset(catalog, version.table, version.content_tag, datasets[name].max_duplicate_share, datasets[name].columns)
         if all(outcome.passed for outcome in checks[name]):
             return name_version(catalog, version, ctx.log, datasets[name].tag)
@@ -173,13 +176,13 @@ RAW_DATASETS = StageKind(
 DEDUPED_DATASETS = StageKind(
     name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",), writes_tables=True,
     present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, fingerprint=_dedup,
-    imports=(*DATA_MODULES, "factory.data.dedup"),
+    imports=(*DATA_MODULES, "factory.data.dedup", "factory.data.engine"),
     description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
 )
 FILTERED_DATASETS = StageKind(
     name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",), writes_tables=True,
     dataset_checks=True, runs_filters=True,
     present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
-    imports=(*DATA_MODULES, "factory.data.filters", "factory.stages.dataset_checks"),
+    imports=(*DATA_MODULES, "factory.data.filters", "factory.data.engine", "factory.stages.dataset_checks"),
     description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
 )

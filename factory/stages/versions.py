@@ -8,14 +8,14 @@ so the same bytes give the same artifact.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from factory.data.catalog import open_catalog
-from factory.data.tables import TableVersion, read_version, resolve, version_schema
+from factory.data.tables import Rows, TableVersion, resolve, stream_version, version_schema
 from factory.errors import StageFailed
 from factory.registry.layout import DATASETS_FILE
 from factory.runtime.context import StageContext
@@ -46,18 +46,41 @@ def publish_versions(ctx: StageContext, versions: dict[str, TableVersion], stats
     return summary
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Upstream:
+    """One dataset's upstream version, read as passes over record batches (never whole), in its file order."""
+
+    columns: tuple[str, ...]
+    """Every column of the version (the record columns its source keeps too)."""
+    rows: int
+    read: Callable[[tuple[str, ...]], Iterator[pa.RecordBatch]]
+    """A pass over some columns."""
+
+    def without(self, removed: set[str], keys: pa.Table) -> Rows:
+        """The rows whose id is not in `removed` (`keys`: those of every row), to publish."""
+        def kept(batch: pa.RecordBatch | pa.Table) -> pa.Array:
+            return pa.array([document not in removed for document in batch["id"].to_pylist()], pa.bool_())
+
+        return Rows(keys=keys.filter(kept(keys)), column_names=self.columns,
+                    batches=lambda: (batch.filter(kept(batch)) for batch in self.read(self.columns)))
+
+
 def transform(
-    ctx: StageContext, upstream: str, step: Callable[[str, pa.Table], tuple[pa.Table, dict[str, Any]]],
-    publish: Callable[[str, pa.Table], TableVersion],
+    ctx: StageContext, upstream: str, step: Callable[[str, Upstream], tuple[Rows, dict[str, Any]]], publish: Callable[[str, Rows], TableVersion],
 ) -> dict[str, Any]:
-    """Read each dataset's upstream version, apply `step`, and `publish` the result as a version."""
+    """Read each dataset's upstream version, apply `step`, and `publish` the rows it keeps as a version: a record batch of the
+    upstream in memory at a time, and what the step keeps of every row (ids, hashes)."""
     catalog = open_catalog(ctx.request.catalog)
     versions, stats = {}, {}
     for name, source in load_versions(ctx, upstream).items():
         table = catalog.load_table(source.table)
         columns = tuple(field.name for field in version_schema(table, source.snapshot_id).fields)  # with the kept record columns
-        documents, stats[name] = step(name, read_version(catalog, source.table, source.snapshot_id, columns))
-        versions[name] = publish(name, documents)
+
+        def read(selected: tuple[str, ...], source: TableVersion = source) -> Iterator[pa.RecordBatch]:
+            return stream_version(catalog, source.table, source.snapshot_id, selected)
+
+        rows, stats[name] = step(name, Upstream(columns=columns, rows=source.rows, read=read))
+        versions[name] = publish(name, rows)
     return publish_versions(ctx, versions, stats)
 
 

@@ -13,8 +13,10 @@ from factory.config.filter_kinds import document_filters
 from factory.config.data_sections import FiltersConfig
 from factory.data.documents import ARROW_SCHEMA
 from factory.data.filters import apply_filters
+from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import StageFailed
 from tests.plugins.conftest import REPO, factory_with, fake_package, installed, pip_installed
+from tests.stages.conftest import run_stages
 
 EXPERIMENT = """\
 ---
@@ -31,6 +33,7 @@ A dataset filtered by plugins.
 """
 WHERE_IT_RAN = '''
 import os
+import signal
 from factory.plugin import DocumentFilter
 
 def keep(document):
@@ -41,13 +44,20 @@ def keep(document):
     return "drop me" not in document["text"]
 
 RECORDED = DocumentFilter(name="recorded", keep=keep, description="records the process it ran in")
+
+def kill(document):
+    if "kill me" in document["text"]:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer, or a lost machine, ends a worker
+    return True
+
+KILLER = DocumentFilter(name="killer", keep=kill, description="SIGKILLs the worker judging a document that asks for it")
 '''
 
 
 @pytest.fixture(scope="module")
 def filters_site(tmp_path_factory) -> Path:
     site = pip_installed(tmp_path_factory.mktemp("filters-site"), REPO / "examples" / "doc-filters")
-    return fake_package(site, "where_it_ran", WHERE_IT_RAN, {"recorded": "where_it_ran:RECORDED"}, group="model_factory.filters")
+    return fake_package(site, "where_it_ran", WHERE_IT_RAN, {"recorded": "where_it_ran:RECORDED", "killer": "where_it_ran:KILLER"}, group="model_factory.filters")
 
 
 @pytest.fixture
@@ -79,6 +89,15 @@ def test_plugin_filters_run_on_the_workers_after_the_built_in_ones_count_what_th
     failing = FiltersConfig(custom=("no_merge_conflicts", "recorded"))
     with pytest.raises(StageFailed, match=r"the filter 'recorded' \(plugin 'recorded'.*\): ValueError: cannot judge this one \(document d1, f1.py\)"):
         apply_filters(documents(["fine", "boom"]), failing, logging.getLogger("test"))
+
+
+def test_a_worker_killed_mid_stage_fails_the_stage_saying_so_and_publishes_no_version(on_workers, tmp_path, tiny_path, capfd):
+    files = {"a.py": "a = 1\n", "b.py": "# kill me\nb = 2\n", "c.py": "c = 3\n"}
+    run_stages(tmp_path, tiny_path, files, "killed", "filtered_datasets", {"filters": {"custom": ["killer"]}}, last_fails=True)
+    said = "".join(capfd.readouterr())
+    assert "a worker process of the plugin filters killer died" in said, said
+    catalog = open_catalog(CatalogConfig.local(tmp_path / "catalog"))
+    assert catalog.table_exists("dedup.code") and not catalog.table_exists("filtered.code")  # no version, not even a partial one
 
 
 def test_the_plugins_code_enters_the_filtered_stages_fingerprint_and_nothing_else_changes(on_workers, tmp_path):

@@ -20,10 +20,10 @@ def no_pipes(monkeypatch):
 
 
 def run_stages(tmp_path: Path, tiny_path: Path, files: dict[str, str], label: str, last: str, dataset: dict[str, Any] | None = None,
-               **sections: Any) -> dict[str, Path]:
+               last_fails: bool = False, **sections: Any) -> dict[str, Path]:
     """Write `files` under `tmp_path/label`, read them as dataset `code` of the tiny experiment (its `dataset` settings and
     other `sections` replaced), and run every stage up to `last` against one registry and catalog in `tmp_path`; each
-    stage's artifact directory."""
+    stage's artifact directory. With `last_fails`, the last stage must exit 1 and publish nothing."""
     source = tmp_path / label
     for rel, text in files.items():
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -37,6 +37,10 @@ def run_stages(tmp_path: Path, tiny_path: Path, files: dict[str, str], label: st
         spec = plan_stage(experiment, kind, digests)
         request = StageRequest(spec=spec, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / "catalog"),
                                provenance=Provenance(experiment="tiny-code-lm", config_hash="0" * 16, git_commit="test"))
-        assert main([str(request.write(tmp_path / f"{label}-{kind}.json"))]) == 0, kind
+        failing = last_fails and kind == last
+        assert main([str(request.write(tmp_path / f"{label}-{kind}.json"))]) == (1 if failing else 0), kind
+        if failing:
+            assert registry.lookup(spec.fingerprint) is None, f"{kind} failed, yet published"
+            break
         digests[kind] = registry.lookup(spec.fingerprint).digest
     return {kind: registry.path(digest) for kind, digest in digests.items()}

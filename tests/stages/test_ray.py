@@ -27,7 +27,7 @@ from tests.s3server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]
 
-WHERE_IT_RAN = '''
+JUDGED_ON_RAY = '''
 import os
 from factory.plugin import DocumentFilter
 
@@ -50,7 +50,7 @@ DATASET = {"dedup": {"exact": True, "near_threshold": 0.5, "num_perm": 32}, "fil
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    return fake_package(tmp_path_factory.mktemp("ray-site"), "where_it_ran", WHERE_IT_RAN, {"on_ray": "where_it_ran:ON_RAY"},
+    return fake_package(tmp_path_factory.mktemp("ray-site"), "judged_on_ray", JUDGED_ON_RAY, {"on_ray": "judged_on_ray:ON_RAY"},
                         group="model_factory.filters")
 
 
