@@ -8,6 +8,13 @@ of it under other ids. Each side runs in a fresh process, one after the other:
 Printed: documents per second of each, the engine's speed-up over the loop, whether both removed the same documents
 (the Jaccard of the removed-id sets), and each process's peak resident memory.
 
+Then the dedup stage's memory, which must not grow with the corpus: the corpus written as a raw table, 1x and 4x (every
+`.py` file of the interpreter's lib directory: its standard library and the packages installed beside it; the json
+package under `--smoke`), deduplicated by a fresh
+process the way the stage does it (`streamed`: the version read a record batch at a time, ids, hashes and signatures
+kept, the kept rows written through pyiceberg's streaming overwrite) and the way it did before (`whole`: the version read
+into one table, deduplicated, written). Printed: each process's peak resident memory, and its growth from 1x to 4x.
+
 `--smoke`: the json package only.
 """
 
@@ -26,6 +33,9 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SIDES = {"loop": None, "engine, 1 thread": 1, "engine, 2 threads": 2}
+MEMORY_SIDES = ("streamed", "whole")
+MEMORY_COPIES = (1, 4)
+"""Sizes of the corpus the stage's memory is measured at (`--smoke`: the first only, to check the two sides agree)."""
 
 
 def corpus(smoke: bool, copies: int) -> pa.Table:
@@ -55,13 +65,97 @@ def side(name: str, smoke: bool, copies: int, out: Path) -> None:
     out.write_text(json.dumps({"documents": table.num_rows, "seconds": seconds, "peak_mb": peak_mb, "removed": sorted(removed)}))
 
 
+def raw_table(smoke: bool, copies: int, catalog_dir: Path) -> int:
+    """The `.py` files of the interpreter's lib directory (the json package's under `smoke`), `copies` times under other paths, written as
+    the raw table `raw.code` of a catalog in `catalog_dir`; its snapshot id."""
+    import hashlib
+
+    from factory.data.catalog import CatalogConfig, open_catalog
+    from factory.data.documents import ARROW_SCHEMA, doc_id
+    from factory.data.tables import write_content
+
+    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    rows: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
+    for copy in range(copies):
+        for path in sorted(root.rglob("*.py")):
+            data = path.read_bytes()
+            name = f"{copy}/{path.relative_to(root)}"
+            text = data.decode(errors="replace")
+            for column, value in zip(ARROW_SCHEMA.names, (doc_id("code", name), "code", name, text, len(data), hashlib.sha256(data).hexdigest(), "{}"), strict=True):
+                rows[column].append(value)
+    catalog = open_catalog(CatalogConfig.local(catalog_dir))
+    return write_content(catalog, "raw.code", pa.Table.from_pydict(rows, schema=ARROW_SCHEMA)).snapshot_id
+
+
+def memory_side(name: str, catalog_dir: Path, snapshot_id: int, out: Path) -> None:
+    """Deduplicate `raw.code` into `dedup.code` in this process, as the stage does (`streamed`) or as it did (`whole`)."""
+    import logging
+
+    from factory.config.data_sections import DedupConfig
+    from factory.data.catalog import CatalogConfig, open_catalog
+    from factory.data.dedup import deduplicate, find_duplicates
+    from factory.data.documents import COLUMNS
+    from factory.data.tables import read_version, stream_version, write_content
+    from factory.stages.versions import Upstream
+
+    catalog, config = open_catalog(CatalogConfig.local(catalog_dir)), DedupConfig()
+    started = time.perf_counter()
+    if name == "streamed":
+        upstream = Upstream(columns=COLUMNS, rows=0, read=lambda columns: stream_version(catalog, "raw.code", snapshot_id, columns))
+        found = find_duplicates(upstream.read, config, 0)
+        version = write_content(catalog, "dedup.code", upstream.without(found.removed, found.keys))
+        documents = found.keys.num_rows
+    else:
+        table = read_version(catalog, "raw.code", snapshot_id)
+        version = write_content(catalog, "dedup.code", deduplicate(table, config, 0, logging.getLogger("bench")).documents)
+        documents = table.num_rows
+    seconds = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.write_text(json.dumps({"documents": documents, "seconds": seconds, "peak_mb": peak_mb, "content_tag": version.content_tag}))
+
+
+def memory(smoke: bool) -> None:
+    """The dedup stage's peak memory at 1x and 4x the corpus, streamed and whole, side by side."""
+    results: dict[tuple[str, int], dict] = {}
+    sizes = MEMORY_COPIES[:1] if smoke else MEMORY_COPIES
+    with tempfile.TemporaryDirectory(prefix="bench-data-memory-") as tmp:
+        for copies in sizes:
+            catalog_dir = Path(tmp) / f"catalog-{copies}"
+            snapshot_id = raw_table(smoke, copies, catalog_dir)
+            for name in MEMORY_SIDES:
+                out = Path(tmp) / "out.json"
+                subprocess.run([sys.executable, __file__, "--memory-side", name, "--catalog", str(catalog_dir), "--snapshot",
+                                str(snapshot_id), "--out", str(out)], check=True)
+                results[name, copies] = json.loads(out.read_text())
+    assert all(results["streamed", copies]["content_tag"] == results["whole", copies]["content_tag"] for copies in sizes), \
+        "the streamed stage wrote other rows than the whole-table one"
+    corpus = "the json package of the standard library" if smoke else "the interpreter's lib directory"
+    print(f"the dedup stage's peak memory ({corpus}, {' and '.join(f'{copies}x' for copies in sizes)}; the same rows written by both):")
+    for name in MEMORY_SIDES:
+        figures = "   ".join(f"{results[name, copies]['documents']:7,} documents {results[name, copies]['peak_mb']:6,.0f} MB "
+                               f"in {results[name, copies]['seconds']:6.1f} s" for copies in sizes)
+        growth = f"   ratio {sizes[-1]}x / {sizes[0]}x: {results[name, sizes[-1]]['peak_mb'] / results[name, sizes[0]]['peak_mb']:.2f}" \
+            if len(sizes) > 1 else ""
+        print(f"  {name:9} {figures}{growth}")
+    print(f"ratio whole / streamed at {sizes[-1]}x: {results['whole', sizes[-1]]['peak_mb'] / results['streamed', sizes[-1]]['peak_mb']:.2f}x "
+          "the memory")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="the json package only: checks the bench runs")
     parser.add_argument("--copies", type=int, default=1, help="the corpus this many times, under other ids (default 1)")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_side is not None:
+        from factory.runtime.report import exit_now
+
+        memory_side(args.memory_side, args.catalog, args.snapshot, args.out)
+        exit_now(0)
     if args.side is not None:
         from factory.runtime.report import exit_now
 
@@ -84,6 +178,7 @@ def main() -> None:
         mine, theirs = set(results[name]["removed"]), set(loop["removed"])
         jaccard = len(mine & theirs) / len(mine | theirs) if mine | theirs else 1.0
         print(f"ratio {name} / loop: {loop['seconds'] / results[name]['seconds']:.2f}x faster; removed-set Jaccard {jaccard:.4f}")
+    memory(args.smoke)
 
 
 if __name__ == "__main__":
