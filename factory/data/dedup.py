@@ -22,7 +22,6 @@ from factory.data.tables import KEY_COLUMNS, keys_of
 TOKEN = re.compile(r"\w+")
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DedupResult:
     """The documents that survived and how many each step removed."""
@@ -94,6 +93,7 @@ class Duplicates:
 
     @property
     def removed(self) -> set[str]:
+        """Ids of every document dedup removes."""
         return self.exact | self.near
 
 

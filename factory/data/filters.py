@@ -28,6 +28,7 @@ STRING_START = re.compile(r"^[rRuUbBfF]{0,2}(\"|')")
 DOCUMENT_FIELDS = ("id", "source", "path", "text", "bytes", "sha256", "metadata")
 """What a plugin's filter sees of a document (`factory.data.documents`)."""
 
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FilterResult:
     """The documents that passed and how many each filter removed."""
