@@ -4,9 +4,12 @@ The corpus is real code nobody here wrote: every `.py` file of this virtualenv (
 of it under other ids. Each side runs in a fresh process, one after the other:
 - the loop: datasketch one document at a time (`factory.data.dedup.reference_near_duplicates`), on one core;
 - the engine (`factory.data.minhash.near_duplicates`) on Daft's native runner with 1 and with 2 threads (a process sets
-  its runner's threads once).
+  its runner's threads once);
+- Ray Data, the other engine the data stages could have been built on: datasketch's signatures made in `map_batches` by
+  2 workers of a Ray started by the side, the bands grouped in its driver.
 Printed: documents per second of each, the engine's speed-up over the loop, whether both removed the same documents
-(the Jaccard of the removed-id sets), and each process's peak resident memory.
+(the Jaccard of the removed-id sets), and each process's peak resident memory (for Ray Data, its driver's: its workers
+are processes of the Ray it started).
 
 Then the dedup stage's memory, which must not grow with the corpus: the corpus written as a raw table, 1x and 4x (every
 `.py` file of the interpreter's lib directory: its standard library and the packages installed beside it; the json
@@ -32,7 +35,8 @@ import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SIDES = {"loop": None, "engine, 1 thread": 1, "engine, 2 threads": 2}
+SIDES = {"loop": ("loop", 1), "engine, 1 thread": ("daft", 1), "engine, 2 threads": ("daft", 2), "ray data, 2 workers": ("ray", 2)}
+"""Each side: what runs it and on how many threads or workers."""
 MEMORY_SIDES = ("streamed", "whole")
 MEMORY_COPIES = (1, 4)
 """Sizes of the corpus the stage's memory is measured at (`--smoke`: the first only, to check the two sides agree)."""
@@ -53,13 +57,22 @@ def side(name: str, smoke: bool, copies: int, out: Path) -> None:
     from factory.data.minhash import near_duplicates
 
     table, config = corpus(smoke, copies), DedupConfig()
-    threads = SIDES[name]
-    if threads is not None:
+    engine, workers = SIDES[name]
+    if engine == "daft":
         import daft
 
-        daft.set_runner_native(num_threads=threads)
+        daft.set_runner_native(num_threads=workers)
+    if engine == "ray":
+        import ray
+
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     started = time.perf_counter()
-    removed = reference_near_duplicates(table, config, 0) if threads is None else near_duplicates(table, config, 0)
+    if engine == "loop":
+        removed = reference_near_duplicates(table, config, 0)
+    elif engine == "daft":
+        removed = near_duplicates(table, config, 0)
+    else:
+        removed = ray_data_near_duplicates(table, config, 0, workers)
     seconds = time.perf_counter() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.write_text(json.dumps({"documents": table.num_rows, "seconds": seconds, "peak_mb": peak_mb, "removed": sorted(removed)}))
@@ -141,6 +154,37 @@ def memory(smoke: bool) -> None:
           "the memory")
 
 
+def ray_data_near_duplicates(table: pa.Table, config: object, seed: int, workers: int) -> set[str]:
+    """Near dedup on Ray Data: each document's datasketch signature made by `workers` Ray workers (`map_batches`), the
+    documents whose bands collide grouped here, then swept in id order as the engine's are."""
+    import numpy as np
+    import ray
+    from datasketch import MinHash
+
+    from factory.data.dedup import shingles
+    from factory.data.minhash import _swept, bands
+
+    num_perm, size = config.num_perm, config.shingle_tokens
+
+    def sign(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        template = MinHash(num_perm=num_perm, seed=seed)
+        signed = np.empty((len(batch["id"]), num_perm), np.uint64)
+        for row, text in enumerate(batch["text"]):
+            sketch = template.copy()
+            sketch.update_batch(shingles(str(text), size))
+            signed[row] = sketch.hashvalues
+        return {"id": batch["id"], "signature": signed}
+
+    count, rows = bands(config)
+    colliding: dict[tuple, list[str]] = {}
+    dataset = ray.data.from_arrow(table.select(["id", "text"])).map_batches(sign, batch_format="numpy", batch_size=256, concurrency=workers)
+    for batch in dataset.iter_batches(batch_format="numpy", batch_size=4096):
+        for document, signature in zip(batch["id"].tolist(), batch["signature"].tolist(), strict=True):
+            for band in range(count):
+                colliding.setdefault((band, *signature[band * rows:(band + 1) * rows]), []).append(document)
+    return _swept([ids for ids in colliding.values() if len(ids) > 1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="the json package only: checks the bench runs")
@@ -172,7 +216,7 @@ def main() -> None:
     print(f"near dedup of {loop['documents']:,} documents ({args.copies} x the corpus), MinHash LSH at the default settings:")
     for name, result in results.items():
         rate = result["documents"] / result["seconds"]
-        print(f"  {name:18} {result['seconds']:7.2f} s  {rate:8,.0f} documents/s  peak RSS {result['peak_mb']:6,.0f} MB  "
+        print(f"  {name:19} {result['seconds']:7.2f} s  {rate:8,.0f} documents/s  peak RSS {result['peak_mb']:6,.0f} MB  "
               f"removed {len(result['removed']):,}")
     for name in list(SIDES)[1:]:
         mine, theirs = set(results[name]["removed"]), set(loop["removed"])
