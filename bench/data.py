@@ -23,7 +23,9 @@ into one table, deduplicated, written). Printed: each process's peak resident me
 
 import argparse
 import json
+import os
 import resource
+import secrets
 import subprocess
 import sys
 import sysconfig
@@ -209,8 +211,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         for name in SIDES:
             out = Path(tmp) / "out.json"
+            # The Ray side's Ray takes a token of its own, set before Ray is imported: a local ray.init() would otherwise
+            # write one to ~/.ray, which every later `ray start` on this machine would then require.
+            token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)} if SIDES[name][0] == "ray" else {}
             subprocess.run([sys.executable, __file__, "--side", name, "--copies", str(args.copies), "--out", str(out),
-                            *(["--smoke"] if args.smoke else [])], check=True)
+                            *(["--smoke"] if args.smoke else [])], check=True, env={**os.environ, **token})
             results[name] = json.loads(out.read_text())
     loop = results["loop"]
     print(f"near dedup of {loop['documents']:,} documents ({args.copies} x the corpus), MinHash LSH at the default settings:")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -20,15 +21,23 @@ START_TIMEOUT_S = 180
 RAY = Path(sys.executable).parent / "ray"
 
 
+def auth(token: str) -> dict[str, str]:
+    """The environment of a Ray cluster that takes only `token`, and of a driver that connects to it with it: set
+    explicitly, so that neither reads the token Ray keeps in ~/.ray (a local `ray.init()` writes one there)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
+
 @contextlib.contextmanager
-def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[str]:
-    """A Ray head started with `env` added to ours (its workers inherit it: a plugin's PYTHONPATH, say); its GCS address."""
+def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[tuple[str, dict[str, str]]]:
+    """A Ray head started with `env` added to ours (its workers inherit it: a plugin's PYTHONPATH, say), taking one token;
+    its GCS address and the environment a driver connects with."""
     port, client_port = free_port(), free_port()  # ephemeral ports: outside the range Ray's workers take theirs from
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     argv = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", f"--ray-client-server-port={client_port}",
             f"--num-cpus={cpus}", "--include-dashboard=false",
             "--disable-usage-stats", f"--temp-dir={temp}"]
-    process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    driver = auth(secrets.token_hex(32))
+    process = subprocess.Popen(argv, env={**os.environ, **env, **driver}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     said: list[str] = []
     started = threading.Event()
@@ -43,7 +52,7 @@ def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[str]:
     try:
         if not started.wait(START_TIMEOUT_S):
             raise RuntimeError("ray start did not start a head in time:\n" + "".join(said[-30:]))
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", driver
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # the head, its raylet and every worker: one group

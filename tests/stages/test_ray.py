@@ -94,8 +94,8 @@ def test_the_data_stages_run_on_a_ray_cluster_and_write_what_the_native_runner_w
     monkeypatch.setenv("WHERE_IT_RAN", str(tmp_path / "native-pids"))
     with installed(site):
         run_stages(tmp_path, tiny_path, "native")
-        with running_ray({**plugins, "WHERE_IT_RAN": str(tmp_path / "ray-pids")}) as address:
-            said = run_stages(tmp_path, tiny_path, "ray", {RAY_ADDRESS_ENV: address, "WHERE_IT_RAN": str(tmp_path / "driver-pids")})
+        with running_ray({**plugins, "WHERE_IT_RAN": str(tmp_path / "ray-pids")}) as (address, token):
+            said = run_stages(tmp_path, tiny_path, "ray", {RAY_ADDRESS_ENV: address, **token, "WHERE_IT_RAN": str(tmp_path / "driver-pids")})
 
     assert f"data engine: Daft's Ray runner on the Ray cluster at {address} (2 CPUs)" in said
 
