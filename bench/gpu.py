@@ -1,11 +1,12 @@
 """The factory on a GPU, side by side in one run: the trainer against a plain loop, the generator against `transformers`.
 
 1. Training: the factory trainer (`factory.train.pretrain`: its metrics log, loss reads at log steps only, fused AdamW,
-   pinned batches, chunked cross-entropy) vs a plain nanoGPT-style loop (the same model, batches and optimizer; bf16
-   autocast, the loss inside the compiled function, no host sync but one at the end) on a ~0.1B and a ~0.9B Llama,
-   eager and compiled. Both are timed over the same steps after a warm-up, between two points where the host has waited
-   for the GPU; tokens/s and MFU (FLOPs per token and the bf16 peak of `factory.devices`) side by side. Goals: >= 0.99x
-   the plain loop in every case; >= 55% MFU on the 0.9B compiled case on an H100/H200.
+   pinned batches, the chunked cross-entropy eager and torch's, fused by the compiler, when compiled) vs a plain
+   nanoGPT-style loop (the same model, batches and optimizer; bf16 autocast, the loss inside the compiled function, no
+   host sync but one at the end) on a ~0.1B and a ~0.9B Llama, eager and compiled. Both are timed over the same steps
+   after a warm-up, between two points where the host has waited for the GPU; tokens/s and MFU (FLOPs per token and the
+   bf16 peak of `factory.devices`) side by side. Goals: >= 0.99x the plain loop in every case; >= 55% MFU on the 0.9B
+   compiled case on an H100/H200.
 2. Generation: the factory's generator (static cache, one CUDA graph per batch's decode step; and without graphs) vs
    `transformers`' `generate` on the same weights (the factory's Hugging Face layout), 16 prompts x 256 new tokens,
    greedy, fp32 and bf16: tokens/s and how many rows are token for token the same. Goal: >= 3x `transformers`' tokens/s,

@@ -94,9 +94,8 @@ _compiled: dict[Callable, Callable] = {}
 
 
 def _kernel(function: Callable, logits: torch.Tensor) -> Callable:
-    """`function` compiled (once per process) when the logits are on a GPU; as it is elsewhere, and inside a compiled
-    step (`compile: true`), whose graph takes the loss in whole."""
-    if logits.device.type != "cuda" or torch.compiler.is_compiling():
+    """`function` compiled (once per process) when the logits are on a GPU; as it is elsewhere."""
+    if logits.device.type != "cuda":
         return function
     if function not in _compiled:
         _compiled[function] = torch.compile(function, fullgraph=True)  # a second shape (a last chunk) compiles a dynamic one
@@ -105,11 +104,15 @@ def _kernel(function: Callable, logits: torch.Tensor) -> Callable:
 
 def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The cross-entropy of `logits` (..., vocab) against `targets` (...), summed over the targets that are not PAD, in at
-    least float32. Logits of a lower precision (bf16 under autocast) go a chunk of rows at a time (`_SummedCrossEntropy`),
-    never widened whole; float32 logits need no wider copy and take torch's own kernel, as they always did."""
+    least float32. Eager, logits of a lower precision (bf16 under autocast) go a chunk of rows at a time
+    (`_SummedCrossEntropy`), never widened whole; float32 logits need no wider copy and take torch's own kernel, as they
+    always did. Inside a compiled step (`compile: true`) the logits are widened and given to torch's kernel, and the
+    compiler fuses the widening into the loss's kernels; the chunks' loops would only cut its graph into pieces (on an
+    H100 the 0.9B Llama of bench/gpu.py stepped 8% faster so, at the same peak memory as with the chunks)."""
     flat, flat_targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    if flat.dtype in (torch.float32, torch.float64):
-        return F.cross_entropy(flat, flat_targets, ignore_index=PAD, reduction="sum")
+    if flat.dtype in (torch.float32, torch.float64) or torch.compiler.is_compiling():
+        wide = flat.to(torch.promote_types(flat.dtype, torch.float32))
+        return F.cross_entropy(wide, flat_targets, ignore_index=PAD, reduction="sum")
     return _SummedCrossEntropy.apply(flat, flat_targets)
 
 

@@ -1,4 +1,4 @@
-"""The training loss: cross-entropy a chunk of rows at a time, equal to torch's in value and gradient."""
+"""The training loss: a chunk of rows at a time, equal to torch's cross-entropy in value and gradient; torch's when compiled."""
 
 import pytest
 import torch
@@ -46,5 +46,27 @@ def test_low_precision_logits_are_summed_in_float32_and_get_gradients_of_their_o
     loss = summed_cross_entropy(narrow, targets)
     assert loss.dtype == torch.float32
     assert torch.allclose(loss, F.cross_entropy(narrow.float(), targets, reduction="sum"), rtol=1e-6)
+    loss.backward()
+    assert narrow.grad.dtype == torch.bfloat16
+
+
+def test_inside_a_compiled_step_low_precision_logits_take_torchs_kernel_widened_in_the_graph():
+    """A compiled step hands the compiler torch's cross-entropy on the widened logits, whose widening it fuses, instead of
+    the chunks' loops; the loss is torch's."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(graph: torch.fx.GraphModule, _inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    generator = torch.Generator().manual_seed(3)
+    narrow = torch.randn(24, 64, generator=generator).bfloat16().requires_grad_()
+    targets = torch.randint(0, 64, (24,), generator=generator)
+    targets[::5] = PAD
+    torch._dynamo.reset()
+    loss = torch.compile(summed_cross_entropy, backend=recording, fullgraph=True)(narrow, targets)
+    [graph] = graphs
+    assert F.cross_entropy in {node.target for node in graph.graph.nodes}
+    assert torch.equal(loss, F.cross_entropy(narrow.float(), targets, ignore_index=PAD, reduction="sum"))
     loss.backward()
     assert narrow.grad.dtype == torch.bfloat16
