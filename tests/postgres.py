@@ -9,13 +9,14 @@ import getpass
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
+
+from tests.ports import free_port
 
 DATABASE = "factory"
 USER = "factory"
@@ -27,12 +28,6 @@ def binaries() -> Path:
     if not found:
         raise RuntimeError("PostgreSQL is not installed: `make test` installs Debian's postgresql package (make services)")
     return Path(found[-1]).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fresh_database(server: str, name: str) -> str:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tests.s3server import free_port
+from tests.ports import free_port
 
 START_TIMEOUT_S = 180
 RAY = Path(sys.executable).parent / "ray"

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script (its servers are), as the benches are
+from tests.ports import free_port  # noqa: E402
 
 START_TIMEOUT_S = 30
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "factory-test", "AWS_SECRET_ACCESS_KEY": "factory-test-secret", "AWS_REGION": "us-east-1"}
@@ -42,12 +45,6 @@ CONFLICTS_PATH = "/_factory/conflicts"
 """POST a count here: the next that many conditional writes are answered 409 (`S3Server.conflict`)."""
 CONFLICT_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code><Message>A conflicting '
                  b'conditional operation is currently in progress against this resource.</Message></Error>')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:

@@ -25,7 +25,7 @@ from factory.cli.common import dagster_home
 from factory.config.stages import STAGES
 from factory.registry import ArtifactStore
 from tests.e2e.test_shared_instance import hold_training_slot
-from tests.e2e.test_ui import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

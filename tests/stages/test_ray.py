@@ -23,7 +23,7 @@ from factory.runtime.__main__ import main
 from factory.runtime.request import StageRequest
 from tests.plugins.conftest import fake_package, installed
 from tests.raycluster import running_ray
-from tests.s3server import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]
 

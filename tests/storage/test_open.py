@@ -5,7 +5,8 @@ import pytest
 
 from factory.errors import ConfigError, StorageError
 from factory.storage import BACKENDS, open_store
-from tests.s3server import free_port, running_s3
+from tests.ports import free_port
+from tests.s3server import running_s3
 
 
 @pytest.fixture
