@@ -164,7 +164,7 @@ def ray_data_near_duplicates(table: pa.Table, config: object, seed: int, workers
     from datasketch import MinHash
 
     from factory.data.dedup import shingles
-    from factory.data.minhash import _swept, bands
+    from factory.data.minhash import bands, swept
 
     num_perm, size = config.num_perm, config.shingle_tokens
 
@@ -184,7 +184,7 @@ def ray_data_near_duplicates(table: pa.Table, config: object, seed: int, workers
         for document, signature in zip(batch["id"].tolist(), batch["signature"].tolist(), strict=True):
             for band in range(count):
                 colliding.setdefault((band, *signature[band * rows:(band + 1) * rows]), []).append(document)
-    return _swept([ids for ids in colliding.values() if len(ids) > 1])
+    return swept([ids for ids in colliding.values() if len(ids) > 1])
 
 
 def main() -> None:

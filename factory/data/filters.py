@@ -152,8 +152,8 @@ def judge(batches: Iterable[pa.RecordBatch], config: FiltersConfig, log: logging
         result = apply_filters(pa.Table.from_batches([batch]), config, None)
         for name, count in result.removed.items():
             removed[name] += count
-        passed = set(result.documents["id"].to_pylist())
-        refused.update(document for document in batch["id"].to_pylist() if document not in passed)
+        passed = pc.is_in(batch["id"], value_set=result.documents["id"].combine_chunks())
+        refused.update(batch["id"].filter(pc.invert(passed)).to_pylist())
         keys.append(batch.select(list(KEY_COLUMNS)))
         done += batch.num_rows
         if on_part is not None:

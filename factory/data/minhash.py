@@ -69,7 +69,7 @@ def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: Dedu
         keys = [f"p{i}" for i in range(band * rows, (band + 1) * rows)]
         colliding = signed.groupby(*keys).agg(daft.col("id").list_agg().alias("ids"), daft.col("id").count().alias("n"))
         groups += colliding.where(daft.col("n") > 1).select("ids").to_pydict()["ids"]
-    return _swept(groups)
+    return swept(groups)
 
 
 def signatures(documents: pa.Table, config: DedupConfig, seed: int) -> dict[Any, list[int]]:
@@ -132,7 +132,7 @@ def _signatures(frame: Any, config: DedupConfig, seed: int) -> Any:
     return permuted.groupby("id").agg(*[col(f"p{i}").min() for i in range(config.num_perm)])
 
 
-def _swept(groups: Sequence[Sequence[Any]]) -> set[Any]:
+def swept(groups: Sequence[Sequence[Any]]) -> set[Any]:
     """The ids removed when documents are visited in id order and each one that shares a group with a kept one goes."""
     member_of: dict[Any, list[int]] = {}
     for index, ids in enumerate(groups):

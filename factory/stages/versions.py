@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from factory.data.catalog import open_catalog
 from factory.data.tables import Rows, TableVersion, resolve, stream_version, version_schema
@@ -58,8 +59,10 @@ class Upstream:
 
     def without(self, removed: set[str], keys: pa.Table) -> Rows:
         """The rows whose id is not in `removed` (`keys`: those of every row), to publish."""
+        gone = pa.array(sorted(removed), keys.schema.field("id").type)
+
         def kept(batch: pa.RecordBatch | pa.Table) -> pa.Array:
-            return pa.array([document not in removed for document in batch["id"].to_pylist()], pa.bool_())
+            return pc.invert(pc.is_in(batch["id"], value_set=gone))
 
         return Rows(keys=keys.filter(kept(keys)), column_names=self.columns,
                     batches=lambda: (batch.filter(kept(batch)) for batch in self.read(self.columns)))
