@@ -62,7 +62,7 @@ class Collection:
     bytes: int
     """What removing the garbage frees (bytes two garbage manifests share counted once, work directories included)."""
     work: dict[str, int] = field(default_factory=dict)
-    """The stale work directories: fingerprint -> their bytes on this machine."""
+    """The stale work directories: fingerprint -> their bytes on this machine and in the object store."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""

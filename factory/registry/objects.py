@@ -237,6 +237,18 @@ class ObjectRegistry(Scratch):
         for name in sorted(stored.keys() - local.keys(), key=lambda name: not name.endswith(".json")):  # its record first
             self.store.delete(prefix + name)
 
+    def works(self) -> dict[str, tuple[int, float]]:
+        """Fingerprint -> (bytes, when last changed: POSIX seconds) of every stage's scratch directory, on this machine or
+        saved in the store (`save_work`; a run that stopped elsewhere has no copy here): bytes of both copies, the later
+        change of the two."""
+        found = super().works()
+        for key in self.store.list("work/"):
+            fingerprint = key.removeprefix("work/").split("/", 1)[0]
+            if NAME.match(fingerprint) and (info := self.store.stat(key)) is not None:
+                size, changed = found.get(fingerprint, (0, 0.0))
+                found[fingerprint] = (size + info.size, max(changed, info.modified))
+        return dict(sorted(found.items()))
+
     def drop_work(self, fingerprint: str) -> None:
         """Remove a stage's scratch directory, here and in the store (after its artifact is published)."""
         super().drop_work(fingerprint)

@@ -45,6 +45,8 @@ class Stat:
     sha256: str | None
     """The sha256 its writer recorded with it (`upload`), None when it recorded none. A claim, not a proof: only reading
     every byte proves it."""
+    modified: float
+    """When it was last written: POSIX seconds (the store's clock)."""
 
 
 def check_key(key: str) -> str:

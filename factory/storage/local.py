@@ -75,7 +75,7 @@ class LocalStore(ObjectStore):
             if info is None:
                 return None
             etag = _etag(info)
-            return Stat(size=info.st_size, etag=etag, sha256=self._recorded_sha256(parent, name, etag))
+            return Stat(size=info.st_size, etag=etag, sha256=self._recorded_sha256(parent, name, etag), modified=info.st_mtime)
 
     def _create(self, key: str, data: bytes) -> str | None:
         with self._parent(key, create=True) as (parent, name), _temp(parent, name, _writer(data)) as (temp, fd):

@@ -146,7 +146,8 @@ class S3Store(ObjectStore):
                 return None
         sha256 = result.attributes.get(SHA256_METADATA)
         return Stat(size=result.meta["size"], etag=_etag(result.meta, key),
-                    sha256=sha256 if sha256 and re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
+                    sha256=sha256 if sha256 and re.fullmatch(r"[0-9a-f]{64}", sha256) else None,
+                    modified=result.meta["last_modified"].timestamp())
 
     def _create(self, key: str, data: bytes) -> str | None:
         def write() -> str | None:

@@ -190,6 +190,26 @@ def test_a_collection_of_a_store_removes_the_objects_too(tmp_path, s3_server, mo
     assert registry.lookup("kept") is not None and registry.lookup("gone") is None
 
 
+def test_a_work_directory_saved_in_the_store_from_another_machine_is_seen_and_removed(tmp_path, s3_server, monkeypatch):
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    uri = f"s3://{s3_server.bucket}/gc-{uuid.uuid4().hex}"
+    elsewhere = ObjectRegistry(open_store(uri), tmp_path / "elsewhere")  # the machine where the run stopped
+    (elsewhere.work("stopped-run") / "step_000010.pt").write_bytes(b"w" * 100)
+    (elsewhere.work("stopped-run") / "step_000010.json").write_bytes(b"{}")
+    elsewhere.save_work("stopped-run")
+    registry = ObjectRegistry(open_store(uri), tmp_path / "here")  # no copy of it on this machine
+    assert not registry.work_path("stopped-run").exists()
+    assert plan_collection(registry, []).work == {}  # saved a moment ago: within the minimum age
+    collection = plan_collection(registry, [], min_age_s=0)
+    assert collection.work == {"stopped-run": 102} and collection.bytes == 102
+    assert collect(registry, collection).work == ["stopped-run"]
+    assert registry.store.list("work/") == []
+
+
 def test_gc_runs_as_a_command_line_program(tmp_path):
     result = subprocess.run([sys.executable, "-m", "factory", "registry", "gc", str(tmp_path / "nothing"), "--root", str(tmp_path)],
                             capture_output=True, text=True, check=False)

@@ -3,6 +3,7 @@
 import hashlib
 import io
 import os
+import time
 
 import pytest
 
@@ -47,10 +48,12 @@ def test_a_read_larger_than_its_limit_is_refused(store: ObjectStore):
     assert store.get("manifests/absent.json", limit=99) is None
 
 
-def test_stat_says_size_and_etag_without_a_sha256_nobody_recorded(store: ObjectStore):
+def test_stat_says_size_etag_and_when_written_without_a_sha256_nobody_recorded(store: ObjectStore):
+    before = time.time()
     etag = store.put("a/b", b"12345")
     info = store.stat("a/b")
     assert (info.size, info.etag, info.sha256) == (5, etag, None)
+    assert before - 2 <= info.modified <= time.time() + 2  # S3 stamps whole seconds, on the server's clock (this machine's)
     assert store.stat("a/c") is None
 
 
