@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -23,8 +24,6 @@ from factory.registry.store import ArtifactStore, Manifest, Provenance
 KIND = "leaderboard"
 BOARD_BYTES = 256 << 20
 """A kept board larger than this is damage (a board of 100,000 experiments is about 60 MB)."""
-_BOARD_CODE = hashlib.sha256(Path(__file__).read_bytes() + Path(leaderboard.__file__).read_bytes()).hexdigest()
-"""What computes a board: a kept board of other code is computed again."""
 log = logging.getLogger(__name__)
 BEST_REF = "best-model"
 """The registry ref of the current best model (a published leaderboard row)."""
@@ -40,7 +39,7 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
     index = registry.index()
     state = index.state()
     kinds = tuple(dict.fromkeys((EVALUATIONS, *TRAINING_STAGES, model_kind().name)))
-    cache = registry.root / "cache" / "boards" / f"{sha256_of({'sort': sort, 'kinds': kinds, 'code': _BOARD_CODE})[:24]}.json"
+    cache = registry.root / "cache" / "boards" / f"{sha256_of({'sort': sort, 'kinds': kinds, 'code': _board_code()})[:24]}.json"
     if state is not None and (board := _cached_board(cache, state)) is not None:
         return board
     board = _board(registry, sort, kinds)
@@ -49,6 +48,13 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
             cache.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(cache, json.dumps({"state": state, "board": board.to_json()}))
     return board
+
+
+@functools.cache
+def _board_code() -> str:
+    """What computes a board (this module and the leaderboard's): a kept board of other code is computed again. Read once
+    per process, when a board is first asked for, not at import."""
+    return hashlib.sha256(Path(__file__).read_bytes() + Path(leaderboard.__file__).read_bytes()).hexdigest()
 
 
 def _cached_board(path: Path, state: str) -> Board | None:
