@@ -37,6 +37,8 @@ import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.raycluster import auth  # noqa: E402  (the tests' Ray token environment)
+
 SIDES = {"loop": ("loop", 1), "engine, 1 thread": ("daft", 1), "engine, 2 threads": ("daft", 2), "ray data, 2 workers": ("ray", 2)}
 """Each side: what runs it and on how many threads or workers."""
 MEMORY_SIDES = ("streamed", "whole")
@@ -213,7 +215,7 @@ def main() -> None:
             out = Path(tmp) / "out.json"
             # The Ray side's Ray takes a token of its own, set before Ray is imported: a local ray.init() would otherwise
             # write one to ~/.ray, which every later `ray start` on this machine would then require.
-            token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)} if SIDES[name][0] == "ray" else {}
+            token = auth(secrets.token_hex(32)) if SIDES[name][0] == "ray" else {}
             subprocess.run([sys.executable, __file__, "--side", name, "--copies", str(args.copies), "--out", str(out),
                             *(["--smoke"] if args.smoke else [])], check=True, env={**os.environ, **token})
             results[name] = json.loads(out.read_text())
