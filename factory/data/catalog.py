@@ -72,11 +72,12 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def file_io_properties(warehouse: str) -> dict[str, str]:
-    """What pyiceberg's file IO needs to reach the warehouse: for one in S3, the AWS variables that are set."""
+    """What pyiceberg's file IO needs to reach the warehouse: for one in S3, the AWS variables that are set and retries
+    that wait out the store's outage window (factory/data/s3_retry.py)."""
     if not warehouse.startswith("s3://"):
         return {}
     found = {prop: next((os.environ[n] for n in names if os.environ.get(n)), "") for prop, names in S3_PROPERTIES.items()}
-    return {prop: value for prop, value in found.items() if value}
+    return {**{prop: value for prop, value in found.items() if value}, "s3.retry-strategy-impl": "factory.data.s3_retry.OutageRetry"}
 
 
 def open_catalog(config: CatalogConfig) -> SqlCatalog:

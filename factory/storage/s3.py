@@ -9,6 +9,10 @@ region from `AWS_REGION` or `AWS_DEFAULT_REGION`, credentials from `AWS_ACCESS_K
 (`AWS_SESSION_TOKEN`) or, without them, what obstore finds itself (a web identity token on Kubernetes, instance
 metadata). Opening a store lists one key of its prefix, so that a missing bucket, an unreachable endpoint or refused
 credentials is one ConfigError naming the setting to change, before any work starts.
+
+Once open, a store rides out an outage: a request that finds the endpoint gone (refused or dropped connections, 5xx,
+timeouts of reads) is sent again with backoff for up to `FACTORY_STORE_OUTAGE_S` seconds (60 by default), so a
+server restarting under a training run costs it a pause, not the run. Past that the request fails naming the setting.
 """
 
 from __future__ import annotations
@@ -49,8 +53,14 @@ READ_BUFFER_BYTES = 8 << 20
 CONNECT_TIMEOUT = timedelta(seconds=5)
 REQUEST_TIMEOUT = timedelta(minutes=10)
 """One request, its body included (a part, a range, a streamed download's whole body)."""
-RETRIES, RETRY_TIMEOUT = 4, timedelta(seconds=30)
-"""Connection errors, 5xx and timeouts are retried with backoff; the check at open retries once."""
+OUTAGE_SETTING, OUTAGE_S, MAX_OUTAGE_S = "FACTORY_STORE_OUTAGE_S", 60.0, 100.0
+"""How long a request is retried while the endpoint does not answer (module docstring). At most 100 s: a lease's
+holder renews it every 10 s and loses it after 120 s of silence (factory/registry/lease.py), so a holder waiting out an
+outage must not look dead to the others."""
+RETRIES_AT_OPEN = 1
+"""The check at open retries once: an endpoint that does not answer then is a setting to fix, not an outage."""
+BACKOFF = {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=4), "base": 2}
+"""Retries 0.1 s, 0.2 s, 0.4 s... apart (with jitter), then every 4 s at most, until the outage window is spent."""
 CONFLICT_TRIES, CONFLICT_PAUSE_S = 6, 0.05
 """A conditional write answered 409 ConditionalRequestConflict is sent this many times in all, pausing 0.05 s, 0.1 s,
 0.2 s... between (`S3Store._conditional`)."""
@@ -65,25 +75,31 @@ class S3Settings:
     """None: AWS itself."""
     endpoint_setting: str
     region: str
+    outage_s: float = OUTAGE_S
+    """How long a request is retried while the endpoint does not answer (`FACTORY_STORE_OUTAGE_S`)."""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> S3Settings:
         endpoint_setting = next((name for name in ENDPOINT_SETTINGS if environ.get(name)), ENDPOINT_SETTINGS[1])
         region = next((environ[name] for name in REGION_SETTINGS if environ.get(name)), DEFAULT_REGION)
-        return cls(endpoint=environ.get(endpoint_setting) or None, endpoint_setting=endpoint_setting, region=region)
+        return cls(endpoint=environ.get(endpoint_setting) or None, endpoint_setting=endpoint_setting, region=region,
+                   outage_s=outage_window(environ.get(OUTAGE_SETTING, "")))
 
 
 class S3Store(ObjectStore):
     """Objects under `s3://bucket/prefix`; ETags are the server's, conditional writes are `If-None-Match`/`If-Match`."""
 
-    def __init__(self, bucket: str, prefix: str, settings: S3Settings, *, retries: int = RETRIES) -> None:
+    def __init__(self, bucket: str, prefix: str, settings: S3Settings, *, retries: int | None = None) -> None:
+        """`retries`: how many times a failed request is sent again, within the outage window; None: as many as fit."""
         self.bucket, self.prefix, self.settings = bucket, prefix, settings
         self.uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         endpoint = {"endpoint": settings.endpoint} if settings.endpoint else {}
+        window = timedelta(seconds=settings.outage_s)
         self._store = _ObstoreS3(bucket, prefix=prefix or None, region=settings.region, **endpoint,
                                  client_options={"allow_http": (settings.endpoint or "").startswith("http://"),
                                                  "connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT},
-                                 retry_config={"max_retries": retries, "retry_timeout": RETRY_TIMEOUT})
+                                 retry_config={"max_retries": (1 << 16) if retries is None else retries, "retry_timeout": window,
+                                               "backoff": BACKOFF})
 
     @classmethod
     def from_uri(cls, uri: str, setting: str) -> S3Store:
@@ -99,7 +115,7 @@ class S3Store(ObjectStore):
             except ArtifactError as e:
                 raise ConfigError(f"{setting}={uri}: the prefix {e}") from e
         settings = S3Settings.from_environment(os.environ)
-        cls(parts.netloc, prefix, settings, retries=1)._check(setting)
+        cls(parts.netloc, prefix, settings, retries=RETRIES_AT_OPEN)._check(setting)
         return cls(parts.netloc, prefix, settings)
 
     def _check(self, setting: str) -> None:
@@ -207,7 +223,7 @@ class S3Store(ObjectStore):
                 raise self.missing(key) from None
 
             def fill(fd: int) -> None:
-                for chunk in result.stream(min_chunk_size=READ_BUFFER_BYTES):
+                for chunk in result.stream(min_chunk_size=READ_BUFFER_BYTES):  # a body cut short is resumed by obstore
                     write_all(fd, chunk)
 
             write_file_atomically(path, fill)
@@ -222,7 +238,7 @@ class S3Store(ObjectStore):
 
     def _list(self, prefix: str) -> dict[str, str]:
         directory = prefix.rpartition("/")[0]  # obstore lists by whole segments: the rest of the prefix is filtered here
-        with self._request("list", prefix or "/"):
+        with self._request("list", prefix):
             metas = [meta for chunk in obstore.list(self._store, directory or None) for meta in chunk]
         return {meta["path"]: _etag(meta, meta["path"]) for meta in metas if meta["path"].startswith(prefix) and _valid(meta["path"])}
 
@@ -241,7 +257,9 @@ class S3Store(ObjectStore):
             raise  # outcomes the hooks handle
         except BaseError as e:
             where = self.settings.endpoint or "AWS S3"
-            raise StorageError(f"{self.uri}/{key}: {what} failed at {where} ({_reason(e)})") from e
+            waited = (f"; still failing after {self.settings.outage_s:g} s of retries: rerun once it answers, or allow "
+                      f"longer outages with {OUTAGE_SETTING} (at most {MAX_OUTAGE_S:g} s)") if _RETRIED.search(str(e)) else ""
+            raise StorageError(f"{self.uri}/{key}: {what} failed at {where} ({_reason(e)}){waited}") from e
 
 
 class _RangeReader(io.RawIOBase):
@@ -281,6 +299,24 @@ def _etag(meta: Mapping, key: str) -> str:
     if not etag:
         raise StorageError(f"{key}: the server sent no ETag, which conditional writes need: this S3 server cannot hold the store")
     return etag
+
+
+def outage_window(text: str) -> float:
+    """`FACTORY_STORE_OUTAGE_S` as seconds: the default when empty, else a number of seconds from 0 to MAX_OUTAGE_S."""
+    if not text.strip():
+        return OUTAGE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_OUTAGE_S:  # NaN fails both
+        raise ConfigError(f"{OUTAGE_SETTING}={text}: give the seconds a store request is tried again while the endpoint "
+                          f"does not answer, from 0 to {MAX_OUTAGE_S:g} (default {OUTAGE_S:g})")
+    return seconds
+
+
+_RETRIED = re.compile(r"\bafter [1-9]\d* retr(y|ies)\b")
+"""obstore's words for a request it sent again until its retries or the outage window ran out."""
 
 
 def _valid(key: str) -> bool:

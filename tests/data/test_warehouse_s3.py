@@ -73,3 +73,26 @@ def test_an_object_store_source_reads_the_objects_its_globs_match_and_copies_the
                  "source of kind `directory`)")]
         with pytest.raises(ConfigError, match=r"source\.uri=s3://no-such-bucket/corpus: .* has no bucket 'no-such-bucket'"):
             source_files(SourceConfig.model_validate({"kind": "object-store", "uri": "s3://no-such-bucket/corpus"}))
+
+
+def test_a_table_read_waits_out_an_endpoint_that_comes_back_within_the_outage_window(tmp_path, monkeypatch):
+    """pyarrow, under pyiceberg, retries for the store's outage window (factory/data/s3_retry.py), not its default three
+    times in about a tenth of a second."""
+    import threading
+    import time
+
+    with running_s3() as server:
+        for name, value in {**server.env(), "FACTORY_STORE": server.url, "FACTORY_STORE_OUTAGE_S": "30"}.items():
+            monkeypatch.setenv(name, value)
+        catalog = open_catalog(CatalogConfig.at(tmp_path))
+        written = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n", "b.py": "b = 2\n"}), LOG)
+        server.kill()
+        back = threading.Timer(2.0, server.restart)
+        back.start()
+        cut = time.monotonic()
+        try:
+            batches = stream_version(catalog, TABLE, written.snapshot_id, ("path", "text"))
+            assert sorted(path for batch in batches for path in batch.column("path").to_pylist()) == ["a.py", "b.py"]
+            assert time.monotonic() - cut >= 1.5  # read after the endpoint came back, not before it went
+        finally:
+            back.join()

@@ -2,14 +2,18 @@
 one experiment through Dagster end to end. Every artifact and table file is in the bucket and none under the local root;
 a second run computes nothing; Podium browses and generates from the bucket; lineage and `data batch` read it; the model
 reproduces from it and is promoted in it; the leaderboard reads it; `registry verify` names a changed object;
-an object deleted from the bucket is found by `plan` and computed again."""
+an object deleted from the bucket is found by `plan` and computed again. The endpoint goes away twice while a training
+saves its checkpoints there: for a few seconds, which the run waits out, and for longer than `FACTORY_STORE_OUTAGE_S`,
+which fails the run saying so; the rerun resumes from the last checkpoint the bucket holds."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -26,19 +30,38 @@ def factory(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, timeout=600, env=env)
 
 
+def run_through_outage(server, registry: ObjectRegistry, args: list[str], env: dict[str, str],
+                       outage_s: float) -> tuple[subprocess.CompletedProcess, bool]:
+    """`factory ARGS`, its endpoint taken away for `outage_s` seconds once a training has saved a checkpoint in the
+    bucket (its work directory's first objects); whether the run was still going when the endpoint came back."""
+    process = subprocess.Popen([sys.executable, "-m", "factory", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    while not registry.store.list("work/"):
+        assert process.poll() is None, f"the run ended before a checkpoint was in the bucket:\n{process.communicate()[1][-3000:]}"
+        time.sleep(0.1)
+    server.kill()
+    try:
+        time.sleep(outage_s)
+        going = process.poll() is None
+    finally:
+        server.restart()
+    stdout, stderr = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), going
+
+
 def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reruns_from_it(tmp_path, monkeypatch):
     path, root = small_experiment(tmp_path), tmp_path / "state"
-    path.write_text(path.read_text().replace("steps: 100000", "steps: 30"))
-    with running_s3(relay=False) as server:
+    path.write_text(path.read_text().replace("steps: 100000", "steps: 200"))  # a checkpoint in the bucket every 20 steps
+    with running_s3() as server:
         for name, value in {**server.env(), "FACTORY_STORE": server.url}.items():
             monkeypatch.setenv(name, value)
         env = {**os.environ, "FACTORY_TRACKER": "none"}
-        run = factory("run", str(path), "--root", str(root), env=env)
+        registry = ObjectRegistry(open_store(f"{server.url}/registry"), tmp_path / "reader")
+        run, going = run_through_outage(server, registry, ["run", str(path), "--root", str(root)], env, outage_s=3)  # the default: 60 s
         assert run.returncode == 0, run.stderr[-3000:]
+        assert going, "the run had finished when the endpoint came back: the outage tested nothing"
         assert f"artifacts: {server.url}/registry/objects" in run.stdout
         assert f"tables in {server.url}/warehouse" in run.stdout
 
-        registry = ObjectRegistry(open_store(f"{server.url}/registry"), tmp_path / "reader")
         kinds = {m.kind: m for m in registry.manifests()}
         assert {"raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer", "pretrain", "model"} <= kinds.keys()
         assert all(registry.lookup(m.fingerprint, rehash=True) == m for m in kinds.values())
@@ -111,6 +134,16 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         registry.store.delete(f"objects/{pretrain.digest}/{sorted(pretrain.files)[0]}")
         plan = factory("plan", str(path), "--root", str(root), "--json", env=env)
         assert {s["kind"]: s["status"] for s in json.loads(plan.stdout)["stages"]}["pretrain"] == "run"
+        # The training computed again loses its endpoint for longer than its window: the run fails saying so; the rerun
+        # resumes from the checkpoint it saved in the bucket before.
+        cut, _ = run_through_outage(server, registry, ["run", str(path), "--root", str(root)], {**env, "FACTORY_STORE_OUTAGE_S": "1"},
+                                    outage_s=4)
+        [said] = [line for line in cut.stderr.splitlines() if line.startswith("error: ")]
+        assert cut.returncode == 1 and said.startswith("error: pretrain: s3://factory-test/factory/registry/"), cut.stderr[-3000:]
+        assert "still failing after 1 s of retries: rerun once it answers, or allow longer outages with FACTORY_STORE_OUTAGE_S" in said
+        assert registry.lookup(pretrain.fingerprint, rehash=True) is None
         again = factory("run", str(path), "--root", str(root), env=env)
         assert again.returncode == 0, again.stderr[-3000:]
+        resumed = re.search(r"pretrain - resuming from step_\d+\.pt at step (\d+) of 200", again.stderr)
+        assert resumed and 20 <= int(resumed[1]) < 200, again.stderr[-3000:]
         assert registry.lookup(pretrain.fingerprint, rehash=True) is not None

@@ -241,7 +241,7 @@ def test_two_waiters_at_one_abandoned_lease_never_both_hold_it(registry):
 
 def test_the_server_going_away_in_the_middle_of_a_publish_leaves_no_manifest_and_the_rerun_succeeds(tmp_path, monkeypatch):
     with running_s3() as server:
-        for name, value in server.env().items():
+        for name, value in {**server.env(), "FACTORY_STORE_OUTAGE_S": "0.5"}.items():  # gone for longer than the store waits
             monkeypatch.setenv(name, value)
         registry = ObjectRegistry(open_store(server.url), tmp_path / "local")
         big = {f"part-{i}.bin": os.urandom(1 << 20) for i in range(24)}

@@ -1,5 +1,9 @@
 """Opening a store: a location that cannot work is one ConfigError naming the setting to change, before any work; an
-S3 endpoint that goes away later is a StorageError, and the objects are there again when it is back."""
+S3 endpoint that goes away later is waited for, within `FACTORY_STORE_OUTAGE_S`, and past it is a StorageError naming that
+setting; the objects are there again when it is back."""
+
+import threading
+import time
 
 import pytest
 
@@ -61,16 +65,53 @@ def test_refused_credentials_name_the_variables(monkeypatch):
     assert "refused the credentials: check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (InvalidAccessKeyId" in message
 
 
-def test_an_endpoint_that_goes_away_is_a_storage_error_and_the_objects_are_there_when_it_is_back(aws):
+def test_an_endpoint_gone_longer_than_the_outage_window_is_a_storage_error_and_the_objects_are_there_when_it_is_back(aws, monkeypatch):
+    monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "0.5")
     store = open_store(f"{aws.url}/outage")
     etag = store.create("manifests/a.json", b"{}")
     aws.kill()
     try:
-        with pytest.raises(StorageError, match=r"s3://factory-test/factory/outage/manifests/a.json: read failed at http://127\.0\.0\.1:\d+ "):
+        with pytest.raises(StorageError, match=r"s3://factory-test/factory/outage/manifests/a.json: read failed at http://127\.0\.0\.1:\d+ ") as raised:
             store.get("manifests/a.json", limit=100)
+        assert str(raised.value).endswith("still failing after 0.5 s of retries: rerun once it answers, or allow longer outages "
+                                          "with FACTORY_STORE_OUTAGE_S (at most 100 s)")
         with pytest.raises(StorageError, match="create failed"):
             store.create("manifests/b.json", b"{}")
+        with pytest.raises(StorageError, match=r"s3://factory-test/factory/outage/: list failed"):
+            store.list()
     finally:
         aws.restart()
     assert store.get("manifests/a.json", limit=100).etag == etag
     assert store.list() == ["manifests/a.json"]
+
+
+def test_an_endpoint_back_within_the_outage_window_costs_a_pause_not_an_error(aws, monkeypatch):
+    monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "30")
+    store = open_store(f"{aws.url}/pause")
+    etag = store.create("manifests/a.json", b"{}")
+    for request in (lambda: store.get("manifests/a.json", limit=100).etag == etag, lambda: store.create("manifests/b.json", b"{}") is not None):
+        aws.kill()
+        back = threading.Timer(1.5, aws.restart)
+        back.start()
+        cut = time.monotonic()
+        try:
+            assert request()
+            assert time.monotonic() - cut >= 1.0  # it did wait for the endpoint (the kill is not a no-op)
+        finally:
+            back.join()
+    assert store.list() == ["manifests/a.json", "manifests/b.json"]
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "101", "nan"])
+def test_an_outage_window_that_is_not_seconds_up_to_100_names_the_setting(aws, monkeypatch, value):
+    monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", value)
+    assert one_line_config_error(f"{aws.url}/window").startswith(f"FACTORY_STORE_OUTAGE_S={value}: give the seconds a store request is tried again")
+
+
+def test_a_lease_holder_waiting_out_the_longest_outage_still_looks_alive():
+    """A holder renews its lease every LEASE_HEARTBEAT_S; a renewal that waits out the longest outage lands before the
+    others may take the lease over."""
+    from factory.registry.lease import LEASE_HEARTBEAT_S, LEASE_STALE_S
+    from factory.storage.s3 import MAX_OUTAGE_S
+
+    assert LEASE_HEARTBEAT_S + MAX_OUTAGE_S < LEASE_STALE_S

@@ -1,0 +1,28 @@
+"""How long the Iceberg warehouse's reads and writes wait for an S3 endpoint that went away: the store's outage window
+(`FACTORY_STORE_OUTAGE_S`, factory/storage/s3.py), so a table read under a training rides out the same outage as its
+checkpoints. pyiceberg's file IO reaches S3 through pyarrow, which builds this strategy from its import path with no
+arguments (the `s3.retry-strategy-impl` property, set in factory/data/catalog.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from pyarrow.fs import AwsDefaultS3RetryStrategy
+
+from factory.storage.s3 import OUTAGE_SETTING, outage_window
+
+SCALE_S = 0.025
+"""The AWS SDK's default strategy waits about 2^k x 25 ms before its retry k: 50 ms, 0.1 s, 0.2 s... doubling."""
+
+
+def retries_within(window_s: float) -> int:
+    """The most retries whose waits add up to at most `window_s` seconds (25 ms x (2^(n+1) - 2) for n), at least one."""
+    return max(1, int(math.log2(window_s / SCALE_S + 2)) - 1)
+
+
+class OutageRetry(AwsDefaultS3RetryStrategy):
+    """pyarrow's default S3 retry strategy, with as many retries as fit in the outage window."""
+
+    def __init__(self) -> None:
+        super().__init__(max_attempts=retries_within(outage_window(os.environ.get(OUTAGE_SETTING, ""))))
