@@ -242,11 +242,11 @@ class ObjectRegistry(Scratch):
         saved in the store (`save_work`; a run that stopped elsewhere has no copy here): bytes of both copies, the later
         change of the two."""
         found = super().works()
-        for key in self.store.list("work/"):
+        for key, listed in self.store.listing("work/").items():  # one listing: sizes and times without a request per object
             fingerprint = key.removeprefix("work/").split("/", 1)[0]
-            if NAME.match(fingerprint) and (info := self.store.stat(key)) is not None:
+            if NAME.match(fingerprint):
                 size, changed = found.get(fingerprint, (0, 0.0))
-                found[fingerprint] = (size + info.size, max(changed, info.modified))
+                found[fingerprint] = (size + listed.size, max(changed, listed.modified))
         return dict(sorted(found.items()))
 
     def drop_work(self, fingerprint: str) -> None:

@@ -49,6 +49,16 @@ class Stat:
     """When it was last written: POSIX seconds (the store's clock)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Listed:
+    """What a listing says of each object: no object is read or asked about one by one."""
+
+    etag: str
+    size: int
+    modified: float
+    """When it was last written: POSIX seconds (the store's clock)."""
+
+
 def check_key(key: str) -> str:
     """`key` if it is a valid key: relative, `/`-separated, no empty segment, no segment starting with `.` (`.` and `..`,
     and the local backend's temp and lock files), no NUL or other control character, at most `MAX_KEY_BYTES`."""
@@ -138,6 +148,10 @@ class ObjectStore(ABC):
 
     def versions(self, prefix: str = "") -> dict[str, str]:
         """The keys that start with `prefix`, sorted, each with its ETag: from the listing alone, no object read."""
+        return {key: listed.etag for key, listed in self.listing(prefix).items()}
+
+    def listing(self, prefix: str = "") -> dict[str, Listed]:
+        """The keys that start with `prefix`, sorted, each with its ETag, size and last change: from the listing alone."""
         return dict(sorted(self._list(check_prefix(prefix)).items()))
 
     def delete(self, key: str) -> None:
@@ -179,8 +193,8 @@ class ObjectStore(ABC):
     def _open_read(self, key: str) -> BinaryIO: ...
 
     @abstractmethod
-    def _list(self, prefix: str) -> dict[str, str]:
-        """Key -> ETag of every object whose key starts with `prefix`."""
+    def _list(self, prefix: str) -> dict[str, Listed]:
+        """Key -> what the listing says of it, for every object whose key starts with `prefix`."""
 
     @abstractmethod
     def _delete(self, key: str) -> None: ...

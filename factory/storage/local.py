@@ -31,7 +31,7 @@ from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from factory.errors import ArtifactError, ConfigError
-from factory.storage.base import RESERVED, Blob, ObjectStore, Stat, too_large
+from factory.storage.base import RESERVED, Blob, Listed, ObjectStore, Stat, too_large
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -119,7 +119,7 @@ class LocalStore(ObjectStore):
             raise self.missing(key)
         return os.fdopen(fd, "rb")
 
-    def _list(self, prefix: str) -> dict[str, str]:
+    def _list(self, prefix: str) -> dict[str, Listed]:
         directory = prefix.rpartition("/")[0]
         keys = {}
         with self._directory(directory.split("/") if directory else [], prefix) as parent:
@@ -133,7 +133,7 @@ class LocalStore(ObjectStore):
                     if not name.startswith(RESERVED) and key.startswith(prefix):
                         info = _lstat(top_fd, name)
                         if info is not None and stat.S_ISREG(info.st_mode):
-                            keys[key] = _etag(info)
+                            keys[key] = Listed(etag=_etag(info), size=info.st_size, modified=info.st_mtime)
         return keys
 
     def _delete(self, key: str) -> None:

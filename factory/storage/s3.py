@@ -36,7 +36,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedEr
 from obstore.store import S3Store as _ObstoreS3
 
 from factory.errors import ArtifactError, ConfigError, StorageError
-from factory.storage.base import Blob, ObjectStore, Stat, check_key, too_large
+from factory.storage.base import Blob, Listed, ObjectStore, Stat, check_key, too_large
 from factory.storage.local import write_all, write_file_atomically
 
 ENDPOINT_SETTINGS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -236,11 +236,12 @@ class S3Store(ObjectStore):
                 raise self.missing(key) from None
         return io.BufferedReader(_RangeReader(reader, self, key), buffer_size=io.DEFAULT_BUFFER_SIZE)
 
-    def _list(self, prefix: str) -> dict[str, str]:
+    def _list(self, prefix: str) -> dict[str, Listed]:
         directory = prefix.rpartition("/")[0]  # obstore lists by whole segments: the rest of the prefix is filtered here
         with self._request("list", prefix):
             metas = [meta for chunk in obstore.list(self._store, directory or None) for meta in chunk]
-        return {meta["path"]: _etag(meta, meta["path"]) for meta in metas if meta["path"].startswith(prefix) and _valid(meta["path"])}
+        return {meta["path"]: Listed(etag=_etag(meta, meta["path"]), size=meta["size"], modified=meta["last_modified"].timestamp())
+                for meta in metas if meta["path"].startswith(prefix) and _valid(meta["path"])}
 
     def _delete(self, key: str) -> None:
         with self._request("delete", key):

@@ -57,6 +57,18 @@ def test_stat_says_size_etag_and_when_written_without_a_sha256_nobody_recorded(s
     assert store.stat("a/c") is None
 
 
+def test_a_listing_says_what_stat_says_of_each_object_without_asking_it(store: ObjectStore):
+    store.put("work/f/one.pt", b"x" * 300)
+    store.create("work/f/one.json", b"{}")
+    store.put("work/g/two.pt", b"y")
+    listed = store.listing("work/f/")
+    assert list(listed) == ["work/f/one.json", "work/f/one.pt"]
+    for key, entry in listed.items():
+        info = store.stat(key)
+        assert (entry.etag, entry.size) == (info.etag, info.size) and abs(entry.modified - info.modified) < 1  # S3: whole seconds either way
+    assert store.versions("work/") == {key: entry.etag for key, entry in store.listing("work/").items()}
+
+
 def test_upload_and_download_round_trip_a_file_in_parts_with_its_sha256(store: ObjectStore, tmp_path):
     source = tmp_path / "weights.bin"
     source.write_bytes(os.urandom(PART_BYTES + 1000))  # S3: two parts
