@@ -74,6 +74,8 @@ def print_stages(experiment: Experiment, result: ExecuteInProcessResult) -> None
             continue  # many per run; the training stage's log counts them
         metadata = {key: value.value for key, value in materialization.metadata.items()}
         computed = "reused" if metadata.get("cache") == "hit" else "computed"
-        artifact = os.path.relpath(metadata["artifact"]) if "artifact" in metadata else ""
+        artifact = metadata.get("artifact", "")
+        if artifact and "://" not in artifact:  # a directory here, not an object store's prefix
+            artifact = os.path.relpath(artifact)
         table.add_row(materialization.asset_key.to_user_string(), computed, artifact)
     Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)

@@ -57,7 +57,7 @@ def production_model(context: AssetExecutionContext, config: PromotionConfig, st
             "alias": config.alias, "model": now.model, "experiment": promoted["experiment"], "git_commit": promoted["git_commit"],
             "promoted_by": promoted["by"], "promoted_at": promoted["at"], "reason": promoted["reason"],
             "allowed_by": promoted["allowed_by"], "checks": promoted["checks"],
-            "artifact": MetadataValue.path(str(registry.path(now.model))), "history": MetadataValue.json(history),
+            "artifact": MetadataValue.path(registry.where(now.model)), "history": MetadataValue.json(history),
         },
         data_version=DataVersion(now.model),
     )

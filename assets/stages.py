@@ -150,7 +150,7 @@ def base_tags(base: Base | None) -> dict[str, str]:
 def base_links(base: Base, registry: ArtifactStore) -> dict[str, MetadataValue]:
     """The model a stage starts from, on its materialization: how `from` resolved, the base experiment's `model` partition
     in the UI and the artifact."""
-    links = {"starts_from": MetadataValue.text(base.said), "base_model": MetadataValue.path(str(registry.path(base.digest)))}
+    links = {"starts_from": MetadataValue.text(base.said), "base_model": MetadataValue.path(registry.where(base.digest))}
     if base.experiment:
         links["base_experiment"] = MetadataValue.url(f"/assets/{model_kind().name}?partition={quote(base.experiment)}")
     return links
@@ -172,7 +172,7 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
         "git_dirty": provenance.git_commit.endswith("-dirty"),
         "cache": "hit",
         "cached_from": f"{manifest.experiment} (run {manifest.run_id or 'outside Dagster'})",
-        "artifact": MetadataValue.path(str(registry.path(manifest.digest))),
+        "artifact": MetadataValue.path(registry.where(manifest.digest)),
         **{name: MetadataValue.url(url) for name, url in table_links(manifest.summary).items()},
     }
 

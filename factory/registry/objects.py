@@ -76,6 +76,11 @@ class ObjectRegistry(Scratch):
         except ArtifactError:
             return self._copy(digest)
 
+    def where(self, digest: str) -> str:
+        """Where a published artifact is, to show people and Dagster: its prefix in the store, fetching nothing (`path`
+        copies the whole artifact here)."""
+        return f"{self.location}/objects/{_check(DIGEST, digest, 'an artifact digest (64 hex digits)')}"
+
     def _copy(self, digest: str) -> Path:
         _check(DIGEST, digest, "an artifact digest (64 hex digits)")
         return self.root / "cache" / "objects" / digest

@@ -186,6 +186,10 @@ class ArtifactStore(Scratch):
             raise ArtifactError(f"{digest!r} is not an artifact digest (64 hex digits)")
         return self.root / "objects" / digest
 
+    def where(self, digest: str) -> str:
+        """Where a published artifact is, to show people and Dagster: here, its directory."""
+        return str(self.path(digest))
+
     def lookup(self, fingerprint: str, rehash: bool = False) -> Manifest | None:
         """The manifest for a fingerprint if its artifact is published and intact, else None.
 

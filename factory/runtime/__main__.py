@@ -88,7 +88,7 @@ def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
             reporter.log.info("published %s artifact %s", spec.kind, manifest.digest[:12])
         if warnings := manifest.summary.get(WARNINGS):
             reporter.log.warning("%s: %s", spec.kind, warnings)
-        artifact = {"raw_value": str(registry.path(manifest.digest)), "type": "path"}
+        artifact = {"raw_value": registry.where(manifest.digest), "type": "path"}
         links = {name: {"raw_value": url, "type": "url"} for name, url in table_links(manifest.summary).items()}
         reporter.materialized({**as_metadata(manifest.metadata()), "cache": cache, "artifact": artifact, **links}, manifest.digest)
 

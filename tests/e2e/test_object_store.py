@@ -61,6 +61,7 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         assert going, "the run had finished when the endpoint came back: the outage tested nothing"
         assert f"artifacts: {server.url}/registry/objects" in run.stdout
         assert f"tables in {server.url}/warehouse" in run.stdout
+        assert f"{server.url}/registry/objects/" in run.stderr  # the stage table shows where each artifact is: the bucket
 
         kinds = {m.kind: m for m in registry.manifests()}
         assert {"raw_datasets", "deduped_datasets", "filtered_datasets", "blend", "tokenizer", "pretrain", "model"} <= kinds.keys()

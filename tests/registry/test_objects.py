@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.errors import ConfigError, FactoryError
+from factory.errors import ArtifactError, ConfigError, FactoryError
 from factory.registry.objects import ObjectRegistry
 from factory.registry.store import Provenance
 from factory.storage import ObjectStore, open_store
@@ -319,3 +319,12 @@ def test_a_cache_bound_that_is_no_number_is_refused_naming_it(registry, monkeypa
     monkeypatch.setenv("FACTORY_STORE_CACHE_GB", "lots")
     with pytest.raises(ConfigError, match="FACTORY_STORE_CACHE_GB='lots': give the local copies' bound in GB"):
         registry.open(digest)
+
+
+def test_where_an_artifact_is_shown_is_its_prefix_in_the_store_and_showing_it_fetches_nothing(registry):
+    manifest = publish(registry, "fp-shown")
+    assert registry.where(manifest.digest) == f"{registry.store.uri}/objects/{manifest.digest}"
+    assert not (registry.root / "cache" / "objects" / manifest.digest).exists()  # `path` would have copied it here
+    assert registry.path(manifest.digest).is_dir()
+    with pytest.raises(ArtifactError, match="is not an artifact digest"):
+        registry.where("../manifests")
