@@ -9,10 +9,13 @@ order. Nothing is listed by hand, so a section added to the schema appears on th
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import inspect
 import json
 import string
 import sys
+import textwrap
 import types
 from collections.abc import Iterator
 from decimal import Decimal
@@ -96,7 +99,7 @@ def section_markdown(path: str, model: type[BaseModel]) -> str:
     for name, field in model.model_fields.items():
         default = describe_default(field) if field.is_required() else _code(describe_default(field))
         cells = (f"`{_join(path, field.alias or name)}`", _code(describe_type(field.annotation)), default,  # `from`, as files write it
-                 describe_bounds(field), describe_field(field))
+                 describe_bounds(field), describe_field(field, model, name))
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -156,14 +159,31 @@ def describe_bounds(field: FieldInfo) -> str:
     return ", ".join(ranges + sizes)
 
 
-def describe_field(field: FieldInfo) -> str:
-    """The field's docstring, or for a section-valued field without one, the section's own docstring."""
-    if field.description:
-        return inspect.cleandoc(field.description)
+def describe_field(field: FieldInfo, model: type[BaseModel], name: str) -> str:
+    """The field's description: the `description` it was given, else the docstring under it in the class that declares it,
+    else for a section-valued field the section's own docstring."""
+    declared = next((cls for cls in model.__mro__ if name in vars(cls).get("__annotations__", {})), None)
+    if text := field.description or (attribute_docstrings(declared).get(name) if declared else None):
+        return inspect.cleandoc(text)
     for _, model in _sections_in(field.annotation, ""):
         if model.__doc__:
             return inspect.cleandoc(model.__doc__).split("\n\n")[0]
     return ""
+
+
+@functools.cache
+def attribute_docstrings(cls: type) -> dict[str, str]:
+    """{field: the string literal right under its annotated assignment} in the body of `cls` as its source file has it
+    (none for a class built at run time, which has no source)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    [definition] = ast.parse(source).body
+    body = definition.body if isinstance(definition, ast.ClassDef) else []
+    return {statement.target.id: following.value.value for statement, following in zip(body, body[1:])
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant) and isinstance(following.value.value, str)}
 
 
 def _sections_in(annotation: Any, path: str) -> Iterator[tuple[str, type[BaseModel]]]:

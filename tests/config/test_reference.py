@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic import Field
+from pydantic._internal._docs_extraction import extract_docstrings_from_cls
 
 from factory.config import Experiment
 from factory.config.reference import build_reference, main
@@ -54,15 +55,35 @@ def rows(page: str) -> dict[str, list[str]]:
     return found
 
 
-def schema_fields(schema: dict[str, Any], defs: dict[str, Any], path: str = "") -> Iterator[tuple[str, str]]:
+def sections_by_name() -> dict[str, type[Section]]:
+    """Every section class loaded, by the name pydantic's JSON schema gives it."""
+    found, pending = {}, [Section]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.__name__, cls)
+        pending += cls.__subclasses__()
+    return found
+
+
+def field_docstring(cls: type, name: str) -> str:
+    """The docstring under field `name` in the class of `cls`'s MRO that declares it, read by pydantic's own extractor."""
+    for owner in cls.__mro__:
+        if name in vars(owner).get("__annotations__", {}):
+            return extract_docstrings_from_cls(owner, use_inspect=True).get(name, "")
+    return ""
+
+
+def schema_fields(schema: dict[str, Any], defs: dict[str, Any], path: str = "", cls: type = Experiment) -> Iterator[tuple[str, str]]:
     """(dotted path, expected description) of every field, walked through pydantic's JSON schema, not the reference's walker."""
+    classes = sections_by_name()
     for name, prop in schema["properties"].items():
         dotted = f"{path}.{name}" if path else name
         refs = list(refs_in(prop, dotted))
-        description = prop.get("description") or (defs[refs[0][1]]["description"].split("\n\n")[0] if refs else "")
+        field = next(n for n, info in cls.model_fields.items() if (info.alias or n) == name)
+        description = field_docstring(cls, field) or (defs[refs[0][1]]["description"].split("\n\n")[0] if refs else "")
         yield dotted, " ".join(description.split())
         for nested_path, ref in refs:
-            yield from schema_fields(defs[ref], defs, nested_path)
+            yield from schema_fields(defs[ref], defs, nested_path, classes[ref])
 
 
 def refs_in(prop: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
