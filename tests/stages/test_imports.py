@@ -85,3 +85,29 @@ def test_a_warm_interpreter_imports_what_opening_the_catalog_and_writing_a_table
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", f"opening the catalog imported what the warm interpreter had not: {done.stdout[:500]}"
+
+
+def modules_of(args: list[str]) -> set[str]:
+    """Every module a Python process with these arguments imports, by its full name."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+
+
+SAVE_AND_LOAD = """
+import logging, sys, torch
+from pathlib import Path
+from factory.train.checkpoint import CheckpointDir, RetentionPolicy, load_checkpoint
+store = CheckpointDir(Path(sys.argv[1]), RetentionPolicy(), logging.getLogger("t"), sharded=sys.argv[2] == "sharded")
+store.save(1, {"w": torch.ones(3)}, {"loss": 1.0})
+[saved] = store.complete()
+assert torch.equal(load_checkpoint(saved.path, saved.sha256)["w"], torch.ones(3))
+"""
+
+
+def test_a_single_file_checkpoint_is_saved_and_loaded_without_importing_torch_distributed_checkpoint(tmp_path):
+    """torch.distributed.checkpoint (and DTensor with it) takes 1.6 s to import beside torch's 3: an evaluation or a model
+    stage reading a single-file checkpoint does without it; a sharded one needs it."""
+    assert "torch.distributed.checkpoint" not in modules_of(["-c", SAVE_AND_LOAD, str(tmp_path / "file"), "file"])
+    assert "torch.distributed.checkpoint" in modules_of(["-c", SAVE_AND_LOAD, str(tmp_path / "sharded"), "sharded"])
