@@ -94,7 +94,6 @@ def modules_of(args: list[str]) -> set[str]:
     return {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
 
 
-
 SAVE_AND_LOAD = """
 import logging, sys, torch
 from pathlib import Path
