@@ -165,9 +165,9 @@ def describe_field(field: FieldInfo, model: type[BaseModel], name: str) -> str:
     declared = next((cls for cls in model.__mro__ if name in vars(cls).get("__annotations__", {})), None)
     if text := field.description or (attribute_docstrings(declared).get(name) if declared else None):
         return inspect.cleandoc(text)
-    for _, model in _sections_in(field.annotation, ""):
-        if model.__doc__:
-            return inspect.cleandoc(model.__doc__).split("\n\n")[0]
+    for _, section in _sections_in(field.annotation, ""):
+        if section.__doc__:
+            return inspect.cleandoc(section.__doc__).split("\n\n")[0]
     return ""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,7 @@ def rows(page: str) -> dict[str, list[str]]:
     return found
 
 
+@functools.cache
 def sections_by_name() -> dict[str, type[Section]]:
     """Every section class loaded, by the name pydantic's JSON schema gives it."""
     found, pending = {}, [Section]
