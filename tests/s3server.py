@@ -8,7 +8,9 @@ one request handled at a time (a lock around it). `running_s3(parallel=True)` se
 
 Real S3 answers a conditional write that races another of the same key with 409 ConditionalRequestConflict, which moto
 never does: `S3Server.conflict(n)` makes the server answer the next `n` conditional PUTs so, writing nothing, as S3
-does for the write that lost the race.
+does for the write that lost the race. `S3Server.lose_replies(n)` makes it write the next `n` conditional PUTs and
+answer each 500 InternalError: a write whose answer never reached its client (S3 documents that a request it answered
+500 may have been carried out), which the client sends again.
 
 With `relay=True` the endpoint is a second process that relays connections to moto: `kill` SIGKILLs it (requests in
 flight are cut, new ones refused) and `restart` starts it again, and the objects written before are still there, as
@@ -43,6 +45,10 @@ READS_PATH = "/_factory/reads"
 """GET here: how many times each object was read (GET) since the server started, as JSON {path: count} (`S3Server.reads`)."""
 CONFLICTS_PATH = "/_factory/conflicts"
 """POST a count here: the next that many conditional writes are answered 409 (`S3Server.conflict`)."""
+LOST_PATH = "/_factory/lost"
+"""POST a count here: the next that many conditional writes are carried out and answered 500 (`S3Server.lose_replies`)."""
+LOST_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code><Message>We encountered an internal '
+             b'error. Please try again.</Message></Error>')
 CONFLICT_BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code><Message>A conflicting '
                  b'conditional operation is currently in progress against this resource.</Message></Error>')
 
@@ -80,6 +86,11 @@ class S3Server:
         """The next `count` conditional writes (`If-None-Match`/`If-Match`) are answered 409 ConditionalRequestConflict
         and write nothing (module docstring)."""
         request = urllib.request.Request(f"http://127.0.0.1:{self._moto_port}{CONFLICTS_PATH}", data=str(count).encode(), method="POST")
+        urllib.request.urlopen(request, timeout=10).close()
+
+    def lose_replies(self, count: int) -> None:
+        """The next `count` conditional writes are carried out and answered 500 InternalError (module docstring)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self._moto_port}{LOST_PATH}", data=str(count).encode(), method="POST")
         urllib.request.urlopen(request, timeout=10).close()
 
     def reads(self) -> dict[str, int]:
@@ -157,7 +168,7 @@ def _serve(port: int, parallel: bool) -> None:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
     moto = DomainDispatcherApplication(create_backend_app)
     lock = threading.Lock()
-    conflicts, counting = [0], threading.Lock()  # conditional writes still to answer 409
+    conflicts, lost, counting = [0], [0], threading.Lock()  # conditional writes still to answer 409, and 500 once written
     reads: dict[str, int] = {}
 
     def with_conflicts(environ, start_response):
@@ -169,11 +180,12 @@ def _serve(port: int, parallel: bool) -> None:
         if environ["REQUEST_METHOD"] == "GET" and not environ.get("QUERY_STRING"):  # an object read, not a listing
             with counting:
                 reads[environ["PATH_INFO"]] = reads.get(environ["PATH_INFO"], 0) + 1
-        if environ["PATH_INFO"] == CONFLICTS_PATH:
-            with counting:
-                conflicts[0] = int(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
-            start_response("204 No Content", [])
-            return []
+        for path, count in ((CONFLICTS_PATH, conflicts), (LOST_PATH, lost)):
+            if environ["PATH_INFO"] == path:
+                with counting:
+                    count[0] = int(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
+                start_response("204 No Content", [])
+                return []
         conditional = environ["REQUEST_METHOD"] == "PUT" and ("HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ)
         with counting:
             if conditional and conflicts[0] > 0:
@@ -181,6 +193,12 @@ def _serve(port: int, parallel: bool) -> None:
                 environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
                 start_response("409 Conflict", [("Content-Type", "application/xml"), ("Content-Length", str(len(CONFLICT_BODY)))])
                 return [CONFLICT_BODY]
+            losing = conditional and lost[0] > 0
+            lost[0] -= losing
+        if losing:
+            b"".join(moto(environ, lambda *_: None))  # carried out, its answer dropped
+            start_response("500 Internal Server Error", [("Content-Type", "application/xml"), ("Content-Length", str(len(LOST_BODY)))])
+            return [LOST_BODY]
         return moto(environ, start_response)
 
     def one_at_a_time(environ, start_response):

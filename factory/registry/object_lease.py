@@ -5,6 +5,10 @@ abandoned one, only by replacing the exact version it read (`If-Match: <etag>`):
 stale lease, one write wins and the other reads the winner and waits. Releasing replaces the holder's own version with
 a record that names no holder, so a release never removes a lease someone else took over in the meantime.
 
+A conditional write can be carried out and its answer lost (a cut connection, a 500): the client sends it again, and
+the second try is refused, since the first one changed the object. So a refused write is checked against what the
+lease holds: when that is this holder's own token, the write was its own, and it holds the lease (at that version).
+
 Who holds it, how old it is and when it counts as abandoned are judged as for a lease on disk (`factory.registry.lease`).
 """
 
@@ -70,6 +74,9 @@ def hold(
             if blob is None:
                 continue  # removed a moment ago: create it
             holder = _holder(store, key, blob)
+            if holder is not None and holder.token == token:  # this process's own write, whose answer was lost
+                held.etag = blob.etag
+                break
             why = "released" if holder is None else abandoned(holder, stale_after_s)
             if why is not None:
                 if holder is not None and on_takeover:
@@ -107,13 +114,20 @@ class _Held:
             with self.lock:
                 if self.etag is None:
                     return
-                self.etag = self.store.replace(self.key, self.record(), self.etag)
+                self.etag = self.store.replace(self.key, self.record(), self.etag) or self._own_version()
                 if self.etag is None:
                     return  # taken over: no longer ours to keep alive
 
     def record(self) -> bytes:
         """The lease's content, with a fresh beat."""
         return record(self.owner, self.token, self.needs)
+
+    def _own_version(self) -> str | None:
+        """The ETag of the lease when it holds this holder's token (a refused write that was this holder's own, its
+        answer lost), else None."""
+        blob = self.store.get(self.key, limit=LEASE_BYTES)
+        holder = None if blob is None else _holder(self.store, self.key, blob)
+        return blob.etag if holder is not None and holder.token == self.token else None
 
     def release(self) -> None:
         with self.lock:

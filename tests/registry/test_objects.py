@@ -218,6 +218,26 @@ def test_a_heartbeat_keeps_a_lease_and_a_taken_over_one_stops_beating(registry):
     assert registry.holder("fp-a") is None
 
 
+def test_a_lease_write_whose_answer_was_lost_is_known_as_its_own(s3, tmp_path, monkeypatch):
+    """A conditional write carried out but answered 500 is sent again and refused: the lease it wrote is still its
+    writer's (the create that takes it, the heartbeat that keeps it), not a teammate's to wait for or yield to."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    registry = ObjectRegistry(open_store(f"s3://{s3.bucket}/{uuid.uuid4().hex[:12]}"), tmp_path / "local")
+    key = "leases/fp-a.lease"
+    s3.lose_replies(1)
+    with registry.lease("fp-a", "me", heartbeat_s=0.05, wait=False):  # LeaseBusy if it took its own lease for another's
+        assert registry.holder("fp-a").owner == "me"
+        s3.lose_replies(1)  # a renewal's
+        beats, etag, deadline = 0, registry.store.get(key, limit=1 << 16).etag, time.monotonic() + 30
+        while beats < 3 and time.monotonic() < deadline:
+            if (now := registry.store.get(key, limit=1 << 16).etag) != etag:
+                beats, etag = beats + 1, now
+            time.sleep(0.02)
+        assert beats == 3, "the heartbeat stopped at the renewal whose answer was lost"
+    assert registry.holder("fp-a") is None
+
+
 def test_two_waiters_at_one_abandoned_lease_never_both_hold_it(registry):
     registry.store.put("leases/fp-a.lease", b"garbage")  # unreadable: abandoned once unchanged for 0.5 s
     inside, most, lock = [0], [0], threading.Lock()
