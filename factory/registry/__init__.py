@@ -20,9 +20,9 @@ STORE_ENV = "FACTORY_STORE"
 __all__ = ["STORE_ENV", "ArtifactStore", "Manifest", "Provenance", "git_commit", "open_registry"]
 
 
-def open_registry(local: str | Path) -> ArtifactStore | ObjectRegistry:
+def open_registry(local: str | Path, *, patient: bool = False) -> ArtifactStore | ObjectRegistry:
     """The registry: in `$FACTORY_STORE` (under `<store>/registry`, with `local` for staging, work and copies read)
-    when it names an object store, else on local disk at `local`."""
+    when it names an object store, else on local disk at `local`. `patient`: as `open_store`'s (a stage process)."""
     store = os.environ.get(STORE_ENV, "").strip()
     if not store:
         return ArtifactStore(local)
@@ -33,4 +33,4 @@ def open_registry(local: str | Path) -> ArtifactStore | ObjectRegistry:
     from factory.registry.objects import ObjectRegistry
     from factory.storage import open_store
 
-    return ObjectRegistry(open_store(f"{store.rstrip('/')}/registry"), local)
+    return ObjectRegistry(open_store(f"{store.rstrip('/')}/registry", patient=patient), local)

@@ -48,7 +48,7 @@ def run(request: StageRequest) -> None:
                 _run_main(request, reporter, world)
             elif broadcast(world, None) == "miss":
                 with tempfile.TemporaryDirectory(prefix="rank-") as scratch:
-                    registry = open_registry(request.registry)
+                    registry = open_registry(request.registry, patient=True)
                     runner(request.spec.kind)(StageContext(request=request, registry=registry, out=Path(scratch), reporter=reporter))
     finally:
         leave(world)
@@ -56,7 +56,7 @@ def run(request: StageRequest) -> None:
 
 def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:
     spec = request.spec
-    registry = open_registry(request.registry)
+    registry = open_registry(request.registry, patient=True)
     with registry.lease(
         spec.fingerprint,
         owner=f"{spec.kind} for {request.provenance.experiment} (pid {os.getpid()} on {socket.gethostname()})",

@@ -1,6 +1,6 @@
 """Where artifacts live: one `ObjectStore` protocol, a backend per URI scheme, and `open_store` to pick one.
 
-A new backend (GCS, Azure) is a module with an `ObjectStore` subclass that has a `from_uri(uri, setting)` classmethod,
+A new backend (GCS, Azure) is a module with an `ObjectStore` subclass that has a `from_uri(uri, setting, patient)` classmethod,
 and one entry in `BACKENDS`. Backends are imported when a store of their scheme is opened, so the local store never
 loads an S3 client.
 """
@@ -25,11 +25,13 @@ BACKENDS: dict[str, str] = {
 __all__ = ["BACKENDS", "MAX_KEY_BYTES", "STORE_ENV", "Blob", "ObjectStore", "Stat", "check_key", "check_prefix", "open_store"]
 
 
-def open_store(location: str | Path, *, setting: str = STORE_ENV) -> ObjectStore:
+def open_store(location: str | Path, *, setting: str = STORE_ENV, patient: bool = False) -> ObjectStore:
     """The store at `location`: a local directory (a plain path or `file://`), or a URI of a scheme in `BACKENDS`.
 
     A location that cannot be used (an unknown scheme; for S3, a missing bucket, an unreachable endpoint, refused
-    credentials) is a ConfigError naming `setting`, the setting the location came from, raised here, before any work."""
+    credentials) is a ConfigError naming `setting`, the setting the location came from, raised here, before any work.
+    `patient`: an endpoint that does not answer is waited for as an open store waits out an outage, not refused at once
+    (a stage process of a run whose store was checked when the run began: the endpoint has gone away since)."""
     text = str(location)
     scheme, separator, _ = text.partition("://")
     if not separator:
@@ -43,4 +45,4 @@ def open_store(location: str | Path, *, setting: str = STORE_ENV) -> ObjectStore
         known = ", ".join(f"{name}://" for name in BACKENDS)
         raise ConfigError(f"{setting}={text}: unknown scheme {scheme}://; the stores known are {known} (or a local directory)")
     module, _, name = BACKENDS[scheme].partition(":")
-    return getattr(importlib.import_module(module), name).from_uri(text, setting)
+    return getattr(importlib.import_module(module), name).from_uri(text, setting, patient)

@@ -48,8 +48,8 @@ class LocalStore(ObjectStore):
         self.uri = self.root.as_uri()
 
     @classmethod
-    def from_uri(cls, uri: str, setting: str) -> LocalStore:
-        """`file:///abs/dir` (or `file://localhost/abs/dir`)."""
+    def from_uri(cls, uri: str, setting: str, patient: bool = False) -> LocalStore:
+        """`file:///abs/dir` (or `file://localhost/abs/dir`); a directory is never waited for (`patient` is S3's)."""
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/") or parts.query or parts.fragment:
             raise ConfigError(f"{setting}={uri}: a file URI names an absolute local directory, as file:///abs/dir")

@@ -8,7 +8,9 @@ Settings are AWS's own variables: the endpoint from `AWS_ENDPOINT_URL_S3` or `AW
 region from `AWS_REGION` or `AWS_DEFAULT_REGION`, credentials from `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`
 (`AWS_SESSION_TOKEN`) or, without them, what obstore finds itself (a web identity token on Kubernetes, instance
 metadata). Opening a store lists one key of its prefix, so that a missing bucket, an unreachable endpoint or refused
-credentials is one ConfigError naming the setting to change, before any work starts.
+credentials is one ConfigError naming the setting to change, before any work starts. A stage process opens it
+`patient`: its run checked the store when it began, so an endpoint that does not answer now is an outage, waited out
+as below before the same error.
 
 Once open, a store rides out an outage: a request that finds the endpoint gone (refused or dropped connections, 5xx,
 timeouts of reads) is sent again with backoff for up to `FACTORY_STORE_OUTAGE_S` seconds (60 by default), so a
@@ -102,8 +104,9 @@ class S3Store(ObjectStore):
                                                "backoff": BACKOFF})
 
     @classmethod
-    def from_uri(cls, uri: str, setting: str) -> S3Store:
-        """`s3://bucket/prefix`, checked against the server (module docstring)."""
+    def from_uri(cls, uri: str, setting: str, patient: bool = False) -> S3Store:
+        """`s3://bucket/prefix`, checked against the server (module docstring); `patient`: an endpoint that does not
+        answer is waited for within the outage window."""
         parts = urlsplit(uri)
         prefix = parts.path.strip("/")
         if not _BUCKET.fullmatch(parts.netloc) or parts.query or parts.fragment:
@@ -115,11 +118,12 @@ class S3Store(ObjectStore):
             except ArtifactError as e:
                 raise ConfigError(f"{setting}={uri}: the prefix {e}") from e
         settings = S3Settings.from_environment(os.environ)
-        cls(parts.netloc, prefix, settings, retries=RETRIES_AT_OPEN)._check(setting)
+        cls(parts.netloc, prefix, settings, retries=None if patient else RETRIES_AT_OPEN)._check(setting, patient)
         return cls(parts.netloc, prefix, settings)
 
-    def _check(self, setting: str) -> None:
-        """Raise a ConfigError naming the setting to change unless the bucket answers a listing with these credentials."""
+    def _check(self, setting: str, patient: bool) -> None:
+        """Raise a ConfigError naming the setting to change unless the bucket answers a listing with these credentials
+        (`patient`: the endpoint was waited for through the outage window)."""
         where = self.settings.endpoint or f"AWS S3 ({self.settings.region})"
         try:
             next(iter(obstore.list(self._store, None, chunk_size=1)), None)
@@ -136,7 +140,8 @@ class S3Store(ObjectStore):
             if re.search(r"\b40[13]\b|InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied", str(e)):
                 raise ConfigError(f"{setting}={self.uri}: {where} refused the credentials: check {CREDENTIAL_SETTINGS} "
                                   f"({reason})") from e
-            raise ConfigError(f"{setting}={self.uri}: cannot reach {where}: check {self.settings.endpoint_setting} "
+            waited = f", waited for {self.settings.outage_s:g} s ({OUTAGE_SETTING})" if patient else ""
+            raise ConfigError(f"{setting}={self.uri}: cannot reach {where}{waited}: check {self.settings.endpoint_setting} "
                               f"({reason})") from e
 
     def _get(self, key: str, limit: int) -> Blob | None:

@@ -102,6 +102,36 @@ def test_an_endpoint_back_within_the_outage_window_costs_a_pause_not_an_error(aw
     assert store.list() == ["manifests/a.json", "manifests/b.json"]
 
 
+def test_a_stage_opening_the_store_during_an_outage_waits_for_the_endpoint_and_a_command_does_not(aws, monkeypatch, tmp_path):
+    """A command checks the store before any stage starts and says at once that it cannot reach it; a stage process
+    (`open_registry(patient=True)`, as factory.runtime opens it) belongs to a run that found the store, so it waits
+    the outage out as an open store does, and past the window says how long it waited."""
+    from factory.registry import open_registry
+
+    monkeypatch.setenv("FACTORY_STORE", f"{aws.url}/patient")
+    monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "30")
+    aws.kill()
+    back = threading.Timer(1.5, aws.restart)
+    try:
+        assert "cannot reach" in one_line_config_error(f"{aws.url}/patient")
+        back.start()
+        cut = time.monotonic()
+        registry = open_registry(tmp_path / "local", patient=True)
+        assert time.monotonic() - cut >= 1.0  # opened once the endpoint was back
+        assert registry.store.list() == ["layout.json"]  # the registry's, written once it was open
+        monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "0.5")
+        back.join()
+        aws.kill()
+        message = one_line_config_error(f"{aws.url}/patient", patient=True)
+        assert "cannot reach" in message and ", waited for 0.5 s (FACTORY_STORE_OUTAGE_S): check AWS_ENDPOINT_URL (" in message
+    finally:
+        back.cancel()
+        if back.is_alive():
+            back.join()
+        if aws._relay.poll() is not None:
+            aws.restart()
+
+
 @pytest.mark.parametrize("value", ["soon", "-1", "101", "nan"])
 def test_an_outage_window_that_is_not_seconds_up_to_100_names_the_setting(aws, monkeypatch, value):
     monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", value)
