@@ -124,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say_error("interrupted before it finished; its artifact was not published")
         return 1
+    except OSError as e:
+        from factory.data.s3_retry import warehouse_outage  # pyarrow is loaded already when this is what failed
+
+        if (outage := warehouse_outage(e)) is None:
+            raise
+        say_error(str(outage))
+        return outage.exit_code
     return 0
 
 

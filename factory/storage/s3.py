@@ -263,8 +263,7 @@ class S3Store(ObjectStore):
             raise  # outcomes the hooks handle
         except BaseError as e:
             where = self.settings.endpoint or "AWS S3"
-            waited = (f"; still failing after {self.settings.outage_s:g} s of retries: rerun once it answers, or allow "
-                      f"longer outages with {OUTAGE_SETTING} (at most {MAX_OUTAGE_S:g} s)") if _RETRIED.search(str(e)) else ""
+            waited = f"; {still_failing(self.settings.outage_s)}" if _RETRIED.search(str(e)) else ""
             raise StorageError(f"{self.uri}/{key}: {what} failed at {where} ({_reason(e)}){waited}") from e
 
 
@@ -305,6 +304,12 @@ def _etag(meta: Mapping, key: str) -> str:
     if not etag:
         raise StorageError(f"{key}: the server sent no ETag, which conditional writes need: this S3 server cannot hold the store")
     return etag
+
+
+def still_failing(window_s: float) -> str:
+    """What a request that failed through the whole outage window says after its own words."""
+    return (f"still failing after {window_s:g} s of retries: rerun once it answers, or allow longer outages with {OUTAGE_SETTING} "
+            f"(at most {MAX_OUTAGE_S:g} s)")
 
 
 def outage_window(text: str) -> float:

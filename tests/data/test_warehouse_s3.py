@@ -96,3 +96,28 @@ def test_a_table_read_waits_out_an_endpoint_that_comes_back_within_the_outage_wi
             assert time.monotonic() - cut >= 1.5  # read after the endpoint came back, not before it went
         finally:
             back.join()
+
+
+def test_a_table_read_past_the_outage_window_says_which_setting_allows_longer_outages(tmp_path, monkeypatch):
+    """pyarrow's OSError for an endpoint that stayed away (`AWS Error NETWORK_CONNECTION ...`) is said as a store request
+    says it (what stages and commands print, factory/data/s3_retry.py), one line; any other OSError is left as it is."""
+    import pytest
+
+    from factory.data.s3_retry import warehouse_outage
+
+    with running_s3() as server:
+        for name, value in {**server.env(), "FACTORY_STORE": server.url, "FACTORY_STORE_OUTAGE_S": "0.5"}.items():
+            monkeypatch.setenv(name, value)
+        catalog = open_catalog(CatalogConfig.at(tmp_path))
+        written = write_version(catalog, TABLE, documents("code", {"a.py": "a = 1\n"}), LOG)
+        server.kill()
+        try:
+            with pytest.raises(OSError) as raised:
+                list(stream_version(catalog, TABLE, written.snapshot_id, ("path", "text")))
+        finally:
+            server.restart()
+    message = str(warehouse_outage(raised.value))
+    assert message.startswith("the warehouse's store did not answer: ") and "AWS Error NETWORK_CONNECTION" in message
+    assert message.endswith("still failing after 0.5 s of retries: rerun once it answers, or allow longer outages with "
+                            "FACTORY_STORE_OUTAGE_S (at most 100 s)") and "\n" not in message
+    assert warehouse_outage(FileNotFoundError(2, "No such file or directory", str(tmp_path / "gone"))) is None
