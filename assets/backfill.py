@@ -44,10 +44,18 @@ def ranges(order: Iterable[str], wanted: set[str], limit: int = EVALS_PER_RUN) -
 
 
 def stored_checkpoints(instance: DagsterInstance, experiment: str | None = None) -> set[str]:
-    """Checkpoint partitions (of one experiment, or all) whose bytes are still where they were recorded."""
+    """Checkpoint partitions (of one experiment, or all) whose bytes are still where they were recorded: on this disk, or
+    in a published artifact in the object store (immutable: its prefix is not looked at)."""
     keys = [key for key in instance.get_dynamic_partitions(CHECKPOINTS) if experiment is None or key.rsplit("__", 1)[0] == experiment]
     recorded = latest_metadata_by_partition(instance, CHECKPOINTS, keys)
-    return {key for key in keys if (metadata := recorded.get(key)) and metadata.get("path") and Path(metadata["path"]).exists()}
+    return {key for key in keys if (metadata := recorded.get(key)) and _stored(metadata)}
+
+
+def _stored(metadata: dict) -> bool:
+    path = metadata.get("path")
+    if not path:
+        return False
+    return metadata.get("stored") == "artifact" if "://" in path else Path(path).exists()
 
 
 def unevaluated(instance: DagsterInstance, registry: ArtifactStore, benchmarks: Iterable[str], checkpoints: set[str]) -> set[str]:

@@ -5,7 +5,8 @@ so the asset is declared, not defined: while a training stage runs, the stage se
 for each checkpoint it saves (once complete) and each one retention deletes, and its asset turns
 them into a materialization or a deleted partition as they arrive, so evaluations start while
 training goes on, wherever the stage runs: nothing reads its disk. Once the stage publishes, each
-kept checkpoint is reported again, pointing into the immutable artifact.
+kept checkpoint is reported again, pointing into the immutable artifact (its prefix in the object store, when the
+registry is in one: recording reads the checkpoints' small records, never their bytes).
 """
 
 import threading
@@ -21,7 +22,8 @@ from factory.config.stages import TRAINING_STAGES
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.podium.links import checkpoint_url
-from factory.train.records import SAVED, CheckpointEvent, SavedCheckpoint, partition_key, published, read_checkpoint_message
+from factory.registry import ArtifactStore, Manifest
+from factory.train.records import SAVED, CheckpointEvent, SavedCheckpoint, partition_key, read_checkpoint_message, recorded_in
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,
@@ -83,24 +85,29 @@ class CheckpointRecorder:
         self.recorded.pop(key, None)
         self.context.log.info(f"checkpoint {key} was deleted by the retention policy and is no longer a partition")
 
-    def record(self, directory: Path, stage_digest: str) -> list[str]:
-        """Report every checkpoint kept in the published artifact `directory`; returns their keys."""
+    def record(self, registry: ArtifactStore, manifest: Manifest) -> list[str]:
+        """Report every checkpoint kept in the published artifact of `manifest`, where the registry keeps it (in an object
+        store, its records are read one by one: the checkpoints are not fetched); returns their keys."""
         with self.lock:
             while self.pending:  # the run is over: what could not be recorded while it ran must be now
                 self.apply(self.pending.pop(0))
-            return self.report(published(directory), stage_digest)
+            names = [name for name in manifest.files if "/" not in name]
+            saved = recorded_in(names, lambda name: registry.read(manifest, name), Path(manifest.digest))
+            return self.report(saved, manifest.digest, registry.where(manifest.digest))
 
-    def report(self, saved: list[SavedCheckpoint], stage_digest: str | None) -> list[str]:
-        """Partitions and materializations for `saved`, each once per place it is stored; returns their keys."""
+    def report(self, saved: list[SavedCheckpoint], stage_digest: str | None, where: str | None = None) -> list[str]:
+        """Partitions and materializations for `saved` (in the artifact at `where`, or at their own paths), each once per
+        place it is stored; returns their keys."""
         keys = [self.key(checkpoint) for checkpoint in saved]
         new = [key for key in keys if key not in self.recorded and not self.context.instance.has_dynamic_partition(CHECKPOINTS, key)]
         if new:
             self.context.instance.add_dynamic_partitions(CHECKPOINTS, new)
         for key, checkpoint in zip(keys, saved, strict=True):
-            if self.recorded.get(key) == str(checkpoint.path):
+            path = f"{where}/{checkpoint.name}" if where else str(checkpoint.path)
+            if self.recorded.get(key) == path:
                 continue
-            self.context.log_event(AssetMaterialization(asset_key=CHECKPOINTS, partition=key, metadata=self.metadata(checkpoint, stage_digest)))
-            self.recorded[key] = str(checkpoint.path)
+            self.context.log_event(AssetMaterialization(asset_key=CHECKPOINTS, partition=key, metadata=self.metadata(checkpoint, stage_digest, path)))
+            self.recorded[key] = path
         return keys
 
     def key(self, checkpoint: SavedCheckpoint) -> str:
@@ -114,8 +121,8 @@ class CheckpointRecorder:
                 self.context.instance.delete_dynamic_partition(CHECKPOINTS, key)
             self.context.log.info(f"{len(gone)} checkpoints deleted by the retention policy are no longer partitions: {', '.join(gone)}")
 
-    def metadata(self, checkpoint: SavedCheckpoint, stage_digest: str | None) -> dict:
-        """What an evaluation needs to load exactly these bytes, and what a person wants to see."""
+    def metadata(self, checkpoint: SavedCheckpoint, stage_digest: str | None, path: str) -> dict:
+        """What an evaluation needs to load exactly these bytes (`path`: where they are), and what a person wants to see."""
         metrics = checkpoint.metrics
         evaluation = self.experiment.eval or EvalConfig()
         return {
@@ -126,7 +133,7 @@ class CheckpointRecorder:
             "sha256": checkpoint.sha256,
             "podium": MetadataValue.url(checkpoint_url(checkpoint.sha256)),
             "size_bytes": checkpoint.size,
-            "path": MetadataValue.path(str(checkpoint.path)),
+            "path": MetadataValue.path(path),
             "stored": "artifact" if stage_digest else "training (may be deleted by retention)",
             "stage_digest": stage_digest or "not published yet",
             "experiment": self.experiment.name,

@@ -105,9 +105,9 @@ def build_stage_asset(kind: str) -> AssetsDefinition:
             if manifest is None:
                 raise Failure(description=f"{kind}: the stage reported success but published no artifact")
         if kind in CHECK_SPECS:
-            yield from check_results(spec, registry.path(manifest.digest), stores)
+            yield from check_results(spec, registry, manifest, stores)
         if recorder is not None:
-            keys = recorder.record(registry.path(manifest.digest), manifest.digest)
+            keys = recorder.record(registry, manifest)
             recorder.forget_deleted(keys)
             context.log.info(f"{kind}: {len(keys)} kept checkpoints recorded as partitions of `checkpoints`")
 
@@ -177,9 +177,9 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
     }
 
 
-def check_results(spec: StageSpec, artifact: Path, stores: FactoryStores) -> Iterator[AssetCheckResult]:
+def check_results(spec: StageSpec, registry: ArtifactStore, manifest: Manifest, stores: FactoryStores) -> Iterator[AssetCheckResult]:
     """The blocking dataset checks of the artifact just materialized, as the stage recorded them in it."""
-    for outcome in recorded_checks(stores.catalog(), artifact, spec.kind, dict(spec.config)):
+    for outcome in recorded_checks(stores.catalog(), registry, manifest, spec.kind, dict(spec.config)):
         yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)
 
 

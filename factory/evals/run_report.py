@@ -6,7 +6,6 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
 
 import yaml
 
@@ -42,18 +41,19 @@ def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mappi
         evaluations=[_point(m) for m in latest_results(registry.manifests(EVALUATIONS, Where(experiment=experiment.name)))
                      if m.summary["experiment"] == experiment.name],
         stages=[_cost(kind, manifests[kind], cache) for kind, (_, cache) in stages.items()],
-        control=_jsonl(registry.path(training.digest) / CONTROL_FILE) if training else [],
+        control=_jsonl(registry.read(training, CONTROL_FILE)) if training else [],
         links=links,
     )
 
 
 def _metrics(registry: ArtifactStore, manifest: Manifest | None) -> list[dict]:
     """The metrics log of a training stage's artifact (none when the experiment has no such stage)."""
-    return _jsonl(registry.path(manifest.digest) / METRICS_FILE) if manifest else []
+    return _jsonl(registry.read(manifest, METRICS_FILE)) if manifest else []
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def _jsonl(data: bytes | None) -> list[dict]:
+    """The records of a JSON-lines file read from an artifact (none when it has no such file)."""
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()] if data is not None else []
 
 
 def _point(manifest: Manifest) -> EvalPoint:

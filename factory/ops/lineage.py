@@ -191,13 +191,20 @@ class Lineage:
         return node
 
     def _written(self, manifest: Manifest) -> list[TableVersion]:
-        records = _json(self.registry.path(manifest.digest) / DATASETS_FILE) or {}
+        records = self._json(manifest, DATASETS_FILE) or {}
         return [TableVersion(table=r["table"], tag=r["tag"], content_tag=r["content_tag"]) for r in records.values()]
+
+    def _json(self, manifest: Manifest, name: str) -> Any:
+        """One JSON file of an artifact, read alone (not the whole artifact, from an object store); None if it has none."""
+        try:
+            return json.loads(self.registry.read(manifest, name) or b"null")
+        except (OSError, ValueError):
+            return None
 
     def read(self, manifest: Manifest) -> list[TableVersion]:
         """Table versions a stage read straight from the catalog: a blend's parts, a post-training stage's data or tasks."""
         if manifest.kind == provider(BLEND).name:
-            parts = (_json(self.registry.path(manifest.digest) / BLEND_FILE) or {}).get("parts", [])
+            parts = (self._json(manifest, BLEND_FILE) or {}).get("parts", [])
             return [TableVersion(table=p["table"], tag=p.get("version") or p["tag"], content_tag=p["tag"]) for p in parts]
         section = manifest.config.get(manifest.kind)
         section = section if isinstance(section, dict) else {}
@@ -215,10 +222,3 @@ def describe(manifest: Manifest) -> dict[str, Any]:
     """What a person asks of an artifact: kind, digest, experiment, commit, code, when."""
     return {"kind": manifest.kind, "digest": manifest.digest, "experiment": manifest.experiment, "git_commit": manifest.git_commit,
             "code": manifest.code, "created": manifest.created}
-
-
-def _json(path: Any) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -200,8 +200,7 @@ def base_moved(last: Manifest, digest: str, base_ref: str | None) -> str:
 def source_changes(last: Manifest, spec: StageSpec, registry: ArtifactStore) -> list[str]:
     """`source stdlib: 2 added (a.py, b.py)` for each dataset whose files differ from what the last raw stage read."""
     before = last.config.get(FILES_KEY, {})
-    listing_path = registry.path(last.digest) / SOURCES_FILE
-    read = json.loads(listing_path.read_text()) if listing_path.is_file() else {}
+    read = json.loads(registry.read(last, SOURCES_FILE) or b"{}")
     reasons = []
     for name, digest in spec.config[FILES_KEY].items():
         if before.get(name) == digest:

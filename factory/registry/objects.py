@@ -91,6 +91,21 @@ class ObjectRegistry(Scratch):
         manifest = self._manifest(fingerprint)
         return manifest if manifest is not None and self._intact(manifest, rehash) else None
 
+    def read(self, manifest: Manifest, name: str) -> bytes | None:
+        """The bytes of one file of a published artifact, None when it has no such file: from the local copy when there
+        is one, else that object alone (the rest of the artifact is not fetched), checked against the manifest's sha256."""
+        entry = manifest.files.get(name)
+        if entry is None:
+            return None
+        copy = self._copy(manifest.digest)
+        if copy.is_dir():
+            return (copy / name).read_bytes()
+        blob = self.store.get(f"objects/{manifest.digest}/{name}", limit=entry["bytes"])
+        if blob is None or hashlib.sha256(blob.data).hexdigest() != entry["sha256"]:
+            raise ArtifactError(f"artifact {manifest.digest[:12]} in {self.location}: {name} is "
+                                f"{'missing' if blob is None else 'damaged'}; rerun its stage to publish it again")
+        return blob.data
+
     def open(self, digest: str) -> Path:
         """A local directory holding the artifact's files, each checked against its sha256; raise if it is not there."""
         target = self._copy(digest)

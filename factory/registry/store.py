@@ -200,6 +200,11 @@ class ArtifactStore(Scratch):
         manifest = self._read_or_warn(manifest_path)
         return manifest if manifest is not None and self._intact(manifest, rehash) else None
 
+    def read(self, manifest: Manifest, name: str) -> bytes | None:
+        """The bytes of one file of a published artifact (`name` relative to it), None when the artifact has no such
+        file: for the small files a reader wants from a large artifact (a training's metrics beside its checkpoints)."""
+        return (self.path(manifest.digest) / name).read_bytes() if name in manifest.files else None
+
     def open(self, digest: str) -> Path:
         """Directory of a published artifact; raise if it is not there."""
         path = self.path(digest)

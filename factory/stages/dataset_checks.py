@@ -22,6 +22,8 @@ from factory.registry.layout import CHECKS_FILE, DATASETS_FILE
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+    from factory.registry import ArtifactStore, Manifest
+
 
 def check_dataset(catalog: Catalog, table: str, tag: str, max_duplicate_share: float, columns: tuple[str, ...] = ()) -> list[CheckOutcome]:
     """The checks on one filtered version (keeping the record `columns` of its source); a failure also says which version
@@ -49,10 +51,9 @@ def combine(per_dataset: dict[str, list[CheckOutcome]]) -> list[CheckOutcome]:
     return outcomes
 
 
-def check_filtered(catalog_config: CatalogConfig, artifact: Path, kind: str, config: dict[str, Any]) -> list[CheckOutcome]:
-    """The dataset checks over every dataset of an artifact of `kind` (one that runs them, `StageKind.dataset_checks`): one
-    outcome per check, failing if any dataset fails."""
-    records = json.loads((artifact / DATASETS_FILE).read_text())
+def check_filtered(catalog_config: CatalogConfig, records: dict[str, Any], kind: str, config: dict[str, Any]) -> list[CheckOutcome]:
+    """The dataset checks over every dataset an artifact of `kind` (one that runs them, `StageKind.dataset_checks`) records
+    (its `DATASETS_FILE`): one outcome per check, failing if any dataset fails."""
     settings = stage_kind(kind).read_settings(config)
     catalog = open_catalog(catalog_config)
     return combine({
@@ -67,9 +68,11 @@ def record_checks(artifact: Path, outcomes: list[CheckOutcome]) -> None:
     (artifact / CHECKS_FILE).write_text(json.dumps([dataclasses.asdict(outcome) for outcome in outcomes], indent=2, sort_keys=True))
 
 
-def recorded_checks(catalog_config: CatalogConfig, artifact: Path, kind: str, config: dict[str, Any]) -> list[CheckOutcome]:
-    """The outcomes a published artifact of `kind` keeps (run again for one published before artifacts kept them)."""
-    path = artifact / CHECKS_FILE
-    if not path.exists():
-        return check_filtered(catalog_config, artifact, kind, config)
-    return [CheckOutcome(**outcome) for outcome in json.loads(path.read_text())]
+def recorded_checks(catalog_config: CatalogConfig, registry: ArtifactStore, manifest: Manifest, kind: str,
+                    config: dict[str, Any]) -> list[CheckOutcome]:
+    """The outcomes a published artifact of `kind` keeps (run again for one published before artifacts kept them), read
+    from it file by file."""
+    kept = registry.read(manifest, CHECKS_FILE)
+    if kept is None:
+        return check_filtered(catalog_config, json.loads(registry.read(manifest, DATASETS_FILE) or b"{}"), kind, config)
+    return [CheckOutcome(**outcome) for outcome in json.loads(kept)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -70,15 +71,22 @@ def partition_key(experiment: str, stage: str, step: int) -> str:
 def published(directory: Path) -> list[SavedCheckpoint]:
     """Every checkpoint in a directory (a published training artifact, or a run's checkpoint directory) whose record
     exists, by step (checksums not verified here)."""
+    return recorded_in([path.name for path in directory.glob("step_*.json")], lambda name: (directory / name).read_bytes(), directory)
+
+
+def recorded_in(names: Iterable[str], read: Callable[[str], bytes | None], base: Path) -> list[SavedCheckpoint]:
+    """Every checkpoint whose record is among the file `names` of one directory (each record's bytes from `read`, which
+    may read it from an object store), its path under `base`, by step."""
     found = []
-    for record_path in sorted(directory.glob("step_*.json")):
-        if not NAME.match(record_path.name):
+    for name in sorted(names):
+        if not NAME.match(name):
             continue
         try:
-            record = json.loads(record_path.read_text())
+            record = json.loads(read(name) or b"")
         except (OSError, ValueError):
             continue
-        path = record_path.with_suffix("") if record.get("format") == SHARDED else record_path.with_suffix(".pt")
+        stem = name.removesuffix(".json")
+        path = base / (stem if record.get("format") == SHARDED else f"{stem}.pt")
         found.append(SavedCheckpoint(step=record["step"], path=path, sha256=record["sha256"], size=record["size"],
                                      metrics=record.get("metrics", {})))
     return sorted(found, key=lambda c: c.step)

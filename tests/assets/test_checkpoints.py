@@ -40,3 +40,49 @@ def test_checkpoints_are_recorded_from_messages_while_the_stage_runs_and_deletio
     assert metadata["stored"] == "training (may be deleted by retention)"
     [materialized] = [m for m in result.asset_materializations_for_node("pretrain") if m.asset_key == AssetKey("pretrain")]
     assert materialized.metadata["metrics"].value == [{"step": 1, "loss": 3.0}]  # checkpoint messages are not metrics
+
+
+def test_a_published_training_in_an_object_store_is_recorded_from_its_records_without_fetching_a_checkpoint(tmp_path, tiny_path, s3_server,
+                                                                                                            monkeypatch):
+    """A cache hit of a training stage records its kept checkpoints as partitions pointing into the bucket: the small
+    records are read, the checkpoints' bytes are not fetched (no local copy), and a backfill counts them as stored."""
+    import hashlib
+    import json
+    import os
+    import uuid
+
+    from assets.backfill import stored_checkpoints
+    from factory.registry import Provenance
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    registry = ObjectRegistry(open_store(f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}"), tmp_path / "local")
+    experiment = load(tiny_path)
+    spec = plan_stage(experiment, "pretrain", {name: "0" * 64 for name in upstream_of(experiment, "pretrain")})
+    with registry.staging() as out:
+        for step in (100, 200):
+            weights = os.urandom(4096)
+            (out / f"step_{step:06d}.pt").write_bytes(weights)
+            (out / f"step_{step:06d}.json").write_text(json.dumps({"step": step, "format": "file", "size": len(weights),
+                                                                   "sha256": hashlib.sha256(weights).hexdigest(), "metrics": {"loss": 2.0}}))
+        manifest = registry.publish(out, kind="pretrain", fingerprint=spec.fingerprint, config=spec.config, inputs=dict(spec.upstream),
+                                    code=spec.code, provenance=Provenance(experiment=experiment.name, config_hash="0" * 16, git_commit="0" * 40),
+                                    summary={})
+
+    @asset(name="pretrain")
+    def stage(context: AssetExecutionContext) -> None:
+        CheckpointRecorder(context, experiment, spec, "0" * 40).record(registry, manifest)
+
+    home = tmp_path / "dagster"
+    home.mkdir()
+    instance = DagsterInstance.local_temp(str(home))
+    assert materialize([stage], instance=instance, raise_on_error=False).success
+    keys = [partition_key(experiment.name, "pretrain", step) for step in (100, 200)]
+    assert sorted(instance.get_dynamic_partitions(CHECKPOINTS)) == keys
+    metadata = latest_metadata(instance, CHECKPOINTS, keys[1])
+    assert (metadata["path"], metadata["stored"], metadata["step"]) == (f"{registry.where(manifest.digest)}/step_000200.pt", "artifact", 200)
+    assert not [path for path in s3_server.reads() if manifest.digest in path and path.endswith(".pt")]
+    assert not (tmp_path / "local" / "cache").exists()
+    assert stored_checkpoints(instance, experiment.name) == set(keys)

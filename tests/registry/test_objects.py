@@ -62,6 +62,21 @@ def publish(registry: ObjectRegistry, fingerprint: str, files=FILES, run_id: str
                                 summary={})
 
 
+def test_one_file_of_an_artifact_is_read_alone_checked_against_its_sha256(registry, location, s3):
+    """`read`: a reader of one small file of an artifact fetches that object only (no local copy of the rest); a file
+    the artifact does not have is None; one changed in the store is an error naming it, never its bytes."""
+    manifest = publish(registry, "fp-a", files={**FILES, "big.bin": os.urandom(1 << 16)})
+    assert registry.read(manifest, "stats/counts.txt") == FILES["stats/counts.txt"]
+    assert registry.read(manifest, "no-such-file.txt") is None
+    if location[0].startswith("s3://"):
+        assert not (registry.root / "cache").exists()  # nothing copied: big.bin was not fetched
+        assert not [path for path in s3.reads() if path.endswith("/big.bin")]
+        key = f"objects/{manifest.digest}/tokenizer.json"
+        registry.store.put(key, b'{"vocab": []}\n')  # as long as the original, so only its sha256 tells
+        with pytest.raises(ArtifactError, match=rf"artifact {manifest.digest[:12]} in s3://\S+: tokenizer.json is damaged; rerun its stage"):
+            registry.read(manifest, "tokenizer.json")
+
+
 def test_an_artifact_is_its_objects_and_then_its_manifest_and_reads_back_verified(registry):
     assert registry.lookup("fp-a") is None
     manifest = publish(registry, "fp-a")
