@@ -55,7 +55,7 @@ def leaderboard(context: AssetExecutionContext, stores: FactoryStores) -> Iterat
     found = held_back(first, best, board) if first is not None and best is not None else []
     metadata = {
         **manifest.metadata(), "leaderboard": MetadataValue.md(markdown), "experiments": len(board.rows),
-        "html": MetadataValue.path(str(registry.path(manifest.digest) / HTML_FILE)),
+        "html": MetadataValue.path(f"{registry.where(manifest.digest)}/{HTML_FILE}"),  # shown, not fetched
     }
     check = AssetCheckResult(
         check_name=NO_REGRESSION, passed=not found,
