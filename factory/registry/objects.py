@@ -106,6 +106,33 @@ class ObjectRegistry(Scratch):
                                 f"{'missing' if blob is None else 'damaged'}; rerun its stage to publish it again")
         return blob.data
 
+    def fetch(self, manifest: Manifest, name: str) -> Path:
+        """One file or directory of a published artifact on local disk: in its whole local copy when there is one, else
+        that part alone, fetched into the cache (`cache/parts/<digest>/`), each file checked against the manifest's
+        sha256; where it would be when the artifact has no such part."""
+        copy = self._copy(manifest.digest)
+        names = [key for key in manifest.files if key == name or key.startswith(f"{name}/")]
+        if copy.is_dir() or not names:
+            return copy / name
+        parts = self.root / "cache" / "parts" / manifest.digest
+        target = parts / name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=f"{manifest.digest[:12]}-", dir=parts) as scratch:
+                for key in names:
+                    (Path(scratch) / key).parent.mkdir(parents=True, exist_ok=True)
+                    self.store.download(f"objects/{manifest.digest}/{key}", Path(scratch) / key)
+                    if sha256_file(Path(scratch) / key) != manifest.files[key]["sha256"]:
+                        raise ArtifactError(f"artifact {manifest.digest[:12]} in {self.location}: {key} is damaged; rerun its "
+                                            "stage to publish it again")
+                make_read_only(Path(scratch) / name)
+                with contextlib.suppress(OSError):  # another process put the same checked part there a moment ago
+                    os.rename(Path(scratch) / name, target)
+        with contextlib.suppress(OSError):
+            os.utime(parts)  # used now: the last a full cache gives up
+        self._trim_cache(keep=parts)
+        return target
+
     def open(self, digest: str) -> Path:
         """A local directory holding the artifact's files, each checked against its sha256; raise if it is not there."""
         target = self._copy(digest)
@@ -132,14 +159,15 @@ class ObjectRegistry(Scratch):
         return target
 
     def _trim_cache(self, keep: Path) -> None:
-        """Remove the least recently used local copies while they hold more than `$FACTORY_STORE_CACHE_GB` (default
+        """Remove the least recently used local copies (whole artifacts, and parts `fetch`ed) while they hold more than `$FACTORY_STORE_CACHE_GB` (default
         `CACHE_GB`), never `keep` nor a copy used in the last `CACHE_GRACE_S` (a reader may still be opening its files)."""
         try:
             bound = float(os.environ.get(CACHE_ENV) or CACHE_GB) * (1 << 30)
         except ValueError as e:
             raise ConfigError(f"{CACHE_ENV}={os.environ[CACHE_ENV]!r}: give the local copies' bound in GB (e.g. 50)") from e
         copies = []
-        for path in keep.parent.iterdir():
+        for path in [path for held in ("objects", "parts") if (self.root / "cache" / held).is_dir()
+                     for path in (self.root / "cache" / held).iterdir()]:
             if path.is_dir() and DIGEST.match(path.name):
                 found, _ = entries(path)
                 copies.append((path.stat().st_mtime, sum(info.st_size for info in found.values()), path))

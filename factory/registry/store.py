@@ -205,6 +205,11 @@ class ArtifactStore(Scratch):
         file: for the small files a reader wants from a large artifact (a training's metrics beside its checkpoints)."""
         return (self.path(manifest.digest) / name).read_bytes() if name in manifest.files else None
 
+    def fetch(self, manifest: Manifest, name: str) -> Path:
+        """Where one file or directory of a published artifact (`name` relative to it) is on local disk: for a reader of
+        one part of a large artifact (an evaluation of one of a training's checkpoints)."""
+        return self.path(manifest.digest) / name
+
     def open(self, digest: str) -> Path:
         """Directory of a published artifact; raise if it is not there."""
         path = self.path(digest)

@@ -170,7 +170,7 @@ def locate_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> Pat
     if recorded.exists():
         return recorded
     published = registry.lookup(checkpoint.spec.fingerprint)
-    moved = registry.path(published.digest) / recorded.name if published else None
+    moved = registry.fetch(published, recorded.name) if published else None  # that checkpoint alone, from a store
     if moved is not None and moved.exists():
         return moved
     raise ArtifactError(

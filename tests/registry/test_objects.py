@@ -77,6 +77,27 @@ def test_one_file_of_an_artifact_is_read_alone_checked_against_its_sha256(regist
             registry.read(manifest, "tokenizer.json")
 
 
+def test_one_checkpoint_of_an_artifact_is_fetched_alone_file_or_directory(registry, location, s3):
+    """`fetch`: an evaluation of one checkpoint gets that file (or a sharded one's directory) on local disk, checked,
+    without the rest of the artifact; fetched once; a damaged object is an error naming it, never a local copy."""
+    files = {"step_000100.pt": os.urandom(4096), "step_000200/__0_0.distcp": b"shard 0", "step_000200/.metadata": b"meta",
+             "big.bin": os.urandom(1 << 16)}
+    manifest = publish(registry, "fp-a", files=files)
+    single, sharded = registry.fetch(manifest, "step_000100.pt"), registry.fetch(manifest, "step_000200")
+    assert single.read_bytes() == files["step_000100.pt"]
+    assert {p.name: p.read_bytes() for p in sharded.iterdir()} == {"__0_0.distcp": b"shard 0", ".metadata": b"meta"}
+    assert not registry.fetch(manifest, "step_000300.pt").exists()
+    if location[0].startswith("s3://"):
+        reads = s3.reads()
+        assert not [path for path in reads if path.endswith("/big.bin")] and not (registry.root / "cache" / "objects").exists()
+        assert registry.fetch(manifest, "step_000100.pt") == single and s3.reads() == reads  # from the cache, no request
+        other = publish(registry, "fp-b", files={"step_000100.pt": os.urandom(4096)})
+        registry.store.put(f"objects/{other.digest}/step_000100.pt", os.urandom(4096))
+        with pytest.raises(ArtifactError, match=rf"artifact {other.digest[:12]} in s3://\S+: step_000100.pt is damaged"):
+            registry.fetch(other, "step_000100.pt")
+        assert not (registry.root / "cache" / "parts" / other.digest / "step_000100.pt").exists()
+
+
 def test_an_artifact_is_its_objects_and_then_its_manifest_and_reads_back_verified(registry):
     assert registry.lookup("fp-a") is None
     manifest = publish(registry, "fp-a")
@@ -327,6 +348,19 @@ def test_local_copies_beyond_the_cache_bound_go_least_recently_used_first(regist
     third = registry.open(digests[2])
     assert first.is_dir() and third.is_dir() and not second.exists()
     assert registry.open(digests[1]).joinpath("weights.bin").stat().st_size == 1 << 20  # fetched again when asked
+
+
+def test_fetched_checkpoints_count_in_the_cache_bound_and_go_least_recently_used_first(registry, monkeypatch):
+    monkeypatch.setenv("FACTORY_STORE_CACHE_GB", str(2.5 / 1024))  # 2.5 MiB: room for two checkpoints of 1 MiB
+    monkeypatch.setattr("factory.registry.objects.CACHE_GRACE_S", 0.0)
+    manifests = [publish(registry, f"fp-{i}", files={"step_000001.pt": os.urandom(1 << 20)}) for i in range(3)]
+    first, second = (registry.fetch(manifest, "step_000001.pt") for manifest in manifests[:2])
+    os.utime(first.parent, (time.time() - 60, time.time() - 60))
+    os.utime(second.parent, (time.time() - 30, time.time() - 30))
+    registry.fetch(manifests[0], "step_000001.pt")  # used again: now the most recent of the two
+    third = registry.fetch(manifests[2], "step_000001.pt")
+    assert first.is_file() and third.is_file() and not second.exists()
+    assert registry.fetch(manifests[1], "step_000001.pt").stat().st_size == 1 << 20  # fetched again when asked
 
 
 def test_promotions_are_records_in_the_store_that_two_writers_never_number_alike(registry):

@@ -151,3 +151,26 @@ def test_ranges_are_stretches_of_wanted_checkpoints_in_partition_order_at_most_l
     assert list(ranges(order, {"a2", "a3"}, limit=50)) == [("a2", "a2"), ("a3", "a3")]
     assert list(ranges(order, set(order), limit=50)) == [("a1", "a5")]
     assert list(ranges(order, set())) == []
+
+
+def test_a_checkpoint_recorded_in_the_object_store_is_fetched_alone_for_its_evaluation(setup, tmp_path, s3_server, monkeypatch):
+    """A `checkpoints` partition of a published training in a store points into the bucket (assets/checkpoints.py):
+    the evaluation fetches that checkpoint, checked, and not the training's other checkpoints."""
+    import uuid
+
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+
+    _, item, _, training = setup
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    registry = ObjectRegistry(open_store(f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}"), tmp_path / "local")
+    data = (tmp_path / "step_000001.pt").read_bytes()
+    with registry.staging() as out:
+        (out / "step_000001.pt").write_bytes(data)
+        (out / "step_000002.pt").write_bytes(b"another checkpoint")
+        published = registry.publish(out, kind="pretrain", fingerprint=StageSpec.from_json(training).fingerprint, config={}, inputs={},
+                                     code="test", provenance=Provenance(experiment="a", config_hash="t", git_commit="t"), summary={})
+    recorded = item("a", at=f"{registry.where(published.digest)}/step_000001.pt")
+    assert locate_checkpoint(registry, recorded.checkpoint).read_bytes() == data
+    assert not [path for path in s3_server.reads() if path.endswith(f"{published.digest}/step_000002.pt")]
