@@ -2,7 +2,6 @@
 
 
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import quote
 
 from dagster import (

@@ -14,7 +14,8 @@ from pyarrow.fs import AwsDefaultS3RetryStrategy
 from factory.errors import StorageError
 from factory.storage.s3 import OUTAGE_SETTING, outage_window, still_failing
 
-NETWORK_ERROR = re.compile(r"\bAWS Error (NETWORK_CONNECTION|SERVICE_UNAVAILABLE|SLOW_DOWN|INTERNAL_FAILURE|REQUEST_TIMEOUT)\b")
+NETWORK_ERROR = re.compile(r"\bAWS Error (NETWORK_CONNECTION|SERVICE_UNAVAILABLE|SLOW_DOWN|INTERNAL_FAILURE|REQUEST_TIMEOUT|"
+                           r"UNKNOWN \(HTTP status 5\d\d\))")
 """How pyarrow words an S3 request that failed on the way (its OSError's text, `AWS Error <code> during <operation>`),
 after the strategy below ran out: the endpoint, not the request, was at fault."""
 SCALE_S = 0.025

@@ -19,7 +19,9 @@ again). A damaged or missing object is a miss, which the stage recomputes. Of tw
 at once, one manifest is written and the other process returns it.
 
 Reading an artifact (`open`) copies it into a local directory (`cache/objects/<digest>`), hashing every file on the way:
-the copy is put in place only when its files give the digest, so what is served is exactly what was published.
+the copy is put in place only when its files give the digest, so what is served is exactly what was published. A reader
+of one part needs no copy of the rest: `read` gets one small file's bytes, `fetch` one file or directory (a checkpoint)
+into `cache/parts/<digest>/`, each checked against the manifest's sha256.
 """
 
 from __future__ import annotations
@@ -116,20 +118,20 @@ class ObjectRegistry(Scratch):
             return copy / name
         parts = self.root / "cache" / "parts" / manifest.digest
         target = parts / name
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix=f"{manifest.digest[:12]}-", dir=parts) as scratch:
-                for key in names:
-                    (Path(scratch) / key).parent.mkdir(parents=True, exist_ok=True)
-                    self.store.download(f"objects/{manifest.digest}/{key}", Path(scratch) / key)
-                    if sha256_file(Path(scratch) / key) != manifest.files[key]["sha256"]:
-                        raise ArtifactError(f"artifact {manifest.digest[:12]} in {self.location}: {key} is damaged; rerun its "
-                                            "stage to publish it again")
-                make_read_only(Path(scratch) / name)
-                with contextlib.suppress(OSError):  # another process put the same checked part there a moment ago
-                    os.rename(Path(scratch) / name, target)
-        with contextlib.suppress(OSError):
-            os.utime(parts)  # used now: the last a full cache gives up
+        if target.exists():
+            with contextlib.suppress(OSError):
+                os.utime(parts)  # used now: the last a full cache gives up
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # beside the parts, not in them: a trim by another process may remove an artifact's parts, never this download
+        with tempfile.TemporaryDirectory(prefix=f"{manifest.digest[:12]}-", dir=parts.parent) as scratch:
+            for key in names:
+                (Path(scratch) / key).parent.mkdir(parents=True, exist_ok=True)
+                self.store.download(f"objects/{manifest.digest}/{key}", Path(scratch) / key)
+                if sha256_file(Path(scratch) / key) != manifest.files[key]["sha256"]:
+                    raise ArtifactError(f"artifact {manifest.digest[:12]} in {self.location}: {key} is damaged; rerun its "
+                                        "stage to publish it again")
+            _place(Path(scratch) / name, target)
         self._trim_cache(keep=parts)
         return target
 
@@ -152,15 +154,14 @@ class ObjectRegistry(Scratch):
             if artifact_digest(hash_files(copy)) != digest:
                 raise ArtifactError(f"artifact {digest[:12]} in {self.location} does not hash to its digest (damaged); "
                                     "rerun its stage to publish it again")
-            make_read_only(copy)
-            with contextlib.suppress(OSError):  # another process put the same verified copy there a moment ago
-                os.rename(copy, target)
+            _place(copy, target)
         self._trim_cache(keep=target)
         return target
 
     def _trim_cache(self, keep: Path) -> None:
-        """Remove the least recently used local copies (whole artifacts, and parts `fetch`ed) while they hold more than `$FACTORY_STORE_CACHE_GB` (default
-        `CACHE_GB`), never `keep` nor a copy used in the last `CACHE_GRACE_S` (a reader may still be opening its files)."""
+        """Remove the least recently used local copies (whole artifacts, and the parts `fetch` got) while they hold more
+        than `$FACTORY_STORE_CACHE_GB` (default `CACHE_GB`), never `keep` nor a copy used in the last `CACHE_GRACE_S` (a
+        reader may still be opening its files)."""
         try:
             bound = float(os.environ.get(CACHE_ENV) or CACHE_GB) * (1 << 30)
         except ValueError as e:
@@ -455,6 +456,18 @@ class ObjectRegistry(Scratch):
     @staticmethod
     def _lease_key(fingerprint: str) -> str:
         return f"leases/{_check(NAME, fingerprint, 'a fingerprint')}.lease"
+
+
+def _place(checked: Path, target: Path) -> None:
+    """Move a checked copy (a file or a directory) to `target`, then make it read-only: a directory must still be
+    writable to be moved to another parent. Another process that put the same checked copy there first wins."""
+    try:
+        os.rename(checked, target)
+    except OSError as e:
+        if not target.exists():
+            raise ArtifactError(f"cannot keep a copy at {target}: {e.strerror or e}") from e
+        return
+    make_read_only(target)
 
 
 def _check(pattern: Any, value: str, what: str) -> str:

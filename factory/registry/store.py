@@ -203,7 +203,13 @@ class ArtifactStore(Scratch):
     def read(self, manifest: Manifest, name: str) -> bytes | None:
         """The bytes of one file of a published artifact (`name` relative to it), None when the artifact has no such
         file: for the small files a reader wants from a large artifact (a training's metrics beside its checkpoints)."""
-        return (self.path(manifest.digest) / name).read_bytes() if name in manifest.files else None
+        if name not in manifest.files:
+            return None
+        try:
+            return (self.path(manifest.digest) / name).read_bytes()
+        except OSError as e:
+            raise ArtifactError(f"artifact {manifest.digest[:12]} in {self.root}: {name} cannot be read ({e.strerror or e}); "
+                                "rerun its stage to publish it again") from e
 
     def fetch(self, manifest: Manifest, name: str) -> Path:
         """Where one file or directory of a published artifact (`name` relative to it) is on local disk: for a reader of

@@ -29,7 +29,8 @@ from factory.train.distributed import World, broadcast, join, leave, world_from_
 
 USAGE = "usage: python -m factory.runtime <request.json>"
 ARTIFACT_PATH = re.compile(r"objects/([0-9a-f]{64})/")
-"""A published artifact's file, named by path (in the registry, or in the local copies of an object store's)."""
+"""A published artifact's file, named by path (in the registry, or in the local copies of an object store's) or by its
+place in the store (`s3://…/objects/<digest>/…`)."""
 
 
 def run(request: StageRequest) -> None:

@@ -167,7 +167,7 @@ def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) ->
 def locate_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> Path:
     """Where the checkpoint is: where its partition recorded it, or in its training artifact if the stage has published since."""
     recorded = Path(checkpoint.path)
-    if recorded.exists():
+    if "://" not in checkpoint.path and recorded.exists():  # a path on this disk, not a published one's place in a store
         return recorded
     published = registry.lookup(checkpoint.spec.fingerprint)
     moved = registry.fetch(published, recorded.name) if published else None  # that checkpoint alone, from a store

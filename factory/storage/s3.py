@@ -140,7 +140,7 @@ class S3Store(ObjectStore):
             if re.search(r"\b40[13]\b|InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied", str(e)):
                 raise ConfigError(f"{setting}={self.uri}: {where} refused the credentials: check {CREDENTIAL_SETTINGS} "
                                   f"({reason})") from e
-            waited = f", waited for {self.settings.outage_s:g} s ({OUTAGE_SETTING})" if patient else ""
+            waited = f", waited for {self.settings.outage_s:g} s ({OUTAGE_SETTING})" if patient and _RETRIED.search(str(e)) else ""
             raise ConfigError(f"{setting}={self.uri}: cannot reach {where}{waited}: check {self.settings.endpoint_setting} "
                               f"({reason})") from e
 
