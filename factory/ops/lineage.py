@@ -19,7 +19,7 @@ from typing import Any
 from factory.config import stages
 from factory.config.kinds import BLEND, main_training_kind, model_kind, provider
 from factory.config.stages import BASE, FROM_HF
-from factory.errors import ConfigError
+from factory.errors import ArtifactError, ConfigError
 from factory.registry.index import ByDigest, Where
 from factory.registry.layout import BLEND_FILE, DATASETS_FILE
 from factory.registry.store import ArtifactStore, Manifest
@@ -195,10 +195,11 @@ class Lineage:
         return [TableVersion(table=r["table"], tag=r["tag"], content_tag=r["content_tag"]) for r in records.values()]
 
     def _json(self, manifest: Manifest, name: str) -> Any:
-        """One JSON file of an artifact, read alone (not the whole artifact, from an object store); None if it has none."""
+        """One JSON file of an artifact, read alone (not the whole artifact, from an object store); None if it has none
+        or it cannot be read (lineage shows what it can of a damaged artifact)."""
         try:
             return json.loads(self.registry.read(manifest, name) or b"null")
-        except (OSError, ValueError):
+        except (ArtifactError, OSError, ValueError):
             return None
 
     def read(self, manifest: Manifest) -> list[TableVersion]:

@@ -21,6 +21,7 @@ from factory.config.schema import PretrainConfig
 from factory.config.sources import changed_files, source_files
 from factory.config.base_refs import ALIAS_PREFIX
 from factory.config.stages import BASE, PENDING, placement, stages_of
+from factory.errors import ArtifactError
 from factory.devices import where as where_it_runs
 from factory.registry.index import Where
 from factory.registry.layout import SOURCES_FILE
@@ -200,7 +201,10 @@ def base_moved(last: Manifest, digest: str, base_ref: str | None) -> str:
 def source_changes(last: Manifest, spec: StageSpec, registry: ArtifactStore) -> list[str]:
     """`source stdlib: 2 added (a.py, b.py)` for each dataset whose files differ from what the last raw stage read."""
     before = last.config.get(FILES_KEY, {})
-    read = json.loads(registry.read(last, SOURCES_FILE) or b"{}")
+    try:
+        read = json.loads(registry.read(last, SOURCES_FILE) or b"{}")
+    except ArtifactError:  # the last ingest's artifact is damaged: its listing is not there to compare with
+        read = {}
     reasons = []
     for name, digest in spec.config[FILES_KEY].items():
         if before.get(name) == digest:
