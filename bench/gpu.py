@@ -12,10 +12,16 @@
    greedy, fp32 and bf16: tokens/s and how many rows are token for token the same. Goal: >= 3x `transformers`' tokens/s,
    identical tokens in fp32.
 
+3. Attention: `scaled_dot_product_attention`'s kernels alone (flash, cuDNN, memory-efficient), forward and backward,
+   causal, bf16, on contiguous (batch, heads, time, width) inputs at the two models' training shapes. On an H100 cuDNN's
+   was 1.61x flash's at the 0.9B shape, yet putting it first (`torch.nn.attention.sdpa_kernel`, set_priority) changed
+   neither loop's tokens/s, eager or compiled: the models keep torch's order.
+
 On a machine without a GPU it runs at a CPU size, eager unless `--mode compiled`, so that CI keeps it working (`--smoke`:
 smaller still). Batches
 are random tokens built once, in pinned host memory for both sides; models are random-initialised (seed 0). The 0.9B
-case takes batch 16 on a GPU with more than 100 GB, else 8.
+case takes batch 16 on a GPU with more than 100 GB, else 8 (`--batch 16` fits an 80 GB GPU compiled: 50.7 GB at the peak;
+eager takes 45 GB at batch 8).
 """
 
 from __future__ import annotations
@@ -63,12 +69,12 @@ def llama(layers: int, width: int, heads: int, kv_heads: int, context: int) -> M
                        positions="rotary", tie_embeddings=False)
 
 
-def cases(device: torch.device, smoke: bool) -> list[Case]:
+def cases(device: torch.device, smoke: bool, batch: int | None = None) -> list[Case]:
     if device.type != "cuda":
         if smoke:
             return [Case(name="cpu-tiny", model=llama(2, 64, 4, 2, 64), vocab=512, batch=2, warmup=2, steps=2)]
         return [Case(name="cpu-small", model=llama(2, 128, 4, 2, 128), vocab=8192, batch=8, warmup=4, steps=8)]
-    big_batch = 16 if torch.cuda.get_device_properties(device).total_memory > 100e9 else 8
+    big_batch = batch or (16 if torch.cuda.get_device_properties(device).total_memory > 100e9 else 8)
     return [
         Case(name="0.1B", model=llama(12, 768, 12, 4, 1024), vocab=32_000, batch=16, warmup=10, steps=20),
         Case(name="0.9B", model=llama(16, 2048, 16, 16, 2048), vocab=32_000, batch=big_batch, warmup=10, steps=20),
@@ -150,14 +156,14 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def training(device: torch.device, smoke: bool, work: Path, only: str | None, mode: str | None) -> None:
+def training(device: torch.device, smoke: bool, work: Path, only: str | None, mode: str | None, batch: int | None) -> None:
     world = World(gpus=1 if device.type == "cuda" else 0)
     modes = (False, True) if device.type == "cuda" else (False,)  # on the CPU, compiled only when asked (it compiles for minutes)
     modes = modes if mode is None else (mode == "compiled",)
     print(f"training on {describe(device)}: factory trainer vs plain loop, same model, batches and optimizer")
     print(f"{'model':<8} {'params':>7} {'mode':<9} {'batch':>5} {'plain tok/s':>12} {'factory tok/s':>14} {'factory / plain':>16} "
           f"{'plain MFU':>10} {'factory MFU':>12} {'row mfu':>8} {'peak GB p/f':>12}")
-    for case in cases(device, smoke):
+    for case in cases(device, smoke, batch):
         if only and case.name != only:
             continue
         batches = random_batches(case, case.warmup + case.steps, pinned=device.type == "cuda")
@@ -264,18 +270,54 @@ def generation(device: torch.device, smoke: bool) -> None:
     print("goals: factory / transformers >= 3x; every row the same in fp32")
 
 
+def attention(device: torch.device, smoke: bool, batch: int | None) -> None:
+    """Each attention kernel alone, forward and backward, at the training shapes: milliseconds and the ratio to flash's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION") if device.type == "cuda" else ("FLASH_ATTENTION", "MATH")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    print(f"attention on {describe(device)}: causal, {dtype}, forward + backward, ms per call (ratio: flash / kernel)")
+    for case in cases(device, smoke, batch):
+        heads, width = case.model.n_head, case.model.n_embd // case.model.n_head
+        shape = (case.batch, heads, case.model.context, width)
+        qkv = [torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
+        figures: dict[str, float] = {}
+        for name in kernels:
+            try:
+                with sdpa_kernel(getattr(SDPBackend, name)):
+                    def call() -> None:
+                        F.scaled_dot_product_attention(*qkv, is_causal=True).sum().backward()
+
+                    for _ in range(3):
+                        call()
+                    synchronize(device)
+                    started = time.perf_counter()
+                    for _ in range(10):
+                        call()
+                    synchronize(device)
+                    figures[name] = (time.perf_counter() - started) / 10 * 1e3
+            except RuntimeError as e:  # a kernel that does not take these inputs here
+                print(f"{case.name:<8} {name:<20} not usable: {str(e).splitlines()[0][:100]}")
+        base = figures.get("FLASH_ATTENTION")
+        for name, ms in figures.items():
+            print(f"{case.name:<8} {str(shape):<22} {name:<20} {ms:>9.2f} ms {base / ms if base else float('nan'):>6.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="the CPU size, smaller: checks the bench runs")
-    parser.add_argument("--part", choices=("training", "generation"), help="run one part only")
+    parser.add_argument("--part", choices=("training", "generation", "attention"), help="run one part only")
+    parser.add_argument("--batch", type=int, help="the 0.9B case's batch on a GPU (default: 16 with more than 100 GB, else 8)")
     parser.add_argument("--case", help="train one case only (0.1B, 0.9B)")
     parser.add_argument("--mode", choices=("eager", "compiled"), help="train in one mode only")
     args = parser.parse_args()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
+        if args.part in (None, "attention"):
+            attention(device, args.smoke, args.batch)
         if args.part in (None, "training"):
-            training(device, args.smoke, Path(tmp), args.case, args.mode)
+            training(device, args.smoke, Path(tmp), args.case, args.mode, args.batch)
         if args.part in (None, "generation"):
             generation(device, args.smoke)
 
