@@ -6,7 +6,10 @@ stage that saved it. A few loaded models are kept in memory. The list shows each
 checkpoint a model stage exported is the model), with the date it was made and the digest the CLI
 prints (`factory leaderboard`, `factory lineage`: the artifact's first 12 hex digits): of the newest
 `LISTED` models and training runs, asked of the registry's index, so a registry of years answers at
-once; a checkpoint is found by its sha256 through the index too.
+once; a checkpoint is found by its sha256 through the index too. Listing reads the artifacts' small
+files alone (a checkpoint's record, a model's config); a checkpoint's or model's weights, tokenizer and
+chat template are fetched when a completion first needs them, so on an object store the page copies
+no training artifact to disk and a completion fetches only the checkpoint it loads.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ from factory.models.sampling import Sampling
 from factory.models.tokenizer import end_of_text, load_tokenizer
 from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
-from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
 from factory.registry.index import Where
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_CONFIG, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
+from factory.train.records import recorded_in
 
-RECORD = re.compile(r"^step_(\d+)\.json$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_NEW_TOKENS = 256
 MIN_TEMPERATURE = 0.01
@@ -53,6 +56,18 @@ link to any other (`/checkpoint/<sha256>`) opens it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Part:
+    """One file or directory (`name`) of a published artifact, fetched to local disk when a completion needs it."""
+
+    artifact: Manifest
+    name: str
+
+    def holds(self) -> bool:
+        """Whether the artifact has this part: the file, or files under the directory."""
+        return self.name in self.artifact.files or any(key.startswith(f"{self.name}/") for key in self.artifact.files)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate:
     """A checkpoint or an exported model that can complete a prompt."""
 
@@ -61,13 +76,13 @@ class Candidate:
     stage: str
     """The kind of the stage that saved it: one with checkpoints, or the kind of the exported model."""
     step: int
-    path: Path
+    weights: Part
     model: dict[str, Any]
-    tokenizer: Path
+    tokenizer: Part
     created: str
     digest: str = ""
     """The registry artifact it is in: the exported model's, or the training stage's that saved the checkpoint."""
-    chat_template: Path | None = None
+    chat_template: Part | None = None
     """The chat template it was fine-tuned with, if it was: a conversation prompts it through this."""
 
     @property
@@ -142,49 +157,55 @@ def find_candidate(registry: ArtifactStore, sha256: str) -> Candidate | None:
 
 
 def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]:
-    base = registry.path(manifest.digest)
-    tokenizer = manifest.inputs.get(provider(TOKENIZER).name)
+    """The checkpoints a training artifact holds, from their records (read alone; a damaged one is left out)."""
+    tokenizer = _tokenizer_of(registry, manifest)
     if tokenizer is None or "model" not in manifest.config:
         return []
-    out = []
-    for name in manifest.files:
-        match = RECORD.match(name)
-        if not match:
-            continue
+
+    def record(name: str) -> bytes | None:
         try:
-            record = json.loads((base / name).read_text())
-        except (OSError, ValueError):
-            continue
-        weights = base / name.removesuffix(".json")
-        path = weights if weights.is_dir() else weights.with_suffix(".pt")
-        if not SHA256.match(str(record.get("sha256", ""))) or not path.exists():
+            return registry.read(manifest, name)
+        except ArtifactError:
+            return None
+
+    out = []
+    for saved in recorded_in(manifest.files, record, Path()):
+        weights = Part(artifact=manifest, name=saved.path.as_posix())
+        if not SHA256.match(str(saved.sha256)) or not weights.holds():
             continue
         out.append(Candidate(
-            sha256=record["sha256"], experiment=manifest.experiment, stage=manifest.kind, step=int(match.group(1)), path=path,
-            model=dict(manifest.config["model"]), tokenizer=registry.path(tokenizer) / TOKENIZER_FILE, created=manifest.created,
-            digest=manifest.digest, chat_template=_template(base),
+            sha256=saved.sha256, experiment=manifest.experiment, stage=manifest.kind, step=saved.step, weights=weights,
+            model=dict(manifest.config["model"]), tokenizer=tokenizer, created=manifest.created, digest=manifest.digest,
+            chat_template=_template(manifest),
         ))
     return out
 
 
+def _tokenizer_of(registry: ArtifactStore, manifest: Manifest) -> Part | None:
+    """The tokenizer file of the tokenizer artifact a training artifact was made with."""
+    digest = manifest.inputs.get(provider(TOKENIZER).name)
+    found = next(registry.manifests(provider(TOKENIZER).name, Where(digest=digest)), None) if digest else None
+    return Part(artifact=found, name=TOKENIZER_FILE) if found is not None else None
+
+
 def _model(registry: ArtifactStore, manifest: Manifest) -> Candidate | None:
-    base = registry.path(manifest.digest)
     weights = manifest.files.get(MODEL_WEIGHTS)
     try:
-        config = json.loads((base / MODEL_CONFIG).read_text())
-    except (OSError, ValueError):
+        config = json.loads(registry.read(manifest, MODEL_CONFIG) or b"")
+    except (ArtifactError, ValueError):
         return None
-    if weights is None or "model" not in config:
+    if weights is None or not isinstance(config, dict) or "model" not in config:
         return None
     return Candidate(
         sha256=str(weights["sha256"]), experiment=manifest.experiment, stage=manifest.kind, step=int(config.get("steps", 0)),
-        path=base / MODEL_WEIGHTS, model=dict(config["model"]), tokenizer=base / TOKENIZER_FILE, created=manifest.created,
-        digest=manifest.digest, chat_template=_template(base),
+        weights=Part(artifact=manifest, name=MODEL_WEIGHTS), model=dict(config["model"]),
+        tokenizer=Part(artifact=manifest, name=TOKENIZER_FILE), created=manifest.created, digest=manifest.digest,
+        chat_template=_template(manifest),
     )
 
 
-def _template(directory: Path) -> Path | None:
-    return template if (template := directory / CHAT_TEMPLATE_FILE).is_file() else None
+def _template(manifest: Manifest) -> Part | None:
+    return Part(artifact=manifest, name=CHAT_TEMPLATE_FILE) if CHAT_TEMPLATE_FILE in manifest.files else None
 
 
 def checked_temperature(value: float) -> float:
@@ -199,7 +220,7 @@ class Generator:
 
     def __init__(self, registry: ArtifactStore) -> None:
         self.registry = registry
-        self._loaded: OrderedDict[str, tuple[torch.nn.Module, Any]] = OrderedDict()
+        self._loaded: OrderedDict[str, tuple[torch.nn.Module, Any, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def find(self, sha256: str) -> Candidate:
@@ -222,12 +243,12 @@ class Generator:
             raise PodiumError(f"new tokens must be between 1 and {MAX_NEW_TOKENS}, not {new_tokens}")
         checked_temperature(temperature)
         with self._lock:  # one generation at a time: the models share the CPU (or the GPU)
-            model, tokenizer = self._model(candidate)
-            text = rendered(prompt, candidate.chat_template) if chat else prompt
+            model, tokenizer, eos = self._model(candidate)
+            text = rendered(prompt, self._fetched(candidate, candidate.chat_template, optional=True)) if chat else prompt
             ids = tokenizer.encode(text).ids
             if not ids:
                 raise PodiumError("the prompt encodes to no tokens")
-            sampling = Sampling(new_tokens=new_tokens, temperature=temperature, eos_id=end_of_text(tokenizer, candidate.tokenizer))
+            sampling = Sampling(new_tokens=new_tokens, temperature=temperature, eos_id=eos)
             started = time.perf_counter()
             done = generate(model, [ids], sampling, context=candidate.context, seeds=[seed] if temperature > 0 else None)[0]
             seconds = time.perf_counter() - started
@@ -235,19 +256,37 @@ class Generator:
         return Completion(candidate=candidate, prompt=text, text=tokenizer.decode(tokens, skip_special_tokens=True), tokens=len(tokens),
                           seconds=seconds, stopped_at_eos=done.finish == "eos")
 
-    def _model(self, candidate: Candidate) -> tuple[torch.nn.Module, Any]:
+    def _model(self, candidate: Candidate) -> tuple[torch.nn.Module, Any, int]:
+        """The candidate's model (on this machine's device), its tokenizer and the token that ends its text."""
         if candidate.sha256 in self._loaded:
             self._loaded.move_to_end(candidate.sha256)
             return self._loaded[candidate.sha256]
         try:
-            state = load_checkpoint(candidate.path, candidate.sha256)  # an exported model.pt holds the weights alone
-            tokenizer = load_tokenizer(candidate.tokenizer)
+            # an exported model.pt holds the weights alone
+            state = load_checkpoint(self._fetched(candidate, candidate.weights), candidate.sha256)
+            tokenizer_file = self._fetched(candidate, candidate.tokenizer)
+            self._fetched(candidate, Part(artifact=candidate.tokenizer.artifact, name=TOKENIZER_CONFIG), optional=True)  # beside it
+            tokenizer = load_tokenizer(tokenizer_file)
+            eos = end_of_text(tokenizer, tokenizer_file)
             model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
             model.load_state_dict(state if candidate.exported else state["model"])
         except (ArtifactError, OSError, RuntimeError, ValueError, KeyError) as e:
             raise PodiumError(f"{candidate.label} cannot be loaded: {e}") from e
         model.to(device_for(None)).eval()  # the machine Podium serves from: its GPU when it has one
-        self._loaded[candidate.sha256] = (model, tokenizer)
+        self._loaded[candidate.sha256] = (model, tokenizer, eos)
         while len(self._loaded) > LOADED_MODELS:
             self._loaded.popitem(last=False)
-        return model, tokenizer
+        return model, tokenizer, eos
+
+    def _fetched(self, candidate: Candidate, part: Part | None, optional: bool = False) -> Path | None:
+        """Where `part` of a candidate's artifacts is on this machine (fetched from an object store); None for an
+        `optional` part the artifact lacks."""
+        if part is None or not part.holds():
+            if optional:
+                return None
+            raise PodiumError(f"{candidate.label} cannot be loaded: artifact {part.artifact.digest[:12]} has no {part.name}; "
+                              "rerun its stage to publish it again")
+        try:
+            return self.registry.fetch(part.artifact, part.name)
+        except (ArtifactError, OSError) as e:
+            raise PodiumError(f"{candidate.label} cannot be loaded: {part.name} of artifact {part.artifact.digest[:12]}: {e}") from e

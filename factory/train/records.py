@@ -81,12 +81,12 @@ def recorded_in(names: Iterable[str], read: Callable[[str], bytes | None], base:
     for name in sorted(names):
         if not NAME.match(name):
             continue
+        stem = name.removesuffix(".json")
         try:
             record = json.loads(read(name) or b"")
-        except (OSError, ValueError):
+            path = base / (stem if record.get("format") == SHARDED else f"{stem}.pt")
+            found.append(SavedCheckpoint(step=record["step"], path=path, sha256=record["sha256"], size=record["size"],
+                                         metrics=record.get("metrics", {})))
+        except (OSError, ValueError, KeyError, AttributeError):  # not a record the trainer wrote: no checkpoint
             continue
-        stem = name.removesuffix(".json")
-        path = base / (stem if record.get("format") == SHARDED else f"{stem}.pt")
-        found.append(SavedCheckpoint(step=record["step"], path=path, sha256=record["sha256"], size=record["size"],
-                                     metrics=record.get("metrics", {})))
     return sorted(found, key=lambda c: c.step)

@@ -107,3 +107,33 @@ def test_the_page_lists_the_newest_runs_and_a_link_opens_an_older_checkpoint_by_
     assert find_candidate(registry, older).experiment == "podium-seed1"  # asked of the index by the checkpoint file's sha256
     assert {c.experiment for c in candidates(registry, chosen={older}, newest=1)} == {"podium-seed1", "podium-seed2"}
     assert find_candidate(registry, "0" * 64) is None
+
+
+def test_on_an_object_store_the_list_fetches_no_checkpoint_and_a_completion_only_what_it_loads(store, s3_server, tmp_path,
+                                                                                                 monkeypatch):
+    import uuid
+
+    from factory.registry.objects import ObjectRegistry
+    from factory.storage import open_store
+    from tests.podium.conftest import publish_checkpoints, samples
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    registry = ObjectRegistry(open_store(f"s3://{s3_server.bucket}/{uuid.uuid4().hex[:12]}"), tmp_path / "local")
+    publish_checkpoints(registry, [r["prompt"] + r["completion"] for r in samples()[4:]])  # as the local store's fixture
+    cache = tmp_path / "local" / "cache"
+
+    def fetched() -> set[str]:
+        return {p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file()} if cache.is_dir() else set()
+
+    found = {c.experiment: c for c in candidates(registry)}
+    assert set(found) == {"podium-seed1", "podium-seed2"}
+    assert fetched() == set()  # the list read two records, and copied nothing here
+    here = {c.experiment: c for c in candidates(ArtifactStore(store / "registry"))}
+    assert {name: c.sha256 for name, c in found.items()} == {name: c.sha256 for name, c in here.items()}
+
+    completion = Generator(registry).complete(found["podium-seed1"], "def f(x):\n    return", new_tokens=6)
+    weights, tokenizer = found["podium-seed1"].weights, found["podium-seed1"].tokenizer
+    assert fetched() == {f"parts/{weights.artifact.digest}/step_000010.pt", f"parts/{tokenizer.artifact.digest}/tokenizer.json"}
+    assert completion.text == Generator(ArtifactStore(store / "registry")).complete(here["podium-seed1"], "def f(x):\n    return",
+                                                                                  new_tokens=6).text
