@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from factory.config.schema import TokenizerConfig
 from factory.errors import ArtifactError
-from factory.registry.layout import TOKENIZER_CONFIG
+from factory.registry.layout import TOKENIZER_CONFIG, TOKENIZER_FILE
+
+if TYPE_CHECKING:
+    from factory.registry.store import ArtifactStore, Manifest
 
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS,)
@@ -60,6 +64,14 @@ def vocabulary_shortfall(learned: int, config: TokenizerConfig, sample_bytes: in
 def load_tokenizer(path: Path) -> Tokenizer:
     """Load a tokenizer saved with `Tokenizer.save`."""
     return Tokenizer.from_file(str(path))
+
+
+def fetched_tokenizer(registry: ArtifactStore, artifact: Manifest) -> Path:
+    """The tokenizer file of a published artifact on local disk, with the tokenizer config beside it when the artifact has
+    one (`end_of_text` reads it): those two files alone, fetched from an object store."""
+    if TOKENIZER_CONFIG in artifact.files:
+        registry.fetch(artifact, TOKENIZER_CONFIG)
+    return registry.fetch(artifact, TOKENIZER_FILE)
 
 
 def end_of_text(tokenizer: Tokenizer, path: Path) -> int:

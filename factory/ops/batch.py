@@ -21,9 +21,9 @@ from factory.data.blend import Blend
 from factory.data.loader import PAD, LoaderState, build_loader
 from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
-from factory.models.tokenizer import end_of_text, load_tokenizer
-from factory.registry.layout import BLEND_FILE, POSITIONS_FILE, TOKENIZER_FILE
-from factory.registry.store import ArtifactStore
+from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
+from factory.registry.layout import BLEND_FILE, POSITIONS_FILE
+from factory.registry.store import ArtifactStore, Manifest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,30 +37,35 @@ class FetchedSequence:
 
 def stage_artifacts(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, str]:
     """Digests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
-    digests: dict[str, str] = {}
+    return {kind: manifest.digest for kind, manifest in stage_manifests(experiment, registry, until).items()}
+
+
+def stage_manifests(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, Manifest]:
+    """The manifests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
+    found: dict[str, Manifest] = {}
     for kind in stages_of(experiment):
-        manifest = registry.lookup(plan_stage(experiment, kind, {n: digests[n] for n in upstream_of(experiment, kind)}).fingerprint)
+        manifest = registry.lookup(plan_stage(experiment, kind, {n: found[n].digest for n in upstream_of(experiment, kind)}).fingerprint)
         if manifest is None:
             raise ArtifactError(f"{experiment.name} has no published {kind} artifact: run `factory run {experiment.source or experiment.name}` first")
-        digests[kind] = manifest.digest
+        found[kind] = manifest
         if kind == until:
-            return digests
+            return found
     raise ConfigError(f"{experiment.name} has no {until} stage: its file has no section for it")
 
 
 def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, catalog: Catalog) -> list[FetchedSequence]:
-    """The batch that training step `step` (0-based) consumed."""
+    """The batch that training step `step` (0-based) consumed: from the training's data positions and the blend (each
+    file read alone, not the training artifact with its checkpoints) and the tokenizer."""
     if experiment.pretrain is None:
         raise ConfigError(f"{experiment.name} has no pretrain section, so no training batches")
     if not 0 <= step < experiment.pretrain.steps:
         raise ConfigError(f"step {step} is outside the run: {experiment.name} trains steps 0..{experiment.pretrain.steps - 1}")
     training = main_training_kind().name
-    digests = stage_artifacts(experiment, registry, training)
-    checkpoints = registry.open(digests[training])
-    positions = [json.loads(line) for line in (checkpoints / POSITIONS_FILE).read_text().splitlines() if line]
+    manifests = stage_manifests(experiment, registry, training)
+    positions = [json.loads(line) for line in _file(registry, manifests[training], POSITIONS_FILE).splitlines() if line]
     start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
-    blend = Blend.from_json(json.loads((registry.open(digests[provider(BLEND).name]) / BLEND_FILE).read_text()))
-    tokenizer_file = registry.open(digests[provider(TOKENIZER).name]) / TOKENIZER_FILE
+    blend = Blend.from_json(json.loads(_file(registry, manifests[provider(BLEND).name], BLEND_FILE)))
+    tokenizer_file = fetched_tokenizer(registry, manifests[provider(TOKENIZER).name])
     tokenizer = load_tokenizer(tokenizer_file)
     loader = build_loader(
         catalog, blend, tokenizer, end_of_text(tokenizer, tokenizer_file), experiment.model.context, experiment.seed, StreamSettings.of(experiment.data)
@@ -79,6 +84,13 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
         )
         for s in batch
     ]
+
+
+def _file(registry: ArtifactStore, manifest: Manifest, name: str) -> str:
+    data = registry.read(manifest, name)
+    if data is None:
+        raise ArtifactError(f"the {manifest.kind} artifact {manifest.digest[:12]} has no {name}: rerun its stage to publish it again")
+    return data.decode()
 
 
 def document_paths(catalog: Catalog, blend: Blend) -> dict[str, dict[str, str]]:

@@ -34,11 +34,11 @@ from factory.errors import ArtifactError
 from factory.models.build import new_model
 from factory.models.generate import generate
 from factory.models.sampling import Sampling
-from factory.models.tokenizer import end_of_text, load_tokenizer
+from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
 from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.index import Where
-from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_CONFIG, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
 from factory.registry.store import ArtifactStore, Manifest
 from factory.train.checkpoint import load_checkpoint
 from factory.train.records import recorded_in
@@ -264,8 +264,9 @@ class Generator:
         try:
             # an exported model.pt holds the weights alone
             state = load_checkpoint(self._fetched(candidate, candidate.weights), candidate.sha256)
-            tokenizer_file = self._fetched(candidate, candidate.tokenizer)
-            self._fetched(candidate, Part(artifact=candidate.tokenizer.artifact, name=TOKENIZER_CONFIG), optional=True)  # beside it
+            if not candidate.tokenizer.holds():
+                raise ArtifactError(f"artifact {candidate.tokenizer.artifact.digest[:12]} has no {TOKENIZER_FILE}")
+            tokenizer_file = fetched_tokenizer(self.registry, candidate.tokenizer.artifact)
             tokenizer = load_tokenizer(tokenizer_file)
             eos = end_of_text(tokenizer, tokenizer_file)
             model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())

@@ -463,6 +463,15 @@ def _inside(name: str) -> bool:
     return bool(name) and "\0" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
+def manifest_of(registry: ArtifactStore, digest: str) -> Manifest:
+    """The manifest of the published artifact `digest` (asked of the registry's index, either kind of registry), for a
+    reader of one of its files (`read`, `fetch`); ArtifactError when none is published."""
+    found = next(iter(registry.manifests(where=Where(digest=digest))), None) if DIGEST.match(str(digest)) else None
+    if found is None:
+        raise ArtifactError(f"artifact {str(digest)[:12]} is not in the registry at {registry.location}; rerun its stage")
+    return found
+
+
 def artifact_digest(files: Mapping[str, Mapping[str, Any]]) -> str:
     """An artifact's digest: the sha256 of its file listing (each name with its sha256)."""
     listing = "\n".join(f"{name}\0{entry['sha256']}" for name, entry in sorted(files.items()))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from factory.config.kinds import BLEND, provider, stage_kind
+from factory.config.kinds import BLEND, TOKENIZER, provider, stage_kind
 from factory.config.section import Section
 from factory.registry.layout import BLEND_FILE
 from factory.train.distributed import World, world_from_env
@@ -78,14 +78,30 @@ class StageContext:
             self.registry.save_work(self.request.spec.fingerprint)
 
     def upstream(self, name: str) -> Path:
-        """Directory of the upstream artifact this stage was planned with."""
+        """Directory of the upstream artifact this stage was planned with (from an object store, a copy of all of it:
+        `upstream_file` fetches one file)."""
         return self.registry.open(self.request.spec.upstream[name])
+
+    def upstream_file(self, name: str, file: str) -> Path:
+        """Where one file (or directory) of the upstream artifact this stage was planned with is on local disk: from an
+        object store, that part alone (a training's final checkpoint, not every kept one); where it would be when the
+        artifact has no such file."""
+        from factory.registry.store import manifest_of
+
+        return self.registry.fetch(manifest_of(self.registry, self.request.spec.upstream[name]), file)
+
+    def upstream_tokenizer(self) -> Path:
+        """The upstream tokenizer's file on local disk, its tokenizer config beside it when it has one."""
+        from factory.models.tokenizer import fetched_tokenizer
+        from factory.registry.store import manifest_of
+
+        return fetched_tokenizer(self.registry, manifest_of(self.registry, self.request.spec.upstream[provider(TOKENIZER).name]))
 
     def blend(self) -> Blend:
         """The upstream blend this stage reads."""
         from factory.data.blend import Blend
 
-        return Blend.from_json(json.loads((self.upstream(provider(BLEND).name) / BLEND_FILE).read_text()))
+        return Blend.from_json(json.loads(self.upstream_file(provider(BLEND).name, BLEND_FILE).read_text()))
 
     def blend_stream(self, split: str, finite: bool = False) -> BlendStream:
         """Documents of one split of the upstream blend, in the seeded order training sees them."""

@@ -57,11 +57,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
     from factory.train.pretrain import load_weights
 
     trained = ctx.settings.export or exported(ctx.request.spec.upstream)[0]
-    checkpoints = ctx.upstream(trained)
-    record = json.loads((checkpoints / RUN_FILE).read_text())
-    config, weights = ModelConfig.model_validate(record["model"]), load_weights(checkpoints / record["final"])
-    tokenizer_path = ctx.upstream("tokenizer") / TOKENIZER_FILE
-    template = checkpoints / CHAT_TEMPLATE_FILE  # prompts the model as it was fine-tuned
+    record = json.loads(ctx.upstream_file(trained, RUN_FILE).read_text())  # the files it needs, not every kept checkpoint
+    config, weights = ModelConfig.model_validate(record["model"]), load_weights(ctx.upstream_file(trained, record["final"]))
+    tokenizer_path = ctx.upstream_tokenizer()
+    template = ctx.upstream_file(trained, CHAT_TEMPLATE_FILE)  # prompts the model as it was fine-tuned
     if template.is_file():
         shutil.copyfile(template, ctx.out / CHAT_TEMPLATE_FILE)
     layout = hugging_face_layout(config, weights, record["vocab_size"])

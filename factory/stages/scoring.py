@@ -27,9 +27,9 @@ from factory.evals.base import EVALUATIONS
 from factory.evals.benchmarks import Benchmark, EvalInputs, benchmark
 from factory.evals.scored_on import own_split, pinned, table_ref
 from factory.models.build import new_model
-from factory.models.tokenizer import end_of_text, load_tokenizer
-from factory.registry.layout import BLEND_FILE, CHAT_TEMPLATE_FILE, RESULT_FILE, TOKENIZER_FILE
-from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
+from factory.registry.layout import BLEND_FILE, CHAT_TEMPLATE_FILE, RESULT_FILE
+from factory.registry.store import ArtifactStore, Manifest, Provenance, manifest_of
 from factory.train.checkpoint import load_checkpoint
 
 if TYPE_CHECKING:  # the kind's module imports this one when a batch runs
@@ -121,12 +121,12 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     except ArtifactError as e:
         raise ArtifactError(f"checkpoint {checkpoint.key} at {path} does not match the sha256 its partition recorded; not evaluated") from e
     spec, settings = checkpoint.spec, checkpoint.settings()  # the model its checkpoints hold
-    tokenizer_file = registry.open(spec.upstream[provider(TOKENIZER).name]) / TOKENIZER_FILE
+    tokenizer_file = fetched_tokenizer(registry, manifest_of(registry, spec.upstream[provider(TOKENIZER).name]))
     tokenizer = load_tokenizer(tokenizer_file)
     model = new_model(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
     model.to(device_for(None)).eval()  # an evaluation batch computes on its machine's (its pod's) GPU when it has one
-    blend = Blend.from_json(json.loads((registry.open(spec.upstream[provider(BLEND).name]) / BLEND_FILE).read_text()))
+    blend = Blend.from_json(json.loads(registry.read(manifest_of(registry, spec.upstream[provider(BLEND).name]), BLEND_FILE) or b""))
 
     def validation_texts() -> Iterator[str]:
         stream = BlendStream(catalog=open_catalog(catalog), blend=blend, split="validation", seed=settings.seed,
@@ -154,9 +154,9 @@ def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) ->
     trained = [kind.name for kind in stage_kinds() if kind.checkpoints and kind.name in spec.upstream and kind.name != spec.kind]
     start = next((name for name in (BASE, *reversed(trained)) if name in spec.upstream), None)
     if start is not None:
-        kept = registry.open(spec.upstream[start]) / CHAT_TEMPLATE_FILE
-        if kept.is_file():
-            return kept.read_text()
+        kept = registry.read(manifest_of(registry, spec.upstream[start]), CHAT_TEMPLATE_FILE)  # that file, not the checkpoints
+        if kept is not None:
+            return kept.decode()
     elif (source := settings.model.from_hf) is not None:
         imported = read_checkpoint(source.path)
         if imported.chat_template is not None and imported.chat_template_problem() is None:

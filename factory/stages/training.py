@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from factory.config.control import ControlConfig
-from factory.config.kinds import TOKENIZER, provider, stage_kind, stage_kinds
+from factory.config.kinds import stage_kind, stage_kinds
 from factory.config.plugins import resolve
 from factory.config.stages import BASE, FROM_HF
 from factory.config.schema import ModelConfig, PretrainConfig
@@ -28,7 +28,7 @@ from factory.data.loader import Batch, LoaderState
 from factory.errors import StageFailed
 from factory.models.hf_import import import_weights, planned_checkpoint
 from factory.models.tokenizer import end_of_text, load_tokenizer
-from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_WEIGHTS, RUN_FILE
 from factory.runtime.context import StageContext
 from factory.runtime.progress import training_progress, wants_progress
 from factory.stages.trainer import FILTERED, TrainingInputs
@@ -210,10 +210,9 @@ def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
             raise StageFailed(f"{ctx.request.spec.kind} starts from no model: none of its inputs is one, and model.from_hf is unset")
         return import_weights(ctx.settings.model.from_hf)
     if stage == BASE:
-        return load_weights(ctx.upstream(BASE) / MODEL_WEIGHTS)
-    checkpoints = ctx.upstream(stage)
-    run = json.loads((checkpoints / RUN_FILE).read_text())
-    return load_weights(checkpoints / run["final"])
+        return load_weights(ctx.upstream_file(BASE, MODEL_WEIGHTS))
+    run = json.loads(ctx.upstream_file(stage, RUN_FILE).read_text())  # and the final checkpoint alone, not every kept one
+    return load_weights(ctx.upstream_file(stage, run["final"]))
 
 
 def starts_from(ctx: StageContext, *stages: str) -> str:
@@ -235,7 +234,7 @@ def starting_template(ctx: StageContext, start: str) -> tuple[str, str] | None:
             ctx.log.warning(f"the chat template of {checkpoint.chat_template_source} is left out: {problem}")
             return None
         return checkpoint.chat_template, checkpoint.chat_template_source
-    template = ctx.upstream(start) / CHAT_TEMPLATE_FILE
+    template = ctx.upstream_file(start, CHAT_TEMPLATE_FILE)
     return (template.read_text(), f"the {start} input ({CHAT_TEMPLATE_FILE})") if template.is_file() else None
 
 
@@ -284,6 +283,6 @@ def open_tracker(ctx: StageContext) -> TrackerRun:
 
 def post_training_inputs(ctx: StageContext) -> tuple[ModelConfig, Tokenizer, int, Catalog]:
     """What both post-training stages read: the model's shape, the tokenizer and its end-of-text id, the catalog."""
-    tokenizer_file = ctx.upstream(provider(TOKENIZER).name) / TOKENIZER_FILE
+    tokenizer_file = ctx.upstream_tokenizer()
     tokenizer = load_tokenizer(tokenizer_file)
     return ctx.settings.model, tokenizer, end_of_text(tokenizer, tokenizer_file), open_catalog(ctx.request.catalog)

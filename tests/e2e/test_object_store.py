@@ -100,6 +100,8 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         batch = factory("data", "batch", str(path), "7", "--root", str(root), "--json", env=env)
         assert batch.returncode == 0, batch.stderr[-3000:]
         assert json.loads(batch.stdout)["step"] == 7 and json.loads(batch.stdout)["sequences"]
+        copies = root / "registry" / "cache" / "objects"
+        assert not (copies / kinds["pretrain"].digest).exists()  # Podium, lineage and the batch read its small files alone
 
         # The model reproduces from the bucket byte for byte, then is promoted there (an alias's history written by
         # conditional writes) and the leaderboard reads the bucket.

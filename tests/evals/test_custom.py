@@ -18,9 +18,9 @@ from tests.podium.conftest import store  # noqa: F401  (the fixture)
 def inputs_for(store, catalog) -> tuple[EvalInputs, Generator]:
     registry = ArtifactStore(store / "registry")
     candidate = sorted(candidates(registry), key=lambda c: c.experiment)[0]
-    tokenizer = load_tokenizer(candidate.tokenizer)
+    tokenizer = load_tokenizer(registry.fetch(candidate.tokenizer.artifact, candidate.tokenizer.name))
     model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
-    model.load_state_dict(torch.load(candidate.path, weights_only=True)["model"])
+    model.load_state_dict(torch.load(registry.fetch(candidate.weights.artifact, candidate.weights.name), weights_only=True)["model"])
     model.eval()
     inputs = EvalInputs(model=model, tokenizer=tokenizer, eos_id=tokenizer.token_to_id(EOS), context=candidate.context,
                         validation_texts=lambda: iter(()), seed=0, batch_size=4, max_bytes=1000, catalog=catalog)
