@@ -11,7 +11,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from factory.config.schema import TokenizerConfig
 from factory.errors import ArtifactError
-from factory.registry.layout import TOKENIZER_CONFIG, TOKENIZER_FILE
+from factory.registry.layout import TOKEN_IDS_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE
+
+TOKENIZER_SIDE_FILES = (TOKENIZER_CONFIG, TOKEN_IDS_FILE)
+"""Files of a tokenizer artifact (or an exported model) read from beside its tokenizer file, when it has them."""
 
 if TYPE_CHECKING:
     from factory.registry.store import ArtifactStore, Manifest
@@ -67,11 +70,16 @@ def load_tokenizer(path: Path) -> Tokenizer:
 
 
 def fetched_tokenizer(registry: ArtifactStore, artifact: Manifest) -> Path:
-    """The tokenizer file of a published artifact on local disk, with the tokenizer config beside it when the artifact has
-    one (`end_of_text` reads it): those two files alone, fetched from an object store."""
-    if TOKENIZER_CONFIG in artifact.files:
-        registry.fetch(artifact, TOKENIZER_CONFIG)
-    return registry.fetch(artifact, TOKENIZER_FILE)
+    """The tokenizer file of a published artifact on local disk, with the files read beside it (`TOKENIZER_SIDE_FILES`:
+    its config, which `end_of_text` reads, and an imported tokenizer's token ids, which the export reads) that the
+    artifact has: those files alone, fetched from an object store, into one directory."""
+    names = [TOKENIZER_FILE, *(name for name in TOKENIZER_SIDE_FILES if name in artifact.files)]
+    for _ in range(2):
+        places = [registry.fetch(artifact, name) for name in names]
+        if len({place.parent for place in places}) == 1:
+            return places[0]
+        # another process placed a whole copy between two fetches: the next round finds every file in it
+    raise ArtifactError(f"the tokenizer files of artifact {artifact.digest[:12]} were fetched into different directories; try again")
 
 
 def end_of_text(tokenizer: Tokenizer, path: Path) -> int:

@@ -23,7 +23,7 @@ from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
 from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
 from factory.registry.layout import BLEND_FILE, POSITIONS_FILE
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.store import ArtifactStore, Manifest, read_required
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,9 +62,9 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
         raise ConfigError(f"step {step} is outside the run: {experiment.name} trains steps 0..{experiment.pretrain.steps - 1}")
     training = main_training_kind().name
     manifests = stage_manifests(experiment, registry, training)
-    positions = [json.loads(line) for line in _file(registry, manifests[training], POSITIONS_FILE).splitlines() if line]
+    positions = [json.loads(line) for line in read_required(registry, manifests[training], POSITIONS_FILE).decode().splitlines() if line]
     start = max((p for p in positions if p["step"] <= step), key=lambda p: p["step"])
-    blend = Blend.from_json(json.loads(_file(registry, manifests[provider(BLEND).name], BLEND_FILE)))
+    blend = Blend.from_json(json.loads(read_required(registry, manifests[provider(BLEND).name], BLEND_FILE)))
     tokenizer_file = fetched_tokenizer(registry, manifests[provider(TOKENIZER).name])
     tokenizer = load_tokenizer(tokenizer_file)
     loader = build_loader(
@@ -84,13 +84,6 @@ def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, cata
         )
         for s in batch
     ]
-
-
-def _file(registry: ArtifactStore, manifest: Manifest, name: str) -> str:
-    data = registry.read(manifest, name)
-    if data is None:
-        raise ArtifactError(f"the {manifest.kind} artifact {manifest.digest[:12]} has no {name}: rerun its stage to publish it again")
-    return data.decode()
 
 
 def document_paths(catalog: Catalog, blend: Blend) -> dict[str, dict[str, str]]:

@@ -38,7 +38,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError, ConfigError
 from factory.launch.local import run_captured, stage_argv, warm_starts
 from factory.registry import STORE_ENV
-from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.registry.store import ArtifactStore, Manifest, Provenance, read_required
 from factory.ops.lineage import Lineage
 from factory.ops.plan import FILES_KEY, source_changes
 from factory.runtime import tracker_backend, warm_modules
@@ -297,7 +297,7 @@ def _same_file(name: str, recorded: Manifest, again: Manifest, registry: Artifac
         return True
     if not name.endswith((".json", ".jsonl")):
         return False
-    return _results(registry.path(recorded.digest) / name) == _results(scratch.path(again.digest) / name)
+    return _results(name, read_required(registry, recorded, name)) == _results(name, read_required(scratch, again, name))  # those files alone
 
 
 def measurement(key: str) -> bool:
@@ -311,8 +311,8 @@ def version_label(key: str, value: Any) -> bool:
     return key in ("tag", "version") and isinstance(value, str) and VERSION_LABEL.fullmatch(value) is not None
 
 
-def _results(path: Path) -> list[Any]:
-    """The JSON records of a file with the measurements of the run left out."""
+def _results(name: str, data: bytes) -> list[Any]:
+    """The JSON records of a file (`name`, its bytes) with the measurements of the run left out."""
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: strip(v) for k, v in value.items() if not measurement(k) and not version_label(k, v)}
@@ -320,8 +320,8 @@ def _results(path: Path) -> list[Any]:
             return [strip(v) for v in value]
         return value
 
-    text = path.read_text()
-    lines = text.splitlines() if path.suffix == ".jsonl" else [text]
+    text = data.decode()
+    lines = text.splitlines() if name.endswith(".jsonl") else [text]
     return [strip(json.loads(line)) for line in lines if line.strip()]
 
 

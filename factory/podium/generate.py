@@ -39,7 +39,7 @@ from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.index import Where
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.store import ArtifactStore, Manifest, manifest_of
 from factory.train.checkpoint import load_checkpoint
 from factory.train.records import recorded_in
 
@@ -51,8 +51,14 @@ MAX_TEMPERATURE = 5.0
 MAX_PROMPT_CHARS = 20_000
 LOADED_MODELS = 4
 LISTED = 50
+LISTED_KEPT = 10_000
+"""Training artifacts whose listed checkpoints a process keeps (`_LISTED`) before it forgets them all."""
 """The page lists the newest this many models, and the checkpoints of the newest this many runs of each training stage; a
 link to any other (`/checkpoint/<sha256>`) opens it."""
+
+
+_LISTED: dict[tuple[str, str], list[Candidate]] = {}
+"""(registry location, training artifact digest) -> its checkpoints, as `_checkpoints` read them from their records."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,7 +84,8 @@ class Candidate:
     step: int
     weights: Part
     model: dict[str, Any]
-    tokenizer: Part
+    tokenizer: str
+    """The digest of the artifact whose tokenizer it reads: the tokenizer stage's, or an exported model's own."""
     created: str
     digest: str = ""
     """The registry artifact it is in: the exported model's, or the training stage's that saved the checkpoint."""
@@ -157,15 +164,18 @@ def find_candidate(registry: ArtifactStore, sha256: str) -> Candidate | None:
 
 
 def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]:
-    """The checkpoints a training artifact holds, from their records (read alone; a damaged one is left out)."""
-    tokenizer = _tokenizer_of(registry, manifest)
+    """The checkpoints a training artifact holds, from their records (read alone; a damaged one is left out). An artifact
+    never changes, so what its records said is kept (`_LISTED`): a page view reads the records of new artifacts only."""
+    tokenizer = manifest.inputs.get(provider(TOKENIZER).name)
     if tokenizer is None or "model" not in manifest.config:
         return []
+    if (kept := _LISTED.get((registry.location, manifest.digest))) is not None:
+        return kept
 
     def record(name: str) -> bytes | None:
         try:
             return registry.read(manifest, name)
-        except ArtifactError:
+        except (ArtifactError, OSError):
             return None
 
     out = []
@@ -178,28 +188,24 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
             model=dict(manifest.config["model"]), tokenizer=tokenizer, created=manifest.created, digest=manifest.digest,
             chat_template=_template(manifest),
         ))
+    if len(_LISTED) >= LISTED_KEPT:
+        _LISTED.clear()
+    _LISTED[(registry.location, manifest.digest)] = out
     return out
-
-
-def _tokenizer_of(registry: ArtifactStore, manifest: Manifest) -> Part | None:
-    """The tokenizer file of the tokenizer artifact a training artifact was made with."""
-    digest = manifest.inputs.get(provider(TOKENIZER).name)
-    found = next(registry.manifests(provider(TOKENIZER).name, Where(digest=digest)), None) if digest else None
-    return Part(artifact=found, name=TOKENIZER_FILE) if found is not None else None
 
 
 def _model(registry: ArtifactStore, manifest: Manifest) -> Candidate | None:
     weights = manifest.files.get(MODEL_WEIGHTS)
     try:
         config = json.loads(registry.read(manifest, MODEL_CONFIG) or b"")
-    except (ArtifactError, ValueError):
+    except (ArtifactError, OSError, ValueError):
         return None
     if weights is None or not isinstance(config, dict) or "model" not in config:
         return None
     return Candidate(
         sha256=str(weights["sha256"]), experiment=manifest.experiment, stage=manifest.kind, step=int(config.get("steps", 0)),
         weights=Part(artifact=manifest, name=MODEL_WEIGHTS), model=dict(config["model"]),
-        tokenizer=Part(artifact=manifest, name=TOKENIZER_FILE), created=manifest.created, digest=manifest.digest,
+        tokenizer=manifest.digest, created=manifest.created, digest=manifest.digest,
         chat_template=_template(manifest),
     )
 
@@ -244,7 +250,8 @@ class Generator:
         checked_temperature(temperature)
         with self._lock:  # one generation at a time: the models share the CPU (or the GPU)
             model, tokenizer, eos = self._model(candidate)
-            text = rendered(prompt, self._fetched(candidate, candidate.chat_template, optional=True)) if chat else prompt
+            template = self._fetched(candidate, candidate.chat_template) if chat and candidate.chat_template else None
+            text = rendered(prompt, template) if chat else prompt
             ids = tokenizer.encode(text).ids
             if not ids:
                 raise PodiumError("the prompt encodes to no tokens")
@@ -264,9 +271,10 @@ class Generator:
         try:
             # an exported model.pt holds the weights alone
             state = load_checkpoint(self._fetched(candidate, candidate.weights), candidate.sha256)
-            if not candidate.tokenizer.holds():
-                raise ArtifactError(f"artifact {candidate.tokenizer.artifact.digest[:12]} has no {TOKENIZER_FILE}")
-            tokenizer_file = fetched_tokenizer(self.registry, candidate.tokenizer.artifact)
+            holding = manifest_of(self.registry, candidate.tokenizer)
+            if TOKENIZER_FILE not in holding.files:
+                raise ArtifactError(f"artifact {candidate.tokenizer[:12]} has no {TOKENIZER_FILE}")
+            tokenizer_file = fetched_tokenizer(self.registry, holding)
             tokenizer = load_tokenizer(tokenizer_file)
             eos = end_of_text(tokenizer, tokenizer_file)
             model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
@@ -279,12 +287,9 @@ class Generator:
             self._loaded.popitem(last=False)
         return model, tokenizer, eos
 
-    def _fetched(self, candidate: Candidate, part: Part | None, optional: bool = False) -> Path | None:
-        """Where `part` of a candidate's artifacts is on this machine (fetched from an object store); None for an
-        `optional` part the artifact lacks."""
-        if part is None or not part.holds():
-            if optional:
-                return None
+    def _fetched(self, candidate: Candidate, part: Part) -> Path:
+        """Where `part` of a candidate's artifacts is on this machine (fetched from an object store)."""
+        if not part.holds():
             raise PodiumError(f"{candidate.label} cannot be loaded: artifact {part.artifact.digest[:12]} has no {part.name}; "
                               "rerun its stage to publish it again")
         try:

@@ -472,6 +472,14 @@ def manifest_of(registry: ArtifactStore, digest: str) -> Manifest:
     return found
 
 
+def read_required(registry: ArtifactStore, manifest: Manifest, name: str) -> bytes:
+    """The bytes of one file of a published artifact (`registry.read`); ArtifactError naming it when the artifact has none."""
+    data = registry.read(manifest, name)
+    if data is None:
+        raise ArtifactError(f"the {manifest.kind} artifact {manifest.digest[:12]} has no {name}: rerun its stage to publish it again")
+    return data
+
+
 def artifact_digest(files: Mapping[str, Mapping[str, Any]]) -> str:
     """An artifact's digest: the sha256 of its file listing (each name with its sha256)."""
     listing = "\n".join(f"{name}\0{entry['sha256']}" for name, entry in sorted(files.items()))

@@ -29,7 +29,7 @@ from factory.evals.scored_on import own_split, pinned, table_ref
 from factory.models.build import new_model
 from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
 from factory.registry.layout import BLEND_FILE, CHAT_TEMPLATE_FILE, RESULT_FILE
-from factory.registry.store import ArtifactStore, Manifest, Provenance, manifest_of
+from factory.registry.store import ArtifactStore, Manifest, Provenance, manifest_of, read_required
 from factory.train.checkpoint import load_checkpoint
 
 if TYPE_CHECKING:  # the kind's module imports this one when a batch runs
@@ -126,7 +126,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     model = new_model(settings.model, tokenizer.get_vocab_size())
     model.load_state_dict(state["model"])
     model.to(device_for(None)).eval()  # an evaluation batch computes on its machine's (its pod's) GPU when it has one
-    blend = Blend.from_json(json.loads(registry.read(manifest_of(registry, spec.upstream[provider(BLEND).name]), BLEND_FILE) or b""))
+    blend = Blend.from_json(json.loads(read_required(registry, manifest_of(registry, spec.upstream[provider(BLEND).name]), BLEND_FILE)))
 
     def validation_texts() -> Iterator[str]:
         stream = BlendStream(catalog=open_catalog(catalog), blend=blend, split="validation", seed=settings.seed,

@@ -70,13 +70,14 @@ def partition_key(experiment: str, stage: str, step: int) -> str:
 
 def published(directory: Path) -> list[SavedCheckpoint]:
     """Every checkpoint in a directory (a published training artifact, or a run's checkpoint directory) whose record
-    exists, by step (checksums not verified here)."""
+    exists and reads as one (`recorded_in`), by step (checksums not verified here)."""
     return recorded_in([path.name for path in directory.glob("step_*.json")], lambda name: (directory / name).read_bytes(), directory)
 
 
 def recorded_in(names: Iterable[str], read: Callable[[str], bytes | None], base: Path) -> list[SavedCheckpoint]:
     """Every checkpoint whose record is among the file `names` of one directory (each record's bytes from `read`, which
-    may read it from an object store), its path under `base`, by step."""
+    may read it from an object store), its path under `base`, by step. A record that cannot be read, is not JSON, is not
+    an object or lacks one of the trainer's keys (step, sha256, size) names no checkpoint: it is left out."""
     found = []
     for name in sorted(names):
         if not NAME.match(name):

@@ -8,17 +8,18 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError
 from factory.evals.benchmarks import EvalInputs, benchmark, known
 from factory.models.build import new_model
-from factory.models.tokenizer import EOS, load_tokenizer
+from factory.models.tokenizer import EOS, fetched_tokenizer, load_tokenizer
 from factory.podium.generate import Generator, candidates
 from factory.data.prompts import save_prompt
 from factory.registry import ArtifactStore
+from factory.registry.store import manifest_of
 from tests.podium.conftest import store  # noqa: F401  (the fixture)
 
 
 def inputs_for(store, catalog) -> tuple[EvalInputs, Generator]:
     registry = ArtifactStore(store / "registry")
     candidate = sorted(candidates(registry), key=lambda c: c.experiment)[0]
-    tokenizer = load_tokenizer(registry.fetch(candidate.tokenizer.artifact, candidate.tokenizer.name))
+    tokenizer = load_tokenizer(fetched_tokenizer(registry, manifest_of(registry, candidate.tokenizer)))
     model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())
     model.load_state_dict(torch.load(registry.fetch(candidate.weights.artifact, candidate.weights.name), weights_only=True)["model"])
     model.eval()

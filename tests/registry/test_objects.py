@@ -98,6 +98,21 @@ def test_one_checkpoint_of_an_artifact_is_fetched_alone_file_or_directory(regist
         assert not (registry.root / "cache" / "parts" / other.digest / "step_000100.pt").exists()
 
 
+def test_a_tokenizer_is_fetched_with_the_files_read_beside_it_and_nothing_else(registry):
+    """`fetched_tokenizer`: the tokenizer file, its config (the end-of-text token) and an imported tokenizer's token ids
+    (the export writes them into the model's configs) land in one directory; a model's weights beside them do not."""
+    from factory.models.tokenizer import fetched_tokenizer
+
+    files = {"tokenizer.json": b'{"t": 1}', "tokenizer_config.json": b'{"eos_token": "</s>"}', "token_ids.json": b'{"config.json": {}}',
+             "model.pt": os.urandom(1 << 16)}
+    manifest = publish(registry, "fp-tok", files=files)
+    found = fetched_tokenizer(registry, manifest)
+    assert found.name == "tokenizer.json"
+    assert {p.name: p.read_bytes() for p in found.parent.iterdir()} == {name: data for name, data in files.items() if name != "model.pt"}
+    bare = publish(registry, "fp-bare", files={"tokenizer.json": b'{"t": 2}'})  # no config: the tokenizer alone
+    assert fetched_tokenizer(registry, bare).read_bytes() == b'{"t": 2}'
+
+
 def test_an_artifact_is_its_objects_and_then_its_manifest_and_reads_back_verified(registry):
     assert registry.lookup("fp-a") is None
     manifest = publish(registry, "fp-a")
