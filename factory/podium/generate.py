@@ -51,10 +51,10 @@ MAX_TEMPERATURE = 5.0
 MAX_PROMPT_CHARS = 20_000
 LOADED_MODELS = 4
 LISTED = 50
-LISTED_KEPT = 10_000
-"""Training artifacts whose listed checkpoints a process keeps (`_LISTED`) before it forgets them all."""
 """The page lists the newest this many models, and the checkpoints of the newest this many runs of each training stage; a
 link to any other (`/checkpoint/<sha256>`) opens it."""
+LISTED_KEPT = 10_000
+"""Training artifacts whose listed checkpoints a process keeps (`_LISTED`) before it forgets them all."""
 
 
 _LISTED: dict[tuple[str, str], list[Candidate]] = {}
@@ -172,10 +172,13 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
     if (kept := _LISTED.get((registry.location, manifest.digest))) is not None:
         return kept
 
+    unread: list[str] = []
+
     def record(name: str) -> bytes | None:
         try:
             return registry.read(manifest, name)
         except (ArtifactError, OSError):
+            unread.append(name)
             return None
 
     out = []
@@ -188,9 +191,10 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
             model=dict(manifest.config["model"]), tokenizer=tokenizer, created=manifest.created, digest=manifest.digest,
             chat_template=_template(manifest),
         ))
-    if len(_LISTED) >= LISTED_KEPT:
-        _LISTED.clear()
-    _LISTED[(registry.location, manifest.digest)] = out
+    if not unread:  # a record that could not be read (the store away for a moment) is read again at the next view
+        if len(_LISTED) >= LISTED_KEPT:
+            _LISTED.clear()
+        _LISTED[(registry.location, manifest.digest)] = out
     return out
 
 
