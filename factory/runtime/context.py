@@ -91,7 +91,8 @@ class StageContext:
         return self.registry.fetch(manifest_of(self.registry, self.request.spec.upstream[name]), file)
 
     def upstream_tokenizer(self) -> Path:
-        """The upstream tokenizer's file on local disk, its tokenizer config beside it when it has one."""
+        """The upstream tokenizer's file on local disk, with the files read beside it (its config, an imported tokenizer's
+        token ids: `fetched_tokenizer`) when it has them."""
         from factory.models.tokenizer import fetched_tokenizer
         from factory.registry.store import manifest_of
 
