@@ -1,4 +1,9 @@
-"""The exceptions a user can cause. Each message says what to change."""
+"""The exceptions a user can cause. Each message says what to change.
+
+And how a number given in the environment is read (`number_setting`): a wrong one is a ConfigError naming the variable.
+"""
+
+import math
 
 
 class FactoryError(Exception):
@@ -38,3 +43,19 @@ class Interrupted(FactoryError):
     """A stage was stopped (Ctrl-C, SIGTERM) before it finished; the message says where, and what a rerun goes on from."""
 
     exit_code = 130  # what a shell reports for a command that SIGINT ended
+
+
+def number_setting(name: str, text: str | None, *, default: float, low: float, high: float, says: str) -> float:
+    """The value `text` of the environment variable `name` as a number from `low` to `high`, `default` when it is unset or
+    empty; a ConfigError naming the variable and saying `says` (what to give) for anything else: words, NaN, infinities,
+    a number out of range."""
+    text = (text or "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"{name}={text!r}: {says}")
+    return value

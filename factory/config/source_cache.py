@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from factory.errors import ConfigError
+from factory.errors import number_setting
 
 CACHE_ENV = "FACTORY_CACHE"
 """The factory's cache directory (default `$XDG_CACHE_HOME/model-factory`, else `~/.cache/model-factory`)."""
@@ -75,15 +75,8 @@ def source_cache(kind: str, key: str, fill: Callable[[Path], None]) -> Path:
 def _bound_bytes() -> float:
     """The cache's bound in bytes, from `$FACTORY_SOURCE_CACHE_GB` (default `BOUND_GB`); a ConfigError naming it when it is
     not a number of GB."""
-    value = os.environ.get(BOUND_ENV, "").strip()
-    try:
-        bound = float(value) if value else BOUND_GB
-    except ValueError:
-        bound = -1.0
-    if not math.isfinite(bound) or bound < 0:
-        raise ConfigError(f"{BOUND_ENV}={value!r}: give the bound of the cached source directories in GB, a number such as "
-                          f"{BOUND_GB:g} (or unset it)")
-    return bound * (1 << 30)
+    return number_setting(BOUND_ENV, os.environ.get(BOUND_ENV), default=BOUND_GB, low=0, high=math.inf,
+                          says=f"give the bound of the cached source directories in GB, a number such as {BOUND_GB:g} (or unset it)") * (1 << 30)
 
 
 def _segment(name: str, what: str) -> str:

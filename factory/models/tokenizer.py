@@ -72,7 +72,10 @@ def load_tokenizer(path: Path) -> Tokenizer:
 def fetched_tokenizer(registry: ArtifactStore, artifact: Manifest) -> Path:
     """The tokenizer file of a published artifact on local disk, with the files read beside it (`TOKENIZER_SIDE_FILES`:
     its config, which `end_of_text` reads, and an imported tokenizer's token ids, which the export reads) that the
-    artifact has: those files alone, fetched from an object store, into one directory."""
+    artifact has: those files alone, fetched from an object store, into one directory. ArtifactError when the artifact
+    has no tokenizer file."""
+    if TOKENIZER_FILE not in artifact.files:
+        raise ArtifactError(f"the {artifact.kind} artifact {artifact.digest[:12]} has no {TOKENIZER_FILE}: rerun its stage to publish it again")
     names = [TOKENIZER_FILE, *(name for name in TOKENIZER_SIDE_FILES if name in artifact.files)]
     for _ in range(2):
         places = [registry.fetch(artifact, name) for name in names]

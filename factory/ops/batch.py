@@ -35,11 +35,6 @@ class FetchedSequence:
     documents: list[dict[str, str]]
 
 
-def stage_artifacts(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, str]:
-    """Digests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
-    return {kind: manifest.digest for kind, manifest in stage_manifests(experiment, registry, until).items()}
-
-
 def stage_manifests(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, Manifest]:
     """The manifests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
     found: dict[str, Manifest] = {}

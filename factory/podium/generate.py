@@ -38,7 +38,7 @@ from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokeni
 from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.index import Where
-from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS, TOKENIZER_FILE
+from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS
 from factory.registry.store import ArtifactStore, Manifest, manifest_of
 from factory.train.checkpoint import load_checkpoint
 from factory.train.records import recorded_in
@@ -70,7 +70,7 @@ class Part:
 
     def holds(self) -> bool:
         """Whether the artifact has this part: the file, or files under the directory."""
-        return self.name in self.artifact.files or any(key.startswith(f"{self.name}/") for key in self.artifact.files)
+        return bool(self.artifact.files_under(self.name))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -275,10 +275,7 @@ class Generator:
         try:
             # an exported model.pt holds the weights alone
             state = load_checkpoint(self._fetched(candidate, candidate.weights), candidate.sha256)
-            holding = manifest_of(self.registry, candidate.tokenizer)
-            if TOKENIZER_FILE not in holding.files:
-                raise ArtifactError(f"artifact {candidate.tokenizer[:12]} has no {TOKENIZER_FILE}")
-            tokenizer_file = fetched_tokenizer(self.registry, holding)
+            tokenizer_file = fetched_tokenizer(self.registry, manifest_of(self.registry, candidate.tokenizer))
             tokenizer = load_tokenizer(tokenizer_file)
             eos = end_of_text(tokenizer, tokenizer_file)
             model = new_model(ModelConfig.model_validate(candidate.model), tokenizer.get_vocab_size())

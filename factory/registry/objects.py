@@ -6,6 +6,9 @@ Keys in the store:
     manifests/<fingerprint>.json  written last and only if absent (`If-None-Match: *`): only a manifest makes an
                                   artifact exist, so a publish cut short leaves no artifact, only objects no one names
     verified/<digest>.json        the ETag of each file when its sha256 was last checked (at upload, or by reading)
+    digests/<digest>              the fingerprint of the manifest last published for these bytes: a reader that has a
+                                  digest (a stage's input) finds its manifest in two GETs, with no listing (a hint only:
+                                  when it is missing or stale, the index answers)
     layout.json                   the layout of these keys (`LAYOUT`): a store written by a newer factory is refused
     leases/<fingerprint>.lease    see `factory.registry.object_lease`
     work/<fingerprint>/<name>     a running stage's scratch (checkpoints, logs) as of its last checkpoint: a relaunch on
@@ -30,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -38,7 +42,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from factory.errors import ArtifactError, ConfigError
+from factory.errors import ArtifactError, ConfigError, number_setting
 from factory.registry import object_lease
 from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, make_writable, sha256_file
 from factory.registry.history import RECORD, checked_topic, parse_record
@@ -113,7 +117,7 @@ class ObjectRegistry(Scratch):
         that part alone, fetched into the cache (`cache/parts/<digest>/`), each file checked against the manifest's
         sha256; where it would be when the artifact has no such part."""
         copy = self._copy(manifest.digest)
-        names = [key for key in manifest.files if key == name or key.startswith(f"{name}/")]
+        names = manifest.files_under(name)
         if copy.is_dir() or not names:
             return copy / name
         parts = self.root / "cache" / "parts" / manifest.digest
@@ -162,10 +166,8 @@ class ObjectRegistry(Scratch):
         """Remove the least recently used local copies (whole artifacts, and the parts `fetch` got) while they hold more
         than `$FACTORY_STORE_CACHE_GB` (default `CACHE_GB`), never `keep` nor a copy used in the last `CACHE_GRACE_S` (a
         reader may still be opening its files)."""
-        try:
-            bound = float(os.environ.get(CACHE_ENV) or CACHE_GB) * (1 << 30)
-        except ValueError as e:
-            raise ConfigError(f"{CACHE_ENV}={os.environ[CACHE_ENV]!r}: give the local copies' bound in GB (e.g. 50)") from e
+        bound = number_setting(CACHE_ENV, os.environ.get(CACHE_ENV), default=CACHE_GB, low=0, high=math.inf,
+                               says=f"give the local copies' bound in GB, a number such as {CACHE_GB:g} (or unset it)") * (1 << 30)
         copies = []
         for path in [path for held in ("objects", "parts") if (self.root / "cache" / held).is_dir()
                      for path in (self.root / "cache" / held).iterdir()]:
@@ -218,6 +220,7 @@ class ObjectRegistry(Scratch):
         for key in self.store.list(f"objects/{manifest.digest}/"):
             self.store.delete(key)
         self.store.delete(f"verified/{manifest.digest}.json")
+        self.store.delete(self._digest_key(manifest.digest))
         if (copy := self._copy(manifest.digest)).is_dir():
             make_writable(copy)
             shutil.rmtree(copy, ignore_errors=True)
@@ -231,6 +234,18 @@ class ObjectRegistry(Scratch):
         """The names of the histories under `parent` (`promotions`: the aliases that have one)."""
         prefix = f"history/{checked_topic(parent)}/"
         return sorted({key.removeprefix(prefix).split("/", 1)[0] for key in self.store.list(prefix) if "/" in key.removeprefix(prefix)})
+
+    def by_digest(self, digest: str) -> Manifest | None:
+        """A readable manifest of the artifact `digest`: the one whose fingerprint its publisher wrote beside the digest
+        (`digests/<digest>`: two GETs, however many manifests the store holds, on a machine with no index yet), else, when
+        that pointer is missing or names no manifest of these bytes any more (removed; an artifact published before
+        pointers), asked of the index."""
+        blob = self.store.get(self._digest_key(digest), limit=RECORD_BYTES)
+        named = blob.data.decode(errors="replace").strip() if blob is not None else ""
+        manifest = self._manifest(named) if NAME.match(named) else None
+        if manifest is not None and manifest.digest == digest:
+            return manifest
+        return next(iter(self.manifests(where=Where(digest=digest))), None)
 
     def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
         """Every readable manifest (of `kind`, meeting `where`), in fingerprint order (`newest`: that many, the newest
@@ -351,6 +366,7 @@ class ObjectRegistry(Scratch):
         else:
             raise ArtifactError(f"the manifest {self.location}/{key} changed under every one of {MANIFEST_WRITES} writes; "
                                 "publish again")
+        self.store.put(self._digest_key(digest), fingerprint.encode())
         return self.lookup(fingerprint) or manifest
 
     def damage(self, manifest: Manifest) -> list[str]:
@@ -452,6 +468,10 @@ class ObjectRegistry(Scratch):
     @staticmethod
     def _manifest_key(fingerprint: str) -> str:
         return f"manifests/{_check(NAME, fingerprint, 'a fingerprint')}.json"
+
+    @staticmethod
+    def _digest_key(digest: str) -> str:
+        return f"digests/{_check(DIGEST, digest, 'an artifact digest')}"
 
     @staticmethod
     def _lease_key(fingerprint: str) -> str:

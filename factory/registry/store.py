@@ -90,6 +90,10 @@ class Manifest:
         """Plain JSON form."""
         return asdict(self)
 
+    def files_under(self, name: str) -> list[str]:
+        """The artifact's files that make up its part `name`: that file, or the files under that directory."""
+        return [key for key in self.files if key == name or key.startswith(f"{name}/")]
+
     @property
     def size(self) -> int:
         """The bytes of the artifact's files, as the manifest records them."""
@@ -284,6 +288,10 @@ class ArtifactStore(Scratch):
                 self._stamps_path(manifest.digest).unlink()
         return manifest.size
 
+    def by_digest(self, digest: str) -> Manifest | None:
+        """A readable manifest of the artifact `digest` (the first in fingerprint order), or None: asked of the index."""
+        return next(iter(self.manifests(where=Where(digest=digest))), None)
+
     def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
         """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order (`newest`: that many,
         the newest first); a damaged one is skipped with a warning. Listed from the registry's index
@@ -464,9 +472,9 @@ def _inside(name: str) -> bool:
 
 
 def manifest_of(registry: ArtifactStore, digest: str) -> Manifest:
-    """The manifest of the published artifact `digest` (asked of the registry's index, either kind of registry), for a
+    """The manifest of the published artifact `digest` (`ArtifactStore.by_digest`, either kind of registry), for a
     reader of one of its files (`read`, `fetch`); ArtifactError when none is published."""
-    found = next(iter(registry.manifests(where=Where(digest=digest))), None) if DIGEST.match(str(digest)) else None
+    found = registry.by_digest(digest) if DIGEST.match(str(digest)) else None
     if found is None:
         raise ArtifactError(f"artifact {str(digest)[:12]} is not in the registry at {registry.location}; rerun its stage")
     return found

@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from factory.train.records import SAVED, CheckpointEvent
 if TYPE_CHECKING:
     from factory.data.blend import Blend
     from factory.data.loader import BlendStream
-    from factory.registry.store import ArtifactStore
+    from factory.registry.store import ArtifactStore, Manifest
     from factory.runtime.report import Reporter  # Dagster Pipes: the stage kinds import this module, `factory check` too
     from factory.runtime.request import StageRequest
 
@@ -40,6 +40,8 @@ class StageContext:
     registry: ArtifactStore
     out: Path
     reporter: Reporter
+    _manifests: dict[str, Manifest] = field(default_factory=dict, repr=False, compare=False)
+    """The upstream manifests found so far, by upstream name: an object store's index is asked once per upstream."""
 
     @property
     def log(self) -> logging.Logger:
@@ -86,17 +88,22 @@ class StageContext:
         """Where one file (or directory) of the upstream artifact this stage was planned with is on local disk: from an
         object store, that part alone (a training's final checkpoint, not every kept one); where it would be when the
         artifact has no such file."""
+        return self.registry.fetch(self.upstream_manifest(name), file)
+
+    def upstream_manifest(self, name: str) -> Manifest:
+        """The manifest of the upstream artifact this stage was planned with (found once, then kept)."""
         from factory.registry.store import manifest_of
 
-        return self.registry.fetch(manifest_of(self.registry, self.request.spec.upstream[name]), file)
+        if name not in self._manifests:
+            self._manifests[name] = manifest_of(self.registry, self.request.spec.upstream[name])
+        return self._manifests[name]
 
     def upstream_tokenizer(self) -> Path:
         """The upstream tokenizer's file on local disk, with the files read beside it (its config, an imported tokenizer's
         token ids: `fetched_tokenizer`) when it has them."""
         from factory.models.tokenizer import fetched_tokenizer
-        from factory.registry.store import manifest_of
 
-        return fetched_tokenizer(self.registry, manifest_of(self.registry, self.request.spec.upstream[provider(TOKENIZER).name]))
+        return fetched_tokenizer(self.registry, self.upstream_manifest(provider(TOKENIZER).name))
 
     def blend(self) -> Blend:
         """The upstream blend this stage reads."""

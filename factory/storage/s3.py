@@ -37,7 +37,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store as _ObstoreS3
 
-from factory.errors import ArtifactError, ConfigError, StorageError
+from factory.errors import ArtifactError, ConfigError, StorageError, number_setting
 from factory.storage.base import Blob, Listed, ObjectStore, Stat, check_key, too_large
 from factory.storage.local import write_all, write_file_atomically
 
@@ -314,16 +314,9 @@ def still_failing(window_s: float) -> str:
 
 def outage_window(text: str) -> float:
     """`FACTORY_STORE_OUTAGE_S` as seconds: the default when empty, else a number of seconds from 0 to MAX_OUTAGE_S."""
-    if not text.strip():
-        return OUTAGE_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds <= MAX_OUTAGE_S:  # NaN fails both
-        raise ConfigError(f"{OUTAGE_SETTING}={text}: give the seconds a store request is tried again while the endpoint "
-                          f"does not answer, from 0 to {MAX_OUTAGE_S:g} (default {OUTAGE_S:g})")
-    return seconds
+    return number_setting(OUTAGE_SETTING, text, default=OUTAGE_S, low=0, high=MAX_OUTAGE_S,
+                          says=f"give the seconds a store request is tried again while the endpoint does not answer, from 0 to "
+                               f"{MAX_OUTAGE_S:g} (default {OUTAGE_S:g})")
 
 
 _RETRIED = re.compile(r"\bafter [1-9]\d* retr(y|ies)\b")

@@ -219,7 +219,7 @@ def test_podium_links_in_the_metadata_open_the_table_and_the_checkpoint(pipeline
 def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     from factory.data.catalog import CatalogConfig, open_catalog
     from factory.data.loader import PAD
-    from factory.ops.batch import fetch_batch, stage_artifacts
+    from factory.ops.batch import fetch_batch, stage_manifests
 
     experiment = load(pipeline["source"])
     registry = ArtifactStore(pipeline["root"] / "registry")
@@ -236,7 +236,7 @@ def test_a_fetched_batch_is_the_batch_training_consumed(pipeline):
     from factory.data.loader import build_loader
     from factory.models.tokenizer import EOS, load_tokenizer
 
-    digests = stage_artifacts(experiment, registry, "pretrain")
+    digests = {kind: manifest.digest for kind, manifest in stage_manifests(experiment, registry, "pretrain").items()}
     blend = Blend.from_json(json.loads((registry.open(digests["blend"]) / "blend.json").read_text()))
     tokenizer = load_tokenizer(registry.open(digests["tokenizer"]) / "tokenizer.json")
     stream = StreamSettings.of(experiment.data)

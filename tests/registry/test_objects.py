@@ -111,6 +111,9 @@ def test_a_tokenizer_is_fetched_with_the_files_read_beside_it_and_nothing_else(r
     assert {p.name: p.read_bytes() for p in found.parent.iterdir()} == {name: data for name, data in files.items() if name != "model.pt"}
     bare = publish(registry, "fp-bare", files={"tokenizer.json": b'{"t": 2}'})  # no config: the tokenizer alone
     assert fetched_tokenizer(registry, bare).read_bytes() == b'{"t": 2}'
+    weights = publish(registry, "fp-weights", files={"model.pt": b"w"})  # no tokenizer: a message naming the artifact
+    with pytest.raises(ArtifactError, match=f"artifact {weights.digest[:12]} has no tokenizer.json: rerun its stage"):
+        fetched_tokenizer(registry, weights)
 
 
 def test_an_artifact_is_its_objects_and_then_its_manifest_and_reads_back_verified(registry):
@@ -205,6 +208,36 @@ def test_listings_come_from_a_local_index_that_follows_the_store(registry, locat
     assert list(registry.manifests()) == [again]
     elsewhere = ObjectRegistry(registry.store, tmp_path / "elsewhere")
     assert list(elsewhere.manifests("tokenizer")) == [again] and list(elsewhere.manifests("model")) == []
+
+
+def test_a_reader_with_a_digest_finds_its_manifest_without_listing_the_store(registry, location, request, tmp_path):
+    """`manifest_of` on a machine with no index yet (a new pod): the fingerprint its publisher wrote beside the digest
+    names the manifest (on S3: two GETs, as the server counts them), no index is built; a pointer that is missing, names
+    another artifact's manifest or nothing readable is a hint only (the index answers), and removing the artifact
+    removes it."""
+    from factory.registry.store import manifest_of
+
+    first = publish(registry, "fp-a")
+    other = publish(registry, "fp-b", files={"other.bin": b"x"})
+    fresh = ObjectRegistry(registry.store, tmp_path / "fresh")
+    before = request.getfixturevalue("s3").reads() if location[0].startswith("s3://") else None
+    assert manifest_of(fresh, first.digest) == first
+    if before is not None:
+        read = {path.split("/", 2)[-1] for path, count in request.getfixturevalue("s3").reads().items() if count != before.get(path, 0)}
+        assert {key.rsplit("/", 2)[-2] + "/" + key.rsplit("/", 1)[-1] for key in read} == {f"digests/{first.digest}", "manifests/fp-a.json"}
+    assert not list((tmp_path / "fresh").glob("index-*"))  # no listing of every manifest
+    for hint in (b"fp-b", b"no-such-fingerprint", b"../manifests/fp-a"):
+        registry.store.put(f"digests/{first.digest}", hint)
+        assert manifest_of(fresh, first.digest) == first
+    registry.store.delete(f"digests/{first.digest}")
+    assert manifest_of(fresh, first.digest) == first  # published before pointers: the index
+    same = publish(registry, "fp-c")  # the same bytes under another fingerprint: its pointer, until it is removed
+    assert same.digest == first.digest and registry.store.get(f"digests/{first.digest}", limit=100).data == b"fp-c"
+    assert registry.remove(same) == 0 and manifest_of(fresh, first.digest) == first
+    assert registry.remove(first) > 0 and registry.store.get(f"digests/{first.digest}", limit=100) is None
+    with pytest.raises(ArtifactError, match=f"artifact {first.digest[:12]} is not in the registry"):
+        manifest_of(fresh, first.digest)
+    assert manifest_of(fresh, other.digest) == other
 
 
 def test_a_manifest_naming_paths_outside_is_damage(registry):
@@ -398,10 +431,12 @@ def test_promotions_are_records_in_the_store_that_two_writers_never_number_alike
         standing(registry, "production")
 
 
-def test_a_cache_bound_that_is_no_number_is_refused_naming_it(registry, monkeypatch):
+@pytest.mark.parametrize("value", ["lots", "-1", "nan", "inf"])
+def test_a_cache_bound_that_is_no_number_is_refused_naming_it(registry, monkeypatch, value):
+    """Not only words: a negative, NaN or infinite bound would empty the cache at every read, or never."""
     digest = publish(registry, "fp-a").digest
-    monkeypatch.setenv("FACTORY_STORE_CACHE_GB", "lots")
-    with pytest.raises(ConfigError, match="FACTORY_STORE_CACHE_GB='lots': give the local copies' bound in GB"):
+    monkeypatch.setenv("FACTORY_STORE_CACHE_GB", value)
+    with pytest.raises(ConfigError, match=f"FACTORY_STORE_CACHE_GB='{value}': give the local copies' bound in GB"):
         registry.open(digest)
 
 

@@ -135,7 +135,7 @@ def test_a_stage_opening_the_store_during_an_outage_waits_for_the_endpoint_and_a
 @pytest.mark.parametrize("value", ["soon", "-1", "101", "nan"])
 def test_an_outage_window_that_is_not_seconds_up_to_100_names_the_setting(aws, monkeypatch, value):
     monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", value)
-    assert one_line_config_error(f"{aws.url}/window").startswith(f"FACTORY_STORE_OUTAGE_S={value}: give the seconds a store request is tried again")
+    assert one_line_config_error(f"{aws.url}/window").startswith(f"FACTORY_STORE_OUTAGE_S={value!r}: give the seconds a store request is tried again")
 
 
 def test_a_lease_holder_waiting_out_the_longest_outage_still_looks_alive():
