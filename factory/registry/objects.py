@@ -38,6 +38,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -496,6 +497,11 @@ def _check(pattern: Any, value: str, what: str) -> str:
     return value
 
 
+APPEND_TOKEN = "append_token"
+"""A key of each history record in the store: drawn by the append that wrote it (how it knows its own record again),
+left out of what `records` gives."""
+
+
 class ObjectHistory:
     """The records of one topic in an object store, oldest first: each is created under the next free number only if
     that number is free (`If-None-Match: *`), so it appears whole or not at all and two writers never take one number."""
@@ -516,15 +522,22 @@ class ObjectHistory:
             except (ValueError, RecursionError) as e:
                 raise ArtifactError(f"history record {self.store.uri}/{key} is damaged ({e}); restore it from a backup, or "
                                     "remove it and the records after it to forget them") from e
-            found.append({**parse_record(data, f"{self.store.uri}/{key}"), "seq": seq})
+            found.append({**{k: v for k, v in parse_record(data, f"{self.store.uri}/{key}").items() if k != APPEND_TOKEN}, "seq": seq})
         return found
 
     def append(self, record: Mapping[str, Any]) -> int:
-        """Add a record under the next number; that number."""
-        text = json.dumps(dict(record), indent=2, sort_keys=True).encode()
+        """Add a record under the next number; that number. A create refused because the number is taken is tried under
+        the next, unless the record there is this one, token and all (`APPEND_TOKEN`, which each append draws): the create
+        was carried out and its answer lost (a cut connection, a 500), then sent again and refused, so it is not written
+        twice."""
+        text = json.dumps({**record, APPEND_TOKEN: uuid.uuid4().hex}, indent=2, sort_keys=True).encode()
         while True:
             seq = max((seq for seq, _ in self._numbered()), default=0) + 1
-            if self.store.create(f"{self.prefix}{seq:06d}.json", text) is not None:
+            key = f"{self.prefix}{seq:06d}.json"
+            if self.store.create(key, text) is not None:
+                return seq
+            standing = self.store.get(key, limit=RECORD_BYTES)
+            if standing is not None and standing.data == text:
                 return seq
 
     def _numbered(self) -> list[tuple[int, str]]:

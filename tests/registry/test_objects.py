@@ -322,6 +322,19 @@ def test_a_lease_write_whose_answer_was_lost_is_known_as_its_own(s3, tmp_path, m
     assert registry.holder("fp-a") is None
 
 
+def test_a_history_record_whose_answer_was_lost_is_written_once(s3, tmp_path, monkeypatch):
+    """A promotion's create carried out but answered 500 is sent again and refused: the record is there once, under the
+    number the append returns, not again under the next."""
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    registry = ObjectRegistry(open_store(f"s3://{s3.bucket}/{uuid.uuid4().hex[:12]}"), tmp_path / "local")
+    history = registry.history("promotions/production")
+    assert history.append({"action": "promote", "by": "me", "at": "then"}) == 1
+    s3.lose_replies(1)
+    assert history.append({"action": "demote", "by": "me", "at": "now"}) == 2
+    assert [(r["seq"], r["action"]) for r in history.records()] == [(1, "promote"), (2, "demote")]
+
+
 def test_two_waiters_at_one_abandoned_lease_never_both_hold_it(registry):
     registry.store.put("leases/fp-a.lease", b"garbage")  # unreadable: abandoned once unchanged for 0.5 s
     inside, most, lock = [0], [0], threading.Lock()
