@@ -123,7 +123,8 @@ class S3Store(ObjectStore):
 
     def _check(self, setting: str, patient: bool) -> None:
         """Raise a ConfigError naming the setting to change unless the bucket answers a listing with these credentials
-        (`patient`: the endpoint was waited for through the outage window)."""
+        (`patient`: the endpoint was waited for through the outage window, and one that still does not answer is a
+        StorageError)."""
         where = self.settings.endpoint or f"AWS S3 ({self.settings.region})"
         try:
             next(iter(obstore.list(self._store, None, chunk_size=1)), None)
@@ -141,8 +142,9 @@ class S3Store(ObjectStore):
                 raise ConfigError(f"{setting}={self.uri}: {where} refused the credentials: check {CREDENTIAL_SETTINGS} "
                                   f"({reason})") from e
             waited = f", waited for {self.settings.outage_s:g} s ({OUTAGE_SETTING})" if patient and _RETRIED.search(str(e)) else ""
-            raise ConfigError(f"{setting}={self.uri}: cannot reach {where}{waited}: check {self.settings.endpoint_setting} "
-                              f"({reason})") from e
+            said = f"{setting}={self.uri}: cannot reach {where}{waited}: check {self.settings.endpoint_setting} ({reason})"
+            # a stage's run found the store when it began: past the window it is an outage (exit 1), not a bad setting (2)
+            raise (StorageError if patient else ConfigError)(said) from e
 
     def _get(self, key: str, limit: int) -> Blob | None:
         with self._request("read", key):

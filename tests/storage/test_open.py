@@ -122,7 +122,10 @@ def test_a_stage_opening_the_store_during_an_outage_waits_for_the_endpoint_and_a
         monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "0.5")
         back.join()
         aws.kill()
-        message = one_line_config_error(f"{aws.url}/patient", patient=True)
+        with pytest.raises(StorageError) as raised:  # an outage, not a setting to change: exit 1
+            open_store(f"{aws.url}/patient", patient=True)
+        message = str(raised.value)
+        assert raised.value.exit_code == 1 and "\n" not in message
         assert "cannot reach" in message and ", waited for 0.5 s (FACTORY_STORE_OUTAGE_S): check AWS_ENDPOINT_URL (" in message
     finally:
         back.cancel()
