@@ -16,8 +16,10 @@ class FactoryStores(ConfigurableResource):
     root: str = ".factory"
 
     def registry(self) -> ArtifactStore:
-        """The artifact registry."""
-        return open_registry(Path(self.root) / "registry")
+        """The artifact registry. In an object store it is opened patiently (`open_registry(patient=True)`): whoever asks
+        here (a run's step, a sensor's tick) works for a run or a daemon that found the store, so an endpoint that does
+        not answer is an outage, waited out within `FACTORY_STORE_OUTAGE_S`, not a setting to change."""
+        return open_registry(Path(self.root) / "registry", patient=True)
 
     def catalog(self) -> CatalogConfig:
         """The Iceberg catalog's location."""

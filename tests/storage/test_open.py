@@ -107,6 +107,7 @@ def test_a_stage_opening_the_store_during_an_outage_waits_for_the_endpoint_and_a
     (`open_registry(patient=True)`, as factory.runtime opens it) belongs to a run that found the store, so it waits
     the outage out as an open store does, and past the window says how long it waited."""
     from factory.registry import open_registry
+    from resources import FactoryStores
 
     monkeypatch.setenv("FACTORY_STORE", f"{aws.url}/patient")
     monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "30")
@@ -119,6 +120,12 @@ def test_a_stage_opening_the_store_during_an_outage_waits_for_the_endpoint_and_a
         registry = open_registry(tmp_path / "local", patient=True)
         assert time.monotonic() - cut >= 1.0  # opened once the endpoint was back
         assert registry.store.list() == ["layout.json"]  # the registry's, written once it was open
+        aws.kill()  # a run's step (the Dagster resource) waits likewise
+        back = threading.Timer(1.5, aws.restart)
+        back.start()
+        cut = time.monotonic()
+        assert FactoryStores(root=str(tmp_path)).registry().store.list() == ["layout.json"]
+        assert time.monotonic() - cut >= 1.0
         monkeypatch.setenv("FACTORY_STORE_OUTAGE_S", "0.5")
         back.join()
         aws.kill()
