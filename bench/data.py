@@ -11,7 +11,10 @@ Printed: documents per second of each, the engine's speed-up over the loop, whet
 (the Jaccard of the removed-id sets), and each process's peak resident memory (for Ray Data, its driver's: its workers
 are processes of the Ray it started).
 
-Then the dedup stage's memory, which must not grow with the corpus: the corpus written as a raw table, 1x and 4x (every
+Then the raw and dedup stages' memory, which must not grow with the corpus. Raw: a source directory of hard links to
+the same files 1x and 4x, ingested by a fresh process the way the stage does it (`streamed`: spilled to a file, its keys
+kept, written a batch at a time) and the way it did before (`whole`: every document in one table, then written). Dedup:
+the corpus written as a raw table, 1x and 4x (every
 `.py` file of the interpreter's lib directory: its standard library and the packages installed beside it; the json
 package under `--smoke`), deduplicated by a fresh
 process the way the stage does it (`streamed`: the version read a record batch at a time, ids, hashes and signatures
@@ -131,23 +134,72 @@ def memory_side(name: str, catalog_dir: Path, snapshot_id: int, out: Path) -> No
     out.write_text(json.dumps({"documents": documents, "seconds": seconds, "peak_mb": peak_mb, "content_tag": version.content_tag}))
 
 
+def linked_tree(smoke: bool, copies: int, into: Path) -> Path:
+    """The `.py` files of the interpreter's lib directory (the json package's under `smoke`), `copies` times under other
+    directories of `into`, as hard links (a copy where the disk refuses one): a source directory `copies` times the size."""
+    import shutil
+
+    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    for copy in range(copies):
+        for path in sorted(root.rglob("*.py")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            target = into / str(copy) / path.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copyfile(path, target)
+    return into
+
+
+def ingest_side(name: str, source: Path, catalog_dir: Path, out: Path) -> None:
+    """Ingest the directory `source` into `raw.code` in this process, as the raw stage does (`streamed`: spilled, then
+    written a batch at a time) or as it did (`whole`: every document gathered into one table, then written)."""
+    import logging
+
+    from factory.config.data_sections import SourceConfig
+    from factory.data.catalog import CatalogConfig, open_catalog
+    from factory.data.ingest import read_documents
+    from factory.data.tables import write_content
+
+    catalog = open_catalog(CatalogConfig.local(catalog_dir))
+    config = SourceConfig(kind="directory", path=str(source), include=("**/*.py",))
+    started = time.perf_counter()
+    with read_documents("code", config, logging.getLogger("bench"), scratch=catalog_dir) as result:
+        rows = result.documents if name == "streamed" else pa.Table.from_batches(list(result.documents.batches()))
+        version = write_content(catalog, f"raw.{name}", rows)
+    seconds = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.write_text(json.dumps({"documents": version.rows, "seconds": seconds, "peak_mb": peak_mb, "content_tag": version.content_tag}))
+
+
 def memory(smoke: bool) -> None:
     """The dedup stage's peak memory at 1x and 4x the corpus, streamed and whole, side by side."""
-    results: dict[tuple[str, int], dict] = {}
     sizes = MEMORY_COPIES[:1] if smoke else MEMORY_COPIES
-    with tempfile.TemporaryDirectory(prefix="bench-data-memory-") as tmp:
-        for copies in sizes:
-            catalog_dir = Path(tmp) / f"catalog-{copies}"
-            snapshot_id = raw_table(smoke, copies, catalog_dir)
-            for name in MEMORY_SIDES:
-                out = Path(tmp) / "out.json"
-                subprocess.run([sys.executable, __file__, "--memory-side", name, "--catalog", str(catalog_dir), "--snapshot",
-                                str(snapshot_id), "--out", str(out)], check=True)
-                results[name, copies] = json.loads(out.read_text())
-    assert all(results["streamed", copies]["content_tag"] == results["whole", copies]["content_tag"] for copies in sizes), \
-        "the streamed stage wrote other rows than the whole-table one"
     corpus = "the json package of the standard library" if smoke else "the interpreter's lib directory"
-    print(f"the dedup stage's peak memory ({corpus}, {' and '.join(f'{copies}x' for copies in sizes)}; the same rows written by both):")
+    for stage, flag in (("raw", "--ingest-side"), ("dedup", "--memory-side")):
+        results: dict[tuple[str, int], dict] = {}
+        with tempfile.TemporaryDirectory(prefix="bench-data-memory-") as tmp:
+            for copies in sizes:
+                catalog_dir = Path(tmp) / f"catalog-{copies}"
+                if stage == "raw":
+                    where = ["--source", str(linked_tree(smoke, copies, Path(tmp) / f"source-{copies}"))]
+                else:
+                    where = ["--snapshot", str(raw_table(smoke, copies, catalog_dir))]
+                for name in MEMORY_SIDES:
+                    out = Path(tmp) / "out.json"
+                    subprocess.run([sys.executable, __file__, flag, name, "--catalog", str(catalog_dir), *where, "--out", str(out)],
+                                   check=True, env={**os.environ, "FACTORY_DATA_ROOTS": tmp})
+                    results[name, copies] = json.loads(out.read_text())
+        assert all(results["streamed", copies]["content_tag"] == results["whole", copies]["content_tag"] for copies in sizes), \
+            f"the streamed {stage} stage wrote other rows than the whole-table one"
+        print(f"the {stage} stage's peak memory ({corpus}, {' and '.join(f'{copies}x' for copies in sizes)}; the same rows written by both):")
+        memory_table(results, sizes)
+
+
+def memory_table(results: dict[tuple[str, int], dict], sizes: tuple[int, ...]) -> None:
+    """Each side's documents, peak memory and seconds at each size, its growth, and the ratio of the two at the largest."""
     for name in MEMORY_SIDES:
         figures = "   ".join(f"{results[name, copies]['documents']:7,} documents {results[name, copies]['peak_mb']:6,.0f} MB "
                                f"in {results[name, copies]['seconds']:6.1f} s" for copies in sizes)
@@ -196,13 +248,18 @@ def main() -> None:
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--memory-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--ingest-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--source", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.memory_side is not None:
+    if args.memory_side is not None or args.ingest_side is not None:
         from factory.runtime.report import exit_now
 
-        memory_side(args.memory_side, args.catalog, args.snapshot, args.out)
+        if args.ingest_side is not None:
+            ingest_side(args.ingest_side, args.source, args.catalog, args.out)
+        else:
+            memory_side(args.memory_side, args.catalog, args.snapshot, args.out)
         exit_now(0)
     if args.side is not None:
         from factory.runtime.report import exit_now

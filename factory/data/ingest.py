@@ -10,22 +10,27 @@ to say: the raw stage's fingerprint holds their digest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import stat
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from factory.config.data_sections import SourceConfig
 from factory.config.sources import matching_files, source_root
 from factory.data.documents import doc_id, document_schemas
+from factory.data.tables import BATCH_ROWS, KEY_COLUMNS, Rows
 
 SKIP_REASONS = ("too_large", "binary", "not_utf8", "unreadable", "bad_json", "bad_parquet", "bad_arrow", "empty", "missing_column",
                 "wrong_type")
@@ -39,8 +44,8 @@ Record = tuple[str, dict[str, Any] | None]
 class IngestResult:
     """The documents of one source and what was left out."""
 
-    documents: pa.Table
-    """Document table (the document schema, then the columns the source keeps), sorted by id."""
+    documents: Rows
+    """The documents (the document schema, then the columns the source keeps), in id order, a batch at a time."""
     files_read: int
     """Files read and decoded (a file of records counts once, however many documents it holds)."""
     skipped: dict[str, int]
@@ -154,66 +159,137 @@ def file_records(root: Path, rel: str, config: SourceConfig) -> tuple[list[Recor
     return (jsonl_records(rel, text), None) if text is not None else (None, reason)
 
 
-def read_documents(name: str, config: SourceConfig, log: logging.Logger, on_part: Callable[[int, int], None] | None = None) -> IngestResult:
-    """Read every matching file of a source into the document table (source column = name), counting what was skipped
-    (`on_part(files done, files)` hears of each file as it is done)."""
+SPILL_BATCH_BYTES = 64 << 20
+"""Text a batch of the spill holds at most (fewer rows than `BATCH_ROWS` when documents are large)."""
+
+
+@contextlib.contextmanager
+def read_documents(name: str, config: SourceConfig, log: logging.Logger, on_part: Callable[[int, int], None] | None = None,
+                   scratch: Path | None = None) -> Iterator[IngestResult]:
+    """Read every matching file of a source into document rows (source column = name), counting what was skipped
+    (`on_part(files done, files)` hears of each file as it is done), in id order, never holding the source whole.
+
+    The documents are written, a batch at a time, to a spill file (Arrow IPC in a temporary directory under `scratch`,
+    gone when the `with` ends) while their keys (id, sha256, bytes) are kept. Files that are documents are read in id
+    order, so a pass over the rows reads the spill back a batch at a time; records (whose ids are known once read) are
+    gathered in id order from the spill memory-mapped, a batch of that order at a time."""
     root = source_root(config)
     skipped = dict.fromkeys(SKIP_REASONS, 0)
-    paths: list[str] = []
-    texts: list[str] = []
-    metadata: list[str] = []
-    digests: list[str] = []
-    kept: dict[str, list[str]] = {column: [] for column in config.columns}
+    arrow_schema, _ = document_schemas(config.columns)
     kinds: dict[str, bool] = {}
     files_read = 0
     files = matching_files(root, config)
-    for done, rel in enumerate(files):
-        if on_part is not None and done:  # the file before this one is done (the last: after the loop)
-            on_part(done, len(files))
-        if config.format == "text":
-            text, reason = read_text(root / rel, config.max_file_bytes)
-            records: list[Record] | None = [(rel, {config.text_field: text})] if text is not None else None
-        else:
-            records, reason = file_records(root, rel, config)
-        if records is None:
-            skipped[str(reason)] += 1
-            continue
-        files_read += 1
-        for where, record in records:
-            document = record_document(record, config, kinds) if record is not None else "bad_json"
-            if isinstance(document, str):
-                # a jsonl line without its text is counted as bad JSON, as it always was
-                skipped["bad_json" if config.format == "jsonl" and not config.columns else document] += 1
-            elif not document[0]:
-                skipped["empty"] += 1
+    if config.format == "text":  # a file is a document, its id known from its name: read in id order, spilled in it
+        files = sorted(files, key=lambda rel: doc_id(name, rel))
+    with tempfile.TemporaryDirectory(prefix=f"ingest-{name[:40]}-", dir=scratch) as spill_dir:
+        spill = _Spill(Path(spill_dir) / "documents.arrow", name, arrow_schema, config.columns)
+        for done, rel in enumerate(files):
+            if on_part is not None and done:  # the file before this one is done (the last: after the loop)
+                on_part(done, len(files))
+            if config.format == "text":
+                text, reason = read_text(root / rel, config.max_file_bytes)
+                records: list[Record] | None = [(rel, {config.text_field: text})] if text is not None else None
             else:
-                text, meta, values = document
-                paths.append(where)
-                texts.append(text)
-                metadata.append(meta)
-                # records whose kept values differ are different documents (for dedup and the version's content), also
-                # when their texts are equal
-                digests.append(hashlib.sha256(text.encode() + (json.dumps(list(values.values())).encode() if values else b"")).hexdigest())
-                for column, value in values.items():
-                    kept[column].append(value)
-    if on_part is not None:
-        on_part(len(files), len(files))
-    encoded = [t.encode() for t in texts]
-    arrow_schema, _ = document_schemas(config.columns)
-    table = pa.table(
-        {
-            "id": [doc_id(name, p) for p in paths],
-            "source": [name] * len(paths),
-            "path": paths,
-            "text": texts,
-            "bytes": [len(b) for b in encoded],
-            "sha256": digests,
-            "metadata": metadata,
-            **kept,
-        },
-        schema=arrow_schema,
-    ).sort_by("id")
-    size = sum(map(len, encoded))
-    dropped = ", ".join(f"{reason} {count}" for reason, count in skipped.items() if count) or "none"
-    log.info("%s: %d documents (%d bytes) from %d files under %s; skipped: %s", name, table.num_rows, size, files_read, root, dropped)
-    return IngestResult(documents=table, files_read=files_read, skipped=skipped)
+                records, reason = file_records(root, rel, config)
+            if records is None:
+                skipped[str(reason)] += 1
+                continue
+            files_read += 1
+            for where, record in records:
+                document = record_document(record, config, kinds) if record is not None else "bad_json"
+                if isinstance(document, str):
+                    # a jsonl line without its text is counted as bad JSON, as it always was
+                    skipped["bad_json" if config.format == "jsonl" and not config.columns else document] += 1
+                elif not document[0]:
+                    skipped["empty"] += 1
+                else:
+                    spill.add(where, *document)
+        if on_part is not None:
+            on_part(len(files), len(files))
+        rows = spill.close()
+        size = int(pa.compute.sum(rows.keys["bytes"]).as_py() or 0)
+        dropped = ", ".join(f"{reason} {count}" for reason, count in skipped.items() if count) or "none"
+        log.info("%s: %d documents (%d bytes) from %d files under %s; skipped: %s", name, rows.keys.num_rows, size, files_read, root, dropped)
+        yield IngestResult(documents=rows, files_read=files_read, skipped=skipped)
+
+
+class _Spill:
+    """Documents written to an Arrow IPC file in the order they are read, a batch at a time, with their keys kept; closed,
+    the rows in id order (`Rows`): each pass reads the file a batch at a time when it was written in that order, else
+    gathers each batch of the order from the file memory-mapped."""
+
+    def __init__(self, path: Path, name: str, schema: pa.Schema, columns: tuple[str, ...]) -> None:
+        self.path, self.name, self.schema, self.columns = path, name, schema, columns
+        self.writer = pa.ipc.new_file(str(path), schema)
+        self.pending: dict[str, list[Any]] = self._empty()
+        self.pending_bytes = 0
+        self.keys: list[pa.RecordBatch] = []
+        self.starts = [0]
+
+    def _empty(self) -> dict[str, list[Any]]:
+        return {column: [] for column in ("id", "source", "path", "text", "bytes", "sha256", "metadata", *self.columns)}
+
+    def add(self, where: str, text: str, meta: str, values: dict[str, Any]) -> None:
+        encoded = text.encode()
+        row = self.pending
+        row["id"].append(doc_id(self.name, where))
+        row["source"].append(self.name)
+        row["path"].append(where)
+        row["text"].append(text)
+        row["bytes"].append(len(encoded))
+        # records whose kept values differ are different documents (for dedup and the version's content), also when
+        # their texts are equal
+        row["sha256"].append(hashlib.sha256(encoded + (json.dumps(list(values.values())).encode() if values else b"")).hexdigest())
+        row["metadata"].append(meta)
+        for column, value in values.items():
+            row[column].append(value)
+        self.pending_bytes += len(encoded)
+        if len(row["id"]) >= BATCH_ROWS or self.pending_bytes >= SPILL_BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending["id"]:
+            return
+        batch = pa.record_batch(self.pending, schema=self.schema)
+        self.writer.write_batch(batch)
+        self.keys.append(batch.select(list(KEY_COLUMNS)))
+        self.starts.append(self.starts[-1] + batch.num_rows)
+        self.pending, self.pending_bytes = self._empty(), 0
+
+    def close(self) -> Rows:
+        self._flush()
+        self.writer.close()
+        keys = pa.Table.from_batches(self.keys, schema=pa.schema([self.schema.field(column) for column in KEY_COLUMNS]))
+        order = pc.sort_indices(keys, [("id", "ascending")]).to_numpy().astype(np.int64)
+        starts, path, schema = np.asarray(self.starts, dtype=np.int64), self.path, self.schema
+
+        def in_order() -> Iterator[pa.RecordBatch]:
+            with pa.OSFile(str(path)) as source:  # read, not mapped: one batch in memory at a time
+                spilled = pa.ipc.open_file(source)
+                for part in range(spilled.num_record_batches):
+                    yield spilled.get_batch(part)
+
+        def taken() -> Iterator[pa.RecordBatch]:
+            with pa.memory_map(str(path)) as source:
+                spilled = pa.ipc.open_file(source)
+                parts = [spilled.get_batch(i) for i in range(spilled.num_record_batches)]
+                for at in range(0, len(order), BATCH_ROWS):
+                    yield _taken(parts, starts, order[at:at + BATCH_ROWS], schema)
+
+        spilled_in_order = bool(np.all(order[1:] > order[:-1]))
+        return Rows(keys=keys.take(pa.array(order)), column_names=tuple(schema.names), batches=in_order if spilled_in_order else taken)
+
+
+def _taken(parts: list[pa.RecordBatch], starts: np.ndarray, wanted: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    """The rows `wanted` (indices over all `parts`, which start at `starts`), in that order, taken part by part: a take
+    over the whole file would gather each column whole first."""
+    part_of = np.searchsorted(starts, wanted, side="right") - 1
+    pieces, places = [], []
+    for part in np.unique(part_of):
+        chosen = np.nonzero(part_of == part)[0]
+        pieces.append(parts[part].take(pa.array(wanted[chosen] - starts[part])))
+        places.append(chosen)
+    if not pieces:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
+    return gathered.take(pa.array(np.argsort(np.concatenate(places), kind="stable"))).to_batches()[0]

@@ -9,12 +9,15 @@ data that passed.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,6 +25,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.utils.concurrent import ExecutorFactory
 
 from factory.data.documents import COLUMNS, document_schemas, kept_columns
 from factory.errors import ArtifactError, ConfigError
@@ -36,6 +40,12 @@ T = TypeVar("T")
 CONFLICTS = (CommitFailedException, ValidationException)
 KEY_COLUMNS = ("id", "sha256", "bytes")
 """The columns a version's content tag and counts come from."""
+WRITE_PROPERTIES = {"write.target-file-size-bytes": str(64 << 20)}
+"""A new table's properties: pyiceberg gathers the batches of one data file in memory before it writes the file, and its
+target (in Arrow's bytes; the Parquet file is a few times smaller) is what a streamed write holds at most: 128 MB, not
+pyiceberg's 512 MB default."""
+WRITERS = 4
+"""Data files written at once by default (pyiceberg's `max-workers` overrides): each holds up to the target size."""
 BATCH_ROWS = 16_384
 """Rows of a record batch read from a version: what a stage that streams holds of it at once."""
 
@@ -136,7 +146,7 @@ def write_content(catalog: Catalog, table_name: str, documents: pa.Table | Rows,
         data = documents
     sha = content_sha256(keys)
     ensure_namespace(catalog, table_name.split(".")[0])
-    table = catalog.create_table_if_not_exists(table_name, schema=iceberg)
+    table = catalog.create_table_if_not_exists(table_name, schema=iceberg, properties=WRITE_PROPERTIES)
     snapshot_id = _committed(catalog, table_name, table, lambda t: _write(t, data, sha))
     return TableVersion(
         table=table_name, snapshot_id=snapshot_id, tag=content_tag(sha), content_tag=content_tag(sha), rows=keys.num_rows,
@@ -173,10 +183,41 @@ def _committed(catalog: Catalog, table_name: str, table: Table, commit: Callable
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+class _FilesInFlight(ThreadPoolExecutor):
+    """pyiceberg's writer turns a stream into data files through its executor's `map`, which (before Python 3.14) submits
+    every item at once, pulling the whole stream into memory before the first file is written. This `map` keeps at most
+    `max_workers` items submitted ahead of the one whose result is next, so a streamed write holds that many files."""
+
+    def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None, chunksize: int = 1) -> Iterator[T]:
+        return self._bounded(fn, zip(*iterables, strict=False), timeout)
+
+    def _bounded(self, fn: Callable[..., T], items: Iterator[tuple[Any, ...]], timeout: float | None) -> Iterator[T]:
+        ahead: collections.deque[Future[T]] = collections.deque()
+        try:
+            for item in items:
+                ahead.append(self.submit(fn, *item))
+                if len(ahead) > self._max_workers:
+                    yield ahead.popleft().result(timeout)
+            while ahead:
+                yield ahead.popleft().result(timeout)
+        finally:
+            for future in ahead:
+                future.cancel()
+
+
+def _files_in_flight() -> None:
+    """Give pyiceberg this process's `_FilesInFlight` (it keeps one executor per process: `ExecutorFactory`), with
+    pyiceberg's `max-workers` setting, else a thread per core up to `WRITERS`."""
+    if ExecutorFactory._instance_pid != os.getpid() or not isinstance(ExecutorFactory._instance, _FilesInFlight):
+        ExecutorFactory._instance_pid = os.getpid()
+        ExecutorFactory._instance = _FilesInFlight(max_workers=ExecutorFactory.max_workers() or min(WRITERS, os.cpu_count() or 1))
+
+
 def _write(table: Table, data: pa.Table | Callable[[], pa.RecordBatchReader], sha: str) -> int:
     by_content = content_tag(sha)
     snapshot = table.snapshot_by_name(by_content)
     if snapshot is None:
+        _files_in_flight()
         documents = data if isinstance(data, pa.Table) else data()  # pyiceberg streams a reader, a file of batches at a time
         if table.current_snapshot() is None:
             table.append(documents, snapshot_properties={"content-sha256": sha})

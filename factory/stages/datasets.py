@@ -100,9 +100,10 @@ def run_raw_datasets(ctx: StageContext) -> dict[str, Any]:
         if listing.digest != settings.files[name]:
             raise StageFailed(f"the files of dataset {name!r} under {listing.root} changed after this stage was planned; run it again")
         listings[name] = dict(listing.files)
-        with work_progress(f"{name}: ingest", "files", ctx.log, wants_progress(1)) as on_part:
-            result = read_documents(name, config, ctx.log, on_part)
-        versions[name] = write_version(catalog, f"raw.{name}", result.documents, ctx.log)
+        # the documents spill beside the staging directory, on the registry's disk, never into the artifact
+        with work_progress(f"{name}: ingest", "files", ctx.log, wants_progress(1)) as on_part, \
+                read_documents(name, config, ctx.log, on_part, scratch=ctx.out.parent) as result:
+            versions[name] = write_version(catalog, f"raw.{name}", result.documents, ctx.log)
         stats[name] = {"files_read": result.files_read, **{f"skipped_{reason}": count for reason, count in sorted(result.skipped.items())}}
     (ctx.out / SOURCES_FILE).write_text(json.dumps(listings, indent=1, sort_keys=True))
     return publish_versions(ctx, versions, stats)

@@ -173,8 +173,9 @@ def test_the_listing_leaves_out_links_out_of_the_roots_and_never_opens_a_fifo(tm
     monkeypatch.setenv("FACTORY_CACHE", str(tmp_path / "cache"))
     listing = source_files(config).files
     assert listing["fifo.txt"] == "unreadable" and listing["good.txt"] == listing["inside.txt"] != "unreadable"
-    ingested = read_documents("d", config, logging.getLogger("test.hostile"))
-    assert sorted(ingested.documents["path"].to_pylist()) == ["good.txt", "inside.txt"] and ingested.skipped["unreadable"] == 1
+    with read_documents("d", config, logging.getLogger("test.hostile")) as ingested:
+        paths = [path for batch in ingested.documents.batches() for path in batch["path"].to_pylist()]
+    assert sorted(paths) == ["good.txt", "inside.txt"] and ingested.skipped["unreadable"] == 1
 
 
 def test_a_hanging_or_broken_sibling_does_not_block_a_good_file(tmp_path):

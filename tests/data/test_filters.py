@@ -3,8 +3,7 @@
 from factory.config.data_sections import DedupConfig, FiltersConfig, SourceConfig
 from factory.data.dedup import deduplicate
 from factory.data.filters import alnum_share, apply_filters
-from factory.data.ingest import read_documents
-from tests.data.conftest import LOG, documents
+from tests.data.conftest import LOG, documents, ingest
 
 GOOD = "def add(a, b):\n    return a + b\n"
 
@@ -96,7 +95,7 @@ def test_filters_apply_in_order_and_keep_row_order():
 
 
 def test_stdlib_json_package_end_to_end():
-    raw = read_documents("stdlib", SourceConfig(include=("json/**/*.py",)), LOG)
+    raw = ingest("stdlib", SourceConfig(include=("json/**/*.py",)))
     paths = raw.documents["path"].to_pylist()
     assert {"json/__init__.py", "json/decoder.py", "json/encoder.py"} <= set(paths)
     assert all(p.startswith("json/") and p.endswith(".py") for p in paths)

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from factory.config.data_sections import SourceConfig
@@ -14,7 +15,7 @@ from factory.config.source_kinds import glob_pattern
 from factory.config.sources import source_root
 from factory.data.ingest import SKIP_REASONS, read_documents
 from factory.errors import ConfigError
-from tests.data.conftest import LOG
+from tests.data.conftest import LOG, ingest
 
 MAX_FILE_BYTES = 1_000
 RUNNING_AS_ROOT = os.geteuid() == 0
@@ -58,7 +59,7 @@ def config(root: Path, **overrides) -> SourceConfig:
 
 
 def test_text_files_are_read_with_globs_and_bad_files_counted(tree):
-    result = read_documents("code", config(tree), LOG)
+    result = ingest("code", config(tree), LOG)
     docs = result.documents
     expected = {"top.py", "pkg/mod.py", "pkg/sub/deep.py"} | ({"locked.py"} if RUNNING_AS_ROOT else set())
     assert docs.schema == ARROW_SCHEMA
@@ -93,7 +94,7 @@ def test_text_files_are_read_with_globs_and_bad_files_counted(tree):
 def test_unreadable_files_are_counted_not_fatal(tree):
     (tree / "dangling.py").symlink_to(tree / "gone.py")  # unreadable even for root
     os.mkfifo(tree / "pipe.py")  # reading it would block forever
-    result = read_documents("code", config(tree, include=("locked.py", "dangling.py", "pipe.py", "top.py")), LOG)
+    result = ingest("code", config(tree, include=("locked.py", "dangling.py", "pipe.py", "top.py")), LOG)
     if RUNNING_AS_ROOT:  # root reads a file with mode 000
         assert set(result.documents["path"].to_pylist()) == {"locked.py", "top.py"}
         assert result.skipped["unreadable"] == 2
@@ -103,9 +104,9 @@ def test_unreadable_files_are_counted_not_fatal(tree):
 
 
 def test_include_is_relative_to_the_root_and_exclude_wins(tree):
-    only_top = read_documents("code", config(tree, include=("*.py",), exclude=("b*.py", "l*.py", "e*.py")), LOG)
+    only_top = ingest("code", config(tree, include=("*.py",), exclude=("b*.py", "l*.py", "e*.py")), LOG)
     assert only_top.documents["path"].to_pylist() == ["top.py"]
-    nested = read_documents("code", config(tree, include=("pkg/**/*.py",), exclude=()), LOG)
+    nested = ingest("code", config(tree, include=("pkg/**/*.py",), exclude=()), LOG)
     assert sorted(nested.documents["path"].to_pylist()) == ["pkg/mod.py", "pkg/sub/deep.py", "pkg/tests/test_mod.py"]
 
 
@@ -119,10 +120,10 @@ def test_glob_semantics():
 
 
 def test_ids_are_stable_across_ingests(tree):
-    first = read_documents("code", config(tree), LOG).documents
-    again = read_documents("code", config(tree), LOG).documents
+    first = ingest("code", config(tree), LOG).documents
+    again = ingest("code", config(tree), LOG).documents
     assert first.equals(again)
-    other_name = read_documents("other", config(tree), LOG).documents
+    other_name = ingest("other", config(tree), LOG).documents
     assert set(other_name["id"].to_pylist()).isdisjoint(first["id"].to_pylist())
 
 
@@ -136,7 +137,7 @@ def test_jsonl_lines_become_documents_with_metadata(tmp_path):
         json.dumps({"text": "second \u2028 doc", "b": 1, "a": [1, 2]}, ensure_ascii=False),
     ]
     write(tmp_path / "src", {"data/part.jsonl": "\n".join(lines).encode() + b"\n", "data/skip.txt": b"x"})
-    result = read_documents("web", config(tmp_path / "src", include=("**/*.jsonl",), format="jsonl"), LOG)
+    result = ingest("web", config(tmp_path / "src", include=("**/*.jsonl",), format="jsonl"), LOG)
     rows = sorted(result.documents.to_pylist(), key=lambda r: r["path"])
     assert [(r["path"], r["text"], r["metadata"]) for r in rows] == [
         ("data/part.jsonl:1", "first doc", '{"lang": "en", "stars": 3}'),
@@ -152,11 +153,11 @@ def test_missing_or_file_roots_are_config_errors(tmp_path):
         source_root(SourceConfig(kind="directory", path=str(tmp_path / "nowhere")))
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(ConfigError, match=r"source\.path: .*found a file"):
-        read_documents("code", SourceConfig(kind="directory", path=str(tmp_path / "file.txt")), LOG)
+        ingest("code", SourceConfig(kind="directory", path=str(tmp_path / "file.txt")), LOG)
 
 
 def test_stdlib_root_leaves_out_installed_packages():
-    result = read_documents("stdlib", SourceConfig(include=("json/*.py",)), LOG)
+    result = ingest("stdlib", SourceConfig(include=("json/*.py",)), LOG)
     paths = result.documents["path"].to_pylist()
     assert "json/__init__.py" in paths
     assert all(p.startswith("json/") for p in paths)
@@ -169,7 +170,7 @@ def test_records_keep_their_columns_and_bad_ones_are_counted(tmp_path):
     lines = [json.dumps({"messages": turns, "id": 7}), json.dumps({"messages": swapped}), json.dumps({"messages": "text"}),
              json.dumps({"messages": [{"role": "user"}]}), json.dumps({"other": 1}), "{not json", json.dumps({"messages": []})]
     write(tmp_path / "src", {"chats.jsonl": "\n".join(lines).encode(), "broken.parquet": b"PAR1 not really"})
-    result = read_documents("chat", config(tmp_path / "src", include=("*.jsonl",), format="jsonl", columns=("messages",)), LOG)
+    result = ingest("chat", config(tmp_path / "src", include=("*.jsonl",), format="jsonl", columns=("messages",)), LOG)
     rows = sorted(result.documents.to_pylist(), key=lambda r: r["path"])
     assert [r["path"] for r in rows] == ["chats.jsonl:1", "chats.jsonl:2"]
     assert json.loads(rows[0]["messages"]) == [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]
@@ -177,7 +178,7 @@ def test_records_keep_their_columns_and_bad_ones_are_counted(tmp_path):
     assert rows[0]["sha256"] != rows[1]["sha256"]  # the same text with other roles is another document
     assert {k: v for k, v in result.skipped.items() if v} == {"wrong_type": 3, "missing_column": 1, "bad_json": 1}
 
-    broken = read_documents("chat", config(tmp_path / "src", include=("*.parquet",), format="parquet", columns=("messages",)), LOG)
+    broken = ingest("chat", config(tmp_path / "src", include=("*.parquet",), format="parquet", columns=("messages",)), LOG)
     assert broken.skipped["bad_parquet"] == 1 and broken.documents.num_rows == 0
     assert broken.documents.column_names[-1] == "messages"
 
@@ -202,7 +203,7 @@ def test_a_hugging_face_dataset_saved_to_disk_is_read_as_load_from_disk_reads_it
     source = SourceConfig(kind="directory", path=str(tmp_path / "hf" / "train"), format="arrow")
     assert source.include == ("**/data-*.arrow",) and SourceConfig(**source.model_dump()) == source  # written out in its dump
 
-    result = read_documents("hub", source, LOG)
+    result = ingest("hub", source, LOG)
     theirs = datasets.load_from_disk(str(tmp_path / "hf" / "train"))
     ours = sorted(result.documents.to_pylist(), key=lambda row: row["path"])
     assert [row["text"] for row in ours] == theirs["text"]
@@ -211,7 +212,7 @@ def test_a_hugging_face_dataset_saved_to_disk_is_read_as_load_from_disk_reads_it
     assert json.loads(ours[3]["metadata"]) == {"lang": "py", "stars": 3, "messages": turns[3]}
     assert result.files_read == 2 and not any(result.skipped.values())
 
-    chats = read_documents("hub", SourceConfig(kind="directory", path=str(tmp_path / "hf"), format="arrow", columns=("messages",)), LOG)
+    chats = ingest("hub", SourceConfig(kind="directory", path=str(tmp_path / "hf"), format="arrow", columns=("messages",)), LOG)
     assert chats.documents.num_rows == 6 and chats.documents.column_names[-1] == "messages"  # both splits, from the top
     assert sorted(chats.documents["messages"].to_pylist()) == sorted(json.dumps(t) for t in [*turns, turns[0]])
 
@@ -222,7 +223,7 @@ def test_arrow_files_with_a_footer_are_read_and_broken_ones_counted(tmp_path):
     write(tmp_path / "src", {"broken.arrow": b"ARROW1 not really", "empty.arrow": b""})
     with pa.ipc.new_file(tmp_path / "src" / "table.arrow", pa.schema([("text", pa.string())])) as writer:
         writer.write_table(pa.table({"text": ["one", "two"]}))
-    result = read_documents("files", config(tmp_path / "src", include=("*.arrow",), format="arrow"), LOG)
+    result = ingest("files", config(tmp_path / "src", include=("*.arrow",), format="arrow"), LOG)
     assert sorted(result.documents["text"].to_pylist()) == ["one", "two"]
     assert {reason: count for reason, count in result.skipped.items() if count} == {"bad_arrow": 1, "empty": 1}
 
@@ -248,14 +249,14 @@ def test_an_iceberg_source_reads_a_snapshot_of_a_table_as_its_scan_gives_it(tmp_
 
     pinned = SourceConfig.model_validate({"kind": "iceberg", "catalog": "lake", "table": "corpora.web", "snapshot": first})
     assert pinned.format == "parquet" and pinned.include == ("*.parquet",)
-    rows = read_documents("web", pinned, LOG).documents.to_pylist()
+    rows = ingest("web", pinned, LOG).documents.to_pylist()
     assert sorted(row["text"] for row in rows) == texts[:3] and sorted(json.loads(row["metadata"])["url"] for row in rows) == urls[:3]
 
     current = SourceConfig.model_validate({"kind": "iceberg", "catalog": "lake", "table": "corpora.web", "max_file_bytes": 12_000})
     theirs = catalog.load_table("corpora.web").scan().to_arrow()  # pyiceberg reads the table itself
     listing = source_files(current)
     assert len(listing.files) > 1 and not any(value.startswith("too_large") for value in listing.files.values())  # parts within the bound
-    assert sorted(read_documents("web", current, LOG).documents["text"].to_pylist()) == sorted(theirs["text"].to_pylist())  # deletes applied
+    assert sorted(ingest("web", current, LOG).documents["text"].to_pylist()) == sorted(theirs["text"].to_pylist())  # deletes applied
     assert listing.digest != source_files(pinned).digest and source_files(current) == listing
 
     for fields, said in (({"table": "corpora.nope"}, "source.table: catalog 'lake' has no table 'corpora.nope'"),
@@ -263,3 +264,25 @@ def test_an_iceberg_source_reads_a_snapshot_of_a_table_as_its_scan_gives_it(tmp_
                          ({"catalog": "nowhere", "table": "corpora.web"}, "source.catalog: pyiceberg cannot open the catalog 'nowhere'")):
         with pytest.raises(ConfigError, match=re.escape(said)):
             source_files(SourceConfig.model_validate({"kind": "iceberg", "catalog": "lake", **fields}))
+
+
+def test_a_source_spilled_in_many_small_batches_gives_the_rows_one_batch_gives_by_id_a_batch_at_a_time(tmp_path, monkeypatch):
+    """Ingest holds no source whole: the documents spill to a file a batch at a time (by rows, or by bytes of text) and
+    each pass reads back one batch of the id order at a time; the rows are those of a spill in one batch, in id order,
+    however they were cut, for files that are documents and for files of records."""
+    from factory.data import ingest as module
+
+    write(tmp_path / "src", {f"d{n:02d}/m{n}.py": f"value_{n} = {n}\n".encode() * (n + 1) for n in range(23)})
+    write(tmp_path / "src", {f"r{n}.jsonl": "".join(json.dumps({"text": f"record {n}.{i}"}) + "\n" for i in range(5)).encode()
+                             for n in range(4)})
+    sources = [config(tmp_path / "src", include=("**/*.py",), exclude=()), config(tmp_path / "src", include=("*.jsonl",), format="jsonl")]
+    whole = [ingest("code", source).documents for source in sources]
+    monkeypatch.setattr(module, "BATCH_ROWS", 3)
+    monkeypatch.setattr(module, "SPILL_BATCH_BYTES", 40)
+    for source, expected in zip(sources, whole, strict=True):
+        with read_documents("code", source, LOG) as result:
+            passes = [list(result.documents.batches()) for _ in range(2)]  # a commit that lost writes the rows again
+        assert all(batch.num_rows <= 3 for batch in passes[0]) and len(passes[0]) >= expected.num_rows / 3
+        for batches in passes:
+            assert pa.Table.from_batches(batches).equals(expected)
+    assert whole[0].num_rows == 23 and whole[1].num_rows == 20

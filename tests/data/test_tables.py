@@ -116,3 +116,29 @@ def test_a_rejected_version_takes_no_number_and_names_the_last_one_that_passed(c
     assert "rejected" in missing_refs(catalog, [refused.ref])[0]
     with pytest.raises(ArtifactError, match=r"its tags: gold, v1$"):
         resolve(catalog, TABLE, "v9")
+
+
+def test_a_streamed_write_writes_its_first_files_before_it_reads_its_last_rows(catalog, tmp_path):
+    """The rows of a version stream into its data files, a few files in flight: when a batch is read, the files of all but
+    the last few before it are on disk (pyiceberg's writer, given every file at once, reads the whole stream into memory
+    while its threads write the first files)."""
+    from pyiceberg.schema import Schema as IcebergSchema
+
+    from factory.data.documents import document_schemas
+    from factory.data.tables import WRITERS, Rows, ensure_namespace
+
+    table = documents("code", {f"m{n:02d}.py": f"value_{n} = {n}\n" * 50 for n in range(40)}).sort_by("id")
+    ensure_namespace(catalog, "raw")
+    iceberg: IcebergSchema = document_schemas(())[1]
+    catalog.create_table("raw.code", schema=iceberg, properties={"write.target-file-size-bytes": "1"})  # a file per batch
+    written = []
+
+    def batches():
+        for batch in table.to_batches(max_chunksize=1):
+            written.append(len(list((tmp_path / "catalog" / "warehouse").rglob("*.parquet"))))
+            yield batch
+
+    version = write_content(catalog, "raw.code", Rows(keys=table.select(["id", "sha256", "bytes"]), column_names=tuple(table.column_names),
+                                                      batches=batches))
+    assert len(written) == 40 and all(files >= batch - WRITERS - 2 for batch, files in enumerate(written)), written
+    assert read_version(catalog, "raw.code", version.snapshot_id).equals(table)

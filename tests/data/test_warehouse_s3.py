@@ -7,7 +7,7 @@ import boto3
 
 from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.tables import read_version, resolve, stream_version, write_version
-from tests.data.conftest import LOG, documents
+from tests.data.conftest import LOG, documents, ingest
 from tests.s3server import running_s3
 
 TABLE = "filtered.code"
@@ -44,7 +44,6 @@ def test_an_object_store_source_reads_the_objects_its_globs_match_and_copies_the
 
     from factory.config.data_sections import SourceConfig
     from factory.config.sources import changed_files, source_files, source_problems
-    from factory.data.ingest import read_documents
     from factory.errors import ConfigError
 
     files = {"corpus/a.py": b"a = 1\n", "corpus/pkg/b.py": b"def b():\n    return 2\n", "corpus/notes.txt": b"not code\n", "other/c.py": b"c = 3\n"}
@@ -58,7 +57,7 @@ def test_an_object_store_source_reads_the_objects_its_globs_match_and_copies_the
         source = SourceConfig.model_validate({"kind": "object-store", "uri": f"s3://{server.bucket}/corpus", "include": ["**/*.py"]})
         first = source_files(source)
         assert first.files == {"a.py": hashlib.sha256(files["corpus/a.py"]).hexdigest(), "pkg/b.py": hashlib.sha256(files["corpus/pkg/b.py"]).hexdigest()}
-        ingested = read_documents("bucket", source, LOG)
+        ingested = ingest("bucket", source)
         assert sorted(ingested.documents["text"].to_pylist()) == ["a = 1\n", "def b():\n    return 2\n"]
         reads = sum(server.reads().values())
         assert source_files(source) == first and sum(server.reads().values()) == reads  # listed again, not read again

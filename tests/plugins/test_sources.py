@@ -41,8 +41,8 @@ def test_a_plugin_source_kind_is_checked_listed_and_read(tmp_path):
 
     assert factory_with(site, "check", str(path)).returncode == 0
     probe = ("import json, sys, logging; from factory.config import load; from factory.config.sources import source_files; "
-             "from factory.data.ingest import read_documents; source = load(sys.argv[1]).data.datasets['code'].source; "
-             "print(json.dumps([sorted(source_files(source).files), read_documents('code', source, logging.getLogger()).documents['path'].to_pylist()]))")
+             "from tests.data.conftest import ingest; source = load(sys.argv[1]).data.datasets['code'].source; "
+             "print(json.dumps([sorted(source_files(source).files), ingest('code', source).documents['path'].to_pylist()]))")
     env = {**os.environ, "PYTHONPATH": str(site)}
     shown = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert json.loads(shown.stdout) == [["pkg/a.py"], ["pkg/a.py"]], shown.stderr

@@ -60,8 +60,8 @@ def test_ingest_and_near_dedup_say_each_part_they_finish(tmp_path, monkeypatch):
     heard = []
     source = SourceConfig(kind="directory", path=str(tmp_path))
     monkeypatch.setenv("FACTORY_DATA_ROOTS", str(tmp_path))
-    result = read_documents("code", source, logging.getLogger("test"), lambda done, total: heard.append((done, total)))
-    assert heard == [(n, 6) for n in range(1, 7)] and result.documents.num_rows == 5  # a skipped file is done too
+    with read_documents("code", source, logging.getLogger("test"), lambda done, total: heard.append((done, total))) as result:
+        assert heard == [(n, 6) for n in range(1, 7)] and result.documents.keys.num_rows == 5  # a skipped file is done too
 
     shared = "".join(f"row_{i} = compute({i}, twice=True)\n" for i in range(40))
     table = documents("code", {f"m{n}.py": shared + f"last = {n}\n" if n % 2 else f"other_{n} = {n}\n" * (n + 1) for n in range(7)})
