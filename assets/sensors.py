@@ -81,7 +81,7 @@ def experiments_at_head(context: SensorEvaluationContext, experiments: Experimen
     again = seen == commit
     changed = experiments.changed(seen, commit, texts) if seen is not None and not again else None
     tables = TableLookup(lambda: open_catalog(stores.catalog()))
-    registry, read = stores.registry(), reader(texts)
+    registry, read = stores.registry(patient=False), reader(texts)
     for path, text in texts.items():
         shown = _in_repo(str(path), root)
         if (again or changed is not None and path.resolve() not in changed) and shown not in waiting:

@@ -67,8 +67,8 @@ SMOKE = Sizes(stdlib=("json/**/*.py",), loader_batches=8, train_steps=4, warmup_
 
 def build_table(catalog: Catalog, include: tuple[str, ...]) -> TableVersion:
     """The interpreter's standard library (its files matching `include`) as one table version."""
-    documents = read_documents("stdlib", SourceConfig(kind="python-stdlib", include=include), LOG).documents
-    return write_version(catalog, "filtered.stdlib", documents, LOG)
+    with read_documents("stdlib", SourceConfig(kind="python-stdlib", include=include), LOG) as result:
+        return write_version(catalog, "filtered.stdlib", result.documents, LOG)
 
 
 def blend_of(catalog: Catalog, version: TableVersion, validation_percent: int) -> Blend:

@@ -82,11 +82,21 @@ def final_weights(ctx: StageContext, stage: str) -> dict[str, torch.Tensor]:
     return weights_of(ctx, stage)
 
 
-def checkpoints_of(ctx: StageContext, stage: str) -> list[SavedCheckpoint]:
-    """The kept checkpoints of an upstream training stage, oldest first: each with its `step`, `path`, `sha256` and `metrics`."""
-    from factory.train.records import published
+def checkpoints_of(ctx: StageContext, stage: str, last: int | None = None) -> list[SavedCheckpoint]:
+    """The kept checkpoints of an upstream training stage, oldest first (`last`: the newest that many): each with its
+    `step`, `path`, `sha256` and `metrics`. Their records are read alone, and only the checkpoints returned are on local
+    disk (from an object store: each fetched alone, not the whole training artifact)."""
+    import dataclasses
+    from pathlib import Path
 
-    return published(ctx.upstream(stage))
+    from factory.train.records import recorded_in
+
+    if last is not None and last < 1:
+        raise ValueError(f"checkpoints_of: last must be 1 or more, not {last}")
+    manifest = ctx.upstream_manifest(stage)
+    kept = recorded_in([name for name in manifest.files if "/" not in name], lambda name: ctx.registry.read(manifest, name), Path())
+    chosen = kept[-last:] if last is not None else kept
+    return [dataclasses.replace(checkpoint, path=ctx.registry.fetch(manifest, checkpoint.path.name)) for checkpoint in chosen]
 
 
 def load_weights(checkpoint: SavedCheckpoint) -> dict[str, torch.Tensor]:

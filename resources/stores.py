@@ -15,11 +15,12 @@ class FactoryStores(ConfigurableResource):
 
     root: str = ".factory"
 
-    def registry(self) -> ArtifactStore:
-        """The artifact registry. In an object store it is opened patiently (`open_registry(patient=True)`): whoever asks
-        here (a run's step, a sensor's tick) works for a run or a daemon that found the store, so an endpoint that does
-        not answer is an outage, waited out within `FACTORY_STORE_OUTAGE_S`, not a setting to change."""
-        return open_registry(Path(self.root) / "registry", patient=True)
+    def registry(self, patient: bool = True) -> ArtifactStore:
+        """The artifact registry. In an object store it is opened patiently (`open_registry(patient=True)`): a run's
+        step works for a run that found the store, so an endpoint that does not answer is an outage, waited out within
+        `FACTORY_STORE_OUTAGE_S`, not a setting to change. A sensor's tick asks impatiently (`patient=False`): Dagster
+        gives a tick about as long as the window, and the next tick tries again."""
+        return open_registry(Path(self.root) / "registry", patient=patient)
 
     def catalog(self) -> CatalogConfig:
         """The Iceberg catalog's location."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -160,7 +161,7 @@ def file_records(root: Path, rel: str, config: SourceConfig) -> tuple[list[Recor
 
 
 SPILL_BATCH_BYTES = 64 << 20
-"""Text a batch of the spill holds at most (fewer rows than `BATCH_ROWS` when documents are large)."""
+"""Text a batch of the spill, and of a pass over it, holds at most (fewer rows than `BATCH_ROWS` when documents are large)."""
 
 
 @contextlib.contextmanager
@@ -175,51 +176,57 @@ def read_documents(name: str, config: SourceConfig, log: logging.Logger, on_part
     gathered in id order from the spill memory-mapped, a batch of that order at a time."""
     root = source_root(config)
     skipped = dict.fromkeys(SKIP_REASONS, 0)
-    arrow_schema, _ = document_schemas(config.columns)
-    kinds: dict[str, bool] = {}
-    files_read = 0
     files = matching_files(root, config)
     if config.format == "text":  # a file is a document, its id known from its name: read in id order, spilled in it
         files = sorted(files, key=lambda rel: doc_id(name, rel))
     with tempfile.TemporaryDirectory(prefix=f"ingest-{name[:40]}-", dir=scratch) as spill_dir:
-        spill = _Spill(Path(spill_dir) / "documents.arrow", name, arrow_schema, config.columns)
-        for done, rel in enumerate(files):
-            if on_part is not None and done:  # the file before this one is done (the last: after the loop)
-                on_part(done, len(files))
-            if config.format == "text":
-                text, reason = read_text(root / rel, config.max_file_bytes)
-                records: list[Record] | None = [(rel, {config.text_field: text})] if text is not None else None
-            else:
-                records, reason = file_records(root, rel, config)
-            if records is None:
-                skipped[str(reason)] += 1
-                continue
-            files_read += 1
-            for where, record in records:
-                document = record_document(record, config, kinds) if record is not None else "bad_json"
-                if isinstance(document, str):
-                    # a jsonl line without its text is counted as bad JSON, as it always was
-                    skipped["bad_json" if config.format == "jsonl" and not config.columns else document] += 1
-                elif not document[0]:
-                    skipped["empty"] += 1
-                else:
-                    spill.add(where, *document)
-        if on_part is not None:
-            on_part(len(files), len(files))
-        rows = spill.close()
-        size = int(pa.compute.sum(rows.keys["bytes"]).as_py() or 0)
+        with contextlib.closing(_Spill(Path(spill_dir) / "documents.arrow", name, document_schemas(config.columns)[0])) as spill:
+            files_read = _read_into(spill, config, root, files, skipped, on_part)
+        rows = spill.rows()
+        size = int(pc.sum(rows.keys["bytes"]).as_py() or 0)
         dropped = ", ".join(f"{reason} {count}" for reason, count in skipped.items() if count) or "none"
         log.info("%s: %d documents (%d bytes) from %d files under %s; skipped: %s", name, rows.keys.num_rows, size, files_read, root, dropped)
         yield IngestResult(documents=rows, files_read=files_read, skipped=skipped)
 
 
-class _Spill:
-    """Documents written to an Arrow IPC file in the order they are read, a batch at a time, with their keys kept; closed,
-    the rows in id order (`Rows`): each pass reads the file a batch at a time when it was written in that order, else
-    gathers each batch of the order from the file memory-mapped."""
+def _read_into(spill: _Spill, config: SourceConfig, root: Path, files: list[str], skipped: dict[str, int],
+               on_part: Callable[[int, int], None] | None) -> int:
+    """Every document of `files` into the spill, what is left out counted in `skipped`; the files read."""
+    kinds: dict[str, bool] = {}
+    files_read = 0
+    for done, rel in enumerate(files):
+        if on_part is not None and done:  # the file before this one is done (the last: after the loop)
+            on_part(done, len(files))
+        if config.format == "text":
+            text, reason = read_text(root / rel, config.max_file_bytes)
+            records: list[Record] | None = [(rel, {config.text_field: text})] if text is not None else None
+        else:
+            records, reason = file_records(root, rel, config)
+        if records is None:
+            skipped[str(reason)] += 1
+            continue
+        files_read += 1
+        for where, record in records:
+            document = record_document(record, config, kinds) if record is not None else "bad_json"
+            if isinstance(document, str):
+                # a jsonl line without its text is counted as bad JSON, as it always was
+                skipped["bad_json" if config.format == "jsonl" and not config.columns else document] += 1
+            elif not document[0]:
+                skipped["empty"] += 1
+            else:
+                spill.add(where, *document)
+    if on_part is not None:
+        on_part(len(files), len(files))
+    return files_read
 
-    def __init__(self, path: Path, name: str, schema: pa.Schema, columns: tuple[str, ...]) -> None:
-        self.path, self.name, self.schema, self.columns = path, name, schema, columns
+
+class _Spill:
+    """Documents written to an Arrow IPC file in the order they are read, a batch at a time, with their keys kept; once
+    closed, the rows in id order (`rows`): each pass reads the file a batch at a time when it was written in that order,
+    else gathers each batch of the order from the file memory-mapped."""
+
+    def __init__(self, path: Path, name: str, schema: pa.Schema) -> None:
+        self.path, self.name, self.schema = path, name, schema
         self.writer = pa.ipc.new_file(str(path), schema)
         self.pending: dict[str, list[Any]] = self._empty()
         self.pending_bytes = 0
@@ -227,7 +234,7 @@ class _Spill:
         self.starts = [0]
 
     def _empty(self) -> dict[str, list[Any]]:
-        return {column: [] for column in ("id", "source", "path", "text", "bytes", "sha256", "metadata", *self.columns)}
+        return {column: [] for column in self.schema.names}
 
     def add(self, where: str, text: str, meta: str, values: dict[str, Any]) -> None:
         encoded = text.encode()
@@ -256,12 +263,19 @@ class _Spill:
         self.starts.append(self.starts[-1] + batch.num_rows)
         self.pending, self.pending_bytes = self._empty(), 0
 
-    def close(self) -> Rows:
-        self._flush()
-        self.writer.close()
+    def close(self) -> None:
+        """Write what is pending and close the file (also when reading failed: the file is closed either way)."""
+        try:
+            self._flush()
+        finally:
+            self.writer.close()
+
+    def rows(self) -> Rows:
+        """The spilled rows in id order, a fresh pass over the file each call."""
         keys = pa.Table.from_batches(self.keys, schema=pa.schema([self.schema.field(column) for column in KEY_COLUMNS]))
         order = pc.sort_indices(keys, [("id", "ascending")]).to_numpy().astype(np.int64)
         starts, path, schema = np.asarray(self.starts, dtype=np.int64), self.path, self.schema
+        cuts = _cuts(keys["bytes"].to_numpy()[order]) if len(order) else []
 
         def in_order() -> Iterator[pa.RecordBatch]:
             with pa.OSFile(str(path)) as source:  # read, not mapped: one batch in memory at a time
@@ -273,23 +287,32 @@ class _Spill:
             with pa.memory_map(str(path)) as source:
                 spilled = pa.ipc.open_file(source)
                 parts = [spilled.get_batch(i) for i in range(spilled.num_record_batches)]
-                for at in range(0, len(order), BATCH_ROWS):
-                    yield _taken(parts, starts, order[at:at + BATCH_ROWS], schema)
+                for begin, end in itertools.pairwise([0, *cuts]):
+                    yield from _taken(parts, starts, order[begin:end], schema)
 
         spilled_in_order = bool(np.all(order[1:] > order[:-1]))
         return Rows(keys=keys.take(pa.array(order)), column_names=tuple(schema.names), batches=in_order if spilled_in_order else taken)
 
 
-def _taken(parts: list[pa.RecordBatch], starts: np.ndarray, wanted: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+def _cuts(sizes: np.ndarray) -> list[int]:
+    """Where batches of rows of these text `sizes` end: each at most `BATCH_ROWS` rows and `SPILL_BATCH_BYTES` of text
+    (a row larger than that alone)."""
+    total = np.cumsum(sizes)
+    cuts, begin = [], 0
+    while begin < len(sizes):
+        fits = int(np.searchsorted(total, (total[begin - 1] if begin else 0) + SPILL_BATCH_BYTES, side="right"))
+        begin = max(begin + 1, min(begin + BATCH_ROWS, fits))
+        cuts.append(begin)
+    return cuts
+
+
+def _taken(parts: list[pa.RecordBatch], starts: np.ndarray, wanted: np.ndarray, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The rows `wanted` (indices over all `parts`, which start at `starts`), in that order, taken part by part: a take
     over the whole file would gather each column whole first."""
     part_of = np.searchsorted(starts, wanted, side="right") - 1
-    pieces, places = [], []
-    for part in np.unique(part_of):
-        chosen = np.nonzero(part_of == part)[0]
-        pieces.append(parts[part].take(pa.array(wanted[chosen] - starts[part])))
-        places.append(chosen)
-    if not pieces:
-        return pa.RecordBatch.from_pylist([], schema=schema)
-    gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
-    return gathered.take(pa.array(np.argsort(np.concatenate(places), kind="stable"))).to_batches()[0]
+    by_part = np.argsort(part_of, kind="stable")  # one sort, then each part's rows a slice of it
+    used, first = np.unique(part_of[by_part], return_index=True)
+    pieces = [parts[part].take(pa.array(wanted[chosen] - starts[part]))
+              for part, chosen in zip(used, np.split(by_part, first[1:]), strict=True)]
+    gathered = pa.Table.from_batches(pieces, schema=schema)
+    yield from gathered.take(pa.array(np.argsort(by_part, kind="stable"))).to_batches()

@@ -41,9 +41,9 @@ CONFLICTS = (CommitFailedException, ValidationException)
 KEY_COLUMNS = ("id", "sha256", "bytes")
 """The columns a version's content tag and counts come from."""
 WRITE_PROPERTIES = {"write.target-file-size-bytes": str(64 << 20)}
-"""A new table's properties: pyiceberg gathers the batches of one data file in memory before it writes the file, and its
-target (in Arrow's bytes; the Parquet file is a few times smaller) is what a streamed write holds at most: 128 MB, not
-pyiceberg's 512 MB default."""
+"""A table's write properties (set when it is created, or at its next write when it lacks them): pyiceberg gathers the
+batches of one data file in memory before it writes the file, so its target (in Arrow's bytes; the Parquet file is a few
+times smaller) bounds what a streamed write holds: about `WRITERS` + 2 files of 64 MB, not of pyiceberg's 512 MB."""
 WRITERS = 4
 """Data files written at once by default (pyiceberg's `max-workers` overrides): each holds up to the target size."""
 BATCH_ROWS = 16_384
@@ -147,6 +147,8 @@ def write_content(catalog: Catalog, table_name: str, documents: pa.Table | Rows,
     sha = content_sha256(keys)
     ensure_namespace(catalog, table_name.split(".")[0])
     table = catalog.create_table_if_not_exists(table_name, schema=iceberg, properties=WRITE_PROPERTIES)
+    if not WRITE_PROPERTIES.items() <= table.properties.items():  # a table made before these properties
+        table = _committed(catalog, table_name, table, _with_write_properties)
     snapshot_id = _committed(catalog, table_name, table, lambda t: _write(t, data, sha))
     return TableVersion(
         table=table_name, snapshot_id=snapshot_id, tag=content_tag(sha), content_tag=content_tag(sha), rows=keys.num_rows,
@@ -183,6 +185,12 @@ def _committed(catalog: Catalog, table_name: str, table: Table, commit: Callable
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def _with_write_properties(table: Table) -> Table:
+    with table.transaction() as transaction:
+        transaction.set_properties(WRITE_PROPERTIES)
+    return table
+
+
 class _FilesInFlight(ThreadPoolExecutor):
     """pyiceberg's writer turns a stream into data files through its executor's `map`, which (before Python 3.14) submits
     every item at once, pulling the whole stream into memory before the first file is written. This `map` keeps at most
@@ -207,10 +215,12 @@ class _FilesInFlight(ThreadPoolExecutor):
 
 def _files_in_flight() -> None:
     """Give pyiceberg this process's `_FilesInFlight` (it keeps one executor per process: `ExecutorFactory`), with
-    pyiceberg's `max-workers` setting, else a thread per core up to `WRITERS`."""
+    pyiceberg's `max-workers` setting, else `WRITERS` threads."""
     if ExecutorFactory._instance_pid != os.getpid() or not isinstance(ExecutorFactory._instance, _FilesInFlight):
+        if ExecutorFactory._instance_pid == os.getpid() and ExecutorFactory._instance is not None:
+            ExecutorFactory._instance.shutdown(wait=False)  # its threads end once idle; tasks it runs finish
         ExecutorFactory._instance_pid = os.getpid()
-        ExecutorFactory._instance = _FilesInFlight(max_workers=ExecutorFactory.max_workers() or min(WRITERS, os.cpu_count() or 1))
+        ExecutorFactory._instance = _FilesInFlight(max_workers=ExecutorFactory.max_workers() or WRITERS)
 
 
 def _write(table: Table, data: pa.Table | Callable[[], pa.RecordBatchReader], sha: str) -> int:

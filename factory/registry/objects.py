@@ -43,7 +43,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from factory.errors import ArtifactError, ConfigError, number_setting
+from factory.errors import ArtifactError, ConfigError, StorageError, number_setting
 from factory.registry import object_lease
 from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, make_writable, sha256_file
 from factory.registry.history import RECORD, checked_topic, parse_record
@@ -216,7 +216,8 @@ class ObjectRegistry(Scratch):
         if current is None or current.digest != manifest.digest:
             return None
         self.store.delete(self._manifest_key(manifest.fingerprint))
-        if any(True for _ in self.manifests(where=Where(digest=manifest.digest))):
+        if (other := next(iter(self.manifests(where=Where(digest=manifest.digest))), None)) is not None:
+            self.store.put(self._digest_key(manifest.digest), other.fingerprint.encode())  # the pointer names one that stays
             return 0
         for key in self.store.list(f"objects/{manifest.digest}/"):
             self.store.delete(key)
@@ -367,7 +368,10 @@ class ObjectRegistry(Scratch):
         else:
             raise ArtifactError(f"the manifest {self.location}/{key} changed under every one of {MANIFEST_WRITES} writes; "
                                 "publish again")
-        self.store.put(self._digest_key(digest), fingerprint.encode())
+        try:
+            self.store.put(self._digest_key(digest), fingerprint.encode())
+        except StorageError as e:  # a hint: without it a reader asks the index
+            log.warning("published %s without its digest pointer: %s", digest[:12], e)
         return self.lookup(fingerprint) or manifest
 
     def damage(self, manifest: Manifest) -> list[str]:

@@ -141,10 +141,10 @@ class S3Store(ObjectStore):
             if re.search(r"\b40[13]\b|InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied", str(e)):
                 raise ConfigError(f"{setting}={self.uri}: {where} refused the credentials: check {CREDENTIAL_SETTINGS} "
                                   f"({reason})") from e
-            waited = f", waited for {self.settings.outage_s:g} s ({OUTAGE_SETTING})" if patient and _RETRIED.search(str(e)) else ""
-            said = f"{setting}={self.uri}: cannot reach {where}{waited}: check {self.settings.endpoint_setting} ({reason})"
-            # a stage's run found the store when it began: past the window it is an outage (exit 1), not a bad setting (2)
-            raise (StorageError if patient else ConfigError)(said) from e
+            if patient and _RETRIED.search(str(e)):  # a stage's run found the store when it began: an outage (exit 1)
+                raise StorageError(f"{setting}={self.uri}: cannot reach {where}, waited for {self.settings.outage_s:g} s: run "
+                                   f"again once it answers, or allow longer outages with {OUTAGE_SETTING} ({reason})") from e
+            raise ConfigError(f"{setting}={self.uri}: cannot reach {where}: check {self.settings.endpoint_setting} ({reason})") from e
 
     def _get(self, key: str, limit: int) -> Blob | None:
         with self._request("read", key):

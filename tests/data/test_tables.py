@@ -2,6 +2,8 @@
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -118,27 +120,36 @@ def test_a_rejected_version_takes_no_number_and_names_the_last_one_that_passed(c
         resolve(catalog, TABLE, "v9")
 
 
-def test_a_streamed_write_writes_its_first_files_before_it_reads_its_last_rows(catalog, tmp_path):
-    """The rows of a version stream into its data files, a few files in flight: when a batch is read, the files of all but
-    the last few before it are on disk (pyiceberg's writer, given every file at once, reads the whole stream into memory
-    while its threads write the first files)."""
-    from pyiceberg.schema import Schema as IcebergSchema
+def test_pyicebergs_writer_submits_a_few_files_ahead_not_the_whole_stream(catalog):
+    """pyiceberg turns a stream into data files through its executor's `map`; the one a write gives it submits a few items
+    ahead of the result asked for (`Executor.map` takes the whole iterable at once: a whole stream in memory), and a
+    table made before the write properties gets them at its next write."""
+    from pyiceberg.utils.concurrent import ExecutorFactory
 
     from factory.data.documents import document_schemas
-    from factory.data.tables import WRITERS, Rows, ensure_namespace
+    from factory.data.tables import WRITE_PROPERTIES, ensure_namespace
 
-    table = documents("code", {f"m{n:02d}.py": f"value_{n} = {n}\n" * 50 for n in range(40)}).sort_by("id")
     ensure_namespace(catalog, "raw")
-    iceberg: IcebergSchema = document_schemas(())[1]
-    catalog.create_table("raw.code", schema=iceberg, properties={"write.target-file-size-bytes": "1"})  # a file per batch
-    written = []
+    catalog.create_table("raw.old", schema=document_schemas(())[1])  # pyiceberg's 512 MB files
+    write_version(catalog, "raw.old", documents("code", {"a.py": "a = 1\n"}), LOG)
+    assert WRITE_PROPERTIES.items() <= catalog.load_table("raw.old").properties.items()
+    executor = ExecutorFactory.get_or_create()
+    release, pulled, results = threading.Event(), [], []
 
-    def batches():
-        for batch in table.to_batches(max_chunksize=1):
-            written.append(len(list((tmp_path / "catalog" / "warehouse").rglob("*.parquet"))))
-            yield batch
+    def items():
+        for n in range(50):
+            pulled.append(n)
+            yield n
 
-    version = write_content(catalog, "raw.code", Rows(keys=table.select(["id", "sha256", "bytes"]), column_names=tuple(table.column_names),
-                                                      batches=batches))
-    assert len(written) == 40 and all(files >= batch - WRITERS - 2 for batch, files in enumerate(written)), written
-    assert read_version(catalog, "raw.code", version.snapshot_id).equals(table)
+    mapped = executor.map(lambda n: release.wait(60) and n, items())
+    assert pulled == []  # nothing taken before the first result is asked for
+    consumer = threading.Thread(target=lambda: results.extend(mapped))
+    consumer.start()
+    deadline = time.monotonic() + 30
+    while len(pulled) <= executor._max_workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # room to run ahead, were it not bounded
+    assert len(pulled) == executor._max_workers + 1, pulled
+    release.set()
+    consumer.join(60)
+    assert results == list(range(50))

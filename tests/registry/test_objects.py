@@ -5,7 +5,9 @@ conditional writes, and a server that goes away in the middle of a publish."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -234,6 +236,7 @@ def test_a_reader_with_a_digest_finds_its_manifest_without_listing_the_store(reg
     same = publish(registry, "fp-c")  # the same bytes under another fingerprint: its pointer, until it is removed
     assert same.digest == first.digest and registry.store.get(f"digests/{first.digest}", limit=100).data == b"fp-c"
     assert registry.remove(same) == 0 and manifest_of(fresh, first.digest) == first
+    assert registry.store.get(f"digests/{first.digest}", limit=100).data == b"fp-a"  # pointed again at one that stays
     assert registry.remove(first) > 0 and registry.store.get(f"digests/{first.digest}", limit=100) is None
     with pytest.raises(ArtifactError, match=f"artifact {first.digest[:12]} is not in the registry"):
         manifest_of(fresh, first.digest)
@@ -460,3 +463,39 @@ def test_where_an_artifact_is_shown_is_its_prefix_in_the_store_and_showing_it_fe
     assert registry.path(manifest.digest).is_dir()
     with pytest.raises(ArtifactError, match="is not an artifact digest"):
         registry.where("../manifests")
+
+
+def test_a_plugin_reads_the_newest_checkpoints_of_an_upstream_training_alone(registry, tmp_path):
+    """`checkpoints_of(ctx, stage, last=2)` (the plugin API): every kept checkpoint listed from its record, the newest two
+    on local disk and loadable, the older one not fetched, and no whole copy of the training artifact made."""
+    import torch
+
+    from factory.config.stages import StageSpec
+    from factory.data.catalog import CatalogConfig
+    from factory.plugin import checkpoints_of, load_weights
+    from factory.runtime.context import StageContext
+    from factory.runtime.report import ConsoleReporter
+    from factory.runtime.request import StageRequest
+
+    staged = tmp_path / "weights"
+    staged.mkdir()
+    files = {"run.json": b"{}"}
+    for step in (10, 20, 30):
+        torch.save({"model": {"w": torch.full((2,), float(step))}, "step": step}, staged / "w.pt")
+        data = (staged / "w.pt").read_bytes()
+        files[f"step_{step:06d}.pt"] = data
+        files[f"step_{step:06d}.json"] = json.dumps({"step": step, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                                      "metrics": {"loss": 1 / step}}).encode()
+    training = publish(registry, "fp-pretrain", files=files)
+    spec = StageSpec(kind="average", config={}, upstream={"pretrain": training.digest}, code="local:0")
+    request = StageRequest(spec=spec, registry=str(tmp_path / "local"), catalog=CatalogConfig.local(tmp_path / "catalog"),
+                           provenance=PROVENANCE)
+    ctx = StageContext(request=request, registry=registry, out=tmp_path / "out", reporter=ConsoleReporter(logging.getLogger("test")))
+    newest = checkpoints_of(ctx, "pretrain", last=2)
+    assert [(c.step, c.metrics) for c in newest] == [(20, {"loss": 1 / 20}), (30, {"loss": 1 / 30})]
+    assert [load_weights(c)["w"].tolist() for c in newest] == [[20.0, 20.0], [30.0, 30.0]]
+    local = [p.name for p in (tmp_path / "local").rglob("step_*")]
+    assert sorted(local) == ["step_000020.pt", "step_000030.pt"] and not registry._copy(training.digest).exists()
+    assert [c.step for c in checkpoints_of(ctx, "pretrain")] == [10, 20, 30]
+    with pytest.raises(ValueError, match="last must be 1 or more"):
+        checkpoints_of(ctx, "pretrain", last=0)
