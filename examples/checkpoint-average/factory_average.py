@@ -51,7 +51,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     config: AverageConfig = ctx.settings.average
     stage = next(name for name in STARTS_FROM if name in ctx.request.spec.upstream)
-    kept = checkpoints_of(ctx, stage)
+    kept = checkpoints_of(ctx, stage, last=config.last)  # those alone, not every kept checkpoint
     if len(kept) < config.last:
         raise ConfigError(f"average.last is {config.last}, but {stage} kept {len(kept)} checkpoints: lower average.last or "
                           f"raise {stage}.keep_last")
