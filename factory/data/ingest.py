@@ -173,7 +173,7 @@ def read_documents(name: str, config: SourceConfig, log: logging.Logger, on_part
     The documents are written, a batch at a time, to a spill file (Arrow IPC in a temporary directory under `scratch`,
     gone when the `with` ends) while their keys (id, sha256, bytes) are kept. Files that are documents are read in id
     order, so a pass over the rows reads the spill back a batch at a time; records (whose ids are known once read) are
-    gathered in id order from the spill memory-mapped, a batch of that order at a time."""
+    merged in id order from the spill's sorted batches, memory-mapped, a batch of that order at a time."""
     root = source_root(config)
     skipped = dict.fromkeys(SKIP_REASONS, 0)
     files = matching_files(root, config)
@@ -221,9 +221,9 @@ def _read_into(spill: _Spill, config: SourceConfig, root: Path, files: list[str]
 
 
 class _Spill:
-    """Documents written to an Arrow IPC file in the order they are read, a batch at a time, with their keys kept; once
-    closed, the rows in id order (`rows`): each pass reads the file a batch at a time when it was written in that order,
-    else gathers each batch of the order from the file memory-mapped."""
+    """Documents written to an Arrow IPC file a batch at a time in the order they are read, each batch sorted by id, with
+    their keys kept; once closed, the rows in id order (`rows`): each pass reads the file a batch at a time when it was
+    written in that order, else merges the sorted batches from the file memory-mapped, a slice of each at a time."""
 
     def __init__(self, path: Path, name: str, schema: pa.Schema) -> None:
         self.path, self.name, self.schema = path, name, schema
@@ -258,6 +258,7 @@ class _Spill:
         if not self.pending["id"]:
             return
         batch = pa.record_batch(self.pending, schema=self.schema)
+        batch = batch.take(pc.sort_indices(batch, [("id", "ascending")]))  # each part sorted: a pass slices it in order
         self.writer.write_batch(batch)
         self.keys.append(batch.select(list(KEY_COLUMNS)))
         self.starts.append(self.starts[-1] + batch.num_rows)
@@ -283,15 +284,21 @@ class _Spill:
                 for part in range(spilled.num_record_batches):
                     yield spilled.get_batch(part)
 
-        def taken() -> Iterator[pa.RecordBatch]:
+        def merged() -> Iterator[pa.RecordBatch]:
             with pa.memory_map(str(path)) as source:
                 spilled = pa.ipc.open_file(source)
                 parts = [spilled.get_batch(i) for i in range(spilled.num_record_batches)]
+                part_of = np.searchsorted(starts, order, side="right") - 1  # the part of each row, in id order
+                taken = np.zeros(len(parts), np.int64)
                 for begin, end in itertools.pairwise([0, *cuts]):
-                    yield from _taken(parts, starts, order[begin:end], schema)
+                    # each part is sorted by id, so its rows in this batch are the next ones of it: a slice, no copy
+                    counts = np.bincount(part_of[begin:end], minlength=len(parts))
+                    gathered = pa.Table.from_batches([parts[p].slice(taken[p], counts[p]) for p in np.nonzero(counts)[0]], schema=schema)
+                    taken += counts
+                    yield from gathered.take(pc.sort_indices(gathered, [("id", "ascending")])).to_batches()
 
         spilled_in_order = bool(np.all(order[1:] > order[:-1]))
-        return Rows(keys=keys.take(pa.array(order)), column_names=tuple(schema.names), batches=in_order if spilled_in_order else taken)
+        return Rows(keys=keys.take(pa.array(order)), column_names=tuple(schema.names), batches=in_order if spilled_in_order else merged)
 
 
 def _cuts(sizes: np.ndarray) -> list[int]:
@@ -304,15 +311,3 @@ def _cuts(sizes: np.ndarray) -> list[int]:
         begin = max(begin + 1, min(begin + BATCH_ROWS, fits))
         cuts.append(begin)
     return cuts
-
-
-def _taken(parts: list[pa.RecordBatch], starts: np.ndarray, wanted: np.ndarray, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The rows `wanted` (indices over all `parts`, which start at `starts`), in that order, taken part by part: a take
-    over the whole file would gather each column whole first."""
-    part_of = np.searchsorted(starts, wanted, side="right") - 1
-    by_part = np.argsort(part_of, kind="stable")  # one sort, then each part's rows a slice of it
-    used, first = np.unique(part_of[by_part], return_index=True)
-    pieces = [parts[part].take(pa.array(wanted[chosen] - starts[part]))
-              for part, chosen in zip(used, np.split(by_part, first[1:]), strict=True)]
-    gathered = pa.Table.from_batches(pieces, schema=schema)
-    yield from gathered.take(pa.array(np.argsort(by_part, kind="stable"))).to_batches()
