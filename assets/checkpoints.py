@@ -23,7 +23,7 @@ from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.podium.links import checkpoint_url
 from factory.registry import ArtifactStore, Manifest
-from factory.train.records import SAVED, CheckpointEvent, SavedCheckpoint, partition_key, read_checkpoint_message, recorded_in
+from factory.train.records import SAVED, CheckpointEvent, SavedCheckpoint, kept_in, partition_key, read_checkpoint_message
 
 checkpoints = AssetSpec(
     key=CHECKPOINTS,
@@ -91,8 +91,7 @@ class CheckpointRecorder:
         with self.lock:
             while self.pending:  # the run is over: what could not be recorded while it ran must be now
                 self.apply(self.pending.pop(0))
-            names = [name for name in manifest.files if "/" not in name]
-            saved = recorded_in(names, lambda name: registry.read(manifest, name), Path(manifest.digest))
+            saved = kept_in(registry, manifest, Path(manifest.digest))
             return self.report(saved, manifest.digest, registry.where(manifest.digest))
 
     def report(self, saved: list[SavedCheckpoint], stage_digest: str | None, where: str | None = None) -> list[str]:

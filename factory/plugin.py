@@ -87,14 +87,13 @@ def checkpoints_of(ctx: StageContext, stage: str, last: int | None = None) -> li
     `step`, `path`, `sha256` and `metrics`. Their records are read alone, and only the checkpoints returned are on local
     disk (from an object store: each fetched alone, not the whole training artifact)."""
     import dataclasses
-    from pathlib import Path
 
-    from factory.train.records import recorded_in
+    from factory.train.records import kept_in
 
     if last is not None and last < 1:
         raise ValueError(f"checkpoints_of: last must be 1 or more, not {last}")
     manifest = ctx.upstream_manifest(stage)
-    kept = recorded_in([name for name in manifest.files if "/" not in name], lambda name: ctx.registry.read(manifest, name), Path())
+    kept = kept_in(ctx.registry, manifest)
     chosen = kept[-last:] if last is not None else kept
     return [dataclasses.replace(checkpoint, path=ctx.registry.fetch(manifest, checkpoint.path.name)) for checkpoint in chosen]
 

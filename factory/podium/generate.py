@@ -41,7 +41,7 @@ from factory.registry.index import Where
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS
 from factory.registry.store import ArtifactStore, Manifest, manifest_of
 from factory.train.checkpoint import load_checkpoint
-from factory.train.records import recorded_in
+from factory.train.records import kept_in
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_NEW_TOKENS = 256
@@ -173,16 +173,8 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
         return kept
 
     unread: list[str] = []
-
-    def record(name: str) -> bytes | None:
-        try:
-            return registry.read(manifest, name)
-        except (ArtifactError, OSError):
-            unread.append(name)
-            return None
-
     out = []
-    for saved in recorded_in(manifest.files, record, Path()):
+    for saved in kept_in(registry, manifest, unread=unread):
         weights = Part(artifact=manifest, name=saved.path.as_posix())
         if not SHA256.match(str(saved.sha256)) or not weights.holds():
             continue

@@ -216,7 +216,7 @@ class ObjectRegistry(Scratch):
         if current is None or current.digest != manifest.digest:
             return None
         self.store.delete(self._manifest_key(manifest.fingerprint))
-        if (other := next(iter(self.manifests(where=Where(digest=manifest.digest))), None)) is not None:
+        if (other := self._indexed(manifest.digest)) is not None:
             self.store.put(self._digest_key(manifest.digest), other.fingerprint.encode())  # the pointer names one that stays
             return 0
         for key in self.store.list(f"objects/{manifest.digest}/"):
@@ -247,6 +247,10 @@ class ObjectRegistry(Scratch):
         manifest = self._manifest(named) if NAME.match(named) else None
         if manifest is not None and manifest.digest == digest:
             return manifest
+        return self._indexed(digest)
+
+    def _indexed(self, digest: str) -> Manifest | None:
+        """A readable manifest of the artifact `digest` (the first in fingerprint order), or None: asked of the index."""
         return next(iter(self.manifests(where=Where(digest=digest))), None)
 
     def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:

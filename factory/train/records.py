@@ -14,7 +14,12 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from factory.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from factory.registry import ArtifactStore, Manifest
 
 CHECKPOINT_DIR = "checkpoints"
 NAME = re.compile(r"^step_(\d{6,})\.json$")
@@ -72,6 +77,23 @@ def published(directory: Path) -> list[SavedCheckpoint]:
     """Every checkpoint in a directory (a published training artifact, or a run's checkpoint directory) whose record
     exists and reads as one (`recorded_in`), by step (checksums not verified here)."""
     return recorded_in([path.name for path in directory.glob("step_*.json")], lambda name: (directory / name).read_bytes(), directory)
+
+
+def kept_in(registry: ArtifactStore, manifest: Manifest, base: Path = Path(), unread: list[str] | None = None) -> list[SavedCheckpoint]:
+    """The checkpoints kept in a published training artifact, from its records (`recorded_in`), each record read alone
+    through `registry` (from an object store no checkpoint is fetched), their paths under `base`. A record the registry
+    cannot give raises its ArtifactError, unless `unread` is given: then its name is added there and it is left out (a
+    viewer lists what it can and asks again later)."""
+    def read(name: str) -> bytes | None:
+        try:
+            return registry.read(manifest, name)
+        except (ArtifactError, OSError):
+            if unread is None:
+                raise
+            unread.append(name)
+            return None
+
+    return recorded_in(manifest.files, read, base)
 
 
 def recorded_in(names: Iterable[str], read: Callable[[str], bytes | None], base: Path) -> list[SavedCheckpoint]:
