@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 DATA_MODULES = ("factory.stages.versions", "factory.data.catalog", "factory.data.tables")
 """What every dataset kind's run function imports."""
+ENGINE_MODULES = ("daft", "daft.functions")
+"""What the stages on the data engine import when they first build a dataframe (about a second with datasketch's scipy,
+which a warm interpreter then imports once, not each stage it forks)."""
 
 
 class RawSettings(Section):
@@ -177,13 +180,13 @@ RAW_DATASETS = StageKind(
 DEDUPED_DATASETS = StageKind(
     name="deduped_datasets", run="factory.stages.datasets:run_deduped_datasets", reads=("raw_datasets",), writes_tables=True,
     present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=DedupSettings, fingerprint=_dedup,
-    imports=(*DATA_MODULES, "factory.data.dedup", "factory.data.engine"),
+    imports=(*DATA_MODULES, "factory.data.dedup", "factory.data.engine", *ENGINE_MODULES, "datasketch"),  # datasketch: LSH's bands
     description="Exact (sha256) and near (MinHash LSH) duplicates removed: `dedup.<name>`.",
 )
 FILTERED_DATASETS = StageKind(
     name="filtered_datasets", run="factory.stages.datasets:run_filtered_datasets", reads=("deduped_datasets",), writes_tables=True,
     dataset_checks=True, runs_filters=True,
     present=_computes_a_dataset, group="data", artifact=frozenset({"iceberg"}), settings=FilterSettings, fingerprint=_filters,
-    imports=(*DATA_MODULES, "factory.data.filters", "factory.data.engine", "factory.stages.dataset_checks"),
+    imports=(*DATA_MODULES, "factory.data.filters", "factory.data.engine", *ENGINE_MODULES, "factory.stages.dataset_checks"),
     description="Quality filters applied: `filtered.<name>`, checked, and tagged `v<n>` or by name only if the checks pass.",
 )
