@@ -1,20 +1,22 @@
 """The data stages on a real Ray cluster (`ray start --head` on 127.0.0.1): with `FACTORY_RAY_ADDRESS` (the cluster
 profile's `ray.address`) dedup and the filters run on Daft's Ray runner, a plugin filter on the cluster's workers, and
-they write the tables Daft's native runner writes; an address where nothing answers stops `factory run` before any
-stage, naming the profile's line."""
+they write the tables Daft's native runner writes; a worker process killed in the middle of a stage fails it with nothing
+published; an address where nothing answers stops `factory run` before any stage, naming the profile's line."""
 
 import json
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from factory.config import UPSTREAM, load, plan_stage
 from factory.config.cluster import RAY_ADDRESS_ENV
-from factory.data.catalog import CatalogConfig
+from factory.data.catalog import CatalogConfig, open_catalog
 from factory.data.engine import use_engine
 from factory.errors import StageFailed
 from factory.registry.layout import DATASETS_FILE
@@ -37,6 +39,17 @@ def keep(document):
     return "drop me" not in document["text"]
 
 ON_RAY = DocumentFilter(name="on_ray", keep=keep, description="records the process it ran in")
+
+
+def dies(document):
+    marker = os.environ["KILLED_MARKER"]
+    if "drop me" in document["text"] and not os.path.exists(marker):  # in the middle of the stage, once
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), 9)  # SIGKILL: the worker process judging this document is gone
+    return True
+
+DIES_ONCE = DocumentFilter(name="dies_once", keep=dies, description="kills the worker process it first judges a document in")
 '''
 SHARED = "".join(f"value_{i} = compute({i}, twice=True)\n" for i in range(30))
 FILES = {
@@ -50,13 +63,24 @@ DATASET = {"dedup": {"exact": True, "near_threshold": 0.5, "num_perm": 32}, "fil
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    return fake_package(tmp_path_factory.mktemp("ray-site"), "judged_on_ray", JUDGED_ON_RAY, {"on_ray": "judged_on_ray:ON_RAY"},
-                        group="model_factory.filters")
+    return fake_package(tmp_path_factory.mktemp("ray-site"), "judged_on_ray", JUDGED_ON_RAY,
+                        {"on_ray": "judged_on_ray:ON_RAY", "dies_once": "judged_on_ray:DIES_ONCE"}, group="model_factory.filters")
 
 
-def run_stages(tmp_path: Path, tiny_path: Path, label: str, env: dict[str, str] | None = None) -> str:
-    """raw -> dedup -> filtered over FILES, against a registry and catalog of `label`'s own: in this process, or (with `env`)
-    dedup and filtered in a process of their own with `env`, as the launcher starts a stage. What that process said."""
+@pytest.fixture(scope="module")
+def cluster(site, tmp_path_factory) -> Iterator[dict]:
+    """One Ray cluster for the module, its processes with the plugins on their path; where its filters write."""
+    marks = tmp_path_factory.mktemp("ray-marks")
+    plugins = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    with running_ray({**plugins, "WHERE_IT_RAN": str(marks / "ray-pids"), "KILLED_MARKER": str(marks / "killed")}) as (address, token):
+        yield {"address": address, "token": token, "plugins": plugins, "marks": marks}
+
+
+def run_stages(tmp_path: Path, tiny_path: Path, label: str, env: dict[str, str] | None = None, dataset: dict | None = None,
+               remote: tuple[str, ...] = ("deduped_datasets", "filtered_datasets"), last_exit: int = 0) -> str:
+    """raw -> dedup -> filtered over FILES (`dataset`: its settings, default DATASET), against a registry and catalog of
+    `label`'s own: in this process, or (with `env`) the `remote` kinds in a process of their own with `env`, as the
+    launcher starts a stage, the last one exiting `last_exit`. What those processes said."""
     source = tmp_path / "source"
     if not source.exists():
         source.mkdir()
@@ -64,21 +88,23 @@ def run_stages(tmp_path: Path, tiny_path: Path, label: str, env: dict[str, str] 
             (source / name).write_text(text)
     tiny = load(tiny_path)
     experiment = tiny.model_copy(update={"data": tiny.data.model_validate(
-        {"datasets": {"code": {"source": {"kind": "directory", "path": str(source)}, **DATASET}}})})
+        {"datasets": {"code": {"source": {"kind": "directory", "path": str(source)}, **(dataset or DATASET)}}})})
     registry, digests, said = ArtifactStore(tmp_path / label / "registry"), {}, ""
-    for kind in list(UPSTREAM)[: list(UPSTREAM).index("filtered_datasets") + 1]:
+    kinds = list(UPSTREAM)[: list(UPSTREAM).index("filtered_datasets") + 1]
+    for kind in kinds:
         spec = plan_stage(experiment, kind, digests)
         request = StageRequest(spec=spec, registry=str(registry.root), catalog=CatalogConfig.local(tmp_path / label / "catalog"),
                                provenance=Provenance(experiment="tiny-code-lm", config_hash="0" * 16, git_commit="test"))
         path = request.write(tmp_path / f"{label}-{kind}.json")
-        if env is None or kind == "raw_datasets":
+        if env is None or kind not in remote:
             assert main([str(path)]) == 0, kind
         else:
             done = subprocess.run([sys.executable, "-m", "factory.runtime", str(path)], capture_output=True, text=True, timeout=600,
                                   env={**os.environ, **env})
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            assert done.returncode == (last_exit if kind == kinds[-1] else 0), done.stdout[-3000:] + done.stderr[-3000:]
             said += done.stdout + done.stderr
-        digests[kind] = registry.lookup(spec.fingerprint).digest
+        if (manifest := registry.lookup(spec.fingerprint)) is not None:
+            digests[kind] = manifest.digest
     return said
 
 
@@ -88,14 +114,13 @@ def tables(root: Path) -> dict[str, dict]:
     return {manifest.kind: json.loads((registry.path(manifest.digest) / DATASETS_FILE).read_text()) for manifest in registry.manifests()}
 
 
-def test_the_data_stages_run_on_a_ray_cluster_and_write_what_the_native_runner_writes(tmp_path, tiny_path, site, monkeypatch):
-    plugins = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    monkeypatch.setenv("PYTHONPATH", plugins["PYTHONPATH"])
+def test_the_data_stages_run_on_a_ray_cluster_and_write_what_the_native_runner_writes(tmp_path, tiny_path, site, cluster, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", cluster["plugins"]["PYTHONPATH"])
     monkeypatch.setenv("WHERE_IT_RAN", str(tmp_path / "native-pids"))
+    address = cluster["address"]
     with installed(site):
         run_stages(tmp_path, tiny_path, "native")
-        with running_ray({**plugins, "WHERE_IT_RAN": str(tmp_path / "ray-pids")}) as (address, token):
-            said = run_stages(tmp_path, tiny_path, "ray", {RAY_ADDRESS_ENV: address, **token, "WHERE_IT_RAN": str(tmp_path / "driver-pids")})
+        said = run_stages(tmp_path, tiny_path, "ray", {RAY_ADDRESS_ENV: address, **cluster["token"], "WHERE_IT_RAN": str(tmp_path / "driver-pids")})
 
     assert f"data engine: Daft's Ray runner on the Ray cluster at {address} (2 CPUs)" in said
 
@@ -107,9 +132,34 @@ def test_the_data_stages_run_on_a_ray_cluster_and_write_what_the_native_runner_w
     assert written["filtered_datasets"]["code"]["removed_on_ray"] == 1
     # The cluster's processes (and theirs) have the environment `ray start` had; the stage's own, and its children, another.
     judged = written["filtered_datasets"]["code"]["rows_in"]
-    assert len((tmp_path / "ray-pids").read_text().split()) == judged  # each document the filter saw: on the cluster
+    assert len((cluster["marks"] / "ray-pids").read_text().split()) == judged  # each document the filter saw: on the cluster
     assert not (tmp_path / "driver-pids").exists()  # none in the stage's own process or one it started
     assert len((tmp_path / "native-pids").read_text().split()) == judged  # natively: in Daft's processes, here
+
+
+def test_a_worker_killed_in_the_middle_of_a_stage_fails_it_publishing_nothing_and_a_rerun_is_whole(tmp_path, tiny_path, site, cluster,
+                                                                                                    monkeypatch):
+    """A plugin filter SIGKILLs the Ray worker process it first judges one document in: the stage fails saying so, and
+    neither its artifact nor a version of its table is published; run again (here), it keeps every row."""
+    monkeypatch.setenv("PYTHONPATH", cluster["plugins"]["PYTHONPATH"])
+    dying = {**DATASET, "filters": {"min_bytes": 1, "custom": ["dies_once"]}}
+    env = {RAY_ADDRESS_ENV: cluster["address"], **cluster["token"], "KILLED_MARKER": str(tmp_path / "not-on-the-cluster")}
+    with installed(site):
+        said = run_stages(tmp_path, tiny_path, "killed", env, dataset=dying, remote=("filtered_datasets",), last_exit=1)
+        killed = int((cluster["marks"] / "killed").read_text())  # a process of the cluster's, not the stage's
+        assert not (tmp_path / "not-on-the-cluster").exists()
+        assert not psutil.pid_exists(killed) or psutil.Process(killed).status() == psutil.STATUS_ZOMBIE, "the worker was killed"
+        assert "a worker process of the plugin filters dies_once died mid-batch" in said and "nothing was published" in said, said
+        assert "Traceback" not in said
+        assert set(tables(tmp_path / "killed")) == {"raw_datasets", "deduped_datasets"}
+        catalog = open_catalog(CatalogConfig.local(tmp_path / "killed" / "catalog"))
+        assert not catalog.table_exists("filtered.code") or catalog.load_table("filtered.code").current_snapshot() is None
+        monkeypatch.setenv("KILLED_MARKER", str(cluster["marks"] / "killed"))  # run again here: nothing dies
+        run_stages(tmp_path, tiny_path, "killed", dataset=dying)
+    written = tables(tmp_path / "killed")
+    filtered, deduped = written["filtered_datasets"]["code"], written["deduped_datasets"]["code"]
+    assert filtered["rows_out"] == deduped["rows_out"] > 0 and filtered["content_tag"] == deduped["content_tag"]
+    assert filtered["tag"] == "v1"  # the failed attempt took no version
 
 
 def test_a_ray_address_where_nothing_answers_fails_the_stage_saying_where_it_was_told_to_go():
