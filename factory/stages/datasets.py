@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
 DATA_MODULES = ("factory.stages.versions", "factory.data.catalog", "factory.data.tables")
 """What every dataset kind's run function imports."""
-ENGINE_MODULES = ("daft", "daft.functions")
-"""What the stages on the data engine import when they first build a dataframe (about a second with datasketch's scipy,
-which a warm interpreter then imports once, not each stage it forks)."""
+ENGINE_MODULES = ("daft",)
+"""What the stages on the data engine import when they first build a dataframe: with dedup's datasketch (and its scipy),
+about a second and a half, which a warm interpreter then spends once, not in each stage it forks."""
 
 
 class RawSettings(Section):

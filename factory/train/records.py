@@ -82,8 +82,9 @@ def published(directory: Path) -> list[SavedCheckpoint]:
 def kept_in(registry: ArtifactStore, manifest: Manifest, base: Path = Path(), unread: list[str] | None = None) -> list[SavedCheckpoint]:
     """The checkpoints kept in a published training artifact, from its records (`recorded_in`), each record read alone
     through `registry` (from an object store no checkpoint is fetched), their paths under `base`. A record the registry
-    cannot give raises its ArtifactError, unless `unread` is given: then its name is added there and it is left out (a
-    viewer lists what it can and asks again later)."""
+    finds damaged or missing raises its ArtifactError, unless `unread` is given: then its name is added there and it is
+    left out (a viewer lists what it can and asks again later). One it cannot read from this machine's disk is left out
+    (`recorded_in`); a store that does not answer raises its StorageError either way."""
     def read(name: str) -> bytes | None:
         try:
             return registry.read(manifest, name)
