@@ -5,8 +5,8 @@ import sys
 
 from factory.train import heap
 
-# Twenty steps of the bench's model (bench/trainer.py) in a fresh process, after two that warm it up; prints the minor page
-# faults the twenty took.
+# Eight steps of the bench's model (bench/trainer.py) in a fresh process, after two that warm it up; prints the minor page
+# faults the eight took.
 STEPS = """
 import logging, resource, sys, tempfile
 from pathlib import Path
@@ -17,9 +17,9 @@ from factory.train.pretrain import pretrain
 
 torch.set_num_threads(1)
 model = ModelConfig(n_layer=2, n_head=4, n_embd=128, context=128)
-config = PretrainConfig(steps=20, batch_size=16, lr=1e-3, checkpoint_every=0, log_every=10)
+config = PretrainConfig(steps=8, batch_size=16, lr=1e-3, checkpoint_every=0, log_every=10)
 generator = torch.Generator().manual_seed(0)
-seqs = [torch.randint(0, 2048, (16, 129), generator=generator) for _ in range(20)]
+seqs = [torch.randint(0, 2048, (16, 129), generator=generator) for _ in range(8)]
 
 def data(state):
     for step, s in enumerate(seqs[state.slot if state else 0:]):
