@@ -183,7 +183,7 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
             model=dict(manifest.config["model"]), tokenizer=tokenizer, created=manifest.created, digest=manifest.digest,
             chat_template=_template(manifest),
         ))
-    if not unread:  # a record that could not be read (the store away for a moment) is read again at the next view
+    if not unread:  # a record that could not be read (its object missing or damaged) is read again at the next view
         if len(_LISTED) >= LISTED_KEPT:
             _LISTED.clear()
         _LISTED[(registry.location, manifest.digest)] = out
