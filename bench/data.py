@@ -13,7 +13,9 @@ are processes of the Ray it started).
 
 Then the raw and dedup stages' memory, which must not grow with the corpus. Raw: a source directory of hard links to
 the same files 1x and 4x, ingested by a fresh process the way the stage does it (`streamed`: spilled to a file, its keys
-kept, written a batch at a time) and the way it did before (`whole`: every document in one table, then written). Dedup:
+kept, written a batch at a time) and the way it did before (`whole`: every document in one table, then written); then
+the same documents as records, JSONL files of 2,000 lines, whose ids are known only once read (the path that merges the
+spill in id order, memory-mapped: its pages count in the process's resident memory). Dedup:
 the corpus written as a raw table, 1x and 4x (every
 `.py` file of the interpreter's lib directory: its standard library and the packages installed beside it; the json
 package under `--smoke`), deduplicated by a fresh
@@ -47,6 +49,10 @@ SIDES = {"loop": ("loop", 1), "engine, 1 thread": ("daft", 1), "engine, 2 thread
 MEMORY_SIDES = ("streamed", "whole")
 MEMORY_COPIES = (1, 4)
 """Sizes of the corpus the stage's memory is measured at (`--smoke`: the first only, to check the two sides agree)."""
+RECORDS_PER_FILE = 2000
+"""Records per JSONL file of the records source the raw stage's memory is measured on."""
+RECORD_FILE_BYTES = 64 << 20
+"""The records source's `max_file_bytes`: its files (up to about 20 MB) are read, none skipped as too large."""
 
 
 def peak_resident_mb() -> float:
@@ -164,9 +170,35 @@ def linked_tree(smoke: bool, copies: int, into: Path) -> Path:
     return into
 
 
-def ingest_side(name: str, source: Path, catalog_dir: Path, out: Path) -> None:
-    """Ingest the directory `source` into `raw.code` in this process, as the raw stage does (`streamed`: spilled, then
-    written a batch at a time) or as it did (`whole`: every document gathered into one table, then written)."""
+def jsonl_tree(smoke: bool, copies: int, into: Path) -> Path:
+    """The `.py` files of the interpreter's lib directory (the json package's under `smoke`), `copies` times, as records:
+    JSONL files of up to RECORDS_PER_FILE lines `{"text": ...}` under `into` (a source of format `jsonl`, whose ids the raw
+    stage knows only once it has read them: the path that merges its spill in id order)."""
+    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    into.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    written = 0
+
+    def flush() -> None:
+        nonlocal lines, written
+        (into / f"part-{written:05d}.jsonl").write_text("".join(lines))
+        lines, written = [], written + 1
+
+    for _ in range(copies):
+        for path in sorted(root.rglob("*.py")):
+            if path.is_file() and not path.is_symlink():
+                lines.append(json.dumps({"text": path.read_bytes().decode(errors="replace")}) + "\n")
+                if len(lines) == RECORDS_PER_FILE:
+                    flush()
+    if lines:
+        flush()
+    return into
+
+
+def ingest_side(name: str, source: Path, catalog_dir: Path, out: Path, format: str = "text") -> None:  # noqa: A002
+    """Ingest the directory `source` (files of `format`) into `raw.code` in this process, as the raw stage does
+    (`streamed`: spilled, then written a batch at a time) or as it did (`whole`: every document gathered into one table,
+    then written)."""
     import logging
 
     from factory.config.data_sections import SourceConfig
@@ -175,7 +207,8 @@ def ingest_side(name: str, source: Path, catalog_dir: Path, out: Path) -> None:
     from factory.data.tables import write_content
 
     catalog = open_catalog(CatalogConfig.local(catalog_dir))
-    config = SourceConfig(kind="directory", path=str(source), include=("**/*.py",))
+    records = {"include": ("**/*.jsonl",), "format": format, "max_file_bytes": RECORD_FILE_BYTES}  # shards of 2,000 documents
+    config = SourceConfig(kind="directory", path=str(source), **({"include": ("**/*.py",)} if format == "text" else records))
     started = time.perf_counter()
     with read_documents("code", config, logging.getLogger("bench"), scratch=catalog_dir) as result:
         rows = result.documents if name == "streamed" else pa.Table.from_batches(list(result.documents.batches()))
@@ -189,13 +222,15 @@ def memory(smoke: bool) -> None:
     """The dedup stage's peak memory at 1x and 4x the corpus, streamed and whole, side by side."""
     sizes = MEMORY_COPIES[:1] if smoke else MEMORY_COPIES
     corpus = "the json package of the standard library" if smoke else "the interpreter's lib directory"
-    for stage, flag in (("raw", "--ingest-side"), ("dedup", "--memory-side")):
+    for stage, flag in (("raw", "--ingest-side"), ("raw (JSONL records)", "--ingest-side"), ("dedup", "--memory-side")):
         results: dict[tuple[str, int], dict] = {}
         with tempfile.TemporaryDirectory(prefix="bench-data-memory-") as tmp:
             for copies in sizes:
                 catalog_dir = Path(tmp) / f"catalog-{copies}"
                 if stage == "raw":
                     where = ["--source", str(linked_tree(smoke, copies, Path(tmp) / f"source-{copies}"))]
+                elif stage.startswith("raw"):
+                    where = ["--source", str(jsonl_tree(smoke, copies, Path(tmp) / f"records-{copies}")), "--format", "jsonl"]
                 else:
                     where = ["--snapshot", str(raw_table(smoke, copies, catalog_dir))]
                 for name in MEMORY_SIDES:
@@ -261,6 +296,7 @@ def main() -> None:
     parser.add_argument("--memory-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--ingest-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--source", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--format", default="text", help=argparse.SUPPRESS)
     parser.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -268,7 +304,7 @@ def main() -> None:
         from factory.runtime.report import exit_now
 
         if args.ingest_side is not None:
-            ingest_side(args.ingest_side, args.source, args.catalog, args.out)
+            ingest_side(args.ingest_side, args.source, args.catalog, args.out, args.format)
         else:
             memory_side(args.memory_side, args.catalog, args.snapshot, args.out)
         exit_now(0)
