@@ -102,6 +102,13 @@ def side(name: str, smoke: bool, copies: int, out: Path) -> None:
     out.write_text(json.dumps({"documents": table.num_rows, "seconds": seconds, "peak_mb": peak_mb, "removed": sorted(removed)}))
 
 
+def lib_files(smoke: bool) -> tuple[Path, list[Path]]:
+    """The interpreter's lib directory (its json package under `smoke`) and its `.py` files, in order: the corpus of the
+    memory sides."""
+    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    return root, [path for path in sorted(root.rglob("*.py")) if path.is_file() and not path.is_symlink()]
+
+
 def raw_table(smoke: bool, copies: int, catalog_dir: Path) -> int:
     """The `.py` files of the interpreter's lib directory (the json package's under `smoke`), `copies` times under other paths, written as
     the raw table `raw.code` of a catalog in `catalog_dir`; its snapshot id."""
@@ -111,10 +118,10 @@ def raw_table(smoke: bool, copies: int, catalog_dir: Path) -> int:
     from factory.data.documents import ARROW_SCHEMA, doc_id
     from factory.data.tables import write_content
 
-    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    root, files = lib_files(smoke)
     rows: dict[str, list] = {name: [] for name in ARROW_SCHEMA.names}
     for copy in range(copies):
-        for path in sorted(root.rglob("*.py")):
+        for path in files:
             data = path.read_bytes()
             name = f"{copy}/{path.relative_to(root)}"
             text = data.decode(errors="replace")
@@ -156,11 +163,9 @@ def linked_tree(smoke: bool, copies: int, into: Path) -> Path:
     directories of `into`, as hard links (a copy where the disk refuses one): a source directory `copies` times the size."""
     import shutil
 
-    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    root, files = lib_files(smoke)
     for copy in range(copies):
-        for path in sorted(root.rglob("*.py")):
-            if not path.is_file() or path.is_symlink():
-                continue
+        for path in files:
             target = into / str(copy) / path.relative_to(root)
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -174,7 +179,7 @@ def jsonl_tree(smoke: bool, copies: int, into: Path) -> Path:
     """The `.py` files of the interpreter's lib directory (the json package's under `smoke`), `copies` times, as records:
     JSONL files of up to RECORDS_PER_FILE lines `{"text": ...}` under `into` (a source of format `jsonl`, whose ids the raw
     stage knows only once it has read them: the path that merges its spill in id order)."""
-    root = Path(sysconfig.get_paths()["stdlib"]) / ("json" if smoke else "")
+    _, files = lib_files(smoke)
     into.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
     written = 0
@@ -185,11 +190,10 @@ def jsonl_tree(smoke: bool, copies: int, into: Path) -> Path:
         lines, written = [], written + 1
 
     for _ in range(copies):
-        for path in sorted(root.rglob("*.py")):
-            if path.is_file() and not path.is_symlink():
-                lines.append(json.dumps({"text": path.read_bytes().decode(errors="replace")}) + "\n")
-                if len(lines) == RECORDS_PER_FILE:
-                    flush()
+        for path in files:
+            lines.append(json.dumps({"text": path.read_bytes().decode(errors="replace")}) + "\n")
+            if len(lines) == RECORDS_PER_FILE:
+                flush()
     if lines:
         flush()
     return into
@@ -219,7 +223,8 @@ def ingest_side(name: str, source: Path, catalog_dir: Path, out: Path, format: s
 
 
 def memory(smoke: bool) -> None:
-    """The dedup stage's peak memory at 1x and 4x the corpus, streamed and whole, side by side."""
+    """The raw stage's peak memory (on files, then on records) and the dedup stage's, at 1x and 4x the corpus, streamed
+    and whole, side by side."""
     sizes = MEMORY_COPIES[:1] if smoke else MEMORY_COPIES
     corpus = "the json package of the standard library" if smoke else "the interpreter's lib directory"
     for stage, flag in (("raw", "--ingest-side"), ("raw (JSONL records)", "--ingest-side"), ("dedup", "--memory-side")):
@@ -229,7 +234,7 @@ def memory(smoke: bool) -> None:
                 catalog_dir = Path(tmp) / f"catalog-{copies}"
                 if stage == "raw":
                     where = ["--source", str(linked_tree(smoke, copies, Path(tmp) / f"source-{copies}"))]
-                elif stage.startswith("raw"):
+                elif stage == "raw (JSONL records)":
                     where = ["--source", str(jsonl_tree(smoke, copies, Path(tmp) / f"records-{copies}")), "--format", "jsonl"]
                 else:
                     where = ["--snapshot", str(raw_table(smoke, copies, catalog_dir))]
@@ -296,7 +301,7 @@ def main() -> None:
     parser.add_argument("--memory-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--ingest-side", choices=MEMORY_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--source", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--format", default="text", help=argparse.SUPPRESS)
+    parser.add_argument("--format", choices=("text", "jsonl"), default="text", help=argparse.SUPPRESS)
     parser.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
