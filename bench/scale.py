@@ -7,7 +7,8 @@ prints, median of `--repeat` runs: the index's first build (every manifest read 
 results from the index when nothing changed, the same after one new manifest, the listing without the index (every
 manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the models
 made from the data every experiment shares (`factory lineage TABLE@tag`'s: the whole registry lies below it), the leaderboard
-(`factory leaderboard`'s board, as kept while nothing changed, and computed again after a new result), the dry run of
+(`factory leaderboard`'s board, as kept while nothing changed, and after a new result, which computes again only
+its experiment's entry), the dry run of
 `factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
 checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
 one file among 10, 100 and 1,000 experiment files in a git repository; over a Dagster instance recording 1,000 and
@@ -170,7 +171,7 @@ def measure(count: int, repeat: int) -> dict[str, float]:
         leaderboard()  # the first board since the registry was filled
         figures["leaderboard"] = median_s(leaderboard, repeat)
 
-        def board_after_one_more() -> None:  # a new result: the board is computed again from every result
+        def board_after_one_more() -> None:  # a new result, asked for at once: its experiment's entry computed again, the rows merged
             extra = root / "manifests" / "evaluations-extra.json"
             body = parse_manifest(json.loads(next((root / "manifests").glob("evaluations-*.json")).read_text())).to_json()
             extra.write_text(json.dumps({**body, "fingerprint": "evaluations-extra", "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00")}))

@@ -23,7 +23,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from factory.config.stages import TRAINING_STAGES
@@ -86,7 +86,11 @@ class Row:
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form."""
-        return {name: dict(v) if isinstance(v := getattr(self, name), Mapping) else v for name in self.__slots__}
+        return {"experiment": self.experiment, "checkpoint": self.checkpoint, "step": self.step, "tokens_seen": self.tokens_seen,
+                "scores": dict(self.scores), "counts": dict(self.counts), "checkpoints_evaluated": self.checkpoints_evaluated,
+                "git_commit": self.git_commit, "tracker_url": self.tracker_url, "digests": dict(self.digests), "data": dict(self.data),
+                "versions": dict(self.versions), "ranked": self.ranked, "note": self.note, "base": self.base, "model": self.model,
+                "finished": self.finished}
 
     def scored_on(self, benchmark: str) -> str:
         """The data identity of the row's score on `benchmark` (a row from before identities were recorded: unrecorded)."""
@@ -137,22 +141,22 @@ def stage_of(checkpoint: str) -> str:
     return checkpoint.rpartition("__")[2].rpartition("-")[0]
 
 
-def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
+def latest_results(manifests: Iterable[Manifest], versions: Mapping[str, int] | None = None) -> list[Manifest]:
     """The results that describe each experiment now: from the newest run of each of its training stages only
-    (pretrain, sft, rl), each benchmark at its newest version only (versions are never compared), and the newest
-    result per checkpoint x benchmark."""
+    (pretrain, sft, rl), each benchmark at its newest version only (versions are never compared: `versions`, the newest of
+    each benchmark on the whole board, when `manifests` are one experiment's), and the newest result per checkpoint x
+    benchmark."""
     manifests = list(well_formed(manifests))
     newest_training: dict[tuple[str, str], tuple[str, str]] = {}
-    version: dict[str, int] = {}
     for m in manifests:
         s = m.summary
         run = (s["experiment"], stage_of(s["checkpoint"]))
         newest_training[run] = max(newest_training.get(run, ("", "")), (m.created, s.get("training", "")))
-        version[s["benchmark"]] = max(version.get(s["benchmark"], 0), s["version"])
+    version = newest_versions(manifests) if versions is None else versions
     newest: dict[tuple[str, str, str], Manifest] = {}
     for m in manifests:
         s = m.summary
-        if s.get("training", "") != newest_training[(s["experiment"], stage_of(s["checkpoint"]))][1] or s["version"] != version[s["benchmark"]]:
+        if s.get("training", "") != newest_training[(s["experiment"], stage_of(s["checkpoint"]))][1] or s["version"] != version.get(s["benchmark"]):
             continue
         key = (s["experiment"], s["checkpoint"], s["benchmark"])
         if key not in newest or m.created >= newest[key].created:
@@ -160,16 +164,26 @@ def latest_results(manifests: Iterable[Manifest]) -> list[Manifest]:
     return list(newest.values())
 
 
+def newest_versions(results: Iterable[Manifest]) -> dict[str, int]:
+    """The newest version of each benchmark among well-formed `results`."""
+    version: dict[str, int] = {}
+    for m in results:
+        version[m.summary["benchmark"]] = max(version.get(m.summary["benchmark"], 0), m.summary["version"])
+    return version
+
+
 def well_formed(results: Iterable[Manifest]) -> Iterator[Manifest]:
-    """The results whose summary holds every key the board reads, of its type; any other is skipped with a warning
-    (once per manifest), so one damaged result never hides the board."""
+    """The results whose summary holds every key the board reads, of its type, and names the experiment the manifest
+    belongs to (as the evaluator publishes them); any other is skipped with a warning (once per manifest), so one damaged
+    result never hides the board."""
     for manifest in results:
         bad = [key for key, kind in RESULT_KEYS.items() if not isinstance(manifest.summary.get(key), kind)]
-        if not bad:
+        if not bad and manifest.summary["experiment"] == manifest.experiment:
             yield manifest
         elif manifest.fingerprint not in _warned:
             _warned.add(manifest.fingerprint)
-            log.warning("skipping evaluation result %s (manifests/%s.json): summary lacks %s", manifest.digest[:12], manifest.fingerprint, ", ".join(bad))
+            why = f"lacks {', '.join(bad)}" if bad else f"names experiment {manifest.summary['experiment'][:80]!r}, its manifest {manifest.experiment!r}"
+            log.warning("skipping evaluation result %s (manifests/%s.json): summary %s", manifest.digest[:12], manifest.fingerprint, why)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,41 +226,119 @@ def _stage_score(stage: str, result: Manifest) -> StageScore:
                       lower_is_better=bool(s["lower_is_better"]))
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Entry:
+    """One experiment's part of the board: what its own results, and the runs they name, say. The board merges the
+    entries, so a change to the registry computes again only the entries it touches (`factory.evals.publish`). The one
+    thing an entry takes from the rest of the board is which version of each of its benchmarks is the newest (`under`)."""
+
+    experiment: str
+    versions: Mapping[str, int]
+    """The newest version of each benchmark among its results, of every run."""
+    under: Mapping[str, int]
+    """The newest version of each of those benchmarks on the whole board when the entry was computed."""
+    row: Row | None
+    """At the checkpoint it exported (or its newest), before ranking; None without a result of those versions."""
+    created: Mapping[str, str] = field(default_factory=dict)
+    """When each of the row's scores was published (a column's tie between data goes to the newest)."""
+    directions: Mapping[str, tuple[str, str, bool]] = field(default_factory=dict)
+    """Each benchmark of its latest results: the newest one's (created, fingerprint, lower is better)."""
+    primary: tuple[str, str, str] = ("", "", "")
+    """Its newest latest result's (created, fingerprint, the primary benchmark its file names or "")."""
+    trainings: tuple[str, ...] = ()
+    """The training runs (stage fingerprints) its latest results name: a change to one of them computes it again."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form."""
+        return {"experiment": self.experiment, "versions": dict(self.versions), "under": dict(self.under),
+                "row": self.row.to_json() if self.row is not None else None, "created": dict(self.created),
+                "directions": {name: list(d) for name, d in self.directions.items()}, "primary": list(self.primary), "trainings": list(self.trainings)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Entry:
+        """Inverse of `to_json`."""
+        return cls(experiment=data["experiment"], versions=data["versions"], under=data["under"],
+                   row=Row(**data["row"]) if data["row"] is not None else None, created=data["created"],
+                   directions={name: (d[0], d[1], bool(d[2])) for name, d in data["directions"].items()},
+                   primary=tuple(data["primary"]), trainings=tuple(data["trainings"]))
+
+    def stale(self, versions: Mapping[str, int]) -> bool:
+        """Whether the board's newest versions of its benchmarks are no longer those it was computed under."""
+        return any(versions.get(name) != self.under.get(name) for name in self.versions)
+
+
+def entry_of(experiment: str, results: Iterable[Manifest], versions: Mapping[str, int], runs: Runs, url: str = "", base: str = "") -> Entry:
+    """An experiment's entry from its results (those of other experiments are ignored), with `versions` the newest of each
+    benchmark on the whole board, `runs` what the registry says of the runs they name, its main training's tracker
+    link and the model it started from when made elsewhere."""
+    results = [m for m in well_formed(results) if m.summary["experiment"] == experiment]
+    own = newest_versions(results)
+    under = {name: versions[name] for name in own if name in versions}
+    latest = latest_results(results, versions)
+    if not latest:
+        return Entry(experiment=experiment, versions=own, under=under, row=None)
+    checkpoints: dict[str, dict[str, Manifest]] = {}
+    directions: dict[str, tuple[str, str, bool]] = {}
+    for m in latest:
+        checkpoints.setdefault(m.summary["checkpoint"], {})[m.summary["benchmark"]] = m
+        directions[m.summary["benchmark"]] = max(directions.get(m.summary["benchmark"], ("", "", True)),
+                                                 (m.created, m.fingerprint, bool(m.summary["lower_is_better"])))
+    newest = max(latest, key=lambda m: (m.created, m.fingerprint))
+    checkpoint, finished = _exported_checkpoint(checkpoints, runs)
+    chosen = checkpoints[checkpoint]
+    return Entry(experiment=experiment, versions=own, under=under, row=_row(experiment, chosen, len(checkpoints), url, base, finished, runs),
+                 created={name: m.created for name, m in chosen.items()}, directions=directions,
+                 primary=(newest.created, newest.fingerprint, str(newest.summary.get("primary") or "")),
+                 trainings=tuple(sorted({m.summary.get("training", "") for m in latest})))
+
+
 def build_board(
     results: Iterable[Manifest], runs: Runs, tracker_urls: Mapping[str, str] | None = None, sort: str | None = None,
     bases: Mapping[str, str] | None = None,
 ) -> Board:
     """Rank experiments, each at the model it exported, by `sort` (default: the primary benchmark most of their files
     name); rows whose score is on other data than most rows', and unfinished runs, follow unranked."""
-    results = latest_results(results)
-    benchmarks = {m.summary["benchmark"]: bool(m.summary["lower_is_better"]) for m in results}
-    sort = sort or primary_of(results, benchmarks)
+    return merge(entries_of(results, runs, tracker_urls or {}, bases or {}).values(), sort)
+
+
+def entries_of(results: Iterable[Manifest], runs: Runs, tracker_urls: Mapping[str, str], bases: Mapping[str, str]) -> dict[str, Entry]:
+    """Every experiment's entry from all the results on the board (`runs`, the links and bases as `build_board` takes them)."""
+    results = list(well_formed(results))
+    versions = newest_versions(results)
+    by_experiment: dict[str, list[Manifest]] = {}
+    for manifest in results:
+        by_experiment.setdefault(manifest.summary["experiment"], []).append(manifest)
+    return {name: entry_of(name, own, versions, runs, tracker_urls.get(name, ""), bases.get(name, "")) for name, own in by_experiment.items()}
+
+
+def merge(entries: Iterable[Entry], sort: str | None = None) -> Board:
+    """The board of the experiments' entries (all computed under the same newest versions), ranked by `sort` (default:
+    the primary benchmark most of their files name)."""
+    rows = {entry.experiment: entry for entry in entries if entry.row is not None}
+    directions: dict[str, tuple[str, str, bool]] = {}
+    for entry in rows.values():
+        for name, direction in entry.directions.items():
+            directions[name] = max(directions.get(name, direction), direction)
+    benchmarks = {name: direction[2] for name, direction in sorted(directions.items())}
+    sort = sort or primary_of(rows.values(), benchmarks)
     if benchmarks and sort not in benchmarks:
         raise ConfigError(f"no results for benchmark {sort!r} to rank by; benchmarks with results: {', '.join(sorted(benchmarks))}")
-    by_experiment: dict[str, dict[str, dict[str, Manifest]]] = {}
-    for manifest in results:
-        s = manifest.summary
-        by_experiment.setdefault(s["experiment"], {}).setdefault(s["checkpoint"], {})[s["benchmark"]] = manifest
-    chosen = {name: _exported_checkpoint(checkpoints, runs) for name, checkpoints in by_experiment.items()}
-    best = {name: by_experiment[name][checkpoint] for name, (checkpoint, _) in chosen.items()}
-    ranked_on = _common_data((experiment, row[sort]) for experiment, row in best.items() if sort in row and chosen[experiment][1])
-    urls = tracker_urls or {}
-    rows = [_row(name, results_, len(by_experiment[name]), urls.get(name, ""), sort, ranked_on, (bases or {}).get(name, ""),
-                 chosen[name][1], runs) for name, results_ in best.items()]
-    rows.sort(key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))
-    place = {row.experiment: i for i, row in enumerate(rows)}  # the other columns' ties go to the data of the higher-placed row
-    columns = {name: _common_data(((e, row[name]) for e, row in best.items() if name in row), place) for name in benchmarks}
-    return Board(rows=tuple(rows), benchmarks=benchmarks, sort=sort, data={**columns, sort: ranked_on})
+    ranked_on = _common_data((name, entry.row.data[sort], entry.created[sort]) for name, entry in rows.items()
+                             if sort in entry.row.scores and entry.row.finished)
+    ranked = [_ranked(entry.row, sort, ranked_on) for entry in rows.values()]
+    ranked.sort(key=lambda row: _rank_key(row, sort, benchmarks.get(sort, True)))
+    place = {row.experiment: i for i, row in enumerate(ranked)}  # the other columns' ties go to the data of the higher-placed row
+    columns = {name: _common_data(((e, entry.row.data[name], entry.created[name]) for e, entry in rows.items() if name in entry.row.scores), place)
+               for name in benchmarks}
+    return Board(rows=tuple(ranked), benchmarks=benchmarks, sort=sort, data={**columns, sort: ranked_on})
 
 
-def primary_of(results: Iterable[Manifest], benchmarks: Mapping[str, bool]) -> str:
-    """The benchmark most experiments' files rank by (`eval.primary`, recorded with their results; a file without one:
-    heldout_bpb, else val_bpb, whichever has results); ties go to that default."""
+def primary_of(entries: Iterable[Entry], benchmarks: Mapping[str, bool]) -> str:
+    """The benchmark most experiments' files rank by (`eval.primary`, recorded with their results: an experiment's
+    newest result says what its file names now; a file without one: heldout_bpb, else val_bpb, whichever has results);
+    ties go to that default."""
     default = next((name for name in (PRIMARY, FALLBACK) if name in benchmarks), min(benchmarks, default=PRIMARY))
-    chosen: dict[str, str] = {}
-    for m in sorted(results, key=lambda m: m.created):  # an experiment's newest results say what its file names now
-        chosen[m.summary["experiment"]] = m.summary.get("primary") if m.summary.get("primary") in benchmarks else default
-    votes = Counter(chosen.values())
+    votes = Counter(primary if (primary := entry.primary[2]) in benchmarks else default for entry in entries)
     return max(votes, key=lambda name: (votes[name], name == default, name), default=default)
 
 
@@ -264,15 +356,14 @@ def _exported_checkpoint(checkpoints: Mapping[str, Mapping[str, Manifest]], runs
     return (max(exported, key=newest), True) if exported else (max(checkpoints, key=newest), False)
 
 
-def _common_data(scored: Iterable[tuple[str, Manifest]], place: Mapping[str, int] | None = None) -> str:
-    """The data most members (experiments, checkpoints) were scored on; ties go to shared data, then to the data of the
-    member placed first in `place` (without it: of the newest results)."""
+def _common_data(scored: Iterable[tuple[str, str, str]], place: Mapping[str, int] | None = None) -> str:
+    """The data most members (experiments) were scored on, of (member, data, when published); ties go to shared data,
+    then to the data of the member placed first in `place` (without it: of the newest results)."""
     members: dict[str, set[str]] = {}
     newest: dict[str, str] = {}
-    for member, manifest in scored:
-        data = data_of(manifest.summary)
+    for member, data, created in scored:
         members.setdefault(data, set()).add(member)
-        newest[data] = max(newest.get(data, ""), manifest.created)
+        newest[data] = max(newest.get(data, ""), created)
 
     def preference(data: str) -> tuple:
         first = -min(place[member] for member in members[data]) if place is not None else 0
@@ -281,25 +372,27 @@ def _common_data(scored: Iterable[tuple[str, Manifest]], place: Mapping[str, int
     return max(members, key=preference, default="")
 
 
-def _row(
-    experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, sort: str, ranked_on: str, base: str, finished: bool,
-    runs: Runs,
-) -> Row:
-    """One experiment at one checkpoint: its score on every benchmark, and whether it is ranked by `sort`."""
+def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: str, base: str, finished: bool, runs: Runs) -> Row:
+    """One experiment at one checkpoint: its score on every benchmark (ranked later, by `_ranked`)."""
     first = next(iter(results.values()))
-    data = {name: data_of(m.summary) for name, m in sorted(results.items())}
     stage = stage_of(first.summary["checkpoint"])
-    note = (f"{UNFINISHED}: its {stage} run exported no model (interrupted, or still training)" if not finished else
-            f"no {sort} score" if sort not in data else
-            f"{sort} on {describe(data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})" if data[sort] != ranked_on else "")
     return Row(
         experiment=experiment, checkpoint=first.summary["checkpoint"], step=first.summary["step"], tokens_seen=first.summary["tokens_seen"],
         scores={name: m.summary["value"] for name, m in sorted(results.items())},
         counts={name: m.summary["count"] for name, m in sorted(results.items())}, checkpoints_evaluated=evaluated,
         git_commit=first.git_commit, tracker_url=url, digests={name: m.digest for name, m in sorted(results.items())},
-        data=data, versions={name: m.summary["version"] for name, m in sorted(results.items())}, ranked=not note, note=note, base=base,
+        data={name: data_of(m.summary) for name, m in sorted(results.items())},
+        versions={name: m.summary["version"] for name, m in sorted(results.items())}, ranked=finished,
+        note="" if finished else f"{UNFINISHED}: its {stage} run exported no model (interrupted, or still training)", base=base,
         model=runs.exported.get(first.summary.get("training", ""), "") if finished else "", finished=finished,
     )
+
+
+def _ranked(row: Row, sort: str, ranked_on: str) -> Row:
+    """The row, ranked by `sort` when it is finished and its score on it was measured on `ranked_on`, else saying why not."""
+    note = (row.note if not row.finished else f"no {sort} score" if sort not in row.data else
+            f"{sort} on {describe(row.data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})" if row.data[sort] != ranked_on else "")
+    return replace(row, ranked=not note, note=note)
 
 
 def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, str, float, str]:

@@ -7,18 +7,20 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from factory.config.fingerprint import code_identity, sha256_of
 from factory.config.kinds import main_training_kind, model_kind
 from factory.config.stages import TRAINING_STAGES
 from factory.evals.base import EVALUATIONS
-from factory.evals.leaderboard import Board, Row, Runs, build_board, render_html, render_markdown
+from factory.evals.leaderboard import Board, Entry, Row, Runs, entries_of, entry_of, merge, newest_versions, render_html, render_markdown, well_formed
 from factory.atomic import write_atomic
 from factory.evals import leaderboard
-from factory.registry.files import load_record
+from factory.registry.files import read_record
 from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
+from factory.registry.index import Where
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 
 KIND = "leaderboard"
@@ -33,21 +35,34 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
     """Every experiment at the model it exported (or marked unfinished) from the evaluation results in the registry, with
     links to its main training's tracker run and the model it started from (`from:`), if made elsewhere.
 
-    A board is kept under the registry's local root (`cache/boards/`) with the state of the registry's index it was
-    computed at, and given again while the index holds the same manifests: a registry of 100,000 manifests answers at
-    once until one is published or removed (then the board is computed again, reading the results)."""
+    Kept under the registry's local root (`cache/boards/`) with the state of the registry's index it was computed at: the
+    board, given again while the index holds the same manifests, and each experiment's entry (`leaderboard.Entry`).
+    After a change, only the entries of the experiments it touches are computed again (their manifests asked of the
+    index), then merged with the others: a new result in a registry of 100,000 manifests reads that experiment's, not
+    every result. Where the index cannot say what changed (none can be kept, another index, too old a state), every
+    entry is computed from the manifests."""
     index = registry.index()
     state = index.state()
     kinds = tuple(dict.fromkeys((EVALUATIONS, *TRAINING_STAGES, model_kind().name)))
-    cache = registry.root / "cache" / "boards" / f"{sha256_of({'sort': sort, 'kinds': kinds, 'code': _board_code()})[:24]}.json"
+    boards = registry.root / "cache" / "boards"
+    cache = boards / f"{sha256_of({'sort': sort, 'kinds': kinds, 'code': _board_code()})[:24]}.json"
     if state is not None and (board := _cached_board(cache, state)) is not None:
         return board
-    board = _board(registry, sort, kinds)
-    if state is not None and index.state() == state:  # nothing changed while it was computed
+    kept = boards / f"entries-{sha256_of({'kinds': kinds, 'code': _board_code()})[:24]}.json"
+    state, entries = _entries(registry, state, kinds, kept)
+    board = merge(entries.values(), sort)
+    if state is not None and index.state(refresh=False) == state:  # the rows it read are still those of `state`
         with contextlib.suppress(OSError):  # a registry this process cannot write: computed again next time
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(cache, json.dumps({"state": state, "board": board.to_json()}))
+            boards.mkdir(parents=True, exist_ok=True)
+            _keep(cache, state, board.to_json())
+            _keep(kept, state, [entry.to_json() for entry in entries.values()])
     return board
+
+
+def _keep(path: Path, state: str, data: Any) -> None:
+    """Keep `data` at `path`, computed at `state`: a line of the state, then a line of the data, as JSON (a reader of
+    another state parses only the first)."""
+    write_atomic(path, f"{json.dumps(state)}\n{json.dumps(data, separators=(',', ':'))}\n")
 
 
 @functools.cache
@@ -59,23 +74,91 @@ def _board_code() -> str:
 
 def _cached_board(path: Path, state: str) -> Board | None:
     """The board kept at `path` if it was computed at `state`; None when there is none, it is of another state, or damaged."""
+    kept = _kept(path, state, Board.from_json)
+    return kept[1] if kept is not None else None
+
+
+def _kept(path: Path, state: str | None, parse: Callable[[Any], Any]) -> tuple[str, Any] | None:
+    """What `_keep` wrote at `path`, parsed by `parse`, and the state it was computed at, if that is `state` (None: any);
+    None when there is none, it is of another state (the rest is not parsed), or it is damaged (with a warning)."""
     try:
-        kept = load_record(path, BOARD_BYTES)
-        return Board.from_json(kept["board"]) if kept["state"] == state else None
+        first, _, rest = read_record(path, BOARD_BYTES).partition(b"\n")
+        kept = json.loads(first)
+        if not isinstance(kept, str):
+            raise ValueError("it does not start with a state")
+        return (kept, parse(json.loads(rest))) if state in (None, kept) else None
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError, RecursionError) as e:
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
         log.warning("the kept leaderboard %s cannot be read (%s): computing it again", path, e)
         return None
 
 
-def _board(registry: ArtifactStore, sort: str | None, kinds: tuple[str, ...]) -> Board:
+def _entries(registry: ArtifactStore, state: str | None, kinds: tuple[str, ...], path: Path) -> tuple[str | None, dict[str, Entry]]:
+    """Each experiment's entry at the index's state now, and that state: the entries kept at `path` with those the
+    changes since touch computed again, or (nothing kept, or the index cannot say what changed) every one."""
+    kept = _kept(path, None, lambda data: {entry.experiment: entry for entry in map(Entry.from_json, data)}) if state is not None else None
+    changes = registry.index().changes(kept[0], refresh=False) if kept is not None else None  # the index is as `state` read it
+    if changes is None:
+        return state, _every_entry(registry, kinds)
+    state, changed = changes
+    entries = kept[1]
+    trainings: set[str] = set()  # the runs whose manifests, or models made from them, changed
+    touched = {body["experiment"] for body in changed if body["kind"] in kinds}
+    for body in changed:
+        if body["kind"] in TRAINING_STAGES:
+            trainings.add(body["fingerprint"])
+        elif body["kind"] == model_kind().name:
+            trainings.update(m.fingerprint for last in _last_training(body["inputs"]) for m in registry.manifests(where=Where(digest=last), refresh=False)
+                             if m.kind in TRAINING_STAGES)
+    touched |= {name for name, entry in entries.items() if trainings.intersection(entry.trainings)}
+    own = {name: _own(registry, name, kinds) for name in touched}
+    versions: dict[str, int] = {}
+    for name, entry_versions in [*((n, e.versions) for n, e in entries.items() if n not in touched),
+                                 *((n, newest_versions(well_formed(m for m in manifests if m.kind == EVALUATIONS))) for n, manifests in own.items())]:
+        for benchmark, version in entry_versions.items():
+            versions[benchmark] = max(versions.get(benchmark, 0), version)
+    own |= {name: _own(registry, name, kinds) for name, entry in entries.items() if name not in touched and entry.stale(versions)}
+    for name, manifests in own.items():
+        entry = _entry(registry, name, manifests, versions)
+        if entry.versions:
+            entries[name] = entry
+        else:
+            entries.pop(name, None)
+    return state, entries
+
+
+def _every_entry(registry: ArtifactStore, kinds: tuple[str, ...]) -> dict[str, Entry]:
+    """Every experiment's entry, from every manifest of `kinds` (each kind asked of the registry's index once)."""
+    manifests = [m for kind in kinds for m in registry.manifests(kind)]
+    results, urls, bases = _links(manifests)
+    return entries_of(results, runs_of(manifests), urls, bases)
+
+
+def _own(registry: ArtifactStore, experiment: str, kinds: tuple[str, ...]) -> list[Manifest]:
+    """An experiment's manifests of `kinds`, in the order `_every_entry` reads them."""
+    return [m for kind in kinds for m in registry.manifests(kind, where=Where(experiment=experiment), refresh=False)]
+
+
+def _entry(registry: ArtifactStore, experiment: str, manifests: list[Manifest], versions: dict[str, int]) -> Entry:
+    """An experiment's entry from its own manifests, and from the index, the runs its results name."""
+    results, urls, bases = _links(manifests)
+    named = {m.summary.get("training", "") for m in results} - {""}
+    trained = [m for fingerprint in sorted(named) for m in registry.manifests(where=Where(fingerprint=fingerprint), refresh=False) if m.kind in TRAINING_STAGES]
+    digests = sorted({m.digest for m in trained})
+    alike = {m.fingerprint: m for digest in digests for m in registry.manifests(where=Where(digest=digest), refresh=False) if m.kind in TRAINING_STAGES}
+    models = {m.fingerprint: m for digest in digests for m in registry.manifests(model_kind().name, where=Where(made_from=digest), refresh=False)}
+    runs = runs_of([*alike.values(), *(models[name] for name in sorted(models))])
+    return entry_of(experiment, results, versions, runs, urls.get(experiment, ""), bases.get(experiment, ""))
+
+
+def _links(manifests: Iterable[Manifest]) -> tuple[list[Manifest], dict[str, str], dict[str, str]]:
+    """Of manifests of the board's kinds: the evaluation results, each experiment's main training's newest tracker link,
+    and the model each experiment started from when made elsewhere (`from:`)."""
     urls: dict[str, tuple[str, str]] = {}
     bases: dict[str, str] = {}
     results = []
     main_training = main_training_kind().name
-    # the kinds it reads, each asked of the registry's index once: results, the runs, their links and bases, the models
-    manifests = [m for kind in kinds for m in registry.manifests(kind)]
     for manifest in manifests:
         if manifest.kind == EVALUATIONS:
             results.append(manifest)
@@ -84,7 +167,7 @@ def _board(registry: ArtifactStore, sort: str | None, kinds: tuple[str, ...]) ->
             urls[manifest.experiment] = (manifest.created, url)
         if manifest.base.get("from") and manifest.base.get("model"):
             bases[manifest.experiment] = f"{manifest.base['from']} ({manifest.base['model'][:12]})"
-    return build_board(results, runs_of(manifests), {name: url for name, (_, url) in urls.items()}, sort, bases)
+    return results, {name: url for name, (_, url) in urls.items()}, bases
 
 
 def runs_of(manifests: Iterable[Manifest]) -> Runs:
@@ -99,9 +182,13 @@ def runs_of(manifests: Iterable[Manifest]) -> Runs:
     exported: dict[str, str] = {}
     models = model_kind().name
     for model in (m for m in manifests if m.kind == models):
-        last = [model.inputs[name] for name in TRAINING_STAGES if name in model.inputs][-1:]
-        exported.update((fingerprint, model.digest) for digest in last for fingerprint in trainings.get(digest, []))
+        exported.update((fingerprint, model.digest) for digest in _last_training(model.inputs) for fingerprint in trainings.get(digest, []))
     return Runs(exported=exported, steps=steps)
+
+
+def _last_training(inputs: Mapping[str, str]) -> list[str]:
+    """The digest of the last training stage a model's inputs name (the weights it exported), as a list of none or one."""
+    return [inputs[name] for name in TRAINING_STAGES if name in inputs][-1:]
 
 
 def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> tuple[Manifest, str]:

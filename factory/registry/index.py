@@ -10,7 +10,10 @@ reader builds it again). Each reader brings it up to date first, cheaply:
 - otherwise the manifests are listed with a version each (on disk: each file's size, mtime, ctime and inode, no file
   opened; in an object store: keys and ETags, one LIST request per thousand) and only the manifests that are new or
   have another version are read; rows of manifests gone are dropped.
-A damaged manifest is recorded as such (so it is not read again on every listing, and warned about once), until it is
+Each refresh that changes a row is a new generation: a row records the generation it came in at, and the rows it
+dropped are kept, for `KEEP_GENERATIONS`, with the generation they left at, so a reader that computed something from the
+manifests at one state asks what changed since (`changes`) and computes again only what that touches (the
+leaderboard's entries). A damaged manifest is recorded as such (so it is not read again on every listing, and warned about once), until it is
 replaced. An index that is not a readable SQLite file of this shape is removed with a warning and built again. Two
 processes bringing it up to date at once take turns (SQLite's write lock): neither loses the other's rows.
 """
@@ -32,7 +35,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
 file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
@@ -41,14 +44,19 @@ FINE_RACY_NS = 50_000_000
 """The same for a file system whose stamps have a fraction of a second (ext4, XFS, btrfs: the kernel's clock tick, a few
 milliseconds): a listing 50 ms after the change it saw is trusted."""
 BUSY_TIMEOUT_S = 60
+KEEP_GENERATIONS = 1000
+"""How many generations of dropped rows are kept: `changes` since an older state answers None (compute it all again)."""
 HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, version TEXT NOT NULL, kind TEXT, digest TEXT, experiment TEXT,
-                                      body TEXT, created TEXT);
+                                      body TEXT, created TEXT, generation INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS manifests_by_generation ON manifests (generation);
+CREATE TABLE IF NOT EXISTS dropped (name TEXT NOT NULL, body TEXT NOT NULL, generation INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS dropped_by_generation ON dropped (generation);
 CREATE INDEX IF NOT EXISTS manifests_by_kind ON manifests (kind, name);
 CREATE INDEX IF NOT EXISTS manifests_by_created ON manifests (kind, created);
 CREATE INDEX IF NOT EXISTS manifests_by_digest ON manifests (digest);
-CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind);
+CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind, name);
 CREATE TABLE IF NOT EXISTS inputs (name TEXT NOT NULL, digest TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest, name);
 CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name);
@@ -59,7 +67,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 """A row per readable manifest, a row per input it names (what `Where.made_from` and `Where.descends_from` ask: the
 index on both columns answers a step of descent without reading the table), a row per file it lists
-(`Where.file_sha256`)."""
+(`Where.file_sha256`), and the rows of the last `KEEP_GENERATIONS` generations' dropped manifests (`changes`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +75,7 @@ class Where:
     """Which manifests a listing asks for, besides their kind: every condition given holds."""
 
     digest: str | None = None
+    fingerprint: str | None = None
     digest_prefix: str | None = None
     """Hex digits the digest starts with."""
     experiment: str | None = None
@@ -81,7 +90,7 @@ class Where:
         """The conditions as SQL over `manifests`, and their parameters."""
         if self.digest_prefix is not None and not HEX.fullmatch(self.digest_prefix):
             raise ValueError(f"{self.digest_prefix!r} is not hex digits")
-        found = [("digest = ?", self.digest), ("digest LIKE ?", self.digest_prefix and f"{self.digest_prefix}%"),
+        found = [("digest = ?", self.digest), ("name = ?", self.fingerprint), ("digest LIKE ?", self.digest_prefix and f"{self.digest_prefix}%"),
                  ("experiment = ?", self.experiment), ("name IN (SELECT name FROM inputs WHERE digest = ?)", self.made_from),
                  ("name IN (SELECT name FROM files WHERE sha256 = ?)", self.file_sha256), (DESCENDANTS, self.descends_from)]
         given = [(clause, value) for clause, value in found if value is not None]
@@ -96,6 +105,7 @@ class Where:
     def holds(self, manifest: Any) -> bool:
         """Whether one manifest meets the conditions other than descent (which the other manifests decide: `among`)."""
         return ((self.digest is None or manifest.digest == self.digest)
+                and (self.fingerprint is None or manifest.fingerprint == self.fingerprint)
                 and (self.digest_prefix is None or manifest.digest.startswith(self.digest_prefix))
                 and (self.experiment is None or manifest.experiment == self.experiment)
                 and (self.made_from is None or self.made_from in manifest.inputs.values())
@@ -170,31 +180,58 @@ class ManifestIndex:
         """The index of the `<name>.json` files in a local directory."""
         return cls(path, lambda: _directory_listing(directory), lambda name: read(directory / f"{name}.json"), lambda: _mtime(directory))
 
-    def bodies(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[dict[str, Any]]:
+    def bodies(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None, refresh: bool = True) -> Iterator[dict[str, Any]]:
         """The JSON form of every intact manifest (of `kind`, meeting `where`), in name order (`newest`: only that many,
-        the newest first), after bringing the index up to date."""
+        the newest first), after bringing the index up to date (unless not `refresh`: as it holds them now)."""
         conditions, values = where.sql()
         if kind is not None:
             conditions, values = " AND ".join(filter(None, ["kind = ?", conditions])), [kind, *values]
         with self._connected() as db:
-            self._refresh(db)
+            if refresh:
+                self._refresh(db)
             query = "SELECT body FROM manifests WHERE kind IS NOT NULL" + (f" AND {conditions}" if conditions else "")
             order = " ORDER BY name" if newest is None else " ORDER BY created DESC, name DESC LIMIT ?"
             rows = db.execute(query + order, values + ([] if newest is None else [newest])).fetchall()
         for (body,) in rows:
             yield json.loads(body)
 
-    def state(self) -> str | None:
-        """A token of the manifests the index holds, after bringing it up to date: the same token, the same manifests (a
-        result computed from them, keyed by it, still holds). None where no index can be kept."""
+    def state(self, refresh: bool = True) -> str | None:
+        """A token of the manifests the index holds, after bringing it up to date (unless not `refresh`: as it holds them
+        now): the same token, the same manifests (a result computed from them, keyed by it, still holds). None where no
+        index can be kept."""
         try:
             with self._connected() as db:
-                self._refresh(db)
+                if refresh:
+                    self._refresh(db)
                 known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('epoch', 'generation')").fetchall())
         except (sqlite3.DatabaseError, _Damaged) as e:
             log.debug("no state of the index %s (%s)", self.path, e)
             return None
         return f"{known['epoch']:x}-{known['generation']}" if len(known) == 2 else None
+
+    def changes(self, since: str, refresh: bool = True) -> tuple[str, list[dict[str, Any]]] | None:
+        """What changed since the state `since` (a token `state` gave), after bringing the index up to date (unless not
+        `refresh`: a caller that just asked its `state`): the state now and the JSON form of every manifest that came in or
+        was dropped since (a replaced one: both), in no order. None when `since` is another index's, or older than the
+        dropped rows kept, or no index can be kept."""
+        epoch, _, generation = since.partition("-")
+        try:
+            with self._connected() as db:
+                if refresh:
+                    self._refresh(db)
+                db.execute("BEGIN")  # one snapshot: the state and the rows it counts
+                try:
+                    known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('epoch', 'generation', 'floor')").fetchall())
+                    if f"{known['epoch']:x}" != epoch or not generation.isdigit() or int(generation) < known.get("floor", 0):
+                        return None
+                    bodies = [body for query in ("SELECT body FROM manifests WHERE generation > ?", "SELECT body FROM dropped WHERE generation > ?")
+                              for (body,) in db.execute(query, (int(generation),))]
+                finally:
+                    db.execute("COMMIT")
+        except (sqlite3.DatabaseError, _Damaged, KeyError) as e:
+            log.debug("no changes of the index %s (%s)", self.path, e)
+            return None
+        return f"{known['epoch']:x}-{known['generation']}", [json.loads(body) for body in bodies]
 
     @contextlib.contextmanager
     def _connected(self) -> Iterator[sqlite3.Connection]:
@@ -229,15 +266,15 @@ class ManifestIndex:
         return _connect(self.path)
 
     def manifests(self, kind: str | None, where: Where, parse: Callable[[dict[str, Any]], Any], every: Callable[[], list[Any]],
-                  newest: int | None = None) -> list[Any]:
+                  newest: int | None = None, refresh: bool = True) -> list[Any]:
         """The intact manifests (of `kind`, meeting `where`) parsed by `parse`, in name order (`newest`: only that many, the
-        newest first, by `created` then name); an index holding what `parse`
+        newest first, by `created` then name; not `refresh`: as the index holds them now); an index holding what `parse`
         refuses is built again (with a warning). Where no index can be kept (sqlite3.OperationalError, or one built again
         that still holds what is not a manifest), `every()` lists every manifest, and those asked for are kept."""
         where.sql()  # a condition that cannot be asked is refused before anything is read
         for attempt in (1, 2):
             try:
-                return [parse(body) for body in self.bodies(kind, where, newest)]
+                return [parse(body) for body in self.bodies(kind, where, newest, refresh)]
             except sqlite3.OperationalError as e:  # no index can be kept here, or it is locked
                 log.debug("listing manifests without the index %s (%s)", self.path, e)
                 break
@@ -267,6 +304,8 @@ class ManifestIndex:
             present = self._listing()
             indexed = dict(db.execute("SELECT name, version FROM manifests").fetchall())
             stale = (indexed.keys() - present.keys()) | {name for name, version in present.items() if indexed.get(name, version) != version}
+            [generation] = db.execute("SELECT value + 1 FROM meta WHERE key = 'generation'").fetchone()
+            db.executemany("INSERT INTO dropped SELECT name, body, ? FROM manifests WHERE name = ?", ((generation, name) for name in stale))
             db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in stale))
             db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in stale))
             db.executemany("DELETE FROM files WHERE name = ?", ((name,) for name in stale))
@@ -279,13 +318,17 @@ class ManifestIndex:
                     unread += 1
                     continue
                 inserted += 1
-                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (name, version, body["kind"], body["digest"], body["experiment"], json.dumps(body, sort_keys=True), body["created"]))
+                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (name, version, body["kind"], body["digest"], body["experiment"],
+                                                                                 json.dumps(body, sort_keys=True), body["created"], generation))
                 db.executemany("INSERT INTO files VALUES (?, ?)", ((name, sha) for sha in {f["sha256"] for f in body["files"].values()}))
                 db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))
             if stale or inserted:
-                db.execute("UPDATE meta SET value = value + 1 WHERE key = 'generation'")
+                db.execute("UPDATE meta SET value = ? WHERE key = 'generation'", (generation,))
+            if (stale or inserted) and generation % 100 == 0:  # now and then: the dropped rows of old generations go
+                floor = generation - KEEP_GENERATIONS  # changes since a state at or after it still see every drop
+                db.execute("DELETE FROM dropped WHERE generation <= ?", (floor,))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('floor', ?)", (floor,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")

@@ -253,14 +253,15 @@ class ObjectRegistry(Scratch):
         """A readable manifest of the artifact `digest` (the first in fingerprint order), or None: asked of the index."""
         return next(iter(self.manifests(where=Where(digest=digest))), None)
 
-    def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
+    def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None, refresh: bool = True) -> Iterator[Manifest]:
         """Every readable manifest (of `kind`, meeting `where`), in fingerprint order (`newest`: that many, the newest
         first); a damaged one is skipped with a warning. Listed from a local index of the store's manifests
         (`factory.registry.index`: one LIST of their keys and ETags, then a GET of each manifest new since the last
-        listing), or, where no index can be kept, a GET of each."""
+        listing; not `refresh`: as the index holds them now, for a reader that just asked its state), or, where no index
+        can be kept, a GET of each."""
         yield from self.index().manifests(kind, where, parse_manifest,
                                           lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None],
-                                          newest)
+                                          newest, refresh)
 
     def index(self) -> ManifestIndex:
         """The local index of the store's manifests that listings read (`factory.registry.index`)."""

@@ -292,15 +292,16 @@ class ArtifactStore(Scratch):
         """A readable manifest of the artifact `digest` (the first in fingerprint order), or None: asked of the index."""
         return next(iter(self.manifests(where=Where(digest=digest))), None)
 
-    def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None) -> Iterator[Manifest]:
+    def manifests(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None, refresh: bool = True) -> Iterator[Manifest]:
         """Every readable manifest in the registry (of `kind`, meeting `where`), in fingerprint order (`newest`: that many,
         the newest first); a damaged one is skipped with a warning. Listed from the registry's index
-        (`factory.registry.index`), or, where this process cannot write the index, from the manifest files themselves."""
+        (`factory.registry.index`; not `refresh`: as the index holds them now, for a reader that just asked its state), or,
+        where this process cannot write the index, from the manifest files themselves."""
         if not (self.root / "manifests").is_dir():
             return
         yield from self.index().manifests(kind, where, parse_manifest,
                                           lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None],
-                                          newest)
+                                          newest, refresh)
 
     def index(self) -> ManifestIndex:
         """The index of the registry's manifests that listings read (`factory.registry.index`)."""

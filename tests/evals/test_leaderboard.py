@@ -9,7 +9,7 @@ import pytest
 
 from factory.errors import ConfigError
 from factory.evals.leaderboard import (
-    Board, Runs, build_board, held_back, latest_results, leader, model_cell, regressions, render_html, render_markdown,
+    Board, Row, Runs, build_board, held_back, latest_results, leader, model_cell, regressions, render_html, render_markdown,
 )
 from factory.evals.publish import current_board
 from factory.registry import ArtifactStore
@@ -220,6 +220,7 @@ def test_renders_mark_own_split_columns_and_scores_not_comparable_with_their_col
     unranked = build([m for m in [*TOY, *TINY] if m.summary["benchmark"] == "val_bpb"])
     assert render_markdown(unranked).splitlines()[3].startswith("| – | tiny |")
     assert Board.from_json(json.loads(json.dumps(board.to_json()))) == board
+    assert all(list(row.to_json()) == list(Row.__slots__) for row in board.rows)  # every field, none twice
 
 
 def test_a_board_published_before_data_was_recorded_still_reads():
@@ -301,11 +302,11 @@ def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_
     publish_result(registry, "done", "val_bpb", 2.0, step=100)
     publish_model(registry, "done", step=100)
     first = current_board(registry)
-    [kept] = (tmp_path / "cache" / "boards").iterdir()
-    saved = json.loads(kept.read_text())
-    assert saved["board"] == first.to_json()
+    [kept] = [path for path in (tmp_path / "cache" / "boards").iterdir() if not path.name.startswith("entries-")]
+    state, saved = map(json.loads, kept.read_text().splitlines())
+    assert saved == first.to_json()
     # what is kept is what is given while the registry is unchanged (a board written there by hand shows that)
-    kept.write_text(json.dumps({**saved, "board": {**saved["board"], "rows": []}}))
+    kept.write_text(f"{json.dumps(state)}\n{json.dumps({**saved, 'rows': []})}\n")
     assert current_board(registry).rows == ()
     publish_result(registry, "late", "val_bpb", 1.0, step=100, training="run-2")  # a new manifest: computed again
     assert [row.experiment for row in current_board(registry).rows] == ["done", "late"]
@@ -316,4 +317,4 @@ def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_
     assert [row.experiment for row in current_board(registry).rows] == ["done"]
     assert "the kept leaderboard" in caplog.text
     assert current_board(registry, "val_bpb").to_json() == current_board(registry).to_json()  # kept per sort
-    assert len(list((tmp_path / "cache" / "boards").iterdir())) == 2
+    assert len([path for path in (tmp_path / "cache" / "boards").iterdir() if not path.name.startswith("entries-")]) == 2

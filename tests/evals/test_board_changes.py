@@ -1,0 +1,114 @@
+"""The leaderboard after a change: the kept experiments' entries brought up to date with what changed in the registry
+give the board computed from every manifest, whatever was published or removed (results of new benchmark versions,
+other runs, shared training runs, models exported and removed, results that name another experiment)."""
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from factory.evals.publish import current_board
+from factory.registry import ArtifactStore
+from factory.registry.store import Provenance
+
+EXPERIMENTS = ("a", "b", "c", "d")
+BENCHMARKS = {"val_bpb": True, "heldout_bpb": True, "next_line": False}
+TRAININGS = ("pretrain", "sft")
+
+
+class History:
+    """Random publications and removals in one registry, as runs, evaluations, promotions and a collector make them."""
+
+    def __init__(self, registry: ArtifactStore, seed: int) -> None:
+        self.registry, self.rng, self.count = registry, random.Random(seed), 0
+
+    def publish(self, kind: str, fingerprint: str, experiment: str, summary: dict, inputs: dict | None = None, content: str = "",
+                base: dict | None = None) -> None:
+        with self.registry.staging() as out:
+            (out / "bytes").write_text(content or fingerprint)
+            self.registry.publish(out, kind=kind, fingerprint=fingerprint, config={}, inputs=inputs or {}, code="local:test", summary=summary,
+                                  provenance=Provenance(experiment=experiment, config_hash="0" * 16, git_commit=f"{self.count:040x}", base=base or {}))
+
+    def training(self, experiment: str, stage: str) -> str:
+        """A training run's fingerprint: an experiment's own of two, or one several experiments share."""
+        return self.rng.choice([f"{stage}-{experiment}-1", f"{stage}-{experiment}-2", f"{stage}-shared"])
+
+    def step(self) -> str:
+        self.count += 1
+        rng, experiment = self.rng, self.rng.choice(EXPERIMENTS)
+        action = rng.choices(["result", "training", "model", "remove"], weights=[6, 2, 2, 2])[0]
+        if action == "result":
+            stage = rng.choice(TRAININGS)
+            benchmark = rng.choice(list(BENCHMARKS))
+            step = rng.choice([100, 200])
+            data = rng.choice(["blend:1111111111111111+aaaaaaaa", f"own-split:{rng.choice('xy')}"])
+            named = experiment if rng.random() > 0.05 else "elsewhere"  # a result whose summary names another experiment: skipped
+            self.publish("evaluations", f"result-{self.count}", experiment, {
+                "benchmark": benchmark, "version": rng.choice([1, 1, 1, 2]), "lower_is_better": BENCHMARKS[benchmark] ^ (rng.random() < 0.05),
+                "value": round(rng.uniform(0, 3), 3), "count": 64, "data": data, "checkpoint": f"{named}__{stage}-{step:06d}",
+                "experiment": named, "step": step, "tokens_seen": step * 10, "training": self.training(experiment, stage),
+                **({"primary": rng.choice(list(BENCHMARKS))} if rng.random() < 0.3 else {})})
+        elif action == "training":
+            stage = rng.choice(TRAININGS)
+            fingerprint = self.training(experiment, stage)
+            base = {"from": "elsewhere", "model": f"{self.count:064x}"} if rng.random() < 0.2 else None
+            self.publish(stage, fingerprint, experiment, {"steps": rng.choice([100, 200]), "tracker_url": f"http://tracker/{self.count}"},
+                         content=rng.choice([fingerprint, "identical bytes"]), base=base)
+        elif action == "model":
+            trained = [m for stage in TRAININGS for m in self.registry.manifests(stage)]
+            if trained:
+                inputs = {m.kind: m.digest for m in rng.sample(trained, min(len(trained), rng.choice([1, 2])))}
+                self.publish("model", f"model-{self.count}", experiment, {}, inputs=inputs)
+        else:
+            manifests = sorted((self.registry.root / "manifests").glob("*.json"))
+            if manifests:
+                rng.choice(manifests).unlink()
+        return action
+
+
+def from_scratch(registry: ArtifactStore, sort: str | None) -> dict:
+    """The board computed from every manifest: nothing kept (the kept boards and entries set aside meanwhile)."""
+    boards, aside = registry.root / "cache" / "boards", registry.root / "cache" / "aside"
+    if boards.exists():
+        boards.rename(aside)
+    try:
+        return current_board(registry, sort).to_json()
+    finally:
+        shutil.rmtree(boards, ignore_errors=True)
+        if aside.exists():
+            aside.rename(boards)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_board_after_each_change_is_the_board_computed_from_every_manifest(tmp_path, seed):
+    registry = ArtifactStore(tmp_path)
+    history = History(registry, seed)
+    kept = 0
+    for _ in range(50):
+        history.step()
+        sort = history.rng.choice([None, None, "val_bpb"])
+        try:
+            expected = from_scratch(registry, sort)
+        except Exception as e:  # a sort benchmark without results: the same refusal either way
+            with pytest.raises(type(e), match="no results for benchmark"):
+                current_board(registry, sort)
+            continue
+        kept += any((tmp_path / "cache" / "boards").glob("entries-*.json"))
+        assert current_board(registry, sort).to_json() == expected
+    assert kept > 30  # most boards were brought up to date from kept entries
+
+
+def test_a_kept_entry_that_is_damaged_is_computed_again(tmp_path, caplog):
+    registry = ArtifactStore(tmp_path)
+    history = History(registry, 7)
+    while not current_board(registry).rows:
+        history.step()
+    [entries] = (tmp_path / "cache" / "boards").glob("entries-*.json")
+    state, kept = map(json.loads, entries.read_text().splitlines())
+    kept[0]["row"] = {"experiment": "x"}  # a row lacking its fields
+    entries.write_text(f"{json.dumps(state)}\n{json.dumps(kept)}\n")
+    history.publish("pretrain", "pretrain-new", "z", {"steps": 1})
+    assert current_board(registry).to_json() == from_scratch(registry, None)
+    assert "the kept leaderboard" in caplog.text and Path(entries).exists()
