@@ -94,6 +94,8 @@ class Where:
                  ("experiment = ?", self.experiment), ("name IN (SELECT name FROM inputs WHERE digest = ?)", self.made_from),
                  ("name IN (SELECT name FROM files WHERE sha256 = ?)", self.file_sha256), (DESCENDANTS, self.descends_from)]
         given = [(clause, value) for clause, value in found if value is not None]
+        if odd := [value for _, value in given if not isinstance(value, str)]:  # else SQLite refuses it, which reads as damage
+            raise ValueError(f"a listing's condition is not a string: {odd[0]!r:.80}")
         return " AND ".join(clause for clause, _ in given), [value for _, value in given]
 
     def among(self, manifests: list[Any]) -> list[Any]:

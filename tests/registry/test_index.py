@@ -178,7 +178,8 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
              "evaluations made from b": ("evaluations", Where(made_from=b)), "nothing": ("model", Where(made_from=b)),
              "holding model-a's file": (None, Where(file_sha256=hashlib.sha256(b"model-a").hexdigest())),
              "descending from a": (None, Where(descends_from=a)), "sft descending from b": ("sft", Where(descends_from=b)),
-             "descending from the fine-tune": (None, Where(descends_from=tuned))}
+             "descending from the fine-tune": (None, Where(descends_from=tuned)), "run-a": (None, Where(fingerprint="run-a")),
+             "sft of the bytes b made": ("sft", Where(digest=tuned, fingerprint="same-bytes-b"))}
     newest = {"newest 2": (None, Where(), 2), "newest pretrain of exp-b": ("pretrain", Where(experiment="exp-b"), 1)}
 
     def answers() -> dict[str, list[str]]:
@@ -190,6 +191,7 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     assert indexed["holding model-a's file"] == ["model-a"] and indexed["newest pretrain of exp-b"] == ["run-b"]
     assert indexed["descending from a"] == ["eval-ab", "model-a", "sft-a"] and indexed["sft descending from b"] == ["same-bytes-b"]
     assert indexed["descending from the fine-tune"] == []
+    assert indexed["run-a"] == ["run-a"] and indexed["sft of the bytes b made"] == ["same-bytes-b"]
     created = {m.fingerprint: m.created for m in store.manifests()}
     assert indexed["newest 2"] == sorted(created, key=lambda f: (created[f], f), reverse=True)[:2]
     (store.root / INDEX_NAME).unlink()
@@ -197,6 +199,10 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     assert answers() == indexed
     with pytest.raises(ValueError, match="not hex digits"):
         list(store.manifests(where=Where(digest_prefix="a%")))
+    state = store.index().state()
+    with pytest.raises(ValueError, match="not a string"):  # a caller's mistake, not damage: the index is not built again
+        list(store.manifests(where=Where(digest=[a])))
+    assert store.index().state() == state
 
     # `factory lineage` walks the graph by these queries: it opens no manifest file once the index holds them
     from factory.ops.lineage import Lineage
