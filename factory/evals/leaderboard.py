@@ -182,7 +182,8 @@ def well_formed(results: Iterable[Manifest]) -> Iterator[Manifest]:
             yield manifest
         elif manifest.fingerprint not in _warned:
             _warned.add(manifest.fingerprint)
-            why = f"lacks {', '.join(bad)}" if bad else f"names experiment {manifest.summary['experiment'][:80]!r}, its manifest {manifest.experiment!r}"
+            why = (f"lacks {', '.join(bad)}" if bad else
+                   f"names experiment {manifest.summary['experiment'][:80]!r}, its manifest {manifest.experiment!r}")
             log.warning("skipping evaluation result %s (manifests/%s.json): summary %s", manifest.digest[:12], manifest.fingerprint, why)
 
 
@@ -228,9 +229,10 @@ def _stage_score(stage: str, result: Manifest) -> StageScore:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Entry:
-    """One experiment's part of the board: what its own results, and the runs they name, say. The board merges the
-    entries, so a change to the registry computes again only the entries it touches (`factory.evals.publish`). The one
-    thing an entry takes from the rest of the board is which version of each of its benchmarks is the newest (`under`)."""
+    """One experiment's part of the board: what its own results say, with what the registry says of the training runs
+    they name (finished, exported: those runs and their models may be other experiments' manifests), and which version of
+    each of its benchmarks is the newest on the whole board (`under`). The board merges the entries, so a change to the
+    registry computes again only the entries it touches (`factory.evals.publish`)."""
 
     experiment: str
     versions: Mapping[str, int]
@@ -242,9 +244,11 @@ class Entry:
     created: Mapping[str, str] = field(default_factory=dict)
     """When each of the row's scores was published (a column's tie between data goes to the newest)."""
     directions: Mapping[str, tuple[str, str, bool]] = field(default_factory=dict)
-    """Each benchmark of its latest results: the newest one's (created, fingerprint, lower is better)."""
+    """Each benchmark of its latest results: the newest one's (created, fingerprint, lower is better). The board takes a
+    benchmark's direction from its newest result of all (ties of `created`: the greatest fingerprint)."""
     primary: tuple[str, str, str] = ("", "", "")
-    """Its newest latest result's (created, fingerprint, the primary benchmark its file names or "")."""
+    """Its newest latest result's (created, fingerprint, the primary benchmark its file names or ""): what its file names
+    now (ties of `created`: the greatest fingerprint)."""
     trainings: tuple[str, ...] = ()
     """The training runs (stage fingerprints) its latest results name: a change to one of them computes it again."""
 
@@ -252,7 +256,8 @@ class Entry:
         """Plain JSON form."""
         return {"experiment": self.experiment, "versions": dict(self.versions), "under": dict(self.under),
                 "row": self.row.to_json() if self.row is not None else None, "created": dict(self.created),
-                "directions": {name: list(d) for name, d in self.directions.items()}, "primary": list(self.primary), "trainings": list(self.trainings)}
+                "directions": {name: list(d) for name, d in self.directions.items()}, "primary": list(self.primary),
+                "trainings": list(self.trainings)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Entry:
@@ -314,7 +319,7 @@ def entries_of(results: Iterable[Manifest], runs: Runs, tracker_urls: Mapping[st
 def merge(entries: Iterable[Entry], sort: str | None = None) -> Board:
     """The board of the experiments' entries (all computed under the same newest versions), ranked by `sort` (default:
     the primary benchmark most of their files name)."""
-    rows = {entry.experiment: entry for entry in entries if entry.row is not None}
+    rows = {entry.experiment: entry for entry in sorted(entries, key=lambda entry: entry.experiment) if entry.row is not None}
     directions: dict[str, tuple[str, str, bool]] = {}
     for entry in rows.values():
         for name, direction in entry.directions.items():
@@ -391,7 +396,8 @@ def _row(experiment: str, results: Mapping[str, Manifest], evaluated: int, url: 
 def _ranked(row: Row, sort: str, ranked_on: str) -> Row:
     """The row, ranked by `sort` when it is finished and its score on it was measured on `ranked_on`, else saying why not."""
     note = (row.note if not row.finished else f"no {sort} score" if sort not in row.data else
-            f"{sort} on {describe(row.data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})" if row.data[sort] != ranked_on else "")
+            f"{sort} on {describe(row.data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})"
+            if row.data[sort] != ranked_on else "")
     return replace(row, ranked=not note, note=note)
 
 
@@ -400,6 +406,7 @@ def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, str, flo
     if sort not in row.scores:
         return (2, "", 0.0, row.experiment)
     value = row.scores[sort] if lower_is_better else -row.scores[sort]
+    value = value if math.isfinite(value) else math.inf  # a score that is not a number (a diverged run) after the others
     return (0, "", value, row.experiment) if row.ranked else (1, row.scored_on(sort), value, row.experiment)
 
 

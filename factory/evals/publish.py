@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from factory.config.stages import TRAINING_STAGES
 from factory.evals.base import EVALUATIONS
 from factory.evals.leaderboard import Board, Entry, Row, Runs, entries_of, entry_of, merge, newest_versions, render_html, render_markdown, well_formed
 from factory.atomic import write_atomic
-from factory.evals import leaderboard
+from factory.evals import leaderboard, scored_on
 from factory.registry.files import read_record
 from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
 from factory.registry.index import Where
@@ -67,9 +68,10 @@ def _keep(path: Path, state: str, data: Any) -> None:
 
 @functools.cache
 def _board_code() -> str:
-    """What computes a board (this module and the leaderboard's): a kept board of other code is computed again. Read once
+    """What computes a board (this module, the leaderboard's and what says which data a score is on): a kept board or entry
+    of other code is computed again. Read once
     per process, when a board is first asked for, not at import."""
-    return hashlib.sha256(Path(__file__).read_bytes() + Path(leaderboard.__file__).read_bytes()).hexdigest()
+    return hashlib.sha256(b"".join(Path(module.__file__).read_bytes() for module in (sys.modules[__name__], leaderboard, scored_on))).hexdigest()
 
 
 def _cached_board(path: Path, state: str) -> Board | None:
@@ -90,7 +92,8 @@ def _kept(path: Path, state: str | None, parse: Callable[[Any], Any]) -> tuple[s
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
-        log.warning("the kept leaderboard %s cannot be read (%s): computing it again", path, e)
+        what = "leaderboard entries" if path.name.startswith("entries-") else "leaderboard"
+        log.warning("the kept %s %s cannot be read (%s): computing it again", what, path, e)
         return None
 
 
@@ -98,8 +101,9 @@ def _entries(registry: ArtifactStore, state: str | None, kinds: tuple[str, ...],
     """Each experiment's entry at the index's state now, and that state: the entries kept at `path` with those the
     changes since touch computed again, or (nothing kept, or the index cannot say what changed) every one."""
     kept = _kept(path, None, lambda data: {entry.experiment: entry for entry in map(Entry.from_json, data)}) if state is not None else None
-    changes = registry.index().changes(kept[0], refresh=False) if kept is not None else None  # the index is as `state` read it
+    changes = registry.index().changes(kept[0], refresh=False) if kept is not None else None  # `state` just brought it up to date
     if changes is None:
+        log.debug("leaderboard: every experiment's entry computed")
         return state, _every_entry(registry, kinds)
     state, changed = changes
     entries = kept[1]
@@ -109,8 +113,8 @@ def _entries(registry: ArtifactStore, state: str | None, kinds: tuple[str, ...],
         if body["kind"] in TRAINING_STAGES:
             trainings.add(body["fingerprint"])
         elif body["kind"] == model_kind().name:
-            trainings.update(m.fingerprint for last in _last_training(body["inputs"]) for m in registry.manifests(where=Where(digest=last), refresh=False)
-                             if m.kind in TRAINING_STAGES)
+            trainings.update(m.fingerprint for last in _last_training(body["inputs"])
+                             for m in registry.manifests(where=Where(digest=last), refresh=False) if m.kind in TRAINING_STAGES)
     touched |= {name for name, entry in entries.items() if trainings.intersection(entry.trainings)}
     own = {name: _own(registry, name, kinds) for name in touched}
     versions: dict[str, int] = {}
@@ -118,7 +122,12 @@ def _entries(registry: ArtifactStore, state: str | None, kinds: tuple[str, ...],
                                  *((n, newest_versions(well_formed(m for m in manifests if m.kind == EVALUATIONS))) for n, manifests in own.items())]:
         for benchmark, version in entry_versions.items():
             versions[benchmark] = max(versions.get(benchmark, 0), version)
-    own |= {name: _own(registry, name, kinds) for name, entry in entries.items() if name not in touched and entry.stale(versions)}
+    stale = [name for name, entry in entries.items() if name not in touched and entry.stale(versions)]
+    if 4 * (len(own) + len(stale)) > len(entries) + 40:  # a new benchmark version, say: listing every kind once is cheaper
+        log.debug("leaderboard: every experiment's entry computed (%d of %d touched)", len(own) + len(stale), len(entries))
+        return state, _every_entry(registry, kinds)
+    log.debug("leaderboard: %d of %d experiments' entries computed again", len(own) + len(stale), len(entries))
+    own |= {name: _own(registry, name, kinds) for name in stale}
     for name, manifests in own.items():
         entry = _entry(registry, name, manifests, versions)
         if entry.versions:
@@ -144,9 +153,11 @@ def _entry(registry: ArtifactStore, experiment: str, manifests: list[Manifest], 
     """An experiment's entry from its own manifests, and from the index, the runs its results name."""
     results, urls, bases = _links(manifests)
     named = {m.summary.get("training", "") for m in results} - {""}
-    trained = [m for fingerprint in sorted(named) for m in registry.manifests(where=Where(fingerprint=fingerprint), refresh=False) if m.kind in TRAINING_STAGES]
+    trained = [m for fingerprint in sorted(named) for m in registry.manifests(where=Where(fingerprint=fingerprint), refresh=False)
+               if m.kind in TRAINING_STAGES]
     digests = sorted({m.digest for m in trained})
-    alike = {m.fingerprint: m for digest in digests for m in registry.manifests(where=Where(digest=digest), refresh=False) if m.kind in TRAINING_STAGES}
+    alike = {m.fingerprint: m for digest in digests for m in registry.manifests(where=Where(digest=digest), refresh=False)
+             if m.kind in TRAINING_STAGES}
     models = {m.fingerprint: m for digest in digests for m in registry.manifests(model_kind().name, where=Where(made_from=digest), refresh=False)}
     runs = runs_of([*alike.values(), *(models[name] for name in sorted(models))])
     return entry_of(experiment, results, versions, runs, urls.get(experiment, ""), bases.get(experiment, ""))

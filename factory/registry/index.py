@@ -224,16 +224,16 @@ class ManifestIndex:
                 db.execute("BEGIN")  # one snapshot: the state and the rows it counts
                 try:
                     known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('epoch', 'generation', 'floor')").fetchall())
-                    if f"{known['epoch']:x}" != epoch or not generation.isdigit() or int(generation) < known.get("floor", 0):
+                    if f"{known['epoch']:x}" != epoch or not re.fullmatch("[0-9]+", generation) or int(generation) < known.get("floor", 0):
                         return None
                     bodies = [body for query in ("SELECT body FROM manifests WHERE generation > ?", "SELECT body FROM dropped WHERE generation > ?")
                               for (body,) in db.execute(query, (int(generation),))]
                 finally:
                     db.execute("COMMIT")
-        except (sqlite3.DatabaseError, _Damaged, KeyError) as e:
+            return f"{known['epoch']:x}-{known['generation']}", [_body(json.loads(body)) for body in bodies]
+        except (sqlite3.DatabaseError, _Damaged, KeyError, TypeError, ValueError, RecursionError) as e:  # damaged rows: the caller lists
             log.debug("no changes of the index %s (%s)", self.path, e)
             return None
-        return f"{known['epoch']:x}-{known['generation']}", [json.loads(body) for body in bodies]
 
     @contextlib.contextmanager
     def _connected(self) -> Iterator[sqlite3.Connection]:
@@ -276,7 +276,7 @@ class ManifestIndex:
         where.sql()  # a condition that cannot be asked is refused before anything is read
         for attempt in (1, 2):
             try:
-                return [parse(body) for body in self.bodies(kind, where, newest, refresh)]
+                return [parse(body) for body in self.bodies(kind, where, newest, refresh or attempt == 2)]  # built again: read them
             except sqlite3.OperationalError as e:  # no index can be kept here, or it is locked
                 log.debug("listing manifests without the index %s (%s)", self.path, e)
                 break
@@ -335,6 +335,13 @@ class ManifestIndex:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+def _body(body: Any) -> dict[str, Any]:
+    """A manifest's JSON form as a row holds it: TypeError when it is not one (a damaged row)."""
+    if not isinstance(body, dict) or not all(isinstance(body.get(key), str) for key in ("kind", "experiment", "fingerprint", "digest")):
+        raise TypeError("a row of the index is not a manifest")
+    return body
+
 
 def _connect(path: Path) -> sqlite3.Connection:
     """The index at `path`, its tables made; _Damaged or sqlite3.DatabaseError when the file is no such index."""

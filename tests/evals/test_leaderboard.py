@@ -3,13 +3,14 @@ benchmark; regressions found."""
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
 
 from factory.errors import ConfigError
 from factory.evals.leaderboard import (
-    Board, Row, Runs, build_board, held_back, latest_results, leader, model_cell, regressions, render_html, render_markdown,
+    Board, Row, Runs, build_board, entries_of, held_back, latest_results, leader, merge, model_cell, regressions, render_html, render_markdown,
 )
 from factory.evals.publish import current_board
 from factory.registry import ArtifactStore
@@ -318,3 +319,11 @@ def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_
     assert "the kept leaderboard" in caplog.text
     assert current_board(registry, "val_bpb").to_json() == current_board(registry).to_json()  # kept per sort
     assert len([path for path in (tmp_path / "cache" / "boards").iterdir() if not path.name.startswith("entries-")]) == 2
+
+
+def test_a_score_that_is_not_a_number_ranks_after_the_others_whatever_order_the_entries_come_in():
+    results = [result("a", 100, "val_bpb", math.nan), result("b", 100, "val_bpb", 2.0), result("c", 100, "val_bpb", 1.0),
+               result("d", 100, "val_bpb", math.inf)]
+    entries = list(entries_of(results, finished(results), {}, {}).values())
+    for order in (entries, entries[::-1], entries[1:] + entries[:1]):
+        assert [row.experiment for row in merge(order).rows] == ["c", "b", "a", "d"]

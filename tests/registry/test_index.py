@@ -240,3 +240,29 @@ def test_a_fifo_or_a_link_where_the_index_belongs_is_replaced_never_waited_on(st
     assert done.returncode == 0 and done.stdout.strip() == "['fp-a']", done.stderr
     assert "is not a regular file" in done.stderr
     assert Path("/dev/zero").is_char_device()
+
+
+def test_changes_since_a_state_are_what_came_in_and_what_went_and_none_for_another_index_or_too_old_a_state(store, monkeypatch):
+    from factory.registry import index as index_module
+
+    publish(store, "fp-kept", files={"a.bin": b"kept"})
+    publish(store, "fp-gone", files={"a.bin": b"gone"})
+    since = store.index().state()
+    assert store.index().changes(since) == (since, [])
+    publish(store, "fp-new", files={"a.bin": b"new"})
+    (store.root / "manifests" / "fp-gone.json").unlink()
+    replaced = json.loads((store.root / "manifests" / "fp-kept.json").read_text()) | {"summary": {"vocab_size": 1}}
+    (store.root / "manifests" / "fp-kept.json").write_text(json.dumps(replaced))  # in place: another version of the file
+    now, changed = store.index().changes(since)
+    assert now == store.index().state() != since
+    assert sorted((body["fingerprint"], body["summary"]["vocab_size"]) for body in changed) == [
+        ("fp-gone", 2048), ("fp-kept", 1), ("fp-kept", 2048), ("fp-new", 2048)]  # a replaced one: both versions
+    assert store.index().changes(now) == (now, [])
+    assert store.index().changes(f"0-{now.partition('-')[2]}") is None  # another index's state
+    assert store.index().changes(f"{now.partition('-')[0]}-x") is None
+    monkeypatch.setattr(index_module, "KEEP_GENERATIONS", 1)
+    for i in range(100):  # to the next hundredth generation, where the dropped rows of old ones go
+        publish(store, f"fp-{i}", files={"a.bin": f"{i}".encode()})
+        if store.index().state().endswith("00"):
+            break
+    assert store.index().changes(since) is None and store.index().changes(store.index().state())[1] == []
