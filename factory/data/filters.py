@@ -206,8 +206,8 @@ def _failure(error: BaseException, names: Sequence[str]) -> str:
     """What failed in a worker (Daft wraps the error `_keeps` raised, which names the filter, in its own)."""
     text = str(error)
     if "closed the connection unexpectedly" in text:  # Daft's word for a worker process that ended mid-batch
-        return (f"a worker process of the plugin filters {', '.join(names)} died mid-batch (killed: out of memory, or its machine "
-                "lost); nothing was published, run the stage again")
+        return (f"a worker process of the plugin filters {', '.join(names)} died mid-batch (killed: out of memory, or by a signal); "
+                "nothing was published, run the stage again")
     marker = "RuntimeError: "
     cause = text[text.rindex(marker) + len(marker):].strip().splitlines()[0] if marker in text else text.strip().splitlines()[-1]
     return f"a plugin filter of {', '.join(names)} failed: {cause}"
