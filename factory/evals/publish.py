@@ -69,8 +69,7 @@ def _keep(path: Path, state: str, data: Any) -> None:
 @functools.cache
 def _board_code() -> str:
     """What computes a board (this module, the leaderboard's and what says which data a score is on): a kept board or entry
-    of other code is computed again. Read once
-    per process, when a board is first asked for, not at import."""
+    of other code is computed again. Read once per process, when a board is first asked for, not at import."""
     return hashlib.sha256(b"".join(Path(module.__file__).read_bytes() for module in (sys.modules[__name__], leaderboard, scored_on))).hexdigest()
 
 

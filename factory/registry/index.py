@@ -338,7 +338,8 @@ class ManifestIndex:
 
 def _body(body: Any) -> dict[str, Any]:
     """A manifest's JSON form as a row holds it: TypeError when it is not one (a damaged row)."""
-    if not isinstance(body, dict) or not all(isinstance(body.get(key), str) for key in ("kind", "experiment", "fingerprint", "digest")):
+    if (not isinstance(body, dict) or not all(isinstance(body.get(key), str) for key in ("kind", "experiment", "fingerprint", "digest"))
+            or not isinstance(inputs := body.get("inputs"), dict) or not all(isinstance(value, str) for value in inputs.values())):
         raise TypeError("a row of the index is not a manifest")
     return body
 

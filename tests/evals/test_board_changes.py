@@ -121,13 +121,14 @@ def test_a_kept_entry_that_is_damaged_is_computed_again(tmp_path, caplog):
     assert "the kept leaderboard" in caplog.text and Path(entries).exists()
 
 
-def damage(registry: ArtifactStore, where: str) -> None:
-    """Rows of evaluation results in the registry's index whose manifest (JSON) is no longer JSON."""
+def damage(registry: ArtifactStore, where: str, kind: str = "kind = 'evaluations'", body: str = "'not json'") -> None:
+    """Rows of the registry's index (of evaluation results) whose manifest (JSON) is no longer JSON, or is `body`."""
     with contextlib.closing(sqlite3.connect(registry.index().path)) as db, db:
-        assert db.execute(f"UPDATE manifests SET body = 'not json' WHERE kind = 'evaluations' AND {where}").rowcount
+        assert db.execute(f"UPDATE manifests SET body = {body} WHERE {kind} AND {where}").rowcount
 
 
-@pytest.mark.parametrize("damaged", ["a row that came in since the kept board", "an older row of an experiment a change touches"])
+@pytest.mark.parametrize("damaged", ["a row that came in since the kept board", "an older row of an experiment a change touches",
+                                     "a row whose inputs are not digests"])
 def test_a_damaged_row_of_the_index_is_read_again_from_the_manifests(tmp_path, damaged):
     registry = ArtifactStore(tmp_path)
     for name in ("x", "y"):
@@ -138,6 +139,11 @@ def test_a_damaged_row_of_the_index_is_read_again_from_the_manifests(tmp_path, d
         publish_result(registry, "x", "val_bpb", 0.5, step=200, training="run-x")
         registry.index().state()
         damage(registry, "generation = (SELECT MAX(generation) FROM manifests)")
+    elif damaged.startswith("a row whose inputs"):
+        publish_model(registry, "x", step=200, training="run-x2")
+        registry.index().state()
+        damage(registry, "1", "kind = 'model' AND generation = (SELECT MAX(generation) FROM manifests)",
+               "json_set(body, '$.inputs.pretrain', json('[1]'))")
     else:
         damage(registry, "experiment = 'x'")
         publish_result(registry, "x", "val_bpb", 0.5, step=200, training="run-x")
