@@ -21,7 +21,7 @@ from factory.atomic import write_atomic
 from factory.evals import leaderboard, scored_on
 from factory.registry.files import read_record
 from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
-from factory.registry.index import Where
+from factory.registry.index import ManifestIndex, Where
 from factory.registry.store import ArtifactStore, Manifest, Provenance
 
 KIND = "leaderboard"
@@ -50,7 +50,7 @@ def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
     if state is not None and (board := _cached_board(cache, state)) is not None:
         return board
     kept = boards / f"entries-{sha256_of({'kinds': kinds, 'code': _board_code()})[:24]}.json"
-    state, entries = _entries(registry, state, kinds, kept)
+    state, entries = _entries(registry, index, state, kinds, kept)
     board = merge(entries.values(), sort)
     if state is not None and index.state(refresh=False) == state:  # the rows it read are still those of `state`
         with contextlib.suppress(OSError):  # a registry this process cannot write: computed again next time
@@ -96,11 +96,12 @@ def _kept(path: Path, state: str | None, parse: Callable[[Any], Any]) -> tuple[s
         return None
 
 
-def _entries(registry: ArtifactStore, state: str | None, kinds: tuple[str, ...], path: Path) -> tuple[str | None, dict[str, Entry]]:
+def _entries(registry: ArtifactStore, index: ManifestIndex, state: str | None, kinds: tuple[str, ...],
+             path: Path) -> tuple[str | None, dict[str, Entry]]:
     """Each experiment's entry at the index's state now, and that state: the entries kept at `path` with those the
     changes since touch computed again, or (nothing kept, or the index cannot say what changed) every one."""
     kept = _kept(path, None, lambda data: {entry.experiment: entry for entry in map(Entry.from_json, data)}) if state is not None else None
-    changes = registry.index().changes(kept[0], refresh=False) if kept is not None else None  # `state` just brought it up to date
+    changes = index.changes(kept[0], refresh=False) if kept is not None else None  # `state` just brought it up to date
     if changes is None:
         log.debug("leaderboard: every experiment's entry computed")
         return state, _every_entry(registry, kinds)
