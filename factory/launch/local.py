@@ -1,9 +1,10 @@
 """The local launcher: a stage as a child process of this machine, its output streamed through.
 
-Inside `warm_starts(modules)`, a one-process stage is forked from a warm interpreter that imported
-`modules` once (`factory.launch.warm`), instead of starting Python and its imports again: the
-same process, seconds sooner. Stages under torchrun, and any launch the warm interpreter cannot
-make exactly as a cold start would, start cold.
+Inside `warm_starts(modules)`, a stage is forked from a warm interpreter that imported `modules`
+once (`factory.launch.warm`), instead of starting Python and its imports again: the same process,
+seconds sooner. A stage of several ranks forks `factory.runtime.ranks` in torchrun's place, whose
+ranks fork from it in turn. Any launch the warm interpreter cannot make exactly as a cold start
+would starts cold (under torchrun for ranks).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ FAILED_RANK = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
 """torchrun's report of the first rank that failed."""
 
 
+TORCHRUN = "torch.distributed.run"
+RANKS_MODULE = "factory.runtime.ranks"
+"""torchrun whose ranks fork from it: what a stage of several ranks forked from the warm interpreter runs in its place."""
+RANKS_NEEDS = (RANKS_MODULE, TORCHRUN, "torch.distributed.launcher.api", "factory.launch.warm_server")
+"""What RANKS_MODULE imports to start the ranks: the warm interpreter imports them before it forks it."""
+
+
 def stage_argv(request_path: Path, python: str = sys.executable, processes: int = 1, nodes: int = 1) -> list[str]:
     """The command that runs one stage from its request file: one process, or `processes` ranks under torchrun."""
     if nodes > 1:
@@ -50,7 +58,7 @@ def stage_argv(request_path: Path, python: str = sys.executable, processes: int 
             "(and processes_per_node for ranks here), or run the experiment on a cluster"
         )
     if processes > 1:  # --tee 2: each rank's stderr lines come prefixed with its rank, so a failure can quote the failing rank
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "--tee", "2", "-m", STAGE_MODULE,
+        return [python, "-m", TORCHRUN, "--standalone", f"--nproc_per_node={processes}", "--tee", "2", "-m", STAGE_MODULE,
                 str(request_path)]
     return [python, "-m", STAGE_MODULE, str(request_path)]
 
@@ -162,11 +170,13 @@ def run_captured(argv: list[str], env: Mapping[str, str], cwd: Path, launch_keys
 
 def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str], needs: Sequence[str], cwd: Path | None = None,
                 stdout: int = 1) -> WarmProcess | None:
-    """The stage forked from the warm interpreter, or None (no warm block, torchrun, or the interpreter refused; a
-    refusal is said once per reason)."""
+    """The stage forked from the warm interpreter, or None (no warm block, or the interpreter refused; a refusal is said
+    once per reason). A stage of several ranks forks with RANKS_MODULE in place of torchrun."""
     server = _warm or _shared()
     if server is None:
         return None
+    if argv[1:3] == ["-m", TORCHRUN]:  # its ranks fork from it, with what the server imported (RANKS_MODULE)
+        argv, needs = [argv[0], "-m", RANKS_MODULE, *argv[3:]], [*needs, *RANKS_NEEDS]
     if server is not _warm:  # `factory ui`'s: the Dagster processes between it and us set variables of their own
         launch_keys = [*launch_keys, SHARED_SOCKET_ENV, *(name for name in env if DAGSTERS_OWN.fullmatch(name))]
     process = server.spawn(argv, env, launch_keys, needs, cwd, stdout)

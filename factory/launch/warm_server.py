@@ -238,6 +238,12 @@ def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds:
         os._exit(code)
 
 
+def run_as_main(module: str, args: Sequence[str]) -> None:
+    """Become `python -m MODULE ARGS` in this process, as it is (its stdio, directory and environment), as a forked child
+    of the server does; never return."""
+    _child({"module": module, "args": list(args), "cwd": os.getcwd(), "env": dict(os.environ)}, {}, [0, 1, 2], [])
+
+
 def _exit_code(value: Any) -> int:
     if value is None:
         return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from factory.launch.local import RANKS_MODULE, RANKS_NEEDS
 from factory.launch.warm import WarmProcess, WarmServer
 from factory.runtime import OPTIMIZER_MODULES
 
@@ -48,8 +49,10 @@ def launch(
     own = {"CONTROL": control, "FORMAT": "sharded" if sharded or parallelism == "fsdp" else "file", "ASYNC": "1" if asynchronous else "0",
            "PARALLELISM": parallelism, "EXTRA": json.dumps(extra or {})}
     env = {**os.environ, **TRAINER_ENV, **own}
-    if warm is not None and (forked := warm.spawn(argv, env, LAUNCH_KEYS, needs=[TRAINER])) is not None:
-        return forked
+    if warm is not None:  # several ranks: torchrun whose ranks fork from it (`factory.runtime.ranks`), as a stage's do
+        forking = [*argv[:2], RANKS_MODULE, *argv[3:]] if ranks > 1 else argv
+        if (forked := warm.spawn(forking, env, LAUNCH_KEYS, needs=[TRAINER, *RANKS_NEEDS])) is not None:
+            return forked
     return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
 
 

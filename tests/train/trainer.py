@@ -25,6 +25,7 @@ def main() -> None:
                             async_checkpoints=os.environ.get("ASYNC") == "1", parallelism=os.environ.get("PARALLELISM", "ddp"),
                             **json.loads(os.environ.get("EXTRA") or "{}"))
     world = world_from_env()
+    (work.parent / f"rank-{world.rank}.pid").write_text(str(os.getpid()))  # which process is which rank, for a test to kill one
     join(world)
 
     def data(state):
