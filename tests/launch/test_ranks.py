@@ -75,25 +75,30 @@ def test_a_rank_that_fails_or_is_killed_fails_the_launch_as_under_torchrun(tmp_p
         assert f"exitcode: {code}" in err and FAILED_RANK.search(err).group(1) == "1", (out, err[-3000:])
 
 
-def test_stopping_the_launch_or_killing_a_ranks_parent_leaves_no_rank_running(tmp_path, warm):
-    for victim in ("launch", "parent"):
-        out = tmp_path / victim
-        process = torchrun(out, "wait", warm)
-        deadline = time.monotonic() + 60
-        while not all((out / f"rank-{rank}.json").exists() for rank in range(2)):
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.05)
-        time.sleep(0.2)  # the files are written whole: json.loads below
-        ranks = [psutil.Process(r["pid"]) for r in seen(out)]
+@pytest.mark.parametrize("victim", ["launch", "agent", "waiter"])
+def test_a_stopped_launch_stops_its_ranks_and_a_killed_one_leaves_none_running(tmp_path, warm, victim):
+    out = tmp_path / victim
+    process = torchrun(out, "wait", warm)
+    deadline = time.monotonic() + 60
+    while not all((out / f"rank-{rank}.json").exists() for rank in range(2)):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)  # the files are written whole: json.loads below
+    ranks = [psutil.Process(r["pid"]) for r in seen(out)]
+    try:
         if victim == "launch":
             os.kill(process.pid, signal.SIGTERM)  # as the local launcher stops a stage
+        elif victim == "agent":
+            os.kill(process.pid, signal.SIGKILL)  # torchrun's own ranks would outlive it
         else:
             ranks[1].parent().kill()  # what the agent started, which waits for the rank
-        assert process.wait(timeout=120) != 0  # not its stderr first: a rank left running would hold it open
-        process.stderr.close()
-        gone, alive = psutil.wait_procs(ranks, timeout=30)
-        for left in alive:
-            left.kill()
-        assert not alive, (victim, alive)
-        if victim == "launch":  # each rank was asked to stop (and could unwind), not killed
+        gone, alive = psutil.wait_procs(ranks, timeout=60)
+        assert not alive, alive
+        assert process.wait(timeout=60) != 0
+        if victim != "waiter":  # each rank was asked to stop (and could unwind), not killed
             assert [(out / f"stopped-{rank}").exists() for rank in range(2)] == [True, True]
+    finally:
+        process.stderr.close()
+        for left in ranks:  # a failure above leaves none behind
+            if left.is_running():
+                left.kill()
