@@ -175,8 +175,7 @@ def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str],
     server = _warm or _shared()
     if server is None:
         return None
-    if argv[1:3] == ["-m", TORCHRUN]:  # its ranks fork from it, with what the server imported (RANKS_MODULE)
-        argv, needs = [argv[0], "-m", RANKS_MODULE, *argv[3:]], [*needs, *RANKS_NEEDS]
+    argv, needs = forking(argv, needs)
     if server is not _warm:  # `factory ui`'s: the Dagster processes between it and us set variables of their own
         launch_keys = [*launch_keys, SHARED_SOCKET_ENV, *(name for name in env if DAGSTERS_OWN.fullmatch(name))]
     process = server.spawn(argv, env, launch_keys, needs, cwd, stdout)
@@ -184,6 +183,14 @@ def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str],
         _told.add(server.refused)
         print(f"note: stages start cold from here: {server.refused}", file=sys.stderr)
     return process
+
+
+def forking(argv: Sequence[str], needs: Sequence[str]) -> tuple[list[str], list[str]]:
+    """What a warm interpreter forks for `argv` and the modules it imports first: for torchrun, RANKS_MODULE in its place
+    (its ranks then fork from it, with what the interpreter imported); any other command as it is."""
+    if list(argv[1:3]) == ["-m", TORCHRUN]:
+        return [argv[0], "-m", RANKS_MODULE, *argv[3:]], [*needs, *RANKS_NEEDS]
+    return list(argv), list(needs)
 
 
 _attached: WarmServer | None = None

@@ -72,7 +72,7 @@ def rank(*argv: str) -> None:
 
     for number in STOPS:
         signal.signal(number, stop)
-    _die_with_parent(signal.SIGTERM)  # a killed agent stops the rank (the terminal's Ctrl-C reaches this process too)
+    _die_with_parent(signal.SIGTERM)  # a killed agent stops the rank, through `stop`
     if os.getppid() != agent:
         stop(signal.SIGTERM, None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from factory.launch.local import FAILED_RANK, RANKS_MODULE, RANKS_NEEDS
+from factory.launch.local import FAILED_RANK, RANKS_MODULE, RANKS_NEEDS, TORCHRUN
 from factory.launch.warm import WarmServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="the warm interpreter forks: Linux only")]
@@ -23,11 +23,14 @@ CHANGING = ("pid", "preloaded", "random")
 """What differs between any two launches, or between a fresh and a forked rank."""
 
 
+def probe_env() -> dict[str, str]:
+    """Ours, with the repository on the path and no OMP_NUM_THREADS (torchrun sets it for its ranks)."""
+    return {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(REPO)}
+
+
 @pytest.fixture(scope="module")
 def warm():
-    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}  # torchrun sets it for its ranks
-    env["PYTHONPATH"] = str(REPO)
-    server = WarmServer(["torch", *RANKS_NEEDS], env)
+    server = WarmServer(["torch", *RANKS_NEEDS], probe_env())
     yield server
     server.close()
 
@@ -36,8 +39,7 @@ def torchrun(out: Path, mode: str, warm: WarmServer | None = None):
     """The probe on two ranks: under torchrun (cold), or forked from `warm` under this module; the process."""
     out.mkdir(exist_ok=True)
     if warm is None:
-        env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(REPO)}
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *OPTIONS, "-m", PROBE, str(out), mode], env=env, cwd=REPO,
+        return subprocess.Popen([sys.executable, "-m", TORCHRUN, *OPTIONS, "-m", PROBE, str(out), mode], env=probe_env(), cwd=REPO,
                                 stderr=subprocess.PIPE)
     forked = warm.spawn([sys.executable, "-m", RANKS_MODULE, *OPTIONS, "-m", PROBE, str(out), mode], warm.env, ["PYTEST_CURRENT_TEST"],
                         needs=RANKS_NEEDS, cwd=REPO)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from factory.launch.local import RANKS_MODULE, RANKS_NEEDS
+from factory.launch.local import TORCHRUN, forking
 from factory.launch.warm import WarmProcess, WarmServer
 from factory.runtime import OPTIMIZER_MODULES
 
@@ -44,14 +44,14 @@ def launch(
     """The trainer as a process (several under torchrun); dropout on by default, so RNG state matters. `control`: a
     control section as JSON; `parallelism: fsdp` implies sharded checkpoints; `extra`: more pretrain fields. With `warm`, the
     process forks from that warm interpreter (one it refuses starts cold)."""
-    prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", TORCHRUN, "--standalone", f"--nproc_per_node={ranks}"]
     argv = [*prefix, "-m", TRAINER, str(work), str(steps), str(every), str(accum), str(dropout)]
     own = {"CONTROL": control, "FORMAT": "sharded" if sharded or parallelism == "fsdp" else "file", "ASYNC": "1" if asynchronous else "0",
            "PARALLELISM": parallelism, "EXTRA": json.dumps(extra or {})}
     env = {**os.environ, **TRAINER_ENV, **own}
-    if warm is not None:  # several ranks: torchrun whose ranks fork from it (`factory.runtime.ranks`), as a stage's do
-        forking = [*argv[:2], RANKS_MODULE, *argv[3:]] if ranks > 1 else argv
-        if (forked := warm.spawn(forking, env, LAUNCH_KEYS, needs=[TRAINER, *RANKS_NEEDS])) is not None:
+    if warm is not None:  # several ranks: torchrun whose ranks fork from it, as a stage's do
+        forked_argv, needs = forking(argv, [TRAINER])
+        if (forked := warm.spawn(forked_argv, env, LAUNCH_KEYS, needs=needs)) is not None:
             return forked
     return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
 
