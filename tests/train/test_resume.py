@@ -1,5 +1,6 @@
 """Resume and ranks for real: SIGKILL at several points then relaunch gives the same bytes; 1 rank == 2 ranks."""
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -86,7 +87,8 @@ def kill_tree(process: subprocess.Popen | WarmProcess) -> None:
     """SIGKILL torchrun and its ranks (which it starts in sessions of their own), as a node failing would."""
     family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
     for member in family:
-        member.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # a forked rank dies with its parent, maybe before its turn here
+            member.kill()
     psutil.wait_procs(family, timeout=30)
     process.wait()
 
