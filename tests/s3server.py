@@ -66,6 +66,9 @@ class S3Server:
         self._moto = _start(argv, self._moto_port, env)
         self._relay_port = free_port() if relay else None
         self._relay: subprocess.Popen | None = None
+        # held while the relay is being replaced: a client may reach a restarting relay before `restart` has recorded
+        # it, and a `kill` in between must kill that one, not the one already dead
+        self._switching = threading.Lock()
         if relay:
             self.restart()
 
@@ -100,15 +103,17 @@ class S3Server:
 
     def kill(self) -> None:
         """The endpoint goes away at once (SIGKILL): requests in flight are cut, new ones refused. The objects stay."""
-        assert self._relay is not None, "kill needs running_s3(relay=True)"
-        self._relay.kill()
-        self._relay.wait()
+        with self._switching:
+            assert self._relay is not None, "kill needs running_s3(relay=True)"
+            self._relay.kill()
+            self._relay.wait()
 
     def restart(self) -> None:
         """The endpoint answers again, with the objects written before `kill`."""
         assert self._relay_port is not None
         argv = [sys.executable, __file__, "relay", str(self._relay_port), str(self._moto_port)]
-        self._relay = _start(argv, self._relay_port)
+        with self._switching:
+            self._relay = _start(argv, self._relay_port)
 
     def stop(self) -> None:
         for process in (self._relay, self._moto):
