@@ -86,36 +86,36 @@ class WarmServer:
         return handle
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], launch_keys: Iterable[str], needs: Sequence[str] = (),
-              cwd: Path | None = None, stdout: int = 1) -> WarmProcess | None:
+              cwd: Path | None = None, stdout: int = 1, stderr: int | None = None) -> WarmProcess | None:
         """Fork `argv` (`python -m MODULE ARGS...`) with environment `env`, or None when the server cannot run it as a
         cold start would. `launch_keys` name the variables this launch sets, the only ones that may differ; `needs`, the
         modules the child will import: the server imports those of them it has not yet before it forks (the child would
         otherwise import them while the server does the same, on the same cores). It runs in `cwd` (default: ours) and
-        writes its stdout to the file descriptor `stdout` (default: ours)."""
+        writes its stdout to the file descriptor `stdout` (default: ours) and its stderr to `stderr` (default: a pipe, read
+        from `WarmProcess.stderr`)."""
         if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or not self._running():
             return None
         connection = self._connect()
         if connection is None:
             return None
-        stderr_read, stderr_write = os.pipe()
+        stderr_read, stderr_write = os.pipe() if stderr is None else (None, stderr)
         try:
             request = {"module": argv[2], "args": list(argv[3:]), "env": dict(env), "launch": sorted(launch_keys),
                        "cwd": str(cwd or os.getcwd()), "needs": list(needs)}
             send_request(connection, request, [0, stdout, stderr_write])
+            answer = (lines := _Lines(connection)).next(timeout=None)
         except OSError:
-            connection.close()
-            os.close(stderr_read)
-            return None
+            answer = None
         finally:
-            os.close(stderr_write)
-        lines = _Lines(connection)
-        answer = lines.next(timeout=None)
+            if stderr_read is not None:
+                os.close(stderr_write)
         if answer is None or "pid" not in answer:
             self.refused = answer.get("refused", "the server ended") if answer else "the server ended"
             connection.close()
-            os.close(stderr_read)
+            if stderr_read is not None:
+                os.close(stderr_read)
             return None
-        return WarmProcess(answer["pid"], lines, os.fdopen(stderr_read, "rb", buffering=0))
+        return WarmProcess(answer["pid"], lines, None if stderr_read is None else os.fdopen(stderr_read, "rb", buffering=0))
 
     def status(self) -> dict[str, Any] | None:
         """How far the server's imports are: `imported` of `modules`, and the `problem` that stops it forking (None: no
@@ -166,7 +166,7 @@ class WarmServer:
 class WarmProcess:
     """A forked stage process: the part of `subprocess.Popen` the local launcher uses."""
 
-    def __init__(self, pid: int, lines: _Lines, stderr: IO[bytes]) -> None:
+    def __init__(self, pid: int, lines: _Lines, stderr: IO[bytes] | None) -> None:
         self.pid = pid
         self.stderr = stderr
         self.returncode: int | None = None

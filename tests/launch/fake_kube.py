@@ -9,7 +9,11 @@ as a local process, with `$(VAR)` expanded from the pod's env as Kubernetes does
 
 What it fakes and how: images are not pulled (the command runs with this machine's Python environment on
 PATH); a ConfigMap volume is a directory of files and its mount path is rewritten in the command's arguments;
-other volumes are this machine's own paths; every pod runs on 127.0.0.1. Faults are injected with `inject`:
+other volumes are this machine's own paths; every pod runs on 127.0.0.1. A pod's process is forked from a warm
+interpreter (`factory.launch.warm`) that imported the stages' code in the containers' base environment, as a local
+stage's is, with torchrun's ranks forked the same way (`factory.launch.local.forking`): a cold start costs a pod seconds
+of imports per process, and pods are many here (a gang, restarts, every stage); the kubelet starts it cold when the
+interpreter refuses (its `refused` says why). Faults are injected with `inject`:
 `evict` and `oom` (kill a running gang), `image_pull` (pods never start), `unschedulable` (the queue has no room).
 """
 
@@ -33,6 +37,10 @@ from urllib.parse import parse_qs, urlparse
 
 import psutil
 
+from factory.launch.local import TORCHRUN, forking
+from factory.launch.warm import WarmProcess, WarmServer
+from factory.runtime import every_warm_module
+
 JOB_LABEL = "volcano.sh/job-name"
 ROUTES = [
     ("configmaps", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/configmaps(?:/(?P<name>[^/]+))?$")),
@@ -41,6 +49,8 @@ ROUTES = [
     ("pods", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")),
 ]
 BIN = Path(sys.executable).parent
+PATH = f"{BIN}:/usr/local/bin:/usr/bin:/bin"
+"""A container's PATH: this machine's Python environment stands in for the image."""
 
 
 @dataclass
@@ -58,14 +68,36 @@ class Fault:
 class PodRun:
     pod: dict[str, Any]
     log: Path
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | Forked | None = None
+
+
+class Forked:
+    """A pod's process forked from the warm interpreter: what the kubelet uses of `subprocess.Popen`, safe to ask from
+    the cluster's threads at once (a WarmProcess reads its exit from one socket)."""
+
+    def __init__(self, process: WarmProcess) -> None:
+        self.pid = process.pid
+        self._process = process
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            return self._process.poll()
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(0.02)
+        return code
 
 
 class FakeCluster:
     """The API server (HTTP on 127.0.0.1), the Volcano controller and the kubelet, in threads of the test process."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, forks: bool = True) -> None:
+        """`forks`: pods fork from a warm interpreter (the module docstring); False: every pod starts cold."""
         self.root = root
+        self.forks = forks
+        self.warm: WarmServer | None = None
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.faults: list[Fault] = []
@@ -84,6 +116,8 @@ class FakeCluster:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def __enter__(self) -> FakeCluster:
+        if self.forks and sys.platform == "linux":
+            self.warm = WarmServer(every_warm_module(), self._base_env(self.root))
         self._serving.start()
         return self
 
@@ -93,6 +127,8 @@ class FakeCluster:
                 self._kill(key)
         self.server.shutdown()
         self.server.server_close()
+        if self.warm is not None:
+            self.warm.close()
 
     def kubeconfig(self, path: Path, namespace: str = "model-factory") -> Path:
         """A kubeconfig that points the real client at this server."""
@@ -305,7 +341,7 @@ class FakeCluster:
     def _start(self, ns: str, pod_name: str, pod: dict[str, Any], container: dict[str, Any], plugin_env: dict[str, str]) -> PodRun:
         home = self.root / ns / pod_name / pod["metadata"]["uid"]
         home.mkdir(parents=True)
-        env: dict[str, str] = {"PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "OMP_NUM_THREADS": "1"}
+        env = self._base_env(home)
         for entry in container.get("env", []):
             if "valueFrom" in entry:
                 ref = entry["valueFrom"]["secretKeyRef"]
@@ -329,8 +365,26 @@ class FakeCluster:
             argv = [arg.replace(path, local) for arg in argv]
         log = home / "container.log"
         with open(log, "wb") as out:
-            process = subprocess.Popen(argv, env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            process = self._fork(argv, env, home, out.fileno()) or subprocess.Popen(
+                argv, env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         return PodRun(pod=pod, log=log, process=process)
+
+    @staticmethod
+    def _base_env(home: Path) -> dict[str, str]:
+        """What every container's environment holds before the pod's own variables (LANG as Python's images set it)."""
+        return {"PATH": PATH, "HOME": str(home), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+
+    def _fork(self, argv: list[str], env: dict[str, str], home: Path, log: int) -> Forked | None:
+        """The container's command forked from the warm interpreter, writing to `log`; None when it cannot be."""
+        if self.warm is None:
+            return None
+        if argv[0] == "torchrun":
+            argv = [sys.executable, "-m", TORCHRUN, *argv[1:]]
+        argv, needs = forking(argv, [])
+        base = self._base_env(self.root)
+        own = [name for name, value in env.items() if base.get(name) != value]  # the pod's: read as it runs, not at import
+        process = self.warm.spawn(argv, env, own, needs, cwd=home, stdout=log, stderr=log)
+        return None if process is None else Forked(process)
 
     def _kill(self, key: tuple[str, str]) -> None:
         """Kill the container: every process in it (torchrun starts its ranks in sessions of their own)."""

@@ -97,6 +97,8 @@ def site(tmp_path_factory, tiny_path):
         instance = DagsterInstance.from_config(str(dagster_home(root / "state")))
         site = {"root": root, "experiments": experiments, "profile": profile, "cluster": cluster, "instance": instance}
         site["ok"] = run(site, "vc-ok")
+        # each pod a cold start instead (seconds of imports per process) would make this module minutes longer
+        assert cluster.warm is None or cluster.warm.refused is None, f"the pods did not fork: {cluster.warm.refused}"
         yield site
 
 
