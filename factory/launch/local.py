@@ -9,6 +9,7 @@ would starts cold (under torchrun for ranks).
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import collections
 import contextlib
@@ -64,23 +65,41 @@ def stage_argv(request_path: Path, python: str = sys.executable, processes: int 
 
 
 _warm: WarmServer | None = None
+"""The warm interpreter of the `warm_starts` block this process is in."""
+_kept: WarmServer | None = None
+"""The last block's warm interpreter, kept for the next block of this process (a process that runs one experiment after
+another imports once); it ends with this process."""
 _told: set[str] = set()
 
 
 @contextlib.contextmanager
 def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[WarmServer | None]:
-    """Within the block, one-process stages fork from a warm interpreter that imports `modules` (in the background, from
-    now on) in the environment `env` (default: ours). Linux only; elsewhere, or nested in another such block, stages start
-    as they would without it."""
-    global _warm
+    """Within the block, stages fork from a warm interpreter that imports `modules` (in the background, from now on) in
+    the environment `env` (default: ours). The previous block's interpreter serves again when it was started in the same
+    environment and its code has not changed since (what it has not imported, it imports before the first fork that
+    needs it). Linux only; elsewhere, or nested in another such block, stages start as they would without it."""
+    global _warm, _kept
     if _warm is not None or sys.platform != "linux":
         yield _warm
         return
-    _warm = WarmServer(modules, env)
+    wanted = dict(os.environ if env is None else env)
+    if _kept is None or _kept.env != wanted or not _kept.reusable():
+        if _kept is None:
+            atexit.register(_close_kept)
+        else:
+            _kept.close()
+        _kept = WarmServer(modules, wanted)
+    _warm = _kept
     try:
         yield _warm
     finally:
-        server, _warm = _warm, None
+        _warm = None
+
+
+def _close_kept() -> None:
+    global _kept
+    if _kept is not None:
+        server, _kept = _kept, None
         server.close()
 
 

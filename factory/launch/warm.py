@@ -118,8 +118,8 @@ class WarmServer:
         return WarmProcess(answer["pid"], lines, None if stderr_read is None else os.fdopen(stderr_read, "rb", buffering=0))
 
     def status(self) -> dict[str, Any] | None:
-        """How far the server's imports are: `imported` of `modules`, and the `problem` that stops it forking (None: no
-        server to ask)."""
+        """How far the server's imports are: `imported` of `modules`, the `problem` that stops it forking, and which source
+        file is `stale` (changed since it imported its package; None: none is) (None: no server to ask)."""
         connection = self._connect()
         if connection is None:
             return None
@@ -128,6 +128,12 @@ class WarmServer:
             return _Lines(connection).next(timeout=None)
         finally:
             connection.close()
+
+    def reusable(self) -> bool:
+        """Whether the server still forks as a cold start would: it runs, its imports succeeded, and the code it imported
+        has not changed since."""
+        status = self.status() if self._running() else None
+        return status is not None and status["problem"] is None and status.get("stale") is None
 
     def close(self) -> None:
         """Stop the server (children it forked run on to their end) and remove its socket; a handle from `attach` only

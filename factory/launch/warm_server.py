@@ -81,7 +81,7 @@ def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str],
                 problem = _import(name)
         status = {"imported": len(modules) - len(pending), "modules": len(modules), "problem": problem}
         if "status" in request:
-            _answer(connection, status)
+            _answer(connection, {**status, "stale": _stale(sources)})
             connection.close()
             return problem
         refused = status["problem"] or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from factory.launch.warm import SHARED_SOCKET_ENV, WarmServer
@@ -175,3 +176,33 @@ def test_a_captured_run_forks_when_it_can_and_says_the_same_as_a_cold_one(tmp_pa
     warm_seen, cold_seen = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("warm", "cold"))
     assert warm_seen["preloaded"] and not cold_seen["preloaded"]
     assert warm_seen["cwd"] == cold_seen["cwd"] == str(work) and warm_seen["marker"] == cold_seen["marker"] == "warm"
+
+
+def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_until_the_code_or_environment_changes(tmp_path, monkeypatch):
+    """A process that runs one experiment after another (a script, a notebook, the test suite) imports once: the
+    next `warm_starts` block serves from the previous block's interpreter, and from a new one when the environment
+    differs or a source file it imported changed since."""
+    from factory.launch.local import warm_starts
+
+    package = tmp_path / "warmpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{REPO}")
+
+    def served(name: str) -> int:
+        """The pid of the interpreter a child forked from in a new block (its parent)."""
+        with warm_starts(["warmpkg", "email.mime.text"]) as warm:
+            child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / f"{name}.json")], warm.env, [])
+            assert child is not None and child.wait(timeout=60) == 0, warm.refused
+        seen = json.loads((tmp_path / f"{name}.json").read_text())
+        assert seen["preloaded"]
+        return seen["parent"]
+
+    first = served("first")
+    assert served("again") == first
+    monkeypatch.setenv("WARM_MARKER", "another environment")
+    other = served("other")
+    assert other != first and psutil.pid_exists(other)
+    assert not psutil.pid_exists(first)  # replaced: closed
+    (package / "__init__.py").write_text("VALUE = 2  # edited between two runs\n")
+    assert served("edited") not in (first, other)
