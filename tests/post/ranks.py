@@ -1,6 +1,7 @@
-"""Real torch.distributed worlds for tests: spawned processes that meet over gloo through a store the test hosts."""
+"""Real torch.distributed worlds for tests: processes that meet over gloo through a store the test hosts."""
 
 import contextlib
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,12 @@ def spawned(target: Callable, args: tuple, nprocs: int, timeout_s: float) -> Ite
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(REPO))  # spawned children import the test module by its name
-        processes = mp.spawn(target, args=(store.port, *args), nprocs=nprocs, join=False)
+        # forked from multiprocessing's fork server, which imported the target's module (torch, the factory) once:
+        # started fresh, each rank would import it all again (two to three seconds a rank); the fork server is one
+        # process of its own, started once per test process, which never computes (a fork of a process that ran torch
+        # in parallel would hang), so the ranks start as spawned ones do
+        multiprocessing.set_forkserver_preload([target.__module__])
+        processes = mp.start_processes(target, args=(store.port, *args), nprocs=nprocs, join=False, start_method="forkserver")
         yield
         deadline = time.monotonic() + timeout_s
         while not processes.join(timeout=1.0):  # raises with the child's traceback when a rank fails
