@@ -19,8 +19,10 @@ TRAINER = "tests.train.trainer"
 """The training run, as a module: `python -m tests.train.trainer ...`."""
 TRAINER_ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 """What every trainer's environment sets (a warm interpreter's too, as its children's must equal it)."""
-LAUNCH_KEYS = ("CONTROL", "FORMAT", "ASYNC", "PARALLELISM", "EXTRA", "PYTEST_CURRENT_TEST")
-"""The variables a launch sets for its own run, and the one pytest sets for each test (which it started in)."""
+LAUNCH_KEYS = ("CONTROL", "FORMAT", "ASYNC", "PARALLELISM", "EXTRA", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
+"""The variables a launch sets for its own run, the one pytest sets for each test (which it started in), and the one
+inductor sets in the test process at its first compile there (its default cache directory, which a trainer would choose
+itself): a launch refused for either starts cold, seconds of imports a rank."""
 
 
 @pytest.fixture(scope="module")
