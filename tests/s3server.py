@@ -116,14 +116,15 @@ class S3Server:
             self._relay = _start(argv, self._relay_port)
 
     def stop(self) -> None:
-        for process in (self._relay, self._moto):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        with self._switching:  # a restart in flight has recorded its relay: this stops it too
+            for process in (self._relay, self._moto):
+                if process is not None and process.poll() is None:
+                    process.terminate()
+                    try:
+                        process.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
 
 
 @contextlib.contextmanager

@@ -65,40 +65,52 @@ def stage_argv(request_path: Path, python: str = sys.executable, processes: int 
 
 
 _warm: WarmServer | None = None
-"""The warm interpreter of the `warm_starts` block this process is in."""
+"""The warm interpreter of the `warm_starts` blocks this process is in (None: it is in none)."""
 _kept: WarmServer | None = None
 """The last block's warm interpreter, kept for the next block of this process (a process that runs one experiment after
 another imports once); it ends with this process."""
+_blocks = 0
+"""How many `warm_starts` blocks this process is in (nested, or in other threads): `_kept` is replaced only in none."""
+_blocks_lock = threading.Lock()
 _told: set[str] = set()
 
 
 @contextlib.contextmanager
 def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[WarmServer | None]:
     """Within the block, stages fork from a warm interpreter that imports `modules` (in the background, from now on) in
-    the environment `env` (default: ours). The previous block's interpreter serves again when it was started in the same
-    environment and its code has not changed since (what it has not imported, it imports before the first fork that
-    needs it). Linux only; elsewhere, or nested in another such block, stages start as they would without it."""
-    global _warm, _kept
-    if _warm is not None or sys.platform != "linux":
-        yield _warm
+    the environment `env` (default: ours). The previous block's interpreter serves again, and lives on until this
+    process ends, when it was started in the same environment, the installed packages and the code it imported have not
+    changed since, and it was asked for these modules (any other a stage needs, it imports before that stage's fork).
+    Linux only; elsewhere stages start as they would without it. A block inside another (nested, or in another thread)
+    shares the outer one's."""
+    global _warm, _kept, _blocks
+    if sys.platform != "linux":
+        yield None
         return
-    wanted = dict(os.environ if env is None else env)
-    if _kept is None or _kept.env != wanted or not _kept.reusable():
-        if _kept is None:
-            atexit.register(_close_kept)
-        else:
-            _kept.close()
-        _kept = WarmServer(modules, wanted)
-    _warm = _kept
+    with _blocks_lock:
+        if _blocks == 0:
+            wanted = dict(os.environ if env is None else env)
+            if _kept is None or _kept.env != wanted or not set(modules) <= set(_kept.modules) or not _kept.reusable():
+                if _kept is None:
+                    atexit.register(_close_kept, os.getpid())
+                else:
+                    _kept.close()
+                _kept = WarmServer(modules, wanted)
+            _warm = _kept
+        _blocks += 1
     try:
         yield _warm
     finally:
-        _warm = None
+        with _blocks_lock:
+            _blocks -= 1
+            if _blocks == 0:
+                _warm = None
 
 
-def _close_kept() -> None:
+def _close_kept(owner: int) -> None:
+    """At exit: stop the kept warm interpreter, in the process that started it only (not in a fork of it)."""
     global _kept
-    if _kept is not None:
+    if _kept is not None and os.getpid() == owner:
         server, _kept = _kept, None
         server.close()
 

@@ -50,6 +50,9 @@ stages of the runs its daemon and UI launch fork from (`WarmServer.attach`)."""
 SOCKET_NAME = "warm.sock"
 READY_TIMEOUT_S = 120.0
 """How long a launch waits for the server's socket to appear (its imports run after it binds)."""
+REUSE_TIMEOUT_S = 30.0
+"""How long a block waits for a kept server to say it can serve again (it answers between two imports) before it starts
+a new one."""
 EXIT_UNKNOWN = 255
 """The exit code reported when the server ended before the child it forked."""
 _HEADER = struct.Struct("!I")
@@ -104,8 +107,11 @@ class WarmServer:
                        "cwd": str(cwd or os.getcwd()), "needs": list(needs)}
             send_request(connection, request, [0, stdout, stderr_write])
             answer = (lines := _Lines(connection)).next(timeout=None)
-        except OSError:
-            answer = None
+        except OSError:  # ours, or the server went as it answered: start cold, without a reason to tell
+            connection.close()
+            if stderr_read is not None:
+                os.close(stderr_read)
+            return None
         finally:
             if stderr_read is not None:
                 os.close(stderr_write)
@@ -117,22 +123,26 @@ class WarmServer:
             return None
         return WarmProcess(answer["pid"], lines, None if stderr_read is None else os.fdopen(stderr_read, "rb", buffering=0))
 
-    def status(self) -> dict[str, Any] | None:
-        """How far the server's imports are: `imported` of `modules`, the `problem` that stops it forking, and which source
-        file is `stale` (changed since it imported its package; None: none is) (None: no server to ask)."""
+    def status(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """How far the server's imports are: `imported` of `modules`, the `problem` that stops it forking, and what is
+        `stale` (a source file changed since it imported its package, or the installed packages; None: nothing is) (None:
+        no server to ask, or no answer within `timeout` seconds)."""
         connection = self._connect()
         if connection is None:
             return None
         try:
             send_request(connection, {"status": True}, [])
-            return _Lines(connection).next(timeout=None)
+            answer = _Lines(connection).next(timeout=timeout)
+        except OSError:
+            return None
         finally:
             connection.close()
+        return None if answer is _Lines.PENDING else answer
 
     def reusable(self) -> bool:
-        """Whether the server still forks as a cold start would: it runs, its imports succeeded, and the code it imported
-        has not changed since."""
-        status = self.status() if self._running() else None
+        """Whether the server still forks as a cold start would: it answers (within REUSE_TIMEOUT_S), its imports
+        succeeded, and neither the code it imported nor the installed packages changed since."""
+        status = self.status(REUSE_TIMEOUT_S) if self._running() else None
         return status is not None and status["problem"] is None and status.get("stale") is None
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
     listener.listen(64)
     base_env = dict(os.environ)  # what a launch's environment is compared with
     sources = _source_stamps(modules)  # the code on disk as the imports begin
+    installed = _installed_stamps()
     pending, problem = list(modules), None
     waiting: dict[int, socket.socket] = {}
     while True:
@@ -58,14 +59,14 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
                     pass
         _report_exits(waiting)
         if listener in ready:
-            problem = _launch(listener, modules, pending, problem, sources, base_env, waiting, [owner, wake_read, wake_write])
+            problem = _launch(listener, modules, pending, problem, (sources, installed), base_env, waiting, [owner, wake_read, wake_write])
         elif importing:
             problem = _import(pending.pop(0))
 
 
 def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str], problem: str | None,
-            sources: Mapping[str, tuple[int, int]], base_env: Mapping[str, str], waiting: dict[int, socket.socket],
-            private: list[int]) -> str | None:
+            stamps: tuple[Mapping[str, tuple[int, int]], Mapping[str, int]], base_env: Mapping[str, str],
+            waiting: dict[int, socket.socket], private: list[int]) -> str | None:
     """Answer one request: how far the imports are, or a launch (import what it needs that is still pending, then fork its
     child, or say why not); why the server cannot fork from now on, if an import it did failed."""
     connection, _ = listener.accept()
@@ -75,13 +76,15 @@ def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str],
         connection.close()
         return problem
     try:
-        for name in [module for module in request.get("needs", ()) if module in pending]:
+        sources, installed = stamps
+        for name in [module for module in request.get("needs", ()) if module in pending or module not in sys.modules]:
             if problem is None:
-                pending.remove(name)
+                if name in pending:
+                    pending.remove(name)
                 problem = _import(name)
         status = {"imported": len(modules) - len(pending), "modules": len(modules), "problem": problem}
         if "status" in request:
-            _answer(connection, {**status, "stale": _stale(sources)})
+            _answer(connection, {**status, "stale": _stale(sources) or _reinstalled(installed)})
             connection.close()
             return problem
         refused = status["problem"] or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])
@@ -145,6 +148,25 @@ def _stale(sources: Mapping[str, tuple[int, int]]) -> str | None:
         for name in os.listdir(root):
             if name.endswith(".py") and os.path.join(root, name) not in sources:
                 return f"{os.path.join(root, name)} appeared since the warm interpreter started"
+    return None
+
+
+def _installed_stamps() -> dict[str, int]:
+    """The modification time of each directory of installed packages on the path: installing, upgrading or removing a
+    package adds or removes entries there."""
+    stamps = {}
+    for entry in sys.path[1:]:  # the first is the working directory, which stages write to
+        if os.path.basename(entry) in ("site-packages", "dist-packages") and os.path.isdir(entry):
+            stamps[entry] = os.stat(entry).st_mtime_ns
+    return stamps
+
+
+def _reinstalled(installed: Mapping[str, int]) -> str | None:
+    """Which directory of installed packages changed since the server started (None: none did)."""
+    for path, stamp in installed.items():
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime_ns != stamp:
+                return f"packages in {path} were installed or removed since the warm interpreter started"
     return None
 
 

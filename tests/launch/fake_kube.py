@@ -13,7 +13,9 @@ other volumes are this machine's own paths; every pod runs on 127.0.0.1. A pod's
 interpreter (`factory.launch.warm`) that imported the stages' code in the containers' base environment, as a local
 stage's is, with torchrun's ranks forked the same way (`factory.launch.local.forking`): a cold start costs a pod seconds
 of imports per process, and pods are many here (a gang, restarts, every stage); the kubelet starts it cold when the
-interpreter refuses (its `refused` says why). Faults are injected with `inject`:
+interpreter refuses (its `refused` says why; `starts` counts both). So the pods here do not exercise a cold container
+start under the real torchrun, which the launcher cannot tell apart; a value a library derives from HOME as it is
+imported is the cluster root's, not the pod's; and the pods share the test's process group. Faults are injected with `inject`:
 `evict` and `oom` (kill a running gang), `image_pull` (pods never start), `unschedulable` (the queue has no room).
 """
 
@@ -98,6 +100,8 @@ class FakeCluster:
         self.root = root
         self.forks = forks
         self.warm: WarmServer | None = None
+        self.starts = {"forked": 0, "cold": 0}
+        """How many pod processes started each way."""
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.runs: dict[tuple[str, str], PodRun] = {}
         self.faults: list[Fault] = []
@@ -367,6 +371,7 @@ class FakeCluster:
         with open(log, "wb") as out:
             process = self._fork(argv, env, home, out.fileno()) or subprocess.Popen(
                 argv, env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts["forked" if isinstance(process, Forked) else "cold"] += 1
         return PodRun(pod=pod, log=log, process=process)
 
     @staticmethod

@@ -181,18 +181,21 @@ def test_a_captured_run_forks_when_it_can_and_says_the_same_as_a_cold_one(tmp_pa
 def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_until_the_code_or_environment_changes(tmp_path, monkeypatch):
     """A process that runs one experiment after another (a script, a notebook, the test suite) imports once: the
     next `warm_starts` block serves from the previous block's interpreter, and from a new one when the environment
-    differs or a source file it imported changed since."""
+    differs, a source file it imported changed since, packages were installed, or the block asks for a module it was
+    not started with."""
     from factory.launch.local import warm_starts
 
     package = tmp_path / "warmpkg"
     package.mkdir()
     (package / "__init__.py").write_text("VALUE = 1\n")
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{REPO}")
+    installed = tmp_path / "site-packages"  # a directory of installed packages on the path, as the venv's is
+    installed.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(map(str, [tmp_path, installed, REPO])))
 
-    def served(name: str) -> int:
+    def served(name: str, modules: tuple[str, ...] = ("warmpkg", "email.mime.text")) -> int:
         """The pid of the interpreter a child forked from in a new block (its parent)."""
-        with warm_starts(["warmpkg", "email.mime.text"]) as warm:
-            child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / f"{name}.json")], warm.env, [])
+        with warm_starts(modules) as warm:
+            child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / f"{name}.json")], warm.env, [], needs=list(modules))
             assert child is not None and child.wait(timeout=60) == 0, warm.refused
         seen = json.loads((tmp_path / f"{name}.json").read_text())
         assert seen["preloaded"]
@@ -205,4 +208,9 @@ def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_
     assert other != first and psutil.pid_exists(other)
     assert not psutil.pid_exists(first)  # replaced: closed
     (package / "__init__.py").write_text("VALUE = 2  # edited between two runs\n")
-    assert served("edited") not in (first, other)
+    edited = served("edited")
+    assert edited not in (first, other)
+    (installed / "newpkg").mkdir()  # a package installed between two runs
+    reinstalled = served("reinstalled")
+    assert reinstalled != edited and served("again") == reinstalled
+    assert served("more", ("warmpkg", "email.mime.text", "json")) != reinstalled

@@ -24,10 +24,10 @@ def spawned(target: Callable, args: tuple, nprocs: int, timeout_s: float) -> Ite
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(REPO))  # spawned children import the test module by its name
-        # forked from multiprocessing's fork server, which imported the target's module (torch, the factory) once:
-        # started fresh, each rank would import it all again (two to three seconds a rank); the fork server is one
-        # process of its own, started once per test process, which never computes (a fork of a process that ran torch
-        # in parallel would hang), so the ranks start as spawned ones do
+        # forked from multiprocessing's fork server, which imported the first target's module (torch, the factory)
+        # once: started fresh, each rank would import it all again (two to three seconds a rank). The fork server is a
+        # process of its own, started once per test process (the preload counts then only) in its environment then,
+        # and it never computes (a fork of a process that ran torch in parallel would hang)
         multiprocessing.set_forkserver_preload([target.__module__])
         processes = mp.start_processes(target, args=(store.port, *args), nprocs=nprocs, join=False, start_method="forkserver")
         yield
