@@ -67,8 +67,9 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
 def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str], problem: str | None,
             stamps: tuple[Mapping[str, tuple[int, int]], Mapping[str, int]], base_env: Mapping[str, str],
             waiting: dict[int, socket.socket], private: list[int]) -> str | None:
-    """Answer one request: how far the imports are, or a launch (import what it needs that is still pending, then fork its
-    child, or say why not); why the server cannot fork from now on, if an import it did failed."""
+    """Answer one request: how far the imports are (and whether anything is stale), or a launch (import what it needs that
+    is not imported yet, then fork its child, or say why not); why the server cannot fork from now on, if an import it
+    did failed."""
     connection, _ = listener.accept()
     try:
         request, fds = receive_request(connection)
