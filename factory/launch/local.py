@@ -64,8 +64,6 @@ def stage_argv(request_path: Path, python: str = sys.executable, processes: int 
     return [python, "-m", STAGE_MODULE, str(request_path)]
 
 
-_warm: WarmServer | None = None
-"""The warm interpreter of the `warm_starts` blocks this process is in (None: it is in none)."""
 _kept: WarmServer | None = None
 """The last block's warm interpreter, kept for the next block of this process (a process that runs one experiment after
 another imports once); it ends with this process."""
@@ -83,7 +81,7 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
     changed since, and it was asked for these modules (any other a stage needs, it imports before that stage's fork).
     Linux only; elsewhere stages start as they would without it. A block inside another (nested, or in another thread)
     shares the outer one's."""
-    global _warm, _kept, _blocks
+    global _kept, _blocks
     if sys.platform != "linux":
         yield None
         return
@@ -96,15 +94,13 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
                 else:
                     _kept.close()
                 _kept = WarmServer(modules, wanted)
-            _warm = _kept
         _blocks += 1
+        server = _kept
     try:
-        yield _warm
+        yield server
     finally:
         with _blocks_lock:
             _blocks -= 1
-            if _blocks == 0:
-                _warm = None
 
 
 def _close_kept(owner: int) -> None:
@@ -203,11 +199,12 @@ def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str],
                 stdout: int = 1) -> WarmProcess | None:
     """The stage forked from the warm interpreter, or None (no warm block, or the interpreter refused; a refusal is said
     once per reason). A stage of several ranks forks with RANKS_MODULE in place of torchrun."""
-    server = _warm or _shared()
+    own = _kept if _blocks else None  # the interpreter of the `warm_starts` blocks this process is in
+    server = own or _shared()
     if server is None:
         return None
     argv, needs = forking(argv, needs)
-    if server is not _warm:  # `factory ui`'s: the Dagster processes between it and us set variables of their own
+    if server is not own:  # `factory ui`'s: the Dagster processes between it and us set variables of their own
         launch_keys = [*launch_keys, SHARED_SOCKET_ENV, *(name for name in env if DAGSTERS_OWN.fullmatch(name))]
     process = server.spawn(argv, env, launch_keys, needs, cwd, stdout)
     if process is None and server.refused and server.refused not in _told:

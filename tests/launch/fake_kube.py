@@ -95,10 +95,8 @@ class Forked:
 class FakeCluster:
     """The API server (HTTP on 127.0.0.1), the Volcano controller and the kubelet, in threads of the test process."""
 
-    def __init__(self, root: Path, forks: bool = True) -> None:
-        """`forks`: pods fork from a warm interpreter (the module docstring); False: every pod starts cold."""
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.forks = forks
         self.warm: WarmServer | None = None
         self.starts = {"forked": 0, "cold": 0}
         """How many pod processes started each way."""
@@ -120,7 +118,7 @@ class FakeCluster:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def __enter__(self) -> FakeCluster:
-        if self.forks and sys.platform == "linux":
+        if sys.platform == "linux":
             self.warm = WarmServer(every_warm_module(), self._base_env(self.root))
         self._serving.start()
         return self

@@ -22,7 +22,7 @@ TRAINER_ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 LAUNCH_KEYS = ("CONTROL", "FORMAT", "ASYNC", "PARALLELISM", "EXTRA", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")
 """The variables a launch sets for its own run, the one pytest sets for each test (which it started in), and the one
 inductor sets in the test process at its first compile there (its default cache directory, which a trainer would choose
-itself): a launch refused for either starts cold, seconds of imports a rank."""
+itself): a launch refused for any of them starts cold, seconds of imports a rank."""
 
 
 @pytest.fixture(scope="module")
