@@ -15,13 +15,14 @@ STARTED_S := $(shell date +%s)
 
 setup: $(STAMP)
 
-# --no-compile: pip would byte-compile every file of every package (~370 MB of source, half a minute); a process
+# tools/install.sh installs with uv (a fresh install: 21 s against pip's 80 s here), torch and pip's package indexes
+# through pip. Neither byte-compiles every file of every package (~370 MB of source, half a minute); a process
 # compiles what it imports once, on first use, and the import check below does so for the heaviest.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/install.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing into $(VENV) (first time: about a minute)"
-	@$(BIN)/python -m pip install --disable-pip-version-check --no-compile -e '.[dev]' > $(VENV)/install.log 2>&1 \
-		|| { grep -v "is ignored: it is neither" $(VENV)/install.log | tail -40; echo "pip install failed: see $(VENV)/install.log"; exit 1; }
+	@echo "installing into $(VENV) (first time: under a minute)"
+	@tools/install.sh $(VENV) -e '.[dev]' > $(VENV)/install.log 2>&1 \
+		|| { grep -v "is ignored: it is neither" $(VENV)/install.log | tail -40; echo "install failed: see $(VENV)/install.log"; exit 1; }
 	@$(BIN)/python -c "import factory, assets, resources, torch, dagster, pyiceberg"
 	@rm -f $(VENV)/.installed-* && touch $@
 
