@@ -1,6 +1,6 @@
 """Shared fixtures: the one tiny experiment the docs and the tests share; evaluation results as the evaluator publishes them.
 
-Also how the suite runs in parallel (`make test`: pytest-xdist, one worker per core): a module's tests stay on one
+Also how the suite runs in parallel (`make test`: pytest-xdist, one worker more than the cores): a module's tests stay on one
 worker and the tiny pipeline's readers share one (`pytest_xdist_make_scheduler`); every module gets a PostgreSQL
 database of its own; and under several workers each test process computes on one thread, since the workers already
 fill the cores (torch's thread pools would otherwise wait on one another, spinning). The sqlite databases a test process
