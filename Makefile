@@ -101,7 +101,8 @@ lint-imports: setup
 # with 4). Ends with the suite's wall time and its ten slowest modules (tests/timing.py), then the wall time of the
 # whole target, installs included.
 WORKERS := $(shell expr $$(nproc 2>/dev/null || echo 1) + 1)
-test: installed lint-imports
+test: installed
+	@$(MAKE) --no-print-directory lint-imports
 	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope; status=$$?; elapsed=$$(( $$(date +%s) - $(STARTED_S) )); \
 		printf "make test wall time, installs included: %d:%02d\n" $$((elapsed / 60)) $$((elapsed % 60)); exit $$status
 
@@ -110,7 +111,7 @@ installed:
 	@$(MAKE) --no-print-directory -j 2 setup packages
 
 packages:
-	@$(MAKE) --no-print-directory -j 1 browser sandbox services
+	@for target in browser sandbox services; do $(MAKE) --no-print-directory $$target || exit 1; done
 
 # The inner loop: everything but whole-pipeline runs and browsers, in about three minutes.
 test-fast: setup sandbox services lint-imports
