@@ -15,14 +15,16 @@ STARTED_S := $(shell date +%s)
 
 setup: $(STAMP)
 
-# tools/install.sh installs with uv (a fresh install: 21 s against pip's 80 s here), torch and pip's package indexes
-# through pip. Neither byte-compiles every file of every package (~370 MB of source, half a minute); a process
-# compiles what it imports once, on first use, and the import check below does so for the heaviest.
+# tools/install.sh installs with uv (a fresh install: 12-21 s against pip's 80 s here): pip installs torch, uv the rest
+# from the indexes pip is configured with; should uv fail, pip installs everything, and the line below says so. Neither
+# byte-compiles every file of every package (~370 MB of source, half a minute); a process compiles what it imports
+# once, on first use, and the import check below does so for the heaviest.
 $(STAMP): pyproject.toml tools/install.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV) (first time: under a minute)"
 	@tools/install.sh $(VENV) -e '.[dev]' > $(VENV)/install.log 2>&1 \
 		|| { grep -v "is ignored: it is neither" $(VENV)/install.log | tail -40; echo "install failed: see $(VENV)/install.log"; exit 1; }
+	@grep -h "^uv could not install" $(VENV)/install.log || true
 	@$(BIN)/python -c "import factory, assets, resources, torch, dagster, pyiceberg"
 	@rm -f $(VENV)/.installed-* && touch $@
 
@@ -96,25 +98,28 @@ lint-imports: setup
 
 # Every test, in parallel (pytest-xdist: a module's tests stay on one worker, so its fixtures are built once;
 # tests/conftest.py says how) and in a random order (pytest-randomly prints its seed; `--randomly-seed=N` repeats an
-# order). One worker more than the cores: a test often waits on a process it started (a stage, a server, a run of the
-# daemon), and the extra worker computes meanwhile (on 2 cores: 12:07 with 3 workers, 13:15 and 13:24 with 2, 12:33
-# with 4). Ends with the suite's wall time and its ten slowest modules (tests/timing.py), then the wall time of the
-# whole target, installs included.
-WORKERS := $(shell expr $$(nproc 2>/dev/null || echo 1) + 1)
+# order). One worker more than the cores (as `-n auto` counts them): a test often waits on a process it started (a
+# stage, a server, a run of the daemon), and the extra worker computes meanwhile (on 2 cores: 12:07 with 3 workers,
+# 13:15 and 13:24 with 2, 12:33 with 4). Ends with the suite's wall time and its ten slowest modules
+# (tests/timing.py), then the wall time of the whole target, installs included.
+WORKERS = $(shell $(BIN)/python -c "import psutil; print((psutil.cpu_count(logical=False) or psutil.cpu_count() or 1) + 1)")
 test: installed
 	@$(MAKE) --no-print-directory lint-imports
 	@$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope; status=$$?; elapsed=$$(( $$(date +%s) - $(STARTED_S) )); \
 		printf "make test wall time, installs included: %d:%02d\n" $$((elapsed / 60)) $$((elapsed % 60)); exit $$status
 
-# uv's install beside apt's (one apt at a time: they share dpkg's lock).
+# The virtualenv and the Debian packages the tests need, uv's downloads beside apt's.
 installed:
-	@$(MAKE) --no-print-directory -j 2 setup packages
+	@$(MAKE) --no-print-directory packages & packages=$$!; \
+		$(MAKE) --no-print-directory setup; status=$$?; wait $$packages && exit $$status
 
+# One apt-get at a time: they share dpkg's lock.
 packages:
 	@for target in browser sandbox services; do $(MAKE) --no-print-directory $$target || exit 1; done
 
 # The inner loop: everything but whole-pipeline runs and browsers, in about three minutes.
-test-fast: setup sandbox services lint-imports
+test-fast: setup
+	@for target in sandbox services lint-imports; do $(MAKE) --no-print-directory $$target || exit 1; done
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "not e2e and not browser"
 
 bench: setup sandbox
