@@ -1,7 +1,8 @@
-"""The pretrain stage as the Dagster asset launches it (a request file, `stage_argv`, the local launcher; torchrun for
-several ranks): killed on two ranks, it resumes on one from the same work directory, since placement is no part of its
-fingerprint, and trains on the same global batches."""
+"""The pretrain stage as the Dagster asset launches it (a request file, `stage_argv`, the local launcher forking it from a
+warm interpreter; torchrun's agent for several ranks, forking them too): killed on two ranks, it resumes on one from the
+same work directory, since placement is no part of its fingerprint, and trains on the same global batches."""
 
+import contextlib
 import json
 import shutil
 import threading
@@ -19,15 +20,18 @@ from factory.data.catalog import CatalogConfig
 from factory.devices import describe, device_for
 from factory.errors import StageFailed
 from factory.launch import LocalLauncher, stage_argv
+from factory.launch.local import warm_starts
+from factory.launch.warm import SERVER_MODULE
 from factory.registry.layout import METRICS_FILE, POSITIONS_FILE
 from factory.registry import open_registry
 from factory.registry.store import ArtifactStore, Provenance
+from factory.runtime import warm_modules
 from factory.runtime.request import StageRequest
 from tests.stages.conftest import run_stages
 from tests.s3server import running_s3
 from tests.stages.test_runners import SOURCES
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]  # three stage processes, one of two ranks under torchrun
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]  # three stage processes, one of two ranks
 STEPS, EVERY = 200, 20
 TRAINING = {
     "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "context": 32},
@@ -47,9 +51,11 @@ def pretrain_request(experiment, digests: dict[str, str], registry: ArtifactStor
 
 
 def launch(request_path: Path) -> None:
-    """Run the stage as the asset's launcher does (torchrun when the request asks for several ranks)."""
+    """Run the stage as the asset's launcher does in a run (forked from a warm interpreter; torchrun's agent when the
+    request asks for several ranks). The interpreter is kept for the next launch in the same environment."""
     request = StageRequest.read(request_path)
-    LocalLauncher().run(stage_argv(request_path, processes=request.processes, nodes=request.nodes), ENV, "pretrain")
+    with warm_starts(warm_modules(["pretrain"], ENV["FACTORY_TRACKER"])):
+        LocalLauncher().run(stage_argv(request_path, processes=request.processes, nodes=request.nodes), ENV, "pretrain")
 
 
 def launch_failing(request_path: Path, failures: list[BaseException]) -> None:
@@ -69,17 +75,27 @@ def logged_step(work: Path) -> int:
 
 
 def kill_stage_after(work: Path, step: int, failures: list[BaseException], thread: threading.Thread) -> int:
-    """SIGKILL torchrun and its ranks, as a lost machine would, once the stage logged `step`; the step it had logged."""
+    """SIGKILL the stage (torchrun's agent) and its ranks, as a lost machine would, once the stage logged `step`; the step
+    it had logged."""
     deadline = time.monotonic() + 180
     while logged_step(work) < step and thread.is_alive():
         assert time.monotonic() < deadline, "the stage never reached the step"
         time.sleep(0.002)
-    stage = [p for p in psutil.Process().children(recursive=True) if "torch.distributed.run" in " ".join(p.cmdline())]
-    assert stage, f"no torchrun process to kill (it failed: {failures})"
-    for process in [*stage, *(child for p in stage for child in p.children(recursive=True))]:
-        process.kill()
+    stage = [p for p in psutil.Process().children(recursive=True) if forked_by_warm_interpreter(p)]
+    assert stage, f"no stage process to kill (it failed: {failures})"
+    for process in {*stage, *(child for p in stage for child in p.children(recursive=True))}:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a rank dies with the process that waits for it
+            process.kill()
     thread.join(timeout=120)
     return logged_step(work)
+
+
+def forked_by_warm_interpreter(process: psutil.Process) -> bool:
+    """Whether `process` is a stage forked from the warm interpreter (its command line is the interpreter's)."""
+    with contextlib.suppress(psutil.Error):
+        parent = process.parent()
+        return parent is not None and process.cmdline()[1:3] == ["-m", SERVER_MODULE] and parent.cmdline()[1:3] == ["-m", SERVER_MODULE]
+    return False
 
 
 def upstream_and_placements(tmp_path: Path, tiny_path: Path) -> tuple[dict[str, str], Any, Any]:
