@@ -5,7 +5,7 @@
 # uv installs the project's ~190 packages in a fraction of pip's time, but reads no pip configuration. So pip installs
 # uv and torch first (torch at pyproject.toml's pin: where pip is configured with a CPU build on disk, it takes that one
 # where uv would download PyPI's CUDA build), and uv is given the indexes, find-links and constraints pip would use.
-# Should any of that fail, pip installs everything, as it did before, and the first line of the output says so.
+# Should any of that fail, pip installs everything, as it did before, saying so (`uv could not install`).
 set -euo pipefail
 venv=$1
 shift

@@ -91,7 +91,8 @@ def kill_stage_after(work: Path, step: int, failures: list[BaseException], threa
 
 
 def forked_by_warm_interpreter(process: psutil.Process) -> bool:
-    """Whether `process` is a stage forked from the warm interpreter (its command line is the interpreter's)."""
+    """Whether `process` was forked from the warm interpreter or from a process that was (the stage, torchrun's agent; its
+    ranks and the processes that wait for them): a fork keeps the interpreter's command line."""
     with contextlib.suppress(psutil.Error):
         parent = process.parent()
         return parent is not None and process.cmdline()[1:3] == ["-m", SERVER_MODULE] and parent.cmdline()[1:3] == ["-m", SERVER_MODULE]
