@@ -95,7 +95,7 @@ def forked_by_warm_interpreter(process: psutil.Process) -> bool:
     ranks and the processes that wait for them): a fork keeps the interpreter's command line."""
     with contextlib.suppress(psutil.Error):
         parent = process.parent()
-        return parent is not None and process.cmdline()[1:3] == ["-m", SERVER_MODULE] and parent.cmdline()[1:3] == ["-m", SERVER_MODULE]
+        return parent is not None and parent.cmdline()[1:3] == ["-m", SERVER_MODULE]
     return False
 
 
