@@ -77,8 +77,9 @@ _told: set[str] = set()
 def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[WarmServer | None]:
     """Within the block, stages fork from a warm interpreter that imports `modules` (in the background, from now on) in
     the environment `env` (default: ours). The previous block's interpreter serves again, and lives on until this
-    process ends, when it was started in the same environment, the installed packages and the code it imported have not
-    changed since, and it was asked for these modules (any other a stage needs, it imports before that stage's fork).
+    process ends, when it was started in the same environment and the installed packages and the code it imported have
+    not changed since; it then imports those of `modules` it was not asked for before, in the background as the first
+    (any other module a stage needs, it imports before that stage's fork).
     Linux only; elsewhere stages start as they would without it. A block inside another (nested, or in another thread)
     shares the outer one's."""
     global _kept, _blocks
@@ -88,7 +89,7 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
     with _blocks_lock:
         if _blocks == 0:
             wanted = dict(os.environ if env is None else env)
-            if _kept is None or _kept.env != wanted or not set(modules) <= set(_kept.modules) or not _kept.reusable():
+            if _kept is None or _kept.env != wanted or not _kept.reusable(modules):
                 if _kept is None:
                     atexit.register(_close_kept, os.getpid())
                 else:

@@ -123,15 +123,16 @@ class WarmServer:
             return None
         return WarmProcess(answer["pid"], lines, None if stderr_read is None else os.fdopen(stderr_read, "rb", buffering=0))
 
-    def status(self, timeout: float | None = None) -> dict[str, Any] | None:
+    def status(self, timeout: float | None = None, preload: Sequence[str] = ()) -> dict[str, Any] | None:
         """How far the server's imports are: `imported` of `modules`, the `problem` that stops it forking, and what is
         `stale` (a source file changed since it imported its package, or the installed packages; None: nothing is) (None:
-        no server to ask, or no answer within `timeout` seconds)."""
+        no server to ask, or no answer within `timeout` seconds). Where nothing is stale, it imports `preload` too, from
+        now on between launches."""
         connection = self._connect()
         if connection is None:
             return None
         try:
-            send_request(connection, {"status": True}, [])
+            send_request(connection, {"status": True, "preload": list(preload)}, [])
             answer = _Lines(connection).next(timeout=timeout)
         except OSError:
             return None
@@ -139,11 +140,16 @@ class WarmServer:
             connection.close()
         return None if answer is _Lines.PENDING else answer
 
-    def reusable(self) -> bool:
+    def reusable(self, modules: Sequence[str] = ()) -> bool:
         """Whether the server still forks as a cold start would: it answers (within REUSE_TIMEOUT_S), its imports
-        succeeded, and neither the code it imported nor the installed packages changed since."""
-        status = self.status(REUSE_TIMEOUT_S) if self._running() else None
-        return status is not None and status["problem"] is None and status.get("stale") is None
+        succeeded, and neither the code it imported nor the installed packages changed since. Then it imports those of
+        `modules` it was not asked for yet, in the background, as it imported its first ones."""
+        more = [module for module in modules if module not in self.modules]
+        status = self.status(REUSE_TIMEOUT_S, more) if self._running() else None
+        if status is None or status["problem"] is not None or status.get("stale") is not None:
+            return False
+        self.modules = (*self.modules, *more)
+        return True
 
     def close(self) -> None:
         """Stop the server (children it forked run on to their end) and remove its socket; a handle from `attach` only

@@ -42,6 +42,7 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
     listener.bind(socket_path)
     listener.listen(64)
     base_env = dict(os.environ)  # what a launch's environment is compared with
+    modules = list(modules)  # and those a later block asks for (`_preload`)
     sources = _source_stamps(modules)  # the code on disk as the imports begin
     installed = _installed_stamps()
     pending, problem = list(modules), None
@@ -64,12 +65,12 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
             problem = _import(pending.pop(0))
 
 
-def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str], problem: str | None,
-            stamps: tuple[Mapping[str, tuple[int, int]], Mapping[str, int]], base_env: Mapping[str, str],
+def _launch(listener: socket.socket, modules: list[str], pending: list[str], problem: str | None,
+            stamps: tuple[dict[str, tuple[int, int]], Mapping[str, int]], base_env: Mapping[str, str],
             waiting: dict[int, socket.socket], private: list[int]) -> str | None:
-    """Answer one request: how far the imports are (and whether anything is stale), or a launch (import what it needs that
-    is not imported yet, then fork its child, or say why not); why the server cannot fork from now on, if an import it
-    did failed."""
+    """Answer one request: how far the imports are and whether anything is stale (taking the modules it asks to
+    `preload`, when nothing is), or a launch (import what it needs that is not imported yet, then fork its child, or say
+    why not); why the server cannot fork from now on, if an import it did failed."""
     connection, _ = listener.accept()
     try:
         request, fds = receive_request(connection)
@@ -83,12 +84,15 @@ def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str],
                 if name in pending:
                     pending.remove(name)
                 problem = _import(name)
-        status = {"imported": len(modules) - len(pending), "modules": len(modules), "problem": problem}
         if "status" in request:
-            _answer(connection, {**status, "stale": _stale(sources) or _reinstalled(installed)})
+            stale = _stale(sources) or _reinstalled(installed)
+            if stale is None and problem is None:
+                _preload(request.get("preload", ()), modules, pending, sources)
+            imported = {"imported": len(modules) - len(pending), "modules": len(modules)}
+            _answer(connection, {**imported, "problem": problem, "stale": stale})
             connection.close()
             return problem
-        refused = status["problem"] or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])
+        refused = problem or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])
         if refused:
             _answer(connection, {"refused": refused})
             connection.close()
@@ -104,6 +108,16 @@ def _launch(listener: socket.socket, modules: Sequence[str], pending: list[str],
         for fd in fds:
             os.close(fd)
     return problem
+
+
+def _preload(names: Iterable[str], modules: list[str], pending: list[str], sources: dict[str, tuple[int, int]]) -> None:
+    """Import `names` too, one at a time between launches as the first ones: a later block of the same launcher needs
+    other stages' code. The sources of packages not stamped yet are stamped now, before their import, as at the start."""
+    new = [name for name in dict.fromkeys(names) if name not in modules]
+    stamped = {name.split(".")[0] for name in modules}
+    sources.update(_source_stamps([name for name in new if name.split(".")[0] not in stamped]))
+    modules.extend(new)
+    pending.extend(new)
 
 
 def _import(name: str) -> str | None:

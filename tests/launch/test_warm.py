@@ -181,8 +181,8 @@ def test_a_captured_run_forks_when_it_can_and_says_the_same_as_a_cold_one(tmp_pa
 def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_until_the_code_or_environment_changes(tmp_path, monkeypatch):
     """A process that runs one experiment after another (a script, a notebook, the test suite) imports once: the
     next `warm_starts` block serves from the previous block's interpreter, and from a new one when the environment
-    differs, a source file it imported changed since, packages were installed, or the block asks for a module it was
-    not started with."""
+    differs, a source file it imported changed since, or packages were installed. A block that asks for modules it was
+    not started with is served by the same one, which imports them in the background."""
     from factory.launch.local import warm_starts
 
     package = tmp_path / "warmpkg"
@@ -213,4 +213,12 @@ def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_
     (installed / "newpkg").mkdir()  # a package installed between two runs
     reinstalled = served("reinstalled")
     assert reinstalled != edited and served("again") == reinstalled
-    assert served("more", ("warmpkg", "email.mime.text", "json")) != reinstalled
+    with warm_starts(("warmpkg", "email.mime.text", "colorsys")) as warm:  # a module nothing here imports
+        deadline = time.monotonic() + 60
+        while (status := warm.status(timeout=5))["imported"] < status["modules"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == {**status, "imported": 3, "modules": 3}
+        child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "more.json")], warm.env, [])  # needs nothing
+        assert child is not None and child.wait(timeout=60) == 0, warm.refused
+    more = json.loads((tmp_path / "more.json").read_text())
+    assert more["parent"] == reinstalled and "colorsys" in more["modules"]
