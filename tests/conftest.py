@@ -3,7 +3,8 @@
 Also how the suite runs in parallel (`make test`: pytest-xdist, one worker more than the cores): a module's tests stay on one
 worker and the tiny pipeline's readers share one (`pytest_xdist_make_scheduler`); every module gets a PostgreSQL
 database of its own; and under several workers each test process computes on one thread, since the workers already
-fill the cores (torch's thread pools would otherwise wait on one another, spinning). The sqlite databases a test process
+fill the cores (torch's thread pools would otherwise wait on one another, spinning), and compiles in itself (inductor
+would start a pool of compile workers, each importing torch, in every process that compiles). The sqlite databases a test process
 opens (the Dagster instances of in-process runs above all) commit without waiting for the disk.
 """
 
@@ -24,7 +25,7 @@ pytest_plugins = ["tests.timing"]  # the suite's wall time and its ten slowest m
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "tiny-code-lm.md"
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and inherited by every process a test starts
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
         os.environ.setdefault(variable, "1")
 
 
