@@ -78,8 +78,9 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
     """Within the block, stages fork from a warm interpreter that imports `modules` (in the background, from now on) in
     the environment `env` (default: ours). The previous block's interpreter serves again, and lives on until this
     process ends, when it was started in the same environment and the installed packages and the code it imported have
-    not changed since; it then imports those of `modules` it was not asked for before, in the background as the first
-    (any other module a stage needs, it imports before that stage's fork).
+    not changed since (and it answers, its imports having succeeded); it then imports those of `modules` it was not
+    asked for before, in the background as it did its first ones (any other module a stage needs, it imports before
+    that stage's fork).
     Linux only; elsewhere stages start as they would without it. A block inside another (nested, or in another thread)
     shares the outer one's."""
     global _kept, _blocks

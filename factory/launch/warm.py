@@ -22,7 +22,9 @@ Linux only (fork after importing torch is not safe on macOS).
 
 The server is `factory.launch.warm_server`. The protocol: a Unix socket; the launcher sends one JSON request with the child's stdin, stdout
 and stderr as file descriptors (SCM_RIGHTS); the server answers `{"pid": n}` (or `{"refused":
-why}`), then `{"exit": code}` when the child ends (negative: killed by that signal).
+why}`), then `{"exit": code}` when the child ends (negative: killed by that signal). A status
+request (`{"status": true, "preload": [MODULE...]}`) is answered with how far the imports are and
+what would stop a fork, and adds the modules to those it imports.
 """
 
 from __future__ import annotations
@@ -126,8 +128,8 @@ class WarmServer:
     def status(self, timeout: float | None = None, preload: Sequence[str] = ()) -> dict[str, Any] | None:
         """How far the server's imports are: `imported` of `modules`, the `problem` that stops it forking, and what is
         `stale` (a source file changed since it imported its package, or the installed packages; None: nothing is) (None:
-        no server to ask, or no answer within `timeout` seconds). Where nothing is stale, it imports `preload` too, from
-        now on between launches."""
+        no server to ask, or no answer within `timeout` seconds). Where nothing is stale and no import failed, it imports
+        `preload` too, from now on between launches."""
         connection = self._connect()
         if connection is None:
             return None
@@ -144,7 +146,7 @@ class WarmServer:
         """Whether the server still forks as a cold start would: it answers (within REUSE_TIMEOUT_S), its imports
         succeeded, and neither the code it imported nor the installed packages changed since. Then it imports those of
         `modules` it was not asked for yet, in the background, as it imported its first ones."""
-        more = [module for module in modules if module not in self.modules]
+        more = list(dict.fromkeys(module for module in modules if module not in self.modules))
         status = self.status(REUSE_TIMEOUT_S, more) if self._running() else None
         if status is None or status["problem"] is not None or status.get("stale") is not None:
             return False

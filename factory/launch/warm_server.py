@@ -22,11 +22,15 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from factory.launch.warm import receive_request
+
+STARTED_NS = time.time_ns()
+"""When this server started, before it stamped or imported anything."""
 
 
 def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
@@ -87,9 +91,9 @@ def _launch(listener: socket.socket, modules: list[str], pending: list[str], pro
         if "status" in request:
             stale = _stale(sources) or _reinstalled(installed)
             if stale is None and problem is None:
-                _preload(request.get("preload", ()), modules, pending, sources)
+                stale = _preload(request.get("preload", ()), modules, pending, sources)
             imported = {"imported": len(modules) - len(pending), "modules": len(modules)}
-            _answer(connection, {**imported, "problem": problem, "stale": stale})
+            _answer(connection, {**imported, "problem": problem or _threads(), "stale": stale})
             connection.close()
             return problem
         refused = problem or _threads() or _stale(sources) or _env_differs(base_env, request["env"], request["launch"])
@@ -110,14 +114,23 @@ def _launch(listener: socket.socket, modules: list[str], pending: list[str], pro
     return problem
 
 
-def _preload(names: Iterable[str], modules: list[str], pending: list[str], sources: dict[str, tuple[int, int]]) -> None:
+def _preload(names: Iterable[str], modules: list[str], pending: list[str], sources: dict[str, tuple[int, int]]) -> str | None:
     """Import `names` too, one at a time between launches as the first ones: a later block of the same launcher needs
-    other stages' code. The sources of packages not stamped yet are stamped now, before their import, as at the start."""
+    other stages' code. The sources of packages not stamped yet are stamped now; one the server imported already (with
+    an earlier module) must have no file changed since the server started. What is stale, else None."""
     new = [name for name in dict.fromkeys(names) if name not in modules]
-    stamped = {name.split(".")[0] for name in modules}
-    sources.update(_source_stamps([name for name in new if name.split(".")[0] not in stamped]))
+    stamped, late = {name.split(".")[0] for name in modules}, {}
+    for package in dict.fromkeys(name.split(".")[0] for name in new):
+        if package not in stamped:
+            stamps = _source_stamps([package])
+            changed = [path for path, (_, mtime) in stamps.items() if mtime > STARTED_NS]
+            if changed and package in sys.modules:
+                return f"{changed[0]} changed since the warm interpreter started"
+            late.update(stamps)
+    sources.update(late)
     modules.extend(new)
     pending.extend(new)
+    return None
 
 
 def _import(name: str) -> str | None:
@@ -141,11 +154,15 @@ def _source_stamps(modules: Sequence[str]) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every Python source file of the packages the modules belong to."""
     stamps = {}
     for package in dict.fromkeys(name.split(".")[0] for name in modules):
-        spec = importlib.util.find_spec(package)
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):  # no such package: its import fails, and says so
+            continue
         for root in (spec.submodule_search_locations or []) if spec else []:
             for path in Path(root).rglob("*.py"):
-                info = path.stat()
-                stamps[str(path)] = (info.st_size, info.st_mtime_ns)
+                with contextlib.suppress(OSError):  # a dangling link (an editor's lock file), a file just removed
+                    info = path.stat()
+                    stamps[str(path)] = (info.st_size, info.st_mtime_ns)
     return stamps
 
 

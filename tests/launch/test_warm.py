@@ -215,10 +215,22 @@ def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_
     assert reinstalled != edited and served("again") == reinstalled
     with warm_starts(("warmpkg", "email.mime.text", "colorsys")) as warm:  # a module nothing here imports
         deadline = time.monotonic() + 60
-        while (status := warm.status(timeout=5))["imported"] < status["modules"] and time.monotonic() < deadline:
+        while (status := warm.status(timeout=5)) is not None and status["imported"] < status["modules"] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert status == {**status, "imported": 3, "modules": 3}
+        assert status == {**(status or {}), "imported": 3, "modules": 3}
         child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "more.json")], warm.env, [])  # needs nothing
         assert child is not None and child.wait(timeout=60) == 0, warm.refused
     more = json.loads((tmp_path / "more.json").read_text())
     assert more["parent"] == reinstalled and "colorsys" in more["modules"]
+    # A package asked for later is watched from then on; one imported already (by an earlier module) must be unchanged
+    # since the interpreter started, where it was not watched.
+    for name, text in {"warmlater": "", "warmdep": "", "warmtop": "import warmdep\n"}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(text)
+    assert served("later", ("warmpkg", "email.mime.text", "warmlater")) == reinstalled
+    (tmp_path / "warmlater" / "__init__.py").write_text("VALUE = 2  # edited after it was preloaded\n")
+    later = served("edited-later", ("email.mime.text", "warmtop"))
+    assert later != reinstalled
+    assert served("top", ("email.mime.text", "warmtop")) == later
+    (tmp_path / "warmdep" / "__init__.py").write_text("VALUE = 2  # edited after warmtop's import brought it in\n")
+    assert served("dep", ("email.mime.text", "warmtop", "warmdep")) != later
