@@ -38,6 +38,10 @@ STOP_TIMEOUT_S = 30.0
 DAGSTERS_OWN = re.compile(r"DAGSTER_\w*|SF_PARTNER")
 """The variables Dagster's processes set for themselves (importing dagster sets SF_PARTNER, for Snowflake's connector):
 a step's environment differs from `factory ui`'s in these alone, and nothing a stage imports reads them."""
+UNREAD = re.compile(r"PYTEST_CURRENT_TEST")
+"""Variables that change within one process and that nothing a stage imports reads, so a warm interpreter serves
+whatever they say: pytest's name of the test and phase under way (a new one for each, so no two tests of a process
+would share an interpreter otherwise). A stage forked from it has the launch's values, as a cold one would."""
 RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
 """A line of one rank under `torchrun --tee 2`: `[default<local rank>]:<line>`."""
 FAILED_RANK = re.compile(r"failed \(exitcode: -?\d+\) local_rank: (\d+)")
@@ -77,10 +81,10 @@ _told: set[str] = set()
 def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[WarmServer | None]:
     """Within the block, stages fork from a warm interpreter that imports `modules` (in the background, from now on) in
     the environment `env` (default: ours). The previous block's interpreter serves again, and lives on until this
-    process ends, when it was started in the same environment and the installed packages and the code it imported have
-    not changed since (and it answers, its imports having succeeded); it then imports those of `modules` it was not
-    asked for before, in the background as it did its first ones (any other module a stage needs, it imports before
-    that stage's fork).
+    process ends, when it was started in the same environment (but for UNREAD's variables) and the installed packages
+    and the code it imported have not changed since (and it answers, its imports having succeeded); it then imports
+    those of `modules` it was not asked for before, in the background as it did its first ones (any other module a
+    stage needs, it imports before that stage's fork).
     Linux only; elsewhere stages start as they would without it. A block inside another (nested, or in another thread)
     shares the outer one's."""
     global _kept, _blocks
@@ -90,7 +94,7 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
     with _blocks_lock:
         if _blocks == 0:
             wanted = dict(os.environ if env is None else env)
-            if _kept is None or _kept.env != wanted or not _kept.reusable(modules):
+            if _kept is None or _compared(_kept.env) != _compared(wanted) or not _kept.reusable(modules):
                 if _kept is None:
                     atexit.register(_close_kept, os.getpid())
                 else:
@@ -103,6 +107,11 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
     finally:
         with _blocks_lock:
             _blocks -= 1
+
+
+def _compared(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` a warm interpreter started in it may have read (all but UNREAD's)."""
+    return {name: value for name, value in env.items() if not UNREAD.fullmatch(name)}
 
 
 def _close_kept(owner: int) -> None:
@@ -206,6 +215,7 @@ def _start_warm(argv: list[str], env: Mapping[str, str], launch_keys: list[str],
     if server is None:
         return None
     argv, needs = forking(argv, needs)
+    launch_keys = [*launch_keys, *(name for name in {*env, *server.env} if UNREAD.fullmatch(name))]
     if server is not own:  # `factory ui`'s: the Dagster processes between it and us set variables of their own
         launch_keys = [*launch_keys, SHARED_SOCKET_ENV, *(name for name in env if DAGSTERS_OWN.fullmatch(name))]
     process = server.spawn(argv, env, launch_keys, needs, cwd, stdout)

@@ -181,9 +181,10 @@ def test_a_captured_run_forks_when_it_can_and_says_the_same_as_a_cold_one(tmp_pa
 def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_until_the_code_or_environment_changes(tmp_path, monkeypatch):
     """A process that runs one experiment after another (a script, a notebook, the test suite) imports once: the
     next `warm_starts` block serves from the previous block's interpreter, and from a new one when the environment
-    differs, a source file it imported changed since, or packages were installed. A block that asks for modules it was
-    not started with is served by the same one, which imports them in the background."""
-    from factory.launch.local import warm_starts
+    differs (but for pytest's name of the test under way), a source file it imported changed since, or packages were
+    installed. A block that asks for modules it was not started with is served by the same one, which imports them in
+    the background."""
+    from factory.launch.local import run_captured, warm_starts
 
     package = tmp_path / "warmpkg"
     package.mkdir()
@@ -203,6 +204,12 @@ def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_
 
     first = served("first")
     assert served("again") == first
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/elsewhere.py::test_next (call)")  # pytest's, as the next test begins
+    with warm_starts(("warmpkg", "email.mime.text")):
+        said = run_captured([sys.executable, "-m", CHILD, str(tmp_path / "next-test.json")], dict(os.environ), tmp_path)
+    next_test = json.loads((tmp_path / "next-test.json").read_text())
+    assert said == (0, "said on stderr\n") and next_test["parent"] == first
+    assert next_test["current_test"] == "tests/elsewhere.py::test_next (call)"  # the launch's, as a cold start's
     monkeypatch.setenv("WARM_MARKER", "another environment")
     other = served("other")
     assert other != first and psutil.pid_exists(other)
