@@ -91,8 +91,8 @@ def kill_stage_after(work: Path, step: int, failures: list[BaseException], threa
 
 
 def forked_by_warm_interpreter(process: psutil.Process) -> bool:
-    """Whether `process` was forked from the warm interpreter or from a process that was (the stage, torchrun's agent; its
-    ranks and the processes that wait for them): a fork keeps the interpreter's command line."""
+    """Whether `process` was forked from the warm interpreter (the stage: here torchrun's agent, whose ranks and the
+    processes that wait for them are its children): its parent runs the interpreter's module."""
     with contextlib.suppress(psutil.Error):
         parent = process.parent()
         return parent is not None and parent.cmdline()[1:3] == ["-m", SERVER_MODULE]
