@@ -20,16 +20,28 @@ HOLDER = textwrap.dedent(
     from pathlib import Path
     from factory.registry.lease import hold
     lease, log, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    with hold(lease, name, poll_s=0.05, on_wait=lambda h: print("waiting for", h.owner, flush=True)):
+    others = [Path(f"{log}.waits-{other}") for other in sys.argv[4:]]  # holders started beside this one
+
+    def waiting(holder):
+        print("waiting for", holder.owner, flush=True)
+        Path(f"{log}.waits-{name}").touch()
+        others.clear()  # the other held it first: nobody is left to wait for this one
+
+    with hold(lease, name, poll_s=0.05, on_wait=waiting):
         with open(log, "a") as f:
-            f.write(f"start {name}\\n"); f.flush(); time.sleep(0.5); f.write(f"end {name}\\n")
+            f.write(f"start {name}\\n"); f.flush(); time.sleep(0.5)
+            deadline = time.monotonic() + 30  # the first holder holds it until the other waits (it would not, holding it too)
+            while others and not any(path.exists() for path in others) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            f.write(f"end {name}\\n")
     """
 )
 
 
 def test_two_processes_never_hold_the_lease_at_once(tmp_path):
     lease, log = tmp_path / "x.lease", tmp_path / "log"
-    procs = [subprocess.Popen([sys.executable, "-c", HOLDER, str(lease), str(log), n], stdout=subprocess.PIPE, text=True) for n in "ab"]
+    procs = [subprocess.Popen([sys.executable, "-c", HOLDER, str(lease), str(log), n, *set("ab") - {n}], stdout=subprocess.PIPE, text=True)
+             for n in "ab"]  # whichever holds it first keeps it until the other waits: on a loaded machine, too
     outputs = [p.communicate(timeout=60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     lines = log.read_text().split()
