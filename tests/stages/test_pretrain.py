@@ -83,8 +83,14 @@ def kill_stage_after(work: Path, step: int, failures: list[BaseException], threa
         time.sleep(0.002)
     stage = [p for p in psutil.Process().children(recursive=True) if forked_by_warm_interpreter(p)]
     assert stage, f"no stage process to kill (it failed: {failures})"
-    for process in {*stage, *(child for p in stage for child in p.children(recursive=True))}:
-        with contextlib.suppress(psutil.NoSuchProcess):  # a rank dies with the process that waits for it
+    processes = {*stage, *(child for p in stage for child in p.children(recursive=True))}
+    # All stopped first, as a lost machine stops at once: none sees another die (a rank whose agent died before it would
+    # be told to stop, and would say where it stopped).
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.suspend()
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     thread.join(timeout=120)
     return logged_step(work)
