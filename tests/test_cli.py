@@ -12,10 +12,12 @@ import pytest
 
 from factory.registry import ArtifactStore
 from tests.conftest import publish_model, publish_result
+from tests.forked import factory_command
 
 
 def factory(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    """`python -m factory ARGS` in a process of its own, forked from one that imported the command line (tests/forked.py)."""
+    return factory_command(*args, cwd=cwd)
 
 
 def broken_copy(tiny_path: Path, tmp_path: Path) -> tuple[Path, int]:

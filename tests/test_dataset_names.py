@@ -1,11 +1,11 @@
 """One dataset name, two definitions: `factory check` warns, naming both experiments, and passes."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 from factory.registry import ArtifactStore, Provenance
 from factory.preflight import check_files
+from tests.forked import factory_command
 
 RECIPE = """\
 ---
@@ -71,7 +71,6 @@ def test_a_definition_recorded_in_the_registry_is_named_by_check_and_run(tmp_pat
     [report] = check_files([mine], registry=registry)
     assert report.ok and any("by experiment 'teammate' (recorded in the registry: raw stage" in w for w in report.warnings), report
     # `factory run`'s preflight is the same check: it warns, then goes on (to the commit check, which --strict refuses here).
-    run = subprocess.run([sys.executable, "-m", "factory", "run", str(mine), "--root", str(tmp_path / "state"), "--strict"],
-                         capture_output=True, text=True, timeout=120, cwd=repo)
+    run = factory_command("run", str(mine), "--root", str(tmp_path / "state"), "--strict", cwd=repo)
     assert run.returncode == 2 and f"warning: {mine}:5: data.datasets.notes: dataset 'notes' is also defined" in run.stderr, run.stderr
     assert "untracked; commit it (or drop --strict)" in run.stderr

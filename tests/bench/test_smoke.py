@@ -2,21 +2,17 @@
 nothing else runs it (bench/overhead.py did, unnoticed, when the held-out benchmark joined the tiny recipe).
 
 Each bench runs as `make bench` runs it, a script in a process of its own, forked from one that imported the libraries
-the benches import (`tests/bench/warm.py`): seventeen benches would otherwise pay two or three seconds of imports each.
+the benches import (`tests/forked.py`): seventeen benches would otherwise pay two or three seconds of imports each.
 Its figures are not checked: at a smoke size, on a loaded machine, they measure nothing worth comparing.
 """
 
-import contextlib
-import json
 import os
 import re
-import select
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.forked import ForkServer
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHES = sorted(path.name for path in (REPO / "bench").glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
@@ -28,50 +24,24 @@ RATIO = re.compile(r"\bratio\b.*\d|\S / \S.*= *[-+]?\d|\d(\.\d+)?x\b")
 """A line that states a ratio: `ratio ...: 1.2x`, `loader / trainer = 24.5x`, or a figure in x."""
 SMOKE_TIMEOUT_S = 600
 pytestmark = pytest.mark.slow  # about two CPU-minutes in all, one bench after another: scheduled first
-
-
-class Warm:
-    """`tests/bench/warm.py` started: it runs each bench in a process forked from one that imported their libraries."""
-
-    def __init__(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # a smoke size gains nothing from more threads
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("warm.py"))], cwd=REPO, env=env,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-        assert json.loads(self._answer(120)) == {"ready": True}
-
-    def run(self, script: Path, argv: list[str], directory: Path) -> subprocess.CompletedProcess:
-        out, err = directory / "stdout", directory / "stderr"
-        self.process.stdin.write(json.dumps({"script": str(script), "argv": argv, "out": str(out), "err": str(err)}).encode() + b"\n")
-        self.process.stdin.flush()
-        code = json.loads(self._answer(SMOKE_TIMEOUT_S))["code"]
-        return subprocess.CompletedProcess([str(script), *argv], code, out.read_text(errors="replace"), err.read_text(errors="replace"))
-
-    def _answer(self, timeout_s: float) -> bytes:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        if not ready:
-            self.stop()
-            raise TimeoutError(f"no answer from tests/bench/warm.py within {timeout_s} s")
-        line = self.process.stdout.readline()
-        assert line, f"tests/bench/warm.py exited {self.process.wait()}"
-        return line
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+WARM = ("numpy", "torch", "dagster", "factory.config")
+"""What every bench imports, or most, imported before any fork: none starts a thread on import, and none reads a setting
+a bench sets before importing it (transformers' HF_HUB_OFFLINE, for one, is left to the benches; pyarrow, whose
+allocator starts a thread, too)."""
 
 
 @pytest.fixture(scope="module")
 def warm():
-    runner = Warm()
-    yield runner
-    runner.stop()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}  # a smoke size gains nothing from more threads
+    server = ForkServer(WARM, env)
+    yield server
+    server.stop()
 
 
 @pytest.fixture
 def smoke(warm, tmp_path):
     """`python bench/NAME --smoke OPTIONS` (through `warm`), on one thread."""
-    return lambda name, *options: warm.run(REPO / "bench" / name, ["--smoke", *options], tmp_path)
+    return lambda name, *options: warm.run(["--smoke", *options], script=REPO / "bench" / name, timeout_s=SMOKE_TIMEOUT_S, directory=tmp_path)
 
 
 def ratio_lines(output: str) -> list[str]:

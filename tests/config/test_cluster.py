@@ -1,7 +1,5 @@
 """Cluster profiles: placements checked against queues, `image: local` only with the local launcher, errors with file:line."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +7,7 @@ import pytest
 from factory.config.cluster import load_profile
 from factory.errors import ConfigError
 from factory.preflight import check_files
+from tests.forked import factory_command
 
 PROFILE = """\
 launcher: volcano
@@ -85,10 +84,10 @@ def test_a_bad_profile_is_a_config_error_with_file_line(tmp_path, text, message)
 def test_the_cli_takes_the_profile_and_exits_2(tmp_path):
     path = experiment(tmp_path, "  nodes: 8\n")
     profile = write(tmp_path, "cluster.yaml", PROFILE)
-    run = [sys.executable, "-m", "factory", "check", str(path), "--root", str(tmp_path / "root")]
-    done = subprocess.run([*run, "--cluster", str(profile)], capture_output=True, text=True)
+    run = ["check", str(path), "--root", str(tmp_path / "root")]
+    done = factory_command(*run, "--cluster", str(profile))
     assert done.returncode == 2 and "resources.nodes: 8 nodes" in done.stderr
-    missing = subprocess.run([*run, "--cluster", str(tmp_path / "nope.yaml")], capture_output=True, text=True)
+    missing = factory_command(*run, "--cluster", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "cannot read the cluster profile" in missing.stderr and "Traceback" not in missing.stderr
 
 

@@ -25,6 +25,7 @@ from factory.config.sources import matching_files, source_files, source_root
 from factory.data.ingest import read_documents
 from factory.errors import ConfigError
 from factory.preflight import check_files
+from tests.forked import factory_command
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120
@@ -235,8 +236,7 @@ def test_integers_in_range_read_as_yaml_writes_them_in_any_base(tmp_path, value,
 def test_check_of_a_directory_with_a_huge_hex_seed_refuses_that_file_and_checks_the_others(tmp_path):
     write(tmp_path / "good.md", GOOD)
     bad = write(tmp_path / "hex.md", "---\npretrain: {steps: 10}\nseed: 0x" + "f" * 5000 + "\n---\n")
-    result = subprocess.run([sys.executable, "-m", "factory", "check", str(tmp_path)],
-                            capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=REPO, check=False)
+    result = factory_command("check", str(tmp_path), timeout_s=CHILD_TIMEOUT_S, cwd=REPO)
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output
     assert f"{bad}:3: " in output and "good" in output, output
@@ -270,8 +270,7 @@ def home_with_a_key(tmp_path: Path) -> tuple[Path, Path]:
 def check_in(repo: Path, home: Path, path: Path) -> subprocess.CompletedProcess:
     """`factory check PATH` from the repository, with no data roots set but what its settings say."""
     env = {key: value for key, value in os.environ.items() if key != DATA_ROOTS_ENV} | {"HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "factory", "check", str(path)], capture_output=True, text=True, cwd=repo, env=env,
-                          timeout=CHILD_TIMEOUT_S, check=False)
+    return factory_command("check", str(path), cwd=repo, env=env, timeout_s=CHILD_TIMEOUT_S)
 
 
 def test_a_directory_source_in_home_is_refused_unless_a_setting_names_that_root(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 from factory.registry.objects import ObjectRegistry
 from factory.storage import open_store
 from tests.conftest import publish_model, publish_result
+from tests.forked import factory_command
 from tests.s3server import running_s3
 from tests.test_cli import small_experiment
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.e2e
 
 
 def factory(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, timeout=600, env=env)
+    return factory_command(*args, env=env, timeout_s=600)
 
 
 def run_through_outage(server, registry: ObjectRegistry, args: list[str], env: dict[str, str],

@@ -17,6 +17,7 @@ from factory.podium.links import DEFAULT_URL, checkpoint_url, table_url
 from factory.registry import ArtifactStore
 from factory.evals.publish import latest_board
 from tests.e2e.conftest import objects_but_reports
+from tests.forked import factory_command
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -293,10 +294,7 @@ def test_the_model_is_also_exported_as_safetensors_by_gpt2_names(pipeline):
 
 def test_factory_data_batch_from_the_command_line(pipeline):
     """The CLI finds the run's artifacts: the stage fingerprints it computes are those the run computed."""
-    import sys
-
-    command = [sys.executable, "-m", "factory", "data", "batch", str(pipeline["source"]), "57", "--root", str(pipeline["root"]), "--json"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=300)
+    result = factory_command("data", "batch", str(pipeline["source"]), "57", "--root", str(pipeline["root"]), "--json", cwd=Path("/"), timeout_s=300)
     assert result.returncode == 0, result.stderr
     batch = json.loads(result.stdout)
     assert batch["step"] == 57 and len(batch["sequences"]) == load(pipeline["source"]).pretrain.batch_size
@@ -349,18 +347,14 @@ def test_the_run_report_shows_curves_evaluations_decisions_cost_and_lineage(pipe
 
 
 def test_backfilling_a_new_benchmark_evaluates_every_checkpoint_in_one_run(pipeline, pipeline_copy):
-    import sys
-
     root = pipeline_copy  # the shared pipeline's stores stay as the other tests expect them
-    command = [sys.executable, "-m", "factory", "evals", "backfill", "--benchmark", "python_sanity", "--root", str(root)]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    result = factory_command("evals", "backfill", "--benchmark", "python_sanity", "--root", str(root), cwd=REPO, timeout_s=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "python_sanity: 3 checkpoints evaluated in 1 run of up to 50 partitions" in result.stdout
     assert sorted(scores(pipeline, "python_sanity", root)) == [100, 200, 300]
     keys = DagsterInstance.from_config(str(root / "dagster")).get_materialized_partitions(AssetKey("evaluations"))
     assert {f"python_sanity|{pipeline['name']}__pretrain-{step:06d}" for step in (100, 200, 300)} <= keys
-    board = subprocess.run([sys.executable, "-m", "factory", "leaderboard", "--root", str(root), "--json"],
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
+    board = factory_command("leaderboard", "--root", str(root), "--json", cwd=REPO, timeout_s=300)
     assert board.returncode == 0 and set(json.loads(board.stdout)["benchmarks"]) == {"heldout_bpb", "val_bpb", "next_line", "python_sanity"}
-    unknown = subprocess.run([*command[:6], "no_such_benchmark", "--root", str(root)], capture_output=True, text=True, cwd=REPO)
+    unknown = factory_command("evals", "backfill", "--benchmark", "no_such_benchmark", "--root", str(root), cwd=REPO)
     assert unknown.returncode == 2 and "unknown benchmark 'no_such_benchmark'; registered:" in unknown.stderr

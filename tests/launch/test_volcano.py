@@ -4,7 +4,6 @@ templates against the real Kubernetes schemas), and `factory run --launcher volc
 import copy
 import functools
 import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +15,7 @@ from factory.errors import ConfigError
 from factory.launch.volcano import RULES, JobSpec, build_job, job_manifest, job_name, label_value, validate
 from factory.launch.volcano_manifest import DNS1035_LABEL, LABEL_VALUE
 from factory.launch.volcano_rules import check_pod_templates
+from tests.forked import factory_command
 
 IMAGE = "registry.example/factory@sha256:" + "ab" * 32
 FINGERPRINT = "0123456789abcdef" * 4
@@ -214,7 +214,7 @@ def test_each_rule_refuses_a_manifest_that_breaks_it_naming_the_field(case):
 
 
 def factory(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, timeout=120)
+    return factory_command(*args)
 
 
 def test_dry_run_prints_a_validated_job_for_every_stage(tiny_path, tmp_path):

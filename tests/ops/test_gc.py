@@ -6,10 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -22,6 +20,7 @@ from factory.ops.gc import collect, plan_collection
 from factory.ops.plan import build_plan
 from factory.registry import ArtifactStore, Provenance
 from factory.registry.aliases import history
+from tests.forked import factory_command
 
 runner = CliRunner()
 
@@ -211,8 +210,7 @@ def test_a_work_directory_saved_in_the_store_from_another_machine_is_seen_and_re
 
 
 def test_gc_runs_as_a_command_line_program(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "factory", "registry", "gc", str(tmp_path / "nothing"), "--root", str(tmp_path)],
-                            capture_output=True, text=True, check=False)
+    result = factory_command("registry", "gc", str(tmp_path / "nothing"), "--root", str(tmp_path))
     assert result.returncode == 2 and "no such file or directory" in result.stderr and "Traceback" not in result.stderr
 
 

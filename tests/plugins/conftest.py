@@ -14,6 +14,7 @@ import pytest
 from factory.config import fingerprint, plugins
 from factory.config.filter_kinds import document_filters
 from factory.config.source_kinds import source_kinds
+from tests.forked import factory_command
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "checkpoint-average"
@@ -36,7 +37,7 @@ def factory_with(site: Path | None, *args: str, cwd: Path = REPO, timeout: float
     env = {**os.environ, "FACTORY_TRACKER": "none", **(env or {})}
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    return factory_command(*args, cwd=cwd, env=env, timeout_s=timeout)
 
 
 def pip_installed(site: Path, *packages: Path) -> Path:

@@ -1,13 +1,12 @@
 """`factory check` on control sections: every problem names file:line and the dotted field, inherited ones too."""
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 from factory.config import load
 from factory.preflight import check_files
+from tests.forked import factory_command
 
 REPO = Path(__file__).resolve().parents[3]
 GOOD = """\
@@ -74,8 +73,7 @@ def test_control_without_pretraining_and_unknown_keys(tmp_path):
 
 def test_the_cli_exits_2_with_json_for_a_hostile_rule(tmp_path):
     path = write(tmp_path, "evil.md", GOOD.replace('"batch.loss > 3 * batch.mean_loss"', "\"().__class__.__bases__[0]\""))
-    done = subprocess.run([sys.executable, "-m", "factory", "check", "--json", str(path), "--root", str(tmp_path / "root")],
-                          capture_output=True, text=True, cwd=REPO)
+    done = factory_command("check", "--json", str(path), "--root", str(tmp_path / "root"), cwd=REPO)
     assert done.returncode == 2, done.stderr
     [file] = json.loads(done.stdout)["files"]
     assert file["errors"][0].startswith(f"{path}:15: control.rules.1.when: ")
@@ -95,8 +93,7 @@ def test_the_cli_refuses_a_non_boolean_branch_and_unbounded_powers_naming_file_l
     for name, when, says in [("branches.md", BRANCHES, "both branches of 'history.loss if step > 5 else step > 0' must be true/false"),
                              ("powers.md", POWERS, "can reach more than a float holds by step 100")]:
         path = write(tmp_path, name, good.replace('"batch.loss > 3 * batch.mean_loss"', f'"{when}"'))
-        done = subprocess.run([sys.executable, "-m", "factory", "check", "--json", str(path), "--root", str(tmp_path / "root")],
-                              capture_output=True, text=True, cwd=REPO)
+        done = factory_command("check", "--json", str(path), "--root", str(tmp_path / "root"), cwd=REPO)
         assert done.returncode == 2, done.stderr
         [file] = json.loads(done.stdout)["files"]
         [error] = file["errors"]
