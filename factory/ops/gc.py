@@ -41,8 +41,9 @@ from factory.evals.publish import BEST_REF
 from factory.evals.publish import KIND as LEADERBOARD
 from factory.evals.run_report import KIND as RUN_REPORT
 from factory.registry.aliases import history, known_aliases
+from factory.registry.index import ManifestRow
 from factory.registry.lease import LeaseBusy, abandoned
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.store import ArtifactStore
 
 REFS = (LEADERBOARD, BEST_REF)
 """The refs the evaluations keep up to date (`factory.evals.publish`): what each names is kept."""
@@ -57,7 +58,7 @@ class Collection:
     """What a collection keeps (digest -> why) and what it would remove."""
 
     keep: dict[str, str]
-    garbage: list[Manifest]
+    garbage: list[ManifestRow]
     """Newest first."""
     bytes: int
     """What removing the garbage frees (bytes two garbage manifests share counted once, work directories included)."""
@@ -74,15 +75,15 @@ class Collection:
 class Removal:
     """What a collection removed, and what it left because someone was using it."""
 
-    removed: list[Manifest] = field(default_factory=list)
+    removed: list[ManifestRow] = field(default_factory=list)
     bytes: int = 0
-    in_use: list[tuple[Manifest, str]] = field(default_factory=list)
+    in_use: list[tuple[ManifestRow, str]] = field(default_factory=list)
     work: list[str] = field(default_factory=list)
     """The fingerprints whose work directories it removed."""
     work_in_use: list[tuple[str, str]] = field(default_factory=list)
 
 
-def describe(manifest: Manifest) -> dict[str, Any]:
+def describe(manifest: ManifestRow) -> dict[str, Any]:
     """One line of the dry run, as data."""
     return {"kind": manifest.kind, "digest": manifest.digest, "experiment": manifest.experiment, "created": manifest.created,
             "bytes": manifest.size}
@@ -90,16 +91,17 @@ def describe(manifest: Manifest) -> dict[str, Any]:
 
 def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], *, min_age_s: float = MIN_AGE_S,
                     now: datetime | None = None) -> Collection:
-    """Decide what to keep and what to remove (the module's rules); nothing is removed."""
-    manifests = list(registry.manifests())
-    by_digest: dict[str, list[Manifest]] = {}
+    """Decide what to keep and what to remove (the module's rules); nothing is removed. The registry's manifests are
+    walked as the index's rows (`ArtifactStore.rows`), none parsed."""
+    manifests = registry.rows()
+    by_digest: dict[str, list[ManifestRow]] = {}
     for manifest in manifests:
         by_digest.setdefault(manifest.digest, []).append(manifest)
     keep: dict[str, str] = {}
     experiments = list(experiments)
     planned: set[str] = set()
     roots = {**needed_by_experiments(registry, experiments, planned), **named(registry, by_digest), **in_use(registry)}
-    newest: dict[tuple[str, str], Manifest] = {}
+    newest: dict[tuple[str, str], ManifestRow] = {}
     for manifest in manifests:  # in fingerprint order: ties of `created` go to one of them, the same every time
         if (key := (manifest.experiment, manifest.kind)) not in newest or manifest.created > newest[key].created:
             newest[key] = manifest
@@ -143,7 +145,8 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
                 if (reader := readers.get(manifest.digest)) is not None:
                     removal.in_use.append((manifest, reader))
                     continue
-                if (freed := registry.remove(manifest)) is not None:
+                current = registry.lookup(manifest.fingerprint)
+                if current is not None and current.digest == manifest.digest and (freed := registry.remove(current)) is not None:
                     removal.removed.append(manifest)
                     removal.bytes += freed
         except LeaseBusy as e:
@@ -169,7 +172,7 @@ def needed_by_experiments(registry: ArtifactStore, experiments: Iterable[Experim
     return needs
 
 
-def named(registry: ArtifactStore, by_digest: dict[str, list[Manifest]]) -> dict[str, str]:
+def named(registry: ArtifactStore, by_digest: dict[str, list[ManifestRow]]) -> dict[str, str]:
     """Digest -> why, of every model an alias names or named, of what each ref names, and of the checkpoint (training
     artifact) the best model's result scored."""
     found: dict[str, str] = {}
@@ -182,10 +185,10 @@ def named(registry: ArtifactStore, by_digest: dict[str, list[Manifest]]) -> dict
             found.setdefault(digest, f"ref {ref} names it")
     best = registry.ref(BEST_REF)
     for manifest in by_digest.get(best, []) if best is not None else []:
-        for result in manifest.inputs.values():
+        for result in manifest.inputs:
             for scored in by_digest.get(result, []):
-                if isinstance(training := scored.summary.get("training"), str):
-                    found.setdefault(training, f"ref {BEST_REF}: the checkpoint of its result")
+                if scored.training is not None:
+                    found.setdefault(scored.training, f"ref {BEST_REF}: the checkpoint of its result")
     return found
 
 
@@ -194,15 +197,12 @@ def in_use(registry: ArtifactStore) -> dict[str, str]:
     return {digest: f"{holder.owner} reads it" for holder in registry.holders() if abandoned(holder) is None for digest in holder.needs}
 
 
-def parents(manifest: Manifest) -> list[str]:
+def parents(manifest: ManifestRow) -> list[str]:
     """The digests an artifact was made from: its inputs, and the model its experiment's `from:` started from."""
-    found = [digest for digest in manifest.inputs.values() if isinstance(digest, str)]
-    if isinstance(model := manifest.base.get("model"), str):
-        found.append(model)
-    return found
+    return [*manifest.inputs, manifest.base_model] if manifest.base_model is not None else list(manifest.inputs)
 
 
-def _close(roots: dict[str, str], by_digest: dict[str, list[Manifest]], keep: dict[str, str]) -> None:
+def _close(roots: dict[str, str], by_digest: dict[str, list[ManifestRow]], keep: dict[str, str]) -> None:
     """Keep `roots` (for their own reasons) and everything they were made from, transitively."""
     todo = [digest for digest, why in roots.items() if keep.setdefault(digest, why) == why]
     while todo:
@@ -214,18 +214,17 @@ def _close(roots: dict[str, str], by_digest: dict[str, list[Manifest]], keep: di
                     todo.append(parent)
 
 
-def _subject(manifest: Manifest, keep: dict[str, str]) -> str | None:
+def _subject(manifest: ManifestRow, keep: dict[str, str]) -> str | None:
     """The kept artifact a result or report describes, or None: an evaluation result's checkpoint (the training artifact),
     a run report's stages (all of them kept)."""
     if manifest.kind == EVALUATIONS:
-        training = manifest.summary.get("training")
-        return training if isinstance(training, str) and training in keep else None
-    if manifest.kind == RUN_REPORT and manifest.inputs and all(d in keep for d in manifest.inputs.values()):
-        return next(iter(manifest.inputs.values()))
+        return manifest.training if manifest.training in keep else None
+    if manifest.kind == RUN_REPORT and manifest.inputs and all(d in keep for d in manifest.inputs):
+        return manifest.inputs[0]
     return None
 
 
-def _created(manifest: Manifest) -> float:
+def _created(manifest: ManifestRow) -> float:
     """When the artifact was published (POSIX seconds); 0 for a date that does not parse (never "new")."""
     try:
         created = datetime.fromisoformat(manifest.created)

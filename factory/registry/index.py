@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
 file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
@@ -49,7 +49,8 @@ KEEP_GENERATIONS = 1000
 HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, version TEXT NOT NULL, kind TEXT, digest TEXT, experiment TEXT,
-                                      body TEXT, created TEXT, generation INTEGER NOT NULL);
+                                      body TEXT, created TEXT, generation INTEGER NOT NULL, fingerprint TEXT, size INTEGER,
+                                      base_model TEXT, training TEXT);
 CREATE INDEX IF NOT EXISTS manifests_by_generation ON manifests (generation);
 CREATE TABLE IF NOT EXISTS dropped (name TEXT NOT NULL, body TEXT NOT NULL, generation INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS dropped_by_generation ON dropped (generation);
@@ -57,15 +58,16 @@ CREATE INDEX IF NOT EXISTS manifests_by_kind ON manifests (kind, name);
 CREATE INDEX IF NOT EXISTS manifests_by_created ON manifests (kind, created);
 CREATE INDEX IF NOT EXISTS manifests_by_digest ON manifests (digest);
 CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind, name);
+CREATE INDEX IF NOT EXISTS manifests_rows ON manifests (name, kind, fingerprint, digest, experiment, created, size, base_model, training);
 CREATE TABLE IF NOT EXISTS inputs (name TEXT NOT NULL, digest TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest, name);
-CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name);
+CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name, digest);
 CREATE TABLE IF NOT EXISTS files (name TEXT NOT NULL, sha256 TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS files_by_sha256 ON files (sha256);
 CREATE INDEX IF NOT EXISTS files_by_name ON files (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-"""A row per readable manifest, a row per input it names (what `Where.made_from` and `Where.descends_from` ask: the
+"""A row per readable manifest (with the columns of a `ManifestRow`), a row per input it names (what `Where.made_from` and `Where.descends_from` ask: the
 index on both columns answers a step of descent without reading the table), a row per file it lists
 (`Where.file_sha256`), and the rows of the last `KEEP_GENERATIONS` generations' dropped manifests (`changes`)."""
 
@@ -167,6 +169,42 @@ class ByDigest:
         if manifest is None:
             raise KeyError(digest)
         return manifest
+
+
+class ManifestRow(NamedTuple):
+    """What a walk over every manifest of a registry needs of each (`factory registry gc`), as the index's columns hold
+    it: the manifest is not parsed."""
+
+    kind: str
+    fingerprint: str
+    digest: str
+    experiment: str
+    created: str
+    size: int
+    """The bytes of the artifact's files, as the manifest records them."""
+    inputs: tuple[str, ...]
+    """The digests among its inputs, sorted."""
+    base_model: str | None
+    """The model its experiment's `from:` started from."""
+    training: str | None
+    """What an evaluation result scored: the training artifact of its checkpoint (its summary's `training`)."""
+
+    @classmethod
+    def of_body(cls, body: dict[str, Any]) -> ManifestRow:
+        """The row of a manifest's JSON form."""
+        base, training = body.get("base", {}).get("model"), body["summary"].get("training")
+        return cls(body["kind"], body["fingerprint"], body["digest"], body["experiment"], body["created"],
+                   sum(entry["bytes"] for entry in body["files"].values()), tuple(sorted(set(body["inputs"].values()))),
+                   base if isinstance(base, str) else None, training if isinstance(training, str) else None)
+
+
+ROWS = """SELECT name, kind, fingerprint, digest, experiment, created, size, base_model, training FROM manifests
+WHERE kind IS NOT NULL ORDER BY name"""
+"""`ManifestIndex.rows`: each manifest's columns, read from the index `manifests_rows` alone (not the bodies)."""
+UNLIKE_ROWS = """SELECT name FROM manifests WHERE kind IS NOT NULL AND (typeof(kind) != 'text' OR typeof(fingerprint) != 'text'
+    OR typeof(digest) != 'text' OR typeof(experiment) != 'text' OR typeof(created) != 'text' OR typeof(size) != 'integer'
+    OR typeof(base_model) NOT IN ('text', 'null') OR typeof(training) NOT IN ('text', 'null')) LIMIT 1"""
+"""A row whose columns are not a `ManifestRow`'s (a damaged one), if there is one."""
 
 
 class ManifestIndex:
@@ -287,6 +325,35 @@ class ManifestIndex:
         found = [m for m in where.among(every()) if kind in (None, m.kind)]
         return found if newest is None else sorted(found, key=lambda m: (m.created, m.fingerprint), reverse=True)[:newest]
 
+    def rows(self, every: Callable[[], list[Any]]) -> list[ManifestRow]:
+        """A `ManifestRow` of every intact manifest, in name order, read from the index's columns after bringing it up to
+        date (no manifest parsed: a walk over 100,000 of them reads them in a fraction of a second); a damaged index is
+        built again (with a warning). Where no index can be kept, the rows of `every()`'s manifests."""
+        for attempt in (1, 2):
+            try:
+                with self._connected() as db:
+                    self._refresh(db)
+                    db.execute("BEGIN")  # one snapshot: the check and the rows
+                    try:
+                        if unlike := db.execute(UNLIKE_ROWS).fetchone():
+                            raise TypeError(f"the row of {unlike[0]!r} is not a manifest's")
+                        found = db.execute(ROWS).fetchall()
+                        inputs: dict[str, list[str]] = {}
+                        for name, digest in db.execute("SELECT name, digest FROM inputs ORDER BY name, digest"):
+                            inputs.setdefault(name, []).append(digest)
+                    finally:
+                        db.execute("COMMIT")
+                return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.get(name, ())), base_model, training)
+                        for name, kind, fingerprint, digest, experiment, created, size, base_model, training in found]
+            except sqlite3.OperationalError as e:
+                log.debug("listing manifests without the index %s (%s)", self.path, e)
+                break
+            except (sqlite3.DatabaseError, _Damaged, TypeError) as e:
+                log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
+                            "building it again" if attempt == 1 else "reading the manifests themselves")
+                self.drop()
+        return [ManifestRow.of_body(manifest.to_json()) for manifest in every()]
+
     def drop(self) -> None:
         """Remove the index (the next reader builds it again from the manifests)."""
         for suffix in ("", "-journal", "-wal", "-shm"):
@@ -320,8 +387,10 @@ class ManifestIndex:
                     unread += 1
                     continue
                 inserted += 1
-                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (name, version, body["kind"], body["digest"], body["experiment"],
-                                                                                 json.dumps(body, sort_keys=True), body["created"], generation))
+                row = ManifestRow.of_body(body)
+                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (name, version, row.kind, row.digest, row.experiment, json.dumps(body, sort_keys=True), row.created, generation,
+                            row.fingerprint, row.size, row.base_model, row.training))
                 db.executemany("INSERT INTO files VALUES (?, ?)", ((name, sha) for sha in {f["sha256"] for f in body["files"].values()}))
                 db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))

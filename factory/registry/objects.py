@@ -47,7 +47,7 @@ from factory.errors import ArtifactError, ConfigError, StorageError, number_sett
 from factory.registry import object_lease
 from factory.registry.files import DIGEST, NAME, RECORD_BYTES, entries, hash_files, make_read_only, make_writable, sha256_file
 from factory.registry.history import RECORD, checked_topic, parse_record
-from factory.registry.index import EVERY, ManifestIndex, Where
+from factory.registry.index import EVERY, ManifestIndex, ManifestRow, Where
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
 from factory.storage import ObjectStore
@@ -259,9 +259,16 @@ class ObjectRegistry(Scratch):
         (`factory.registry.index`: one LIST of their keys and ETags, then a GET of each manifest new since the last
         listing; not `refresh`: as the index holds them now, for a reader that just asked its state), or, where no index
         can be kept, a GET of each."""
-        yield from self.index().manifests(kind, where, parse_manifest,
-                                          lambda: [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None],
-                                          newest, refresh)
+        yield from self.index().manifests(kind, where, parse_manifest, self._every, newest, refresh)
+
+    def rows(self) -> list[ManifestRow]:
+        """What a walk over the whole registry needs of each readable manifest, in fingerprint order, from the local
+        index's columns (`ManifestIndex.rows`: no manifest parsed), or a GET of each where no index can be kept."""
+        return self.index().rows(self._every)
+
+    def _every(self) -> list[Manifest]:
+        """Every readable manifest in the store, a GET of each."""
+        return [m for name in self._manifest_versions() if (m := self._manifest(name)) is not None]
 
     def index(self) -> ManifestIndex:
         """The local index of the store's manifests that listings read (`factory.registry.index`)."""

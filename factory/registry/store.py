@@ -47,7 +47,7 @@ from factory.registry.files import (
     structural_damage,
 )
 from factory.registry.history import History, checked_topic
-from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, Where
+from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, ManifestRow, Where
 from factory.registry.lease import Holder, hold, read_holder
 
 MANIFEST_VERSION = 1
@@ -299,9 +299,16 @@ class ArtifactStore(Scratch):
         where this process cannot write the index, from the manifest files themselves."""
         if not (self.root / "manifests").is_dir():
             return
-        yield from self.index().manifests(kind, where, parse_manifest,
-                                          lambda: [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None],
-                                          newest, refresh)
+        yield from self.index().manifests(kind, where, parse_manifest, self._every, newest, refresh)
+
+    def rows(self) -> list[ManifestRow]:
+        """What a walk over the whole registry needs of each readable manifest, in fingerprint order, from the index's
+        columns (`ManifestIndex.rows`: no manifest parsed), or from the manifest files where this process cannot write it."""
+        return self.index().rows(self._every) if (self.root / "manifests").is_dir() else []
+
+    def _every(self) -> list[Manifest]:
+        """Every readable manifest, each file read."""
+        return [m for path in self.manifest_paths() if (m := self._read_or_warn(path)) is not None]
 
     def index(self) -> ManifestIndex:
         """The index of the registry's manifests that listings read (`factory.registry.index`)."""

@@ -216,6 +216,43 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     assert sorted(node["kind"] for node in answers["down"]["to"]) == ["evaluations", "model"]
 
 
+def test_the_rows_a_walk_reads_are_what_the_manifests_say_from_the_index_or_without_one(store, caplog):
+    """`rows()` (what `factory registry gc` walks, from the index's columns) gives what each manifest says: its size, its
+    inputs' digests sorted, the model its `from:` started from, the checkpoint an evaluation scored; a damaged row gets
+    the index built again, and a registry that cannot hold one gives the same rows from the files."""
+    import sqlite3
+
+    from factory.registry import Provenance
+    from factory.registry.index import ManifestRow
+
+    def made(fingerprint: str, kind: str, inputs: dict[str, str], summary: dict, base: dict | None = None, size: int = 3) -> str:
+        with store.staging() as out:
+            (out / "x.bin").write_bytes(fingerprint.encode()[:1] * size)
+            (out / "y.bin").write_bytes(b"y" * size)
+            return store.publish(out, kind=kind, fingerprint=fingerprint, config={}, inputs=inputs, code="local:0", summary=summary,
+                                 provenance=Provenance(experiment="exp", config_hash="0" * 16, git_commit="f" * 40, base=base or {})).digest
+
+    run = made("run", "pretrain", {}, {"steps": 1})
+    model = made("model", "model", {"pretrain": run}, {}, size=5)
+    scored = made("scored", "evaluations", {"z": model, "a": run}, {"training": run, "score": 1.0})
+    tuned = made("tuned", "sft", {"base": model}, {"training": 7}, base={"model": model, "from": "other.md"})
+    expected = [ManifestRow.of_body(m.to_json()) for m in store.manifests()]
+    rows = store.rows()
+    assert rows == expected
+    by = {row.fingerprint: row for row in rows}
+    assert by["model"].size == 10 and by["scored"].inputs == tuple(sorted([model, run])) and by["scored"].training == run
+    assert by["tuned"].base_model == model and by["tuned"].training is None and by["run"].inputs == () and by["tuned"].digest == tuned
+    assert by["scored"].digest == scored and [row.fingerprint for row in rows] == sorted(by)
+
+    with sqlite3.connect(store.root / INDEX_NAME) as db:
+        db.execute("UPDATE manifests SET size = 'many' WHERE name = 'model'")
+    assert store.rows() == expected
+    assert any("damaged" in r.getMessage() for r in caplog.records if r.levelname == "WARNING"), caplog.text
+    (store.root / INDEX_NAME).unlink()
+    (store.root / INDEX_NAME).mkdir()  # no index can be kept: the files themselves
+    assert store.rows() == expected
+
+
 HOSTILE = textwrap.dedent(
     """
     import sys
