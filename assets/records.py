@@ -17,11 +17,12 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInsta
 
 CHUNK = 500
 """Records asked for at once by storage id (a query's parameters stay under SQLite's and PostgreSQL's limits)."""
-VALUE_FIELDS = {"IntMetadataEntryData": "value", "FloatMetadataEntryData": "value", "BoolMetadataEntryData": "value",
-                "TextMetadataEntryData": "text", "PathMetadataEntryData": "path", "UrlMetadataEntryData": "url",
-                "MarkdownMetadataEntryData": "md_str", "JsonMetadataEntryData": "data", "NullMetadataEntryData": None}
+VALUE_FIELDS = {"IntMetadataEntryData": ("value", int), "FloatMetadataEntryData": ("value", (float, int)),
+                "BoolMetadataEntryData": ("value", bool), "TextMetadataEntryData": ("text", str), "PathMetadataEntryData": ("path", str),
+                "UrlMetadataEntryData": ("url", str), "MarkdownMetadataEntryData": ("md_str", str),
+                "JsonMetadataEntryData": ("data", (dict, list)), "NullMetadataEntryData": (None, type(None))}
 """The metadata values read from a row, by the class Dagster stores them as: the field that holds the value (None: none,
-the value is null)."""
+the value is null) and the types it holds; a value of another type is Dagster's to read."""
 
 
 def latest_metadata(instance: DagsterInstance, asset: str, partition: str) -> dict[str, Any] | None:
@@ -62,16 +63,17 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
 
 def _rows(instance: DagsterInstance, ids: list[int]) -> Iterator[tuple[int, tuple[str, dict[str, Any]] | None]]:
     """(storage id, what its row says: partition and metadata; None where Dagster must read it) of each id,
-    all None where the event log is not SQL."""
-    import sqlalchemy
-    from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
-    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
-
+    all None where the event log is not SQL (or this Dagster keeps it otherwise)."""
+    try:
+        import sqlalchemy
+        from dagster._core.storage.event_log.schema import SqlEventLogStorageTable as table
+        from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+    except ImportError:
+        SqlEventLogStorage = None  # noqa: N806
     storage = instance.event_log_storage
-    if not isinstance(storage, SqlEventLogStorage):
+    if SqlEventLogStorage is None or not isinstance(storage, SqlEventLogStorage):
         yield from ((storage_id, None) for storage_id in ids)
         return
-    table = SqlEventLogStorageTable
     with storage.index_connection() as connection:
         rows = connection.execute(sqlalchemy.select(table.c.id, table.c.event).where(table.c.id.in_(ids))).fetchall()
     read = {storage_id: _materialization(text) for storage_id, text in rows}
@@ -79,9 +81,9 @@ def _rows(instance: DagsterInstance, ids: list[int]) -> Iterator[tuple[int, tupl
 
 
 def _materialization(text: str) -> tuple[str, dict[str, Any]] | None:
-    """A row's partition and metadata, where the row is a materialization of exactly the shape Dagster
-    writes (its metadata of the values in VALUE_FIELDS, and no other object: every `"__class__"` of the row is one of
-    the event's five or of its entries, and no other key of Dagster's, `"__set__"` say, is there); None otherwise."""
+    """A row's partition and metadata, where the row is a materialization as Dagster writes one (logged in a run or
+    without one) whose metadata entries are all of the kinds and types in VALUE_FIELDS, and whose JSON values hold no
+    key or text that starts with two underscores (an object Dagster would read as one of its own); None otherwise."""
     try:
         entry = json.loads(text)
         event = entry["dagster_event"]
@@ -90,16 +92,17 @@ def _materialization(text: str) -> tuple[str, dict[str, Any]] | None:
         if (entry["__class__"], event["__class__"], event["event_type_value"], data["__class__"], materialization["__class__"]) != (
                 "EventLogEntry", "DagsterEvent", "ASSET_MATERIALIZATION", "StepMaterializationData", "AssetMaterialization"):
             return None
-        entries = materialization["metadata_entries"]
-        classes = text.count('"__class__"')
-        if classes != 5 + 2 * len(entries) or text.count('"__') != classes:
-            return None  # an object nested elsewhere (in a JSON value, say), or a set, an enum...: Dagster reads it
         metadata = {}
-        for item in entries:
+        for item in materialization["metadata_entries"]:
             value = item["entry_data"]
-            if item["__class__"] != "EventMetadataEntry" or (kind := value["__class__"]) not in VALUE_FIELDS:
+            if item["__class__"] != "EventMetadataEntry" or value["__class__"] not in VALUE_FIELDS:
                 return None
-            metadata[item["label"]] = None if VALUE_FIELDS[kind] is None else value[VALUE_FIELDS[kind]]
+            field, types = VALUE_FIELDS[value["__class__"]]
+            found = None if field is None else value[field]
+            if (not isinstance(found, types) or (isinstance(found, bool) and types is not bool)
+                    or (types == (dict, list) and '"__' in json.dumps(found))):
+                return None
+            metadata[item["label"]] = found
         return materialization["partition"], metadata
     except (ValueError, TypeError, KeyError):
         return None

@@ -307,8 +307,9 @@ def backfill_like_run(instance: object, partitions: list[str]) -> str:
 
 def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]:
     """A Dagster instance (sqlite, under `tmp`) recording `checkpoints` checkpoint partitions, each materialized once with
-    the metadata a training stage records (its bytes in one file that exists); the instance and the partition keys."""
-    from dagster import AssetMaterialization, DagsterInstance
+    the metadata a training stage records, in a run as a training stage records them (its bytes in one file that exists);
+    the instance and the partition keys."""
+    from dagster import AssetMaterialization, DagsterInstance, job, op
 
     from assets.partitions import CHECKPOINTS
     from factory.config import load, plan_stage
@@ -320,10 +321,20 @@ def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]
     instance.add_dynamic_partitions(CHECKPOINTS, keys)
     stored = tmp / "step.pt"
     stored.write_bytes(b"weights")
-    for i, key in enumerate(keys):
-        instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
-            "step": i % 40 * 25, "tokens_seen": i, "path": str(stored), "sha256": f"{i:064x}", "training": training,
-            "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "0" * 40, "experiment": key.split("__")[0]}))
+
+    @op
+    def record(context) -> None:
+        for i, key in enumerate(keys):
+            context.log_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
+                "step": i % 40 * 25, "tokens_seen": i, "path": str(stored), "sha256": f"{i:064x}", "training": training,
+                "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "0" * 40, "experiment": key.split("__")[0]}))
+
+    @job
+    def training_runs() -> None:
+        record()
+
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    assert training_runs.execute_in_process(instance=instance, run_config=quiet).success
     return instance, keys
 
 

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -58,10 +57,11 @@ def run(request: dict) -> int:
                     code = e.code or 0
                 else:
                     print(e.code, file=sys.stderr)
-            except BaseException:  # noqa: BLE001  (what Python prints for an uncaught exception, and exit 1)
-                traceback.print_exc()
+            except BaseException:  # noqa: BLE001  (as Python ends on an uncaught exception: its hook, the command's own, then exit 1)
+                sys.excepthook(*sys.exc_info())
         finally:
-            atexit._run_exitfuncs()  # what an interpreter's exit runs (the command's own handlers), then no teardown
+            threading._shutdown()  # what an interpreter's exit does: wait for the threads that are not daemons,
+            atexit._run_exitfuncs()  # then its exit handlers (the command's own); then no teardown
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
@@ -98,9 +98,13 @@ class ForkServer:
                    "env": None if env is None else dict(env), "cwd": None if cwd is None else str(cwd)}
         try:
             with self._lock:
-                self.process.stdin.write(json.dumps(request).encode() + b"\n")
-                self.process.stdin.flush()
-                code = json.loads(self._answer(timeout_s))["code"]
+                try:
+                    self.process.stdin.write(json.dumps(request).encode() + b"\n")
+                    self.process.stdin.flush()
+                    code = json.loads(self._answer(timeout_s))["code"]
+                except BaseException:  # interrupted between a request and its answer: the next answer would be this one's
+                    self.stop()
+                    raise
             shown = [module and "-m", module] if module else [str(script)]
             return subprocess.CompletedProcess([sys.executable, *filter(None, shown), *argv], code, out.read_text(errors="replace"),
                                                err.read_text(errors="replace"))
@@ -124,6 +128,9 @@ class ForkServer:
 
 
 _command_line: ForkServer | None = None
+READ_AT_START = ("PYTHON", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "LANG", "LC_")
+"""Environment variables (by prefix) read as the command line's modules are imported: a command whose environment
+differs from the server's in one of them runs in a fresh interpreter."""
 
 
 def factory_command(*args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess:
@@ -133,9 +140,10 @@ def factory_command(*args: str, cwd: Path | None = None, env: Mapping[str, str] 
     global _command_line
     env = dict(os.environ if env is None else env)
     started = os.environ if _command_line is None else _command_line.env
-    if any(env.get(name) != started.get(name) for name in {*env, *started} if name.startswith("PYTHON")):
-        # what the interpreter reads as it starts (the path, the hash seed, warnings...), and the plugins on the path, whose
-        # kinds the configuration's schema takes in as it is imported: a fresh interpreter
+    if any(env.get(name) != started.get(name) for name in {*env, *started} if name.startswith(READ_AT_START)):
+        # what the interpreter reads as it starts (the path, the hash seed, warnings...), with the plugins on the path, whose
+        # kinds the configuration's schema takes in as it is imported, and what the command line's consoles read as they
+        # are made (the width, colours): a fresh interpreter
         return subprocess.run([sys.executable, "-m", "factory", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout_s)
     if _command_line is None or _command_line.process.poll() is not None:
         _command_line = ForkServer(["factory.cli"], started)

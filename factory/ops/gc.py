@@ -145,8 +145,7 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
                 if (reader := readers.get(manifest.digest)) is not None:
                     removal.in_use.append((manifest, reader))
                     continue
-                current = registry.lookup(manifest.fingerprint)
-                if current is not None and current.digest == manifest.digest and (freed := registry.remove(current)) is not None:
+                if (freed := registry.remove(manifest)) is not None:  # (it reads the manifest again: still this one?)
                     removal.removed.append(manifest)
                     removal.bytes += freed
         except LeaseBusy as e:

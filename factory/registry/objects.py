@@ -209,7 +209,7 @@ class ObjectRegistry(Scratch):
         keys = [key for key in self.store.list("leases/") if key.endswith(".lease")]
         return [holder for key in keys if (holder := object_lease.read_holder(self.store, key)) is not None]
 
-    def remove(self, manifest: Manifest) -> int | None:
+    def remove(self, manifest: Manifest | ManifestRow) -> int | None:
         """Remove a published artifact, as `ArtifactStore.remove` does: the manifest first, then its objects unless another
         manifest names the same bytes (and this machine's copy). The bytes freed (None: the manifest is no longer this one)."""
         current = self._manifest(manifest.fingerprint)

@@ -266,7 +266,7 @@ class ArtifactStore(Scratch):
         paths = sorted(p for p in directory.glob("*.lease") if NAME.match(p.stem)) if directory.is_dir() else []
         return [holder for path in paths if (holder := read_holder(path)) is not None]
 
-    def remove(self, manifest: Manifest) -> int | None:
+    def remove(self, manifest: Manifest | ManifestRow) -> int | None:
         """Remove a published artifact (`factory registry gc`; the caller holds its lease): the manifest first, after which
         the artifact does not exist (a lookup misses and its stage computes it again), then its files, unless another
         manifest names the same bytes. The bytes freed; None (and nothing removed) when the manifest is no longer this one."""
@@ -530,6 +530,10 @@ def parse_manifest(data: Any) -> Manifest:
             raise ValueError(f"files names {name[:80]!r}, which is not a path inside the artifact")
         if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int)):
             raise TypeError(f"files.{name} needs sha256 (a string) and bytes (an integer)")
+        if entry["bytes"] < 0:
+            raise ValueError(f"files.{name} has {entry['bytes']} bytes")
+    if sum(entry["bytes"] for entry in data["files"].values()) >= 2**63:  # what the index's integers hold
+        raise ValueError("files add up to 2**63 bytes or more")
     if not all(isinstance(value, str) and DIGEST.match(value) for value in data["inputs"].values()):
         raise TypeError("inputs must map names to digests (64 hex digits)")
     return Manifest(**data)

@@ -26,25 +26,38 @@ def test_the_newest_metadata_of_many_partitions_is_what_asking_each_partition_gi
 def test_rows_read_as_json_give_what_dagster_reads_and_the_others_are_left_to_dagster(tmp_path):
     """On a SQL event log the metadata of many partitions is read from the rows' JSON: the same values Dagster's own
     reading gives, of every kind of value the factory records; a row holding anything else is read by Dagster."""
-    from dagster import MetadataValue, TableColumn, TableSchema
+    from dagster import MetadataValue, TableColumn, TableSchema, job, op
 
     instance = DagsterInstance.local_temp(str(tmp_path))
     plain = {"step": 100, "loss": 1.25, "nan": float("nan"), "big": 2**62, "path": "/r/work/x.pt", "file": MetadataValue.path("/r/y"),
              "link": MetadataValue.url("http://127.0.0.1:8765/c/x"), "done": True, "none": None, "notes": MetadataValue.md("# step"),
              "training": {"kind": "pretrain", "config": {"lr": 0.001, "betas": [0.9, 0.95], "nested": {"a": None}}}, "text": "naïve ✓"}
     others = {"schema": {"columns": TableSchema(columns=[TableColumn("a", "int")])}, "dunder": {"training": {"__class__": "AssetKey", "path": ["x"]}},
-              "a set": {"training": {"__set__": [1]}}, "quoted": {"path": 'a "__init__.py" b'}, "asset": {"upstream": MetadataValue.asset(AssetKey("x"))}}
-    keys = ["plain", *others]
+              "a set": {"training": {"__set__": [1]}}, "quoted": {"path": 'a "__init__.py" b'}, "asset": {"upstream": MetadataValue.asset(AssetKey("x"))},
+              "quoted in json": {"training": {"module": "__main__"}}}
+    keys = ["plain", "in a run", *others]
     instance.add_dynamic_partitions(CHECKPOINTS, keys)
     for key in keys:
-        instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata=plain if key == "plain" else others[key]))
+        if key != "in a run":
+            instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata=plain if key == "plain" else others[key]))
+
+    @op
+    def record(context) -> None:  # as a training stage's run records its checkpoints: a step's event, with its handles
+        context.log_event(AssetMaterialization(CHECKPOINTS, partition="in a run", metadata=plain))
+
+    @job
+    def recording() -> None:
+        record()
+
+    assert recording.execute_in_process(instance=instance).success
     every = latest_metadata_by_partition(instance, CHECKPOINTS)
     dagsters = {key: latest_metadata(instance, CHECKPOINTS, key) for key in keys}
-    assert every.keys() == dagsters.keys() and every["plain"].keys() == plain.keys()
-    assert every["plain"]["nan"] != every["plain"]["nan"] and dagsters["plain"]["nan"] != dagsters["plain"]["nan"]
-    assert {k: v for k, v in every["plain"].items() if k != "nan"} == {k: v for k, v in dagsters["plain"].items() if k != "nan"}
+    assert every.keys() == dagsters.keys()
+    for key in ("plain", "in a run"):
+        assert every[key].keys() == plain.keys() and every[key]["nan"] != every[key]["nan"] and dagsters[key]["nan"] != dagsters[key]["nan"]
+        assert {k: v for k, v in every[key].items() if k != "nan"} == {k: v for k, v in dagsters[key].items() if k != "nan"}
     assert {key: every[key] for key in others} == {key: dagsters[key] for key in others}
     read = dict(records._rows(instance, sorted(instance.event_log_storage.get_latest_storage_id_by_partition(
         AssetKey(CHECKPOINTS), DagsterEventType.ASSET_MATERIALIZATION).values())))
     partitions = {found[0]: found for found in read.values() if found is not None}
-    assert partitions.keys() == {"plain"}, "the plain row is read from its JSON, every other one by Dagster"
+    assert partitions.keys() == {"plain", "in a run", "quoted"}, "the plain rows (text may hold anything) are read from their JSON"

@@ -166,6 +166,24 @@ def test_the_command_lists_first_removes_with_delete_and_keeps_what_is_at_head(t
     assert "broken.md" in refused.output and "every one must load" in refused.output
 
 
+def test_garbage_whose_files_were_damaged_or_lost_is_removed_all_the_same(tmp_path):
+    """A lookup refuses an artifact whose bytes are not what its manifest says (a cache miss): gc removes such garbage
+    as it removes the rest, without hashing it first."""
+    registry = ArtifactStore(tmp_path / "registry")
+    changed, lost = publish(registry, "tokenizer", "changed", {}, "x"), publish(registry, "tokenizer", "lost", {}, "x")
+    for digest in (changed, lost):  # published artifacts are read-only
+        registry.path(digest).chmod(0o755)
+        (registry.path(digest) / "data.bin").chmod(0o644)
+    (registry.path(changed) / "data.bin").write_bytes(b"other bytes")
+    (registry.path(lost) / "data.bin").unlink()
+    assert registry.lookup("changed", rehash=True) is None and registry.lookup("lost") is None
+    collection = plan_collection(registry, [], min_age_s=0)
+    assert {m.digest for m in collection.garbage} == {changed, lost}
+    removal = collect(registry, collection)
+    assert {m.digest for m in removal.removed} == {changed, lost} and removal.in_use == []
+    assert list(registry.manifests()) == [] and not registry.path(changed).exists()
+
+
 def test_a_collection_of_a_store_removes_the_objects_too(tmp_path, s3_server, monkeypatch):
     from factory.registry.objects import ObjectRegistry
     from factory.storage import open_store

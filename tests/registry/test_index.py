@@ -236,13 +236,15 @@ def test_the_rows_a_walk_reads_are_what_the_manifests_say_from_the_index_or_with
     model = made("model", "model", {"pretrain": run}, {}, size=5)
     scored = made("scored", "evaluations", {"z": model, "a": run}, {"training": run, "score": 1.0})
     tuned = made("tuned", "sft", {"base": model}, {"training": 7}, base={"model": model, "from": "other.md"})
+    huge = {**next(store.manifests()).to_json(), "fingerprint": "huge", "files": {"x.bin": {"sha256": "0" * 64, "bytes": 2**63}}}
+    (store.root / "manifests" / "huge.json").write_text(json.dumps(huge))  # more than the index's integers hold: damaged, skipped
     expected = [ManifestRow.of_body(m.to_json()) for m in store.manifests()]
     rows = store.rows()
     assert rows == expected
     by = {row.fingerprint: row for row in rows}
     assert by["model"].size == 10 and by["scored"].inputs == tuple(sorted([model, run])) and by["scored"].training == run
     assert by["tuned"].base_model == model and by["tuned"].training is None and by["run"].inputs == () and by["tuned"].digest == tuned
-    assert by["scored"].digest == scored and [row.fingerprint for row in rows] == sorted(by)
+    assert by["scored"].digest == scored and [row.fingerprint for row in rows] == sorted(by) and "huge" not in by
 
     with sqlite3.connect(store.root / INDEX_NAME) as db:
         db.execute("UPDATE manifests SET size = 'many' WHERE name = 'model'")
