@@ -145,7 +145,7 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
                 if (reader := readers.get(manifest.digest)) is not None:
                     removal.in_use.append((manifest, reader))
                     continue
-                if (freed := registry.remove(manifest)) is not None:  # (it reads the manifest again: still this one?)
+                if (freed := registry.remove(manifest)) is not None:  # it reads the manifest again: one replaced since stays
                     removal.removed.append(manifest)
                     removal.bytes += freed
         except LeaseBusy as e:

@@ -67,8 +67,9 @@ CREATE INDEX IF NOT EXISTS files_by_sha256 ON files (sha256);
 CREATE INDEX IF NOT EXISTS files_by_name ON files (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-"""A row per readable manifest (with the columns of a `ManifestRow`), a row per input it names (what `Where.made_from` and `Where.descends_from` ask: the
-index on both columns answers a step of descent without reading the table), a row per file it lists
+"""A row per readable manifest (with the columns of a `ManifestRow`, which `manifests_rows` covers), a row per input it
+names (what `Where.made_from` and `Where.descends_from` ask: the index on both columns answers a step of descent without
+reading the table), a row per file it lists
 (`Where.file_sha256`), and the rows of the last `KEEP_GENERATIONS` generations' dropped manifests (`changes`)."""
 
 
