@@ -21,6 +21,8 @@ from factory.registry.verify import verify
 
 EXPERIMENTS_ENV = "FACTORY_EXPERIMENTS"
 """The directory of experiment files the sensor reads (as `assets.definitions` reads it)."""
+DEFAULT_MIN_AGE_HOURS = 24.0
+"""`factory registry gc --min-age-hours` when not given (`factory.ops.gc.MIN_AGE_S`)."""
 
 registry_app = typer.Typer(no_args_is_help=True, help="The artifact registry: manifests and published artifacts.")
 
@@ -54,7 +56,7 @@ def registry_gc(
     root: RootOption = None,
     delete: Annotated[bool, typer.Option("--delete", help="Remove the garbage (without it: a dry run that lists it).")] = False,
     min_age_hours: Annotated[float, typer.Option(
-        "--min-age-hours", min=0, help="Keep whatever was published less than this long ago.")] = 24.0,
+        "--min-age-hours", min=0, help="Keep whatever was published less than this long ago.")] = DEFAULT_MIN_AGE_HOURS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
     """Remove the artifacts no experiment at HEAD, no alias or ref, no stage computing now and nothing they were made
@@ -91,8 +93,9 @@ def registry_gc(
                   markup=False, highlight=False)
     work = f" and {len(collection.work)} work directories" if collection.work else ""
     if removal is None:
+        kept_young = [] if min_age_hours == DEFAULT_MIN_AGE_HOURS else ["--min-age-hours", f"{min_age_hours:g}"]  # the same garbage
         out.print(f"{len(collection.garbage)} artifacts{work} ({_size(collection.bytes)}) in {store.location} are needed by nothing; "
-                  f"{len(collection.keep)} kept. Remove them: {hint(settings, 'registry', 'gc', '--delete')}",
+                  f"{len(collection.keep)} kept. Remove them: {hint(settings, 'registry', 'gc', *map(str, paths or []), *kept_young, '--delete')}",
                   markup=False, highlight=False)
         return
     for manifest, why in removal.in_use:
