@@ -22,7 +22,7 @@ from factory.registry.lease import abandoned
 from factory.registry import open_registry
 from factory.runtime import runner
 from factory.runtime.context import WARNINGS, StageContext
-from factory.runtime.exits import say_error, stop_on_signals
+from factory.runtime.exits import interrupted, say_error, stop_on_signals
 from factory.runtime.report import Reporter, exit_now, open_reporter
 from factory.runtime.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     except FactoryError as e:
         say_error(str(e))
         return e.exit_code
-    except KeyboardInterrupt:
-        say_error("interrupted before it finished; its artifact was not published")
-        return 1
-    except OSError as e:
+    except (KeyboardInterrupt, Exception) as e:
+        if interrupted(e):  # Ctrl-C or SIGTERM, however the code it landed in passed it on
+            say_error("interrupted before it finished; its artifact was not published")
+            return 1
+        if not isinstance(e, OSError):
+            raise
         from factory.data.s3_retry import warehouse_outage  # pyarrow is loaded already when this is what failed
 
         if (outage := warehouse_outage(e)) is None:

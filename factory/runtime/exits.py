@@ -57,6 +57,12 @@ def _redeliver(unraisable: Any) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+def interrupted(error: BaseException) -> bool:
+    """Whether `error` is the stop a signal asked for: its KeyboardInterrupt, or whatever a library raised in its place
+    once the signal came (pydantic's serializer, for one, turns the interrupt into an error of its own)."""
+    return isinstance(error, KeyboardInterrupt) or _stopping
+
+
 def say_error(message: str) -> None:
     """The stage's failure in one line: into the launcher's error file when it named one, else on stderr."""
     path = os.environ.get(ERROR_FILE_ENV)

@@ -35,3 +35,40 @@ def test_a_stop_signal_that_lands_in_a_finalizer_still_stops_the_stage():
         done = subprocess.run([sys.executable, "-c", STAGE.format(name=name)], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert (done.stdout, done.returncode) == ("stopped\n", 0), (name, done.stdout, done.stderr)
         assert "Exception ignored" not in done.stderr, done.stderr
+
+
+SERIALIZING = """
+import os, signal
+import pydantic
+from factory.runtime.exits import interrupted, stop_on_signals
+
+stop_on_signals()
+
+class Metadata(pydantic.BaseModel):  # as pyiceberg writes a table's metadata: pydantic's serializer calls back into Python
+    value: int = 1
+
+    @pydantic.field_serializer("value")
+    def _value(self, value):
+        if not {stop}:
+            raise ValueError("an error, and no stop")
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):
+            pass  # the handler runs here, inside the serializer
+        return value
+
+try:
+    Metadata().model_dump_json()
+    print("went on")
+except Exception as e:
+    print(type(e).__name__, interrupted(e))
+"""
+
+
+def test_a_stop_that_a_library_turned_into_its_own_error_is_still_a_stop():
+    """A Ctrl-C that lands in pydantic's serializer comes out as its PydanticSerializationError (CI saw it in pyiceberg's
+    commit): the stage still reports an interruption, not a crash with a traceback; an error with no stop is an error."""
+    said = {}
+    for stop in (True, False):
+        done = subprocess.run([sys.executable, "-c", SERIALIZING.format(stop=stop)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        said[stop] = done.stdout.strip()
+    assert said == {True: "PydanticSerializationError True", False: "PydanticSerializationError False"}, said
