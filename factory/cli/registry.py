@@ -13,6 +13,7 @@ import typer
 from factory.cli.common import RootOption, err, hint, out, settings_of
 from factory.config import Experiment, load_text
 from factory.config.files import read_text
+from factory.config.front_matter import parse_yaml, split_front_matter
 from factory.config.loader import reader
 from factory.errors import ConfigError
 from factory.registry import open_registry
@@ -64,13 +65,18 @@ def registry_gc(
     from factory.ops.gc import collect, plan_collection  # the leaderboard's code: only for this command
     settings = settings_of(paths[0] if paths else None, root)
     experiments, broken = kept_experiments(paths or [settings.repository / os.environ.get(EXPERIMENTS_ENV, "experiments")])
-    if broken:
-        for problem in broken:
+    store = open_registry(settings.root / "registry")
+    made_for = {row.experiment for row in store.rows()} if broken else set()
+    unmade = [(problem, name) for problem, name in broken if name is not None and not any(name in made for made in made_for)]
+    if refused := [problem for problem, name in broken if (problem, name) not in unmade]:
+        for problem in refused:
             err.print(problem, markup=False, highlight=False)
         err.print("gc keeps what every experiment needs, so every one must load: fix these files, or name the experiment "
                   "files to keep", markup=False, highlight=False)
         raise typer.Exit(2)
-    store = open_registry(settings.root / "registry")
+    for problem, name in unmade:  # never run here: nothing was made for it, so there is nothing of it to keep
+        err.print(f"note: {problem}\n  nothing in {store.location} was made for {name!r}: gc keeps nothing for it",
+                  markup=False, highlight=False)
     try:
         collection = plan_collection(store, experiments, min_age_s=min_age_hours * 3600)
     except ConfigError as e:  # a `from:` that names nothing any more
@@ -106,11 +112,11 @@ def registry_gc(
     out.print(f"removed {len(removal.removed)} artifacts{removed} ({_size(removal.bytes)}) from {store.location}", markup=False, highlight=False)
 
 
-def kept_experiments(paths: list[Path]) -> tuple[list[Experiment], list[str]]:
+def kept_experiments(paths: list[Path]) -> tuple[list[Experiment], list[tuple[str, str | None]]]:
     """The experiments of the files named and of the Markdown files with front matter under the directories named (at git
-    HEAD too), and why each such file that does not load fails."""
+    HEAD too), and why each such file that does not load fails, with the name its experiments have (None: unknown)."""
     experiments: list[Experiment] = []
-    broken: list[str] = []
+    broken: list[tuple[str, str | None]] = []
 
     def load(file: Path, text: str | None, read: Callable[[Path], str] | None, where: str = "") -> None:
         try:
@@ -119,11 +125,11 @@ def kept_experiments(paths: list[Path]) -> tuple[list[Experiment], list[str]]:
             if text.startswith("---"):  # front matter: an experiment (a README beside them is not)
                 experiments.extend(load_text(file, text, read=read))
         except ConfigError as e:
-            broken.append(f"{where}{e}")
+            broken.append((f"{where}{e}", _named(file, text)))
 
     for path in paths:
         if not path.exists():
-            broken.append(f"{path}: no such file or directory")
+            broken.append((f"{path}: no such file or directory", None))
         elif not path.is_dir():
             load(path, None, None)
             continue
@@ -134,6 +140,18 @@ def kept_experiments(paths: list[Path]) -> tuple[list[Experiment], list[str]]:
         for file in sorted(path.rglob("*.md")):
             load(file, None, None)
     return experiments, broken
+
+
+def _named(file: Path, text: str | None) -> str | None:
+    """The name of the experiments of a file that does not load (its `name:`, else its stem; a sweep's variants start with
+    it), or None when its front matter does not even parse."""
+    try:
+        front, first_line, _ = split_front_matter(file, text or "")
+        parsed, _ = parse_yaml(file, front, first_line)
+    except ConfigError:
+        return None
+    name = parsed.get("name", file.stem) if isinstance(parsed, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _size(count: int) -> str:

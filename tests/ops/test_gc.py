@@ -166,6 +166,16 @@ def test_the_command_lists_first_removes_with_delete_and_keeps_what_is_at_head(t
     assert refused.exit_code == 2
     assert "broken.md" in refused.output and "every one must load" in refused.output
 
+    # A file that parses but does not load, never run here (nothing in the registry made for its name): gc goes on, saying
+    # so; once something was made for it, gc cannot tell which of that it needs, and refuses.
+    (repo / "experiments" / "broken.md").unlink()
+    (repo / "experiments" / "never-run.md").write_text("---\npretrain: {steps: many}\n---\n")
+    noted = runner.invoke(app, args)
+    assert noted.exit_code == 0 and "was made for 'never-run': gc keeps nothing for it" in " ".join(noted.output.split()), noted.output
+    publish(registry, "tokenizer", "made-for-it", {}, "never-run")
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "never-run.md" in refused.output and "every one must load" in refused.output
+
 
 def test_garbage_whose_files_were_damaged_or_lost_is_removed_all_the_same(tmp_path):
     """A lookup refuses an artifact whose bytes are not what its manifest says (a cache miss): gc removes such garbage
