@@ -313,47 +313,51 @@ class ManifestIndex:
         refuses is built again (with a warning). Where no index can be kept (sqlite3.OperationalError, or one built again
         that still holds what is not a manifest), `every()` lists every manifest, and those asked for are kept."""
         where.sql()  # a condition that cannot be asked is refused before anything is read
+        listed = self._read_or_rebuild(lambda again: [parse(body) for body in self.bodies(kind, where, newest, refresh or again)])
+        if listed is not None:
+            return listed
+        found = [m for m in where.among(every()) if kind in (None, m.kind)]
+        return found if newest is None else sorted(found, key=lambda m: (m.created, m.fingerprint), reverse=True)[:newest]
+
+    def _read_or_rebuild(self, read: Callable[[bool], list[Any]]) -> list[Any] | None:
+        """`read(again)` of the index; one that finds it damaged has it built again (with a warning) and reads once more
+        (`again`: it was built again, so bring it up to date); None where no index can be kept (sqlite3.OperationalError,
+        or one built again that is still damaged): the caller reads the manifests themselves."""
         for attempt in (1, 2):
             try:
-                return [parse(body) for body in self.bodies(kind, where, newest, refresh or attempt == 2)]  # built again: read them
+                return read(attempt == 2)
             except sqlite3.OperationalError as e:  # no index can be kept here, or it is locked
                 log.debug("listing manifests without the index %s (%s)", self.path, e)
-                break
+                return None
             except (sqlite3.DatabaseError, _Damaged, TypeError, ValueError, RecursionError) as e:  # damaged pages or rows
                 log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
                             "building it again" if attempt == 1 else "reading the manifests themselves")
                 self.drop()
-        found = [m for m in where.among(every()) if kind in (None, m.kind)]
-        return found if newest is None else sorted(found, key=lambda m: (m.created, m.fingerprint), reverse=True)[:newest]
+        return None
 
     def rows(self, every: Callable[[], list[Any]]) -> list[ManifestRow]:
         """A `ManifestRow` of every intact manifest, in name order, read from the index's columns after bringing it up to
         date (no manifest parsed: a walk over 100,000 of them reads them in a fraction of a second); a damaged index is
         built again (with a warning). Where no index can be kept, the rows of `every()`'s manifests."""
-        for attempt in (1, 2):
+        listed = self._read_or_rebuild(lambda _: self._rows())
+        return listed if listed is not None else [ManifestRow.of_body(manifest.to_json()) for manifest in every()]
+
+    def _rows(self) -> list[ManifestRow]:
+        """The rows as the index holds them once brought up to date; TypeError for a row of the wrong types."""
+        with self._connected() as db:
+            self._refresh(db)
+            db.execute("BEGIN")  # one snapshot: the check and the rows
             try:
-                with self._connected() as db:
-                    self._refresh(db)
-                    db.execute("BEGIN")  # one snapshot: the check and the rows
-                    try:
-                        if unlike := db.execute(UNLIKE_ROWS).fetchone():
-                            raise TypeError(f"the row of {unlike[0]!r} is not a manifest's")
-                        found = db.execute(ROWS).fetchall()
-                        inputs: dict[str, list[str]] = {}
-                        for name, digest in db.execute("SELECT name, digest FROM inputs ORDER BY name, digest"):
-                            inputs.setdefault(name, []).append(digest)
-                    finally:
-                        db.execute("COMMIT")
-                return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.get(name, ())), base_model, training)
-                        for name, kind, fingerprint, digest, experiment, created, size, base_model, training in found]
-            except sqlite3.OperationalError as e:
-                log.debug("listing manifests without the index %s (%s)", self.path, e)
-                break
-            except (sqlite3.DatabaseError, _Damaged, TypeError) as e:
-                log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
-                            "building it again" if attempt == 1 else "reading the manifests themselves")
-                self.drop()
-        return [ManifestRow.of_body(manifest.to_json()) for manifest in every()]
+                if unlike := db.execute(UNLIKE_ROWS).fetchone():
+                    raise TypeError(f"the row of {unlike[0]!r} is not a manifest's")
+                found = db.execute(ROWS).fetchall()
+                inputs: dict[str, list[str]] = {}
+                for name, digest in db.execute("SELECT name, digest FROM inputs ORDER BY name, digest"):
+                    inputs.setdefault(name, []).append(digest)
+            finally:
+                db.execute("COMMIT")
+        return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.get(name, ())), base_model, training)
+                for name, kind, fingerprint, digest, experiment, created, size, base_model, training in found]
 
     def drop(self) -> None:
         """Remove the index (the next reader builds it again from the manifests)."""
