@@ -66,7 +66,8 @@ def registry_gc(
     settings = settings_of(paths[0] if paths else None, root)
     experiments, broken = kept_experiments(paths or [settings.repository / os.environ.get(EXPERIMENTS_ENV, "experiments")])
     store = open_registry(settings.root / "registry")
-    made_for = {row.experiment for row in store.rows()} if broken else set()
+    rows = store.rows() if broken else None  # read once: gc walks the same rows
+    made_for = {row.experiment for row in rows or ()}
     unmade = [(problem, name) for problem, name in broken if name is not None and not any(name in made for made in made_for)]
     if refused := [problem for problem, name in broken if (problem, name) not in unmade]:
         for problem in refused:
@@ -78,7 +79,7 @@ def registry_gc(
         err.print(f"note: {problem}\n  nothing in {store.location} was made for {name!r}: gc keeps nothing for it",
                   markup=False, highlight=False)
     try:
-        collection = plan_collection(store, experiments, min_age_s=min_age_hours * 3600)
+        collection = plan_collection(store, experiments, min_age_s=min_age_hours * 3600, rows=rows)
     except ConfigError as e:  # a `from:` that names nothing any more
         err.print(f"{e}\ngc cannot tell what that experiment needs; fix it first", markup=False, highlight=False)
         raise typer.Exit(2) from None

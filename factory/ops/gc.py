@@ -90,10 +90,10 @@ def describe(manifest: ManifestRow) -> dict[str, Any]:
 
 
 def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], *, min_age_s: float = MIN_AGE_S,
-                    now: datetime | None = None) -> Collection:
+                    now: datetime | None = None, rows: list[ManifestRow] | None = None) -> Collection:
     """Decide what to keep and what to remove (the module's rules); nothing is removed. The registry's manifests are
-    walked as the index's rows (`ArtifactStore.rows`), none parsed."""
-    manifests = registry.rows()
+    walked as the index's rows (`ArtifactStore.rows`, or `rows` a caller read from it just before), none parsed."""
+    manifests = registry.rows() if rows is None else rows
     by_digest: dict[str, list[ManifestRow]] = {}
     for manifest in manifests:
         by_digest.setdefault(manifest.digest, []).append(manifest)
