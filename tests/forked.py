@@ -105,8 +105,8 @@ class ForkServer:
                 except BaseException:  # interrupted between a request and its answer: the next answer would be this one's
                     self.stop()
                     raise
-            shown = [module and "-m", module] if module else [str(script)]
-            return subprocess.CompletedProcess([sys.executable, *filter(None, shown), *argv], code, out.read_text(errors="replace"),
+            command = ["-m", module] if module else [str(script)]
+            return subprocess.CompletedProcess([sys.executable, *command, *argv], code, out.read_text(errors="replace"),
                                                err.read_text(errors="replace"))
         finally:
             if scratch is not None:
