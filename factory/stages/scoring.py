@@ -31,6 +31,7 @@ from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokeni
 from factory.registry.layout import BLEND_FILE, CHAT_TEMPLATE_FILE, RESULT_FILE
 from factory.registry.store import ArtifactStore, Manifest, Provenance, manifest_of, read_required
 from factory.train.checkpoint import load_checkpoint
+from factory.train.heap import keep_freed_memory
 
 if TYPE_CHECKING:  # the kind's module imports this one when a batch runs
     from factory.stages.evaluation import CheckpointRef, EvalItem
@@ -50,6 +51,8 @@ def evaluate(
         else:
             results[item.partition] = manifest
     log.info("%d evaluations to compute, %d already in the registry", len(pending), len(results))
+    if pending:
+        keep_freed_memory()  # every batch of a benchmark frees the logits the next one allocates again
     loaded: dict[str, EvalInputs] = {}  # by checkpoint partition: its bytes, and its experiment's settings and data
     unavailable: dict[str, str] = {}
     for item in sorted(pending, key=lambda i: (i.checkpoint.key, i.benchmark)):
