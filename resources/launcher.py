@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ SLOTS_DIR = "pool-slots"
 """Under the instance's directory: the slot files of each pool (`machine_slot`)."""
 MessageSink = Callable[[Any], bool]
 """Hears a stage's custom message as it arrives; True when it took the message (it is then not kept for the end)."""
+STAGE_LAUNCHED = threading.Event()
+"""Set once this process has launched a stage: from then on it mostly waits for stages, and work of its own can go on
+beside them (`assets.run.import_ahead`)."""
 
 
 class StageLauncher(ConfigurableResource):
@@ -63,6 +67,7 @@ class StageLauncher(ConfigurableResource):
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
+            STAGE_LAUNCHED.set()
             yield from run_with_pipes(context, argv, kind, on_message, warm_modules([kind], tracker_backend(os.environ)))
 
 
