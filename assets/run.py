@@ -8,6 +8,7 @@ imports and Dagster's overlap; the Dagster part is `assets.materialize`.
 
 from __future__ import annotations
 
+import _imp
 import argparse
 import contextlib
 import importlib
@@ -62,22 +63,31 @@ def run_experiment(
             return materialize_experiment(path, experiments, root, opened, quiet, log)
 
 
-AHEAD = ("factory.data.tables", "factory.evals.heldout", "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker")
-"""What this process imports for its own later steps (the shared benchmark data the evaluations write when it is missing,
-the run report's plots): about a second of imports, made while the stages compute instead of after them."""
+AHEAD = ("factory.data.catalog", "factory.data.tables", "factory.post.tasks", "matplotlib.figure", "matplotlib.backends.backend_agg",
+         "matplotlib.ticker")
+"""What this process imports for its own later steps and not at its start (the dataset checks' and the shared benchmark
+data's tables, the held-out corpus's generator, the run report's plots): about a second of imports, made while the stages
+compute instead of between them."""
 
 
 def import_ahead(modules: Sequence[str]) -> None:
     """Import `modules` in a thread of this process, in the background, once it has launched its first stage (before
     that, the imports would slow Dagster's own, and the run's start); one that fails is imported again where it is
-    needed, and says why there."""
+    needed, and says why there. Each is imported holding the interpreter's import lock: another thread that imports a
+    module meanwhile waits for it, instead of the two importing parts of one cycle at once (which Python answers with a
+    deadlock error, or a module half made, in one of them)."""
     from resources.launcher import STAGE_LAUNCHED
 
     def load() -> None:
         STAGE_LAUNCHED.wait()
         for module in modules:
-            with contextlib.suppress(Exception):
+            _imp.acquire_lock()
+            try:
                 importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - imported again, and reported, by the step that needs it
+                pass
+            finally:
+                _imp.release_lock()
 
     threading.Thread(target=load, name="import-ahead", daemon=True).start()
 

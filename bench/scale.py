@@ -12,8 +12,9 @@ its experiment's entry), the dry run of
 `factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
 checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
 one file among 10, 100 and 1,000 experiment files in a git repository; over a Dagster instance recording 1,000 and
-10,000 checkpoints x 20 benchmarks, `factory evals backfill`'s planning, the UI's asset pages and the page of a run of
-the backfill's shape (one range of partitions); then how each figure grows with the size.
+10,000 checkpoints x 20 benchmarks, `factory evals backfill`'s planning, and the UI's asset pages and the page of a run
+of the backfill's shape (one range of partitions), asked of a Dagster webserver over HTTP as the browser asks them;
+then how each figure grows with the size.
 
 `--smoke`: 90 and 360 manifests, 5 and 20 files, 10 and 40 checkpoints, one run each.
 """
@@ -21,13 +22,18 @@ the backfill's shape (one range of partitions); then how each figure grows with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +157,11 @@ def measure(count: int, repeat: int) -> dict[str, float]:
 
         def gone(kind: str, then: Callable[[], object]) -> Callable[[], None]:
             """Removes the manifest `one_more` wrote, then `then` sees the registry as it was (not timed)."""
-            return lambda: ((root / "manifests" / f"{kind}-extra.json").unlink(), then())
+            def remove() -> None:
+                (root / "manifests" / f"{kind}-extra.json").unlink()
+                then()
+
+            return remove
 
         def listing() -> None:  # the evaluation results, after one more manifest of another kind
             list(store.manifests("evaluations"))
@@ -344,19 +354,60 @@ def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]
     return instance, keys
 
 
+WEBSERVER_READY_S = 300.0
+"""How long the webserver may take to start and load the code location (a loaded 2-core machine: about 10 s)."""
+
+
+@contextlib.contextmanager
+def webserver(home: Path) -> Iterator[Callable[[str, dict], dict]]:
+    """The Dagster webserver on the instance at `home`, serving the factory's code location from a code server of its
+    own, as `factory ui` serves it, on a free port of 127.0.0.1; yields `ask(query, variables)`, which posts one GraphQL
+    query over HTTP, as the UI's pages do, and gives its data (GraphQL errors fail it). Stopped at the end."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def ask(query: str, variables: dict) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.loads(response.read())
+        assert not answer.get("errors"), answer["errors"]
+        return answer["data"]
+
+    log = home / "webserver.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port), "-m", "assets.definitions"],
+                                  cwd=ROOT, env={**os.environ, "DAGSTER_HOME": str(home)}, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + WEBSERVER_READY_S
+        while True:  # until the code location is loaded: its assets are listed
+            with contextlib.suppress(urllib.error.URLError, ConnectionError, AssertionError):
+                if ask("{ assetNodes { id } }", {})["assetNodes"]:
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"the Dagster webserver did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield ask
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
     """Over a Dagster instance (sqlite, on disk) recording `checkpoints` checkpoint partitions (each materialized once
     with the metadata a training stage records), `BENCHMARK_PARTITIONS` benchmarks and a tenth of the checkpoints
     evaluated on one of them, median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored,
-    read per partition as before and in chunks as now; which still lack a result), and the GraphQL query of the Dagster
-    UI's asset page (partition counts and statuses) for `evaluations` and `checkpoints`, executed by the webserver's
-    schema over the code location loaded in this process (no HTTP), the first after the instance changed and again."""
+    read per partition as before and in chunks as now; which still lack a result), and the Dagster UI's questions to its
+    webserver, over HTTP (`webserver`): the asset page's (partition counts and statuses) for `evaluations` and
+    `checkpoints`, the first after the instance changed and again, and the page of a run of a backfill's shape."""
     import warnings
 
     from dagster import AssetMaterialization
-    from dagster._core.test_utils import in_process_test_workspace
-    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-    from dagster_graphql.test.utils import execute_dagster_graphql
 
     from assets.backfill import stored_checkpoints, unevaluated
     from assets.evaluations import EVALS_PER_RUN
@@ -386,18 +437,16 @@ def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
 
         figures = {"before": median_s(per_partition, repeat), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
         run_id = backfill_like_run(instance, [f"{benchmarks[1]}|{key}" for key in keys[:EVALS_PER_RUN]])
-        origin = LoadableTargetOrigin(module_name="assets.definitions", attribute="defs", working_directory=str(ROOT))
-        with in_process_test_workspace(instance, origin) as context:
+        with webserver(Path(tmp)) as ask:
             def run_page() -> None:
-                result = execute_dagster_graphql(context, RUN_PAGE, {"runId": run_id})
-                assert not result.errors and result.data["runOrError"]["__typename"] == "Run", result.errors
-                assert sum(e["__typename"] == "MaterializationEvent" for e in result.data["logsForRun"]["events"]) == min(EVALS_PER_RUN, checkpoints)
+                data = ask(RUN_PAGE, {"runId": run_id})
+                assert data["runOrError"]["__typename"] == "Run", data["runOrError"]
+                assert sum(e["__typename"] == "MaterializationEvent" for e in data["logsForRun"]["events"]) == min(EVALS_PER_RUN, checkpoints)
 
             figures["run"] = median_s(run_page, repeat)
             for asset in ("evaluations", "checkpoints"):
                 def page(asset: str = asset) -> None:
-                    result = execute_dagster_graphql(context, ASSET_PAGE, {"key": {"path": [asset]}})
-                    assert not result.errors and result.data["assetNodeOrError"]["partitionStats"]["numPartitions"], result.errors
+                    assert ask(ASSET_PAGE, {"key": {"path": [asset]}})["assetNodeOrError"]["partitionStats"]["numPartitions"]
                 figures[f"{asset}_first"] = median_s(page, 1)
                 figures[asset] = median_s(page, repeat)
         return figures
@@ -419,7 +468,7 @@ def main() -> None:
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} {f['trained_on']:>11.3f} "
               f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
     print(f"over a Dagster instance of N checkpoints x {BENCHMARK_PARTITIONS} benchmarks, median seconds: `factory evals backfill`'s "
-          "planning, the UI's asset page (GraphQL; first after a change, then again) and the page of a backfill's run:")
+          "planning, the UI's asset page (its GraphQL over HTTP; first after a change, then again) and the page of a backfill's run:")
     print(f"{'checkpoints':>12} {'stored, per partition':>22} {'stored, in chunks':>18} {'without a result':>17} {'ratio':>6} "
           f"{'evaluations page':>17} {'checkpoints page':>17} {'run page':>9}")
     for checkpoints in ([10, 40] if args.smoke else [1000, 10000]):

@@ -44,8 +44,8 @@ SLOTS_DIR = "pool-slots"
 MessageSink = Callable[[Any], bool]
 """Hears a stage's custom message as it arrives; True when it took the message (it is then not kept for the end)."""
 STAGE_LAUNCHED = threading.Event()
-"""Set once this process has launched a stage: from then on it mostly waits for stages, and work of its own can go on
-beside them (`assets.run.import_ahead`)."""
+"""Set once this process has launched a stage (here or as a Volcano Job): from then on it mostly waits for stages, and
+work of its own can go on beside them (`assets.run.import_ahead`)."""
 
 
 class StageLauncher(ConfigurableResource):

@@ -27,7 +27,7 @@ from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.kinds import stage_kind
 from factory.errors import FactoryError
 from factory.runtime.request import StageRequest
-from resources.launcher import MessageSink, PipesMessageTap, StageLauncher, pipes_results
+from resources.launcher import STAGE_LAUNCHED, MessageSink, PipesMessageTap, StageLauncher, pipes_results
 
 
 class VolcanoStageLauncher(StageLauncher):
@@ -64,6 +64,7 @@ class VolcanoStageLauncher(StageLauncher):
         from factory.launch.volcano_client import VolcanoJobs, connect
 
         settings = self.settings()
+        STAGE_LAUNCHED.set()
         reader = PipesLogLineReader()
         tapped = PipesMessageTap(reader, on_message) if on_message else reader
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=tapped) as session:

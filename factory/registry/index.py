@@ -458,7 +458,11 @@ def _directory_listing(directory: Path) -> dict[str, str]:
     except (FileNotFoundError, NotADirectoryError):
         return {}
     try:  # each name looked up in the open directory, not along the whole path (a sixth less time at 100,000)
-        for name in os.listdir(fd):
+        try:
+            names = os.listdir(fd)
+        except FileNotFoundError:  # removed since it was opened
+            return {}
+        for name in names:
             if name.endswith(".json"):
                 try:
                     info = os.stat(name, dir_fd=fd, follow_symlinks=False)

@@ -4,9 +4,11 @@ A training step allocates and frees the same large buffers (activations, logits 
 gradients) every time. glibc's malloc returns a freed top of the heap to the OS once it passes
 the trim threshold (by default twice the largest buffer freed so far, at most 64 MiB) and serves
 buffers above the mmap threshold with fresh mappings, so each step faults its memory back in page
-by page: on the CPU that costs a tenth of a step. Raising both thresholds keeps the peak resident
-(it is reached again by the next step anyway). An evaluation's batches do the same: scoring bits per byte of the tiny
-experiment's checkpoints took 1.5-2.0 s each with glibc's defaults, 1.1-1.2 s with the heap kept and padded (`TOP_PAD`).
+by page: on the CPU that costs a tenth of a step. Raising both thresholds, and padding the heap's growth so that
+buffers just above the mmap threshold fit in its free top (`TOP_PAD`), keeps the peak resident (it is reached again by
+the next step anyway). An evaluation batch's benchmarks allocate and free the same logits batch after batch too, and
+keep their memory the same way; buffers of up to the pad (a checkpoint's tensors, loaded for scoring) then come from the
+heap as well, and stay resident until the process ends or the trim threshold is passed.
 
 Under FSDP that trade is the wrong one: each block's parameters are gathered into full-size buffers that are freed
 after the block, so a heap that keeps them holds a whole model's worth of gathered blocks, undoing what sharding saves.
@@ -33,8 +35,8 @@ M_TOP_PAD = -2
 TOP_PAD = 256 << 20
 """Each time the heap grows, it grows by this much more than asked (address space: pages are resident once used). A
 buffer above the mmap threshold is taken from the heap's free top when the top has room for it, and is mapped afresh
-(and faulted in again) only when it has not: an evaluation batch's logits of 32 MiB and a bit (32 windows of 128 tokens
-over 2,048 entries, in fp32) came from the heap with this pad and were mapped for every batch without it."""
+(and faulted in again) only when it has not: the logits of an evaluation batch of the tiny experiment (32 windows of 128
+tokens over 2,048 entries, in fp32: 32 MiB and torch's alignment) fit in this pad, not in glibc's default of 128 KiB."""
 _ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
 LEAVE_ENV = "FACTORY_DEFAULT_MALLOC"
 """Set to 1 to leave glibc's malloc as it is (to compare, or where the resident peak matters more than speed)."""
