@@ -8,17 +8,14 @@ imports and Dagster's overlap; the Dagster part is `assets.materialize`.
 
 from __future__ import annotations
 
-import _imp
 import argparse
 import contextlib
-import importlib
 import os
 import sys
-import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,30 +63,8 @@ def run_experiment(
 AHEAD = ("factory.data.catalog", "factory.data.tables", "factory.post.tasks", "matplotlib.figure", "matplotlib.backends.backend_agg",
          "matplotlib.ticker")
 """What this process imports for its own later steps and not at its start (the dataset checks' and the shared benchmark
-data's tables, the held-out corpus's generator, the run report's plots): about a second of imports, made while the stages
-compute instead of between them."""
-
-
-def import_ahead(modules: Sequence[str]) -> None:
-    """Import `modules` in a thread of this process, in the background, once it has launched its first stage (before
-    that, the imports would slow Dagster's own, and the run's start); one that fails is imported again where it is
-    needed, and says why there. Each is imported holding the interpreter's import lock: another thread that imports a
-    module meanwhile waits for it, instead of the two importing parts of one cycle at once (which Python answers with a
-    deadlock error, or a module half made, in one of them)."""
-    from resources.launcher import STAGE_LAUNCHED
-
-    def load() -> None:
-        STAGE_LAUNCHED.wait()
-        for module in modules:
-            _imp.acquire_lock()
-            try:
-                importlib.import_module(module)
-            except Exception:  # noqa: BLE001 - imported again, and reported, by the step that needs it
-                pass
-            finally:
-                _imp.release_lock()
-
-    threading.Thread(target=load, name="import-ahead", daemon=True).start()
+data's tables, the held-out corpus's generator, the run report's plots): about a second of imports, made while its first
+stage computes instead of between the stages (`resources.launcher.import_beside_the_next_stage`)."""
 
 
 def pending_bases(experiments: list[Experiment], root: Path) -> list[Base]:
@@ -110,7 +85,9 @@ def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
     kinds = [plan.kind for plan in plans if plan.status == "run"]
     if kinds:
         with warm_starts(warm_modules(kinds, tracker_backend(os.environ))):
-            import_ahead(AHEAD)
+            from resources.launcher import import_beside_the_next_stage  # Dagster's import, beside the warm interpreter's
+
+            import_beside_the_next_stage(AHEAD)
             yield
     else:
         yield

@@ -8,6 +8,7 @@ carries it (a temp file here, the master pod's log on a cluster).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import tempfile
 import threading
@@ -43,9 +44,36 @@ SLOTS_DIR = "pool-slots"
 """Under the instance's directory: the slot files of each pool (`machine_slot`)."""
 MessageSink = Callable[[Any], bool]
 """Hears a stage's custom message as it arrives; True when it took the message (it is then not kept for the end)."""
-STAGE_LAUNCHED = threading.Event()
-"""Set once this process has launched a stage (here or as a Volcano Job): from then on it mostly waits for stages, and
-work of its own can go on beside them (`assets.run.import_ahead`)."""
+_AHEAD: list[str] = []
+"""Modules this process imports beside its next stage (`import_beside_the_next_stage`)."""
+
+
+def import_beside_the_next_stage(modules: Sequence[str]) -> None:
+    """Have this process import `modules` while its next stage runs, instead of on the run's clock after it (the process
+    only waits for the stage meanwhile); one that fails is imported again where it is needed, and says why there."""
+    _AHEAD.extend(modules)
+
+
+@contextlib.contextmanager
+def beside_the_stage() -> Iterator[None]:
+    """Around a stage's run: a thread imports the modules asked for (`import_beside_the_next_stage`), and the launch waits
+    for it before it goes on, so that nothing else of this process imports at the same time (two threads importing parts of
+    one import cycle at once get a deadlock error, or a module half made, in one of them)."""
+    modules, _AHEAD[:] = list(_AHEAD), []
+
+    def load() -> None:
+        for module in modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
+
+    thread = threading.Thread(target=load, name="import-ahead", daemon=True) if modules else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        if thread is not None:
+            thread.join()
 
 
 class StageLauncher(ConfigurableResource):
@@ -67,7 +95,6 @@ class StageLauncher(ConfigurableResource):
                 argv = stage_argv(request.write(Path(tmp) / "request.json"), processes=request.processes, nodes=request.nodes)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
-            STAGE_LAUNCHED.set()
             yield from run_with_pipes(context, argv, kind, on_message, warm_modules([kind], tracker_backend(os.environ)))
 
 
@@ -104,7 +131,8 @@ def run_with_pipes(
         message_reader=PipesMessageTap(reader, on_message) if on_message else reader,
     ) as session:
         try:
-            LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name, needs)
+            with beside_the_stage():
+                LocalLauncher().run(argv, session.get_bootstrap_env_vars(), name, needs)
         except FactoryError as e:
             raise Failure(description=str(e)) from e
     yield from pipes_results(session)

@@ -27,7 +27,7 @@ from factory.config.cluster import KubernetesSettings, load_profile
 from factory.config.kinds import stage_kind
 from factory.errors import FactoryError
 from factory.runtime.request import StageRequest
-from resources.launcher import STAGE_LAUNCHED, MessageSink, PipesMessageTap, StageLauncher, pipes_results
+from resources.launcher import MessageSink, PipesMessageTap, StageLauncher, beside_the_stage, pipes_results
 
 
 class VolcanoStageLauncher(StageLauncher):
@@ -64,7 +64,6 @@ class VolcanoStageLauncher(StageLauncher):
         from factory.launch.volcano_client import VolcanoJobs, connect
 
         settings = self.settings()
-        STAGE_LAUNCHED.set()
         reader = PipesLogLineReader()
         tapped = PipesMessageTap(reader, on_message) if on_message else reader
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=tapped) as session:
@@ -74,7 +73,8 @@ class VolcanoStageLauncher(StageLauncher):
                         else batch_job_spec(request.spec, settings, os.environ.get("DAGSTER_CURRENT_IMAGE"), env=env))
                 jobs = VolcanoJobs(connect(settings.kubeconfig, settings.in_cluster, settings.context), settings.namespace, context.log,
                                    poll_s=settings.poll_s, schedule_timeout_s=settings.schedule_timeout_s)
-                jobs.run(job_manifest(spec), json.dumps(request.to_json()), reader.feed)
+                with beside_the_stage():
+                    jobs.run(job_manifest(spec), json.dumps(request.to_json()), reader.feed)
             except FactoryError as e:
                 raise Failure(description=str(e)) from e
         yield from pipes_results(session)
