@@ -1,22 +1,26 @@
-"""The control plane at a lab's size (`make bench`): listings, lineage and the leaderboard over a registry of 1k to 100k
-manifests (from its index, and listings from the manifest files as before the index), and the experiments sensor's tick.
+"""The control plane at a lab's size (`make bench`): the factory's questions over a history of 1k to 100k manifests, each
+history made once and reused.
 
-A registry is filled with N manifests in experiments of a lab's mix of kinds (`BLOCK`: two in three are evaluation
-results), each naming its inputs, without artifact bytes: listings and lineage read manifests only. For each size it
-prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of the evaluation
-results from the index when nothing changed, the same after one new manifest, the listing without the index (every
-manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions), the models
-made from the data every experiment shares (`factory lineage TABLE@tag`'s: the whole registry lies below it), the leaderboard
-(`factory leaderboard`'s board, as kept while nothing changed, and after a new result, which computes again only
-its experiment's entry), the dry run of
-`factory registry gc`, `factory plan` of one experiment whose stages are all cached, Podium's generate list and the
-checkpoint a link names, and the index's size on disk. Then the experiments sensor's tick at a commit that changes
-one file among 10, 100 and 1,000 experiment files in a git repository; over a Dagster instance recording 1,000 and
-10,000 checkpoints x 20 benchmarks, `factory evals backfill`'s planning, and the UI's asset pages and the page of a run
-of the backfill's shape (one range of partitions), asked of a Dagster webserver over HTTP as the browser asks them;
-then how each figure grows with the size.
+A history of N manifests is one root, made without training anything (`make_history`): a registry of N manifests in
+experiments of a lab's mix of kinds (`BLOCK`: two in three are evaluation results), each naming its inputs, without
+artifact bytes (listings and lineage read manifests only), beside the tiny recipe's stages all published; a git
+repository of N/100 experiment files that came in N/400 commits; and a Dagster instance on PostgreSQL recording N/10
+checkpoints x 20 benchmarks, a tenth of the checkpoints evaluated on one benchmark and a run of a backfill's shape.
+With `--root DIR` the histories (DIR/<N>) and their PostgreSQL cluster (DIR/postgres) stay there and a later run reuses
+them as they are; a history is made again only when its shape or `FORMAT` changed, or its make did not finish.
 
-`--smoke`: 90 and 360 manifests, 5 and 20 files, 40 checkpoints, one run each.
+For each size it prints, median of `--repeat` runs: the index's first build (every manifest read once), a listing of
+the evaluation results from the index when nothing changed, the same after one new manifest, the listing without the
+index (every manifest file opened and parsed), the lineage of one model up and down (`factory lineage`'s questions),
+the models made from the data every experiment shares (`factory lineage TABLE@tag`'s: the whole registry lies below
+it), the leaderboard (`factory leaderboard`'s board, as kept while nothing changed, and after a new result, which
+computes again only its experiment's entry), the dry run of `factory registry gc`, `factory plan` of one experiment
+whose stages are all cached, Podium's generate list and the checkpoint a link names, and the index's size on disk;
+over its Dagster instance, `factory evals backfill`'s planning, and the UI's asset pages and the page of the run of a
+backfill's shape, asked of a Dagster webserver over HTTP as the browser asks them; the experiments sensor's tick at a
+commit that changes one of its experiment files. Then how each figure grows with the size.
+
+`--smoke`: histories of 90 and 360 manifests (5 files, 40 checkpoints), one run each, the webserver at the last only.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -114,6 +119,102 @@ def publish_model_files(store) -> str:
     return manifest.files["model.pt"]["sha256"]
 
 
+FORMAT = 1
+"""What `make_history` writes (raised when that changes): a history of another format is made again."""
+MADE = "made.json"
+"""A history's record, written last: a root without it (a make that did not finish) is made again."""
+
+
+def shape(count: int) -> dict[str, int]:
+    """A history of `count` manifests in a lab's proportions: its experiment files, the commits they came in and its
+    checkpoints (1,000 files in 250 commits and 10,000 checkpoints at 100,000 manifests)."""
+    files = max(5, count // 100)
+    return {"format": FORMAT, "manifests": count, "files": files, "commits": max(2, files // 4), "checkpoints": max(40, count // 10)}
+
+
+@contextlib.contextmanager
+def history(root: Path, count: int, server: str) -> Iterator[dict]:
+    """The history of `count` manifests at `root` (`shape`): made unless a whole one of that shape is there, which is reused
+    as it is; its Dagster instance keeps its runs and events in the database `scale_<count>` of the PostgreSQL server at
+    `server`. Within the block $DAGSTER_HOME and $FACTORY_DATABASE_URL name that instance (as `factory --root ROOT`'s
+    deployed profile does). Yields its record (`make_history`'s)."""
+    from factory.cli.common import dagster_home
+    from factory.data.catalog import DATABASE_ENV
+    from tests.postgres import database
+
+    wanted = shape(count)
+    record = root / MADE
+    made = json.loads(record.read_text()) if record.exists() else {}
+    reused = {key: made.get(key) for key in wanted} == wanted
+    if not reused:
+        shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    saved = {name: os.environ.get(name) for name in ("DAGSTER_HOME", DATABASE_ENV)}
+    os.environ[DATABASE_ENV] = database(server, f"scale_{count}", keep=reused)
+    os.environ["DAGSTER_HOME"] = str(dagster_home(root))
+    try:
+        if reused:
+            print(f"reusing the history of {count:,} manifests at {root} (made in {made['seconds']:.0f} s)")
+        else:
+            made = make_history(root, wanted)
+            print(f"made the history of {count:,} manifests at {root} in {made['seconds']:.0f} s")
+        yield made
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def make_history(root: Path, wanted: dict[str, int]) -> dict:
+    """Fill `root` with a history of the shape `wanted`, the Dagster instance $DAGSTER_HOME names too: the registry
+    (`fill`, the tiny recipe's stages all published, an exported model with its files), a git repository of experiment
+    files, the checkpoint and benchmark partitions with the checkpoints' materializations, a tenth of the checkpoints
+    evaluated on one benchmark and a run of a backfill's shape on another. Its record, written last: `wanted`, the
+    seconds the make took, the repository's commit, that run's id and the exported model's weights' sha256."""
+    from dagster import AssetMaterialization, DagsterInstance
+
+    from assets.evaluations import EVALS_PER_RUN
+    from assets.partitions import BENCHMARKS
+    from factory.atomic import write_atomic
+    from factory.registry import ArtifactStore
+
+    started = time.perf_counter()
+    fill(root / "registry", wanted["manifests"])
+    store = ArtifactStore(root / "registry")
+    publish_tiny(store)
+    weights = publish_model_files(store)
+    commit = make_repository(root / "repo", wanted["files"], wanted["commits"])
+    with DagsterInstance.get() as instance:
+        keys = record_checkpoints(instance, root, wanted["checkpoints"])
+        benchmarks = [f"bench_{i:02d}" for i in range(BENCHMARK_PARTITIONS)]
+        instance.add_dynamic_partitions(BENCHMARKS, benchmarks)
+        for key in keys[: max(1, len(keys) // 10)]:
+            instance.report_runless_asset_event(AssetMaterialization("evaluations", partition=f"{benchmarks[0]}|{key}"))
+        run = backfill_like_run(instance, [f"{benchmarks[1]}|{key}" for key in keys[:EVALS_PER_RUN]])
+    made = {**wanted, "seconds": time.perf_counter() - started, "commit": commit, "run": run, "weights": weights}
+    write_atomic(root / MADE, json.dumps(made, indent=2))
+    return made
+
+
+def make_repository(repo: Path, files: int, commits: int) -> str:
+    """A git repository of `files` experiment files (the tiny recipe, and variants extending it) that came in `commits`
+    commits; its last commit."""
+    experiments = repo / "experiments"
+    experiments.mkdir(parents=True)
+    git(repo, "init", "-q")
+    (experiments / "base.md").write_text((ROOT / "experiments" / "tiny-code-lm.md").read_text())
+    variants = range(files - 1)
+    per_commit = -(-len(variants) // commits)
+    for first in range(0, len(variants), per_commit):
+        for i in variants[first:first + per_commit]:
+            (experiments / f"e{i:05d}.md").write_text(f"---\nextends: base.md\nseed: {i}\n---\nVariant {i}.\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-qm", f"variants from {first}")
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
 def median_s(action: Callable[[], object], repeat: int, before: Callable[[], object] = lambda: None,
              after: Callable[[], object] = lambda: None) -> float:
     """The median seconds of `action`, each run between `before` and `after` (not timed: what brings the registry to the
@@ -128,138 +229,135 @@ def median_s(action: Callable[[], object], repeat: int, before: Callable[[], obj
     return statistics.median(times)
 
 
-def measure(count: int, repeat: int) -> dict[str, float]:
+def measure(root: Path, made: dict, repeat: int) -> dict[str, float]:
+    """The registry's figures over the history at `root` (`made_history`'s record `made`); it is left as it was."""
+    from factory.config import load
     from factory.registry import ArtifactStore
     from factory.registry.index import INDEX_NAME
     from factory.registry.store import parse_manifest
 
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        root = Path(tmp) / "registry"
-        fill(root, count)
-        store = ArtifactStore(root)
-        index = store.index()
+    count = made["manifests"]
+    registry = root / "registry"
+    store = ArtifactStore(registry)
+    index = store.index()
 
-        def build() -> None:
-            index.drop()
-            list(index.bodies("evaluations"))
+    def build() -> None:
+        index.drop()
+        list(index.bodies("evaluations"))
 
-        def files() -> list:
-            return [m for path in store.manifest_paths() if (m := store._read_or_warn(path)) is not None and m.kind == "evaluations"]
+    def files() -> list:
+        return [m for path in store.manifest_paths() if (m := store._read_or_warn(path)) is not None and m.kind == "evaluations"]
 
-        figures = {"build": median_s(build, repeat), "files": median_s(files, repeat)}
-        figures["index"] = median_s(lambda: list(store.manifests("evaluations")), repeat)
+    figures = {"build": median_s(build, repeat), "files": median_s(files, repeat)}
+    figures["index"] = median_s(lambda: list(store.manifests("evaluations")), repeat)
 
-        def one_more(kind: str, **changes: str) -> Callable[[], None]:
-            """Writes one more manifest of `kind` (a copy of one, `changes` made), as a publish would."""
-            body = parse_manifest(json.loads(next((root / "manifests").glob(f"{kind}-*.json")).read_text())).to_json()
-            extra = root / "manifests" / f"{kind}-extra.json"
-            return lambda: extra.write_text(json.dumps({**body, "fingerprint": f"{kind}-extra", **changes}))
+    def one_more(kind: str, **changes: str) -> Callable[[], None]:
+        """Writes one more manifest of `kind` (a copy of one, `changes` made), as a publish would."""
+        body = parse_manifest(json.loads(next((registry / "manifests").glob(f"{kind}-*.json")).read_text())).to_json()
+        extra = registry / "manifests" / f"{kind}-extra.json"
+        return lambda: extra.write_text(json.dumps({**body, "fingerprint": f"{kind}-extra", **changes}))
 
-        def gone(kind: str, then: Callable[[], object]) -> Callable[[], None]:
-            """Removes the manifest `one_more` wrote, then `then` sees the registry as it was (not timed)."""
-            def remove() -> None:
-                (root / "manifests" / f"{kind}-extra.json").unlink()
-                then()
+    def gone(kind: str, then: Callable[[], object]) -> Callable[[], None]:
+        """Removes the manifest `one_more` wrote, then `then` sees the registry as it was (not timed)."""
+        def remove() -> None:
+            (registry / "manifests" / f"{kind}-extra.json").unlink()
+            then()
 
-            return remove
+        return remove
 
-        def listing() -> None:  # the evaluation results, after one more manifest of another kind
-            list(store.manifests("evaluations"))
+    def listing() -> None:  # the evaluation results, after one more manifest of another kind
+        list(store.manifests("evaluations"))
 
-        figures["changed"] = median_s(listing, repeat, before=one_more("model"), after=gone("model", listing))
+    figures["changed"] = median_s(listing, repeat, before=one_more("model"), after=gone("model", listing))
 
-        def lineage() -> None:  # what `factory lineage` of the last experiment's RL model asks
-            from factory.ops.lineage import Lineage
+    def lineage() -> None:  # what `factory lineage` of the last experiment's RL model asks
+        from factory.ops.lineage import Lineage
 
-            graph = Lineage(store)
-            [model] = [m for m in graph.find(f"exp-{count // len(BLOCK) - 1}") if m.inputs.get("rl")]
-            graph.upstream(model.digest), graph.downstream(model.digest), graph.descendants(model.digest)
+        graph = Lineage(store)
+        [model] = [m for m in graph.find(f"exp-{count // len(BLOCK) - 1}") if m.inputs.get("rl")]
+        graph.upstream(model.digest), graph.downstream(model.digest), graph.descendants(model.digest)
 
-        figures["lineage"] = median_s(lineage, repeat)
+    figures["lineage"] = median_s(lineage, repeat)
 
-        def trained_on() -> None:  # `factory lineage TABLE@tag`'s models: every model made, through any stages, from the data
-            from factory.ops.lineage import Lineage
+    def trained_on() -> None:  # `factory lineage TABLE@tag`'s models: every model made, through any stages, from the data
+        from factory.ops.lineage import Lineage
 
-            assert len(Lineage(store).descendants(SHARED_BLEND, "model")) == 2 * (count // len(BLOCK))
+        assert len(Lineage(store).descendants(SHARED_BLEND, "model")) == 2 * (count // len(BLOCK))
 
-        figures["trained_on"] = median_s(trained_on, repeat)
+    figures["trained_on"] = median_s(trained_on, repeat)
 
-        def leaderboard() -> None:  # what `factory leaderboard` answers while nothing changed since its last board
-            from factory.evals.publish import current_board
+    def leaderboard() -> None:  # what `factory leaderboard` answers while nothing changed since its last board
+        from factory.evals.publish import current_board
 
-            assert len(current_board(store).rows) == count // len(BLOCK)
+        assert len(current_board(store).rows) == count // len(BLOCK)
 
-        leaderboard()  # the first board since the registry was filled
-        figures["leaderboard"] = median_s(leaderboard, repeat)
+    leaderboard()  # the first board since the registry was filled
+    figures["leaderboard"] = median_s(leaderboard, repeat)
 
-        # a new result, asked for at once: its experiment's entry computed again, the rows merged
-        new_result = one_more("evaluations", created=time.strftime("%Y-%m-%dT%H:%M:%S+00:00"))
-        figures["board_changed"] = median_s(leaderboard, repeat, before=new_result, after=gone("evaluations", leaderboard))
+    # a new result, asked for at once: its experiment's entry computed again, the rows merged
+    new_result = one_more("evaluations", created=time.strftime("%Y-%m-%dT%H:%M:%S+00:00"))
+    figures["board_changed"] = median_s(leaderboard, repeat, before=new_result, after=gone("evaluations", leaderboard))
 
-        tiny = publish_tiny(store)
+    tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
 
-        def plan() -> None:  # `factory plan` of one experiment whose stages are all cached
-            from factory.ops.plan import build_plan
+    def plan() -> None:  # `factory plan` of one experiment whose stages are all cached
+        from factory.ops.plan import build_plan
 
-            assert {p.status for p in build_plan([tiny], store)} == {"cached"}
+        assert {p.status for p in build_plan([tiny], store)} == {"cached"}
 
-        figures["plan"] = median_s(plan, repeat)
-        weights = publish_model_files(store)
+    figures["plan"] = median_s(plan, repeat)
+    weights = made["weights"]
 
-        def podium() -> None:  # Podium's generate page's list, and the page a checkpoint link opens
-            from factory.podium.generate import candidates, find_candidate
+    def podium() -> None:  # Podium's generate page's list, and the page a checkpoint link opens
+        from factory.podium.generate import candidates, find_candidate
 
-            candidates(store)
-            assert find_candidate(store, weights) is not None
+        candidates(store)
+        assert find_candidate(store, weights) is not None
 
-        podium()  # its imports (torch) are the server's start-up, not the page's
-        figures["podium"] = median_s(podium, repeat)
+    podium()  # its imports (torch) are the server's start-up, not the page's
+    figures["podium"] = median_s(podium, repeat)
 
-        def gc_dry_run() -> None:  # `factory registry gc`'s dry run, no experiment file: whatever no alias or ref names
-            from factory.ops.gc import plan_collection
+    def gc_dry_run() -> None:  # `factory registry gc`'s dry run, no experiment file: whatever no alias or ref names
+        from factory.ops.gc import plan_collection
 
-            plan_collection(store, [], min_age_s=0)
+        plan_collection(store, [], min_age_s=0)
 
-        figures["gc"] = median_s(gc_dry_run, repeat)
-        figures["index_mb"] = (root / INDEX_NAME).stat().st_size / 1e6
-        return figures
+    figures["gc"] = median_s(gc_dry_run, repeat)
+    figures["index_mb"] = (registry / INDEX_NAME).stat().st_size / 1e6
+    return figures
 
 
 def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-c", "user.email=b@b", "-c", "user.name=b", *args], cwd=repo, check=True, capture_output=True)
 
 
-def sensor_tick(files: int, repeat: int) -> float:
-    """The experiments sensor's tick at a commit that changes one of `files` experiment files (each extending the tiny
-    recipe, all committed before): median seconds of `repeat` ticks, each after a new such commit."""
+def sensor_tick(root: Path, made: dict, repeat: int) -> float:
+    """The experiments sensor's tick at a commit that changes one of the history's experiment files, over its registry and
+    its Dagster instance: median seconds of `repeat` ticks, each after a new such commit. The repository is put back at
+    the history's commit afterwards."""
     from dagster import DagsterInstance, build_sensor_context
 
     from assets.sensors import experiments_at_head
     from resources import ExperimentFiles, FactoryStores
 
-    with tempfile.TemporaryDirectory(prefix="bench-sensor-") as tmp:
-        repo = Path(tmp) / "repo"
-        experiments = repo / "experiments"
-        experiments.mkdir(parents=True)
-        git(repo, "init", "-q")
-        (experiments / "base.md").write_text((ROOT / "experiments" / "tiny-code-lm.md").read_text())
-        for i in range(files - 1):
-            (experiments / f"e{i:05d}.md").write_text(f"---\nextends: base.md\nseed: {i}\n---\nVariant {i}.\n")
-        git(repo, "add", ".")
-        git(repo, "commit", "-qm", "files")
-        instance = DagsterInstance.ephemeral()
-        resources = {"experiments": ExperimentFiles(directory=str(experiments)), "stores": FactoryStores(root=str(Path(tmp) / ".factory"))}
-        cursor = experiments_at_head(build_sensor_context(instance=instance, resources=resources)).cursor
-        times = []
-        for round_ in range(repeat):
-            (experiments / "e00000.md").write_text(f"---\nextends: base.md\nseed: {1000 + round_}\n---\nChanged.\n")
-            git(repo, "commit", "-qam", f"change {round_}")
-            started = time.perf_counter()
-            result = experiments_at_head(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
-            times.append(time.perf_counter() - started)
-            assert len(result.run_requests) == 1, result
-            cursor = result.cursor
-        return statistics.median(times)
+    repo = root / "repo"
+    experiments = repo / "experiments"
+    resources = {"experiments": ExperimentFiles(directory=str(experiments)), "stores": FactoryStores(root=str(root))}
+    times = []
+    with DagsterInstance.get() as instance:
+        try:
+            cursor = experiments_at_head(build_sensor_context(instance=instance, resources=resources)).cursor
+            for round_ in range(repeat):
+                (experiments / "e00000.md").write_text(f"---\nextends: base.md\nseed: {1000 + round_}\n---\nChanged.\n")
+                git(repo, "commit", "-qam", f"change {round_}")
+                started = time.perf_counter()
+                result = experiments_at_head(build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+                times.append(time.perf_counter() - started)
+                assert len(result.run_requests) == 1, result
+                cursor = result.cursor
+        finally:
+            git(repo, "reset", "-q", "--hard", made["commit"])
+    return statistics.median(times)
 
 
 BENCHMARK_PARTITIONS = 20
@@ -321,21 +419,19 @@ def backfill_like_run(instance: object, partitions: list[str]) -> str:
     return evaluations_range.execute_in_process(instance=instance, run_config=quiet).run_id
 
 
-def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]:
-    """A Dagster instance (sqlite, under `tmp`) recording `checkpoints` checkpoint partitions, each materialized once with
-    the metadata a training stage records, in a run as a training stage records them (its bytes in one file that exists);
-    the instance and the partition keys."""
-    from dagster import AssetMaterialization, DagsterInstance, job, op
+def record_checkpoints(instance: object, root: Path, checkpoints: int) -> list[str]:
+    """`checkpoints` checkpoint partitions in `instance`, each materialized once with the metadata a training stage records,
+    in a run as a training stage records them (its bytes in one file under `root` that exists); their keys."""
+    from dagster import AssetMaterialization, job, op
 
     from assets.partitions import CHECKPOINTS
     from factory.config import load, plan_stage
 
     tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
     training = plan_stage(tiny, "pretrain", {"blend": "b" * 64, "tokenizer": "c" * 64}).to_json()
-    instance = DagsterInstance.local_temp(str(tmp))
     keys = [f"exp-{i // 40}__pretrain-{i % 40 * 25:06d}" for i in range(checkpoints)]
     instance.add_dynamic_partitions(CHECKPOINTS, keys)
-    stored = tmp / "step.pt"
+    stored = root / "step.pt"
     stored.write_bytes(b"weights")
 
     @op
@@ -351,7 +447,7 @@ def checkpoint_instance(tmp: Path, checkpoints: int) -> tuple[object, list[str]]
 
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     assert training_runs.execute_in_process(instance=instance, run_config=quiet).success
-    return instance, keys
+    return keys
 
 
 WEBSERVER_READY_S = 300.0
@@ -398,33 +494,30 @@ def webserver(home: Path) -> Iterator[Callable[[str, dict], dict]]:
             server.wait()
 
 
-def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
-    """Over a Dagster instance (sqlite, on disk) recording `checkpoints` checkpoint partitions (each materialized once
-    with the metadata a training stage records), `BENCHMARK_PARTITIONS` benchmarks and a tenth of the checkpoints
-    evaluated on one of them, median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored,
-    read per partition as before and in chunks as now; which still lack a result), and the Dagster UI's questions to its
+def dagster_at_scale(root: Path, made: dict, repeat: int, ui: bool) -> dict[str, float]:
+    """Over the history's Dagster instance (on PostgreSQL: its checkpoint partitions, each materialized once with the
+    metadata a training stage records, `BENCHMARK_PARTITIONS` benchmarks and a tenth of the checkpoints evaluated on one
+    of them), median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored, read per
+    partition as before and in chunks as now; which still lack a result), and with `ui` the Dagster UI's questions to its
     webserver, over HTTP (`webserver`): the asset page's (partition counts and statuses) for `evaluations` and
-    `checkpoints`, the first after the instance changed and again, and the page of a run of a backfill's shape."""
+    `checkpoints`, the first since the webserver started and again, and the page of the history's run of a backfill's
+    shape."""
     import warnings
 
-    from dagster import AssetMaterialization
+    from dagster import DagsterInstance
 
     from assets.backfill import stored_checkpoints, unevaluated
     from assets.evaluations import EVALS_PER_RUN
-    from assets.partitions import BENCHMARKS, CHECKPOINTS
+    from assets.partitions import CHECKPOINTS
     from assets.records import latest_metadata
     from factory.registry import ArtifactStore
 
     warnings.filterwarnings("ignore")
-    with tempfile.TemporaryDirectory(prefix="bench-dagster-") as tmp:
-        instance, keys = checkpoint_instance(Path(tmp), checkpoints)
-        registry = ArtifactStore(Path(tmp) / "registry")
-        benchmarks = [f"bench_{i:02d}" for i in range(BENCHMARK_PARTITIONS)]
-        instance.add_dynamic_partitions(BENCHMARKS, benchmarks)
-        for key in keys[: max(1, checkpoints // 10)]:
-            instance.report_runless_asset_event(AssetMaterialization("evaluations", partition=f"{benchmarks[0]}|{key}"))
+    checkpoints, registry = made["checkpoints"], ArtifactStore(root / "registry")
+    with DagsterInstance.get() as instance:
+        keys = instance.get_dynamic_partitions(CHECKPOINTS)
 
-        def per_partition() -> None:  # one query of the event log per checkpoint (before)
+        def per_partition() -> None:  # one query of the event log per checkpoint (before; timed once: tens of seconds)
             found = {key for key in instance.get_dynamic_partitions(CHECKPOINTS)
                      if (metadata := latest_metadata(instance, CHECKPOINTS, key)) and Path(metadata["path"]).exists()}
             assert len(found) == checkpoints
@@ -435,50 +528,67 @@ def dagster_at_scale(checkpoints: int, repeat: int) -> dict[str, float]:
         def due() -> None:  # `factory run`'s question for an experiment's checkpoints, here all of them
             assert len(unevaluated(instance, registry, ["val_bpb"], set(keys))) == checkpoints
 
-        figures = {"before": median_s(per_partition, repeat), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
-        run_id = backfill_like_run(instance, [f"{benchmarks[1]}|{key}" for key in keys[:EVALS_PER_RUN]])
-        with webserver(Path(tmp)) as ask:
-            def run_page() -> None:
-                data = ask(RUN_PAGE, {"runId": run_id})
-                assert data["runOrError"]["__typename"] == "Run", data["runOrError"]
-                assert sum(e["__typename"] == "MaterializationEvent" for e in data["logsForRun"]["events"]) == min(EVALS_PER_RUN, checkpoints)
-
-            figures["run"] = median_s(run_page, repeat)
-            for asset in ("evaluations", "checkpoints"):
-                def page(asset: str = asset) -> None:
-                    assert ask(ASSET_PAGE, {"key": {"path": [asset]}})["assetNodeOrError"]["partitionStats"]["numPartitions"]
-                figures[f"{asset}_first"] = median_s(page, 1)
-                figures[asset] = median_s(page, repeat)
+        figures = {"before": median_s(per_partition, 1), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
+    if not ui:
         return figures
+    with webserver(Path(os.environ["DAGSTER_HOME"])) as ask:
+        def run_page() -> None:
+            data = ask(RUN_PAGE, {"runId": made["run"]})
+            assert data["runOrError"]["__typename"] == "Run", data["runOrError"]
+            assert sum(e["__typename"] == "MaterializationEvent" for e in data["logsForRun"]["events"]) == min(EVALS_PER_RUN, checkpoints)
+
+        figures["run"] = median_s(run_page, repeat)
+        for asset in ("evaluations", "checkpoints"):
+            def page(asset: str = asset) -> None:
+                assert ask(ASSET_PAGE, {"key": {"path": [asset]}})["assetNodeOrError"]["partitionStats"]["numPartitions"]
+            figures[f"{asset}_first"] = median_s(page, 1)
+            figures[asset] = median_s(page, repeat)
+    return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="90 and 360 manifests, one run each: checks the bench runs")
-    parser.add_argument("--sizes", default="1000,10000,100000", help="registry sizes, in manifests (default 1000,10000,100000)")
+    parser.add_argument("--smoke", action="store_true", help="histories of 90 and 360 manifests, one run each: checks the bench runs")
+    parser.add_argument("--sizes", default="1000,10000,100000", help="history sizes, in manifests (default 1000,10000,100000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each measure; the median is printed (default 5)")
+    parser.add_argument("--root", type=Path, help="where the histories are made and kept, one per size (ROOT/<size>), with the "
+                        "PostgreSQL cluster of their Dagster instances (ROOT/postgres): a later run reuses them (default: a "
+                        "temporary directory, removed at the end)")
+    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL server to keep the Dagster instances in, a database "
+                        "per size, instead of a cluster of the bench's own")
     args = parser.parse_args()
     sizes, repeat = ([90, 360], 1) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
+    from tests.postgres import running_postgres
+
+    figures, dagster, ticks, shapes = {}, {}, {}, {}
+    with contextlib.ExitStack() as stack:
+        base = args.root.resolve() if args.root else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-scale-")))
+        server = args.postgres or stack.enter_context(running_postgres(kept=base / "postgres" if args.root else None))
+        for count in sizes:
+            root = base / str(count)
+            with history(root, count, server) as made:
+                figures[count] = measure(root, made, repeat)
+                # the UI's pages at every size; the smoke starts one webserver, at its last
+                dagster[count] = dagster_at_scale(root, made, repeat, ui=not args.smoke or count == sizes[-1])
+                ticks[count] = sensor_tick(root, made, repeat)
+                shapes[count] = made
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")
     print(f"{'manifests':>10} {'build index':>12} {'index':>8} {'1 changed':>10} {'files':>8} {'lineage':>8} {'trained on':>11} {'leaderboard':>12} "
           f"{'board, 1 new':>13} {'plan':>6} {'podium':>7} {'gc plan':>8} {'index MB':>9}  ratio files / index")
-    figures = {}
-    for count in sizes:
-        f = figures[count] = measure(count, repeat)
+    for count, f in figures.items():
         print(f"{count:>10,} {f['build']:>12.3f} {f['index']:>8.3f} {f['changed']:>10.3f} {f['files']:>8.3f} {f['lineage']:>8.3f} {f['trained_on']:>11.3f} "
               f"{f['leaderboard']:>12.3f} {f['board_changed']:>13.3f} {f['plan']:>6.3f} {f['podium']:>7.3f} {f['gc']:>8.3f} {f['index_mb']:>9.1f}  {f['files'] / f['index']:.1f}x")
-    print(f"over a Dagster instance of N checkpoints x {BENCHMARK_PARTITIONS} benchmarks, median seconds: `factory evals backfill`'s "
-          "planning, the UI's asset page (its GraphQL over HTTP; first after a change, then again) and the page of a backfill's run:")
+    print(f"over its Dagster instance (PostgreSQL) of N checkpoints x {BENCHMARK_PARTITIONS} benchmarks, median seconds: `factory evals "
+          "backfill`'s planning, the UI's asset pages (their GraphQL over HTTP; first since the webserver started, then again) and "
+          "the page of a backfill's run:")
     print(f"{'checkpoints':>12} {'stored, per partition':>22} {'stored, in chunks':>18} {'without a result':>17} {'ratio':>6} "
           f"{'evaluations page':>17} {'checkpoints page':>17} {'run page':>9}")
-    for checkpoints in ([40] if args.smoke else [1000, 10000]):  # the smoke: one webserver started, not two
-        f = dagster_at_scale(checkpoints, repeat)
-        print(f"{checkpoints:>12,} {f['before']:>22.3f} {f['stored']:>18.3f} {f['due']:>17.3f} {f['before'] / f['stored']:>5.1f}x "
-              f"{f['evaluations_first']:>8.3f} {f['evaluations']:>8.3f} {f['checkpoints_first']:>8.3f} {f['checkpoints']:>8.3f} {f['run']:>9.3f}")
-    ticks = {files: sensor_tick(files, repeat) for files in ([5, 20] if args.smoke else [10, 100, 1000])}
-    for files, seconds in ticks.items():
-        print(f"sensor tick at a commit changing 1 of {files:,} experiment files: {seconds:.3f} s")
-    print(f"ratio sensor tick among {max(ticks):,} / among {min(ticks):,} files: {ticks[max(ticks)] / ticks[min(ticks)]:.2f}x")
+    for count, f in dagster.items():
+        pages = (f"{f['evaluations_first']:>8.3f} {f['evaluations']:>8.3f} {f['checkpoints_first']:>8.3f} {f['checkpoints']:>8.3f} {f['run']:>9.3f}"
+                 if "run" in f else f"{'-':>8} {'-':>8} {'-':>8} {'-':>8} {'-':>9}")
+        print(f"{shapes[count]['checkpoints']:>12,} {f['before']:>22.3f} {f['stored']:>18.3f} {f['due']:>17.3f} {f['before'] / f['stored']:>5.1f}x {pages}")
+    for count, seconds in ticks.items():
+        print(f"sensor tick at a commit changing 1 of {shapes[count]['files']:,} experiment files ({count:,} manifests): {seconds:.3f} s")
     if len(sizes) > 1:
         small, large = figures[sizes[0]], figures[sizes[-1]]
         print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests: lineage {large['lineage'] / small['lineage']:.2f}x, "
@@ -487,6 +597,11 @@ def main() -> None:
               f"{large['board_changed'] / small['board_changed']:.1f}x), plan {large['plan'] / small['plan']:.2f}x, "
               f"podium {large['podium'] / small['podium']:.2f}x, gc plan {large['gc'] / small['gc']:.1f}x, "
               f"listing from the index {large['index'] / small['index']:.1f}x, from the files {large['files'] / small['files']:.1f}x")
+        few, many = dagster[sizes[0]], dagster[sizes[-1]]
+        pages = ", ".join(f"{name} page {many[name] / few[name]:.2f}x" for name in ("evaluations", "checkpoints", "run") if name in few and name in many)
+        print(f"ratio {sizes[-1]:,} / {sizes[0]:,} manifests ({shapes[sizes[-1]]['checkpoints']:,} / {shapes[sizes[0]]['checkpoints']:,} checkpoints, "
+              f"{shapes[sizes[-1]]['files']:,} / {shapes[sizes[0]]['files']:,} files): backfill planning {many['stored'] / few['stored']:.1f}x, "
+              f"sensor tick {ticks[sizes[-1]] / ticks[sizes[0]]:.2f}x" + (f", {pages}" if pages else ""))
 
 
 if __name__ == "__main__":

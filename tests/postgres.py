@@ -32,44 +32,59 @@ def binaries() -> Path:
 
 def fresh_database(server: str, name: str) -> str:
     """A new, empty database on the server at `server` (a URL running_postgres gave); its URL."""
+    return database(server, name, keep=False)
+
+
+def database(server: str, name: str, keep: bool) -> str:
+    """The database `name` on the server at `server` (a URL running_postgres gave), its URL: with `keep`, as it is if it
+    exists (made empty if not); else made again, empty."""
     base, _, _ = server.rpartition("/")
     admin = psycopg2.connect(f"{base}/postgres")
     admin.autocommit = True
     with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        exists = cursor.fetchone() is not None
+        if exists and not keep:
+            cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        if not (exists and keep):
+            cursor.execute(f'CREATE DATABASE "{name}"')
     admin.close()
     return f"{base}/{name}"
 
 
 @contextlib.contextmanager
-def running_postgres() -> Iterator[str]:
-    """A started server with an empty database; its URL."""
+def running_postgres(kept: Path | None = None) -> Iterator[str]:
+    """A started server with an empty database; its URL. With `kept`, the cluster lives in that directory and stays there
+    when the block ends (made the first time, started again later with its databases as they were): a fixture built once
+    and reused, as bench/scale.py's histories are."""
     bin_dir, port = binaries(), free_port()
     as_root = os.geteuid() == 0
     run_as = ["runuser", "-u", "postgres", "--"] if as_root else []
-    directory = Path(tempfile.mkdtemp(prefix="factory-postgres-", dir="/tmp"))
+    directory = Path(tempfile.mkdtemp(prefix="factory-postgres-", dir="/tmp")) if kept is None else kept.resolve()
+    data = directory / "data"
+    made = (data / "PG_VERSION").exists()
+    directory.mkdir(parents=True, exist_ok=True)
     if as_root:
         shutil.chown(directory, "postgres", "postgres")
-    data = directory / "data"
 
     def run(*argv: str) -> None:
         done = subprocess.run([*run_as, *argv], capture_output=True, text=True, cwd=directory)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}")
 
-    run(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "--no-sync")
+    if not made:
+        run(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "--no-sync")
     options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
     run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(directory / "server.log"), "-w", "start")
     try:
-        admin = psycopg2.connect(host="127.0.0.1", port=port, user=USER, dbname="postgres")
-        admin.autocommit = True
-        with admin.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE {DATABASE}")
-        admin.close()
-        yield f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}"
+        url = f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}"
+        if not made:
+            database(url, DATABASE, keep=True)
+        yield url
     finally:
         subprocess.run([*run_as, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
-        shutil.rmtree(directory, ignore_errors=True)
+        if kept is None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

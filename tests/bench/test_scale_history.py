@@ -1,0 +1,53 @@
+"""bench/scale.py's history: one root made once (a registry, a git repository of experiment files, a Dagster instance on a
+real PostgreSQL server), then reused as it is by every later run, and made again only when its shape changed."""
+
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_scale", REPO / "bench" / "scale.py")
+scale = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scale)
+
+
+def stamps(root: Path) -> dict[str, int]:
+    return {str(path): path.stat().st_mtime_ns for path in sorted((root / "registry" / "manifests").iterdir())}
+
+
+def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgresql(tmp_path, postgres_server):
+    from dagster import DagsterInstance
+
+    from assets.partitions import BENCHMARKS, CHECKPOINTS
+
+    root = tmp_path / "90"
+    with scale.history(root, 90, postgres_server) as made:
+        manifests = stamps(root)
+        assert len(manifests) >= 90
+        with DagsterInstance.get() as instance:
+            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == made["checkpoints"] == 40
+            assert len(instance.get_dynamic_partitions(BENCHMARKS)) == scale.BENCHMARK_PARTITIONS
+            assert instance.get_run_by_id(made["run"]) is not None
+        log = subprocess.run(["git", "log", "--format=%H"], cwd=root / "repo", capture_output=True, text=True, check=True).stdout.split()
+        assert log[0] == made["commit"] and len(log) == made["commits"]
+        assert len(list((root / "repo" / "experiments").glob("*.md"))) == made["files"]
+        assert scale.sensor_tick(root, made, repeat=2) > 0  # commits, then puts the repository back
+    assert "DAGSTER_HOME" not in os.environ or os.environ["DAGSTER_HOME"] != str(root / "dagster-postgres")
+
+    with scale.history(root, 90, postgres_server) as again:
+        assert again == made  # not made again: the same record, run and commit
+        assert stamps(root) == manifests
+        assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root / "repo", capture_output=True, text=True).stdout.strip() == made["commit"]
+        with DagsterInstance.get() as instance:
+            assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == made["checkpoints"]
+
+    record = root / scale.MADE
+    record.write_text(json.dumps({**made, "format": made["format"] - 1}))  # made by an older bench: made again, afresh
+    with scale.history(root, 90, postgres_server) as remade:
+        assert remade["run"] != made["run"] and remade["format"] == scale.FORMAT
+        with DagsterInstance.get() as instance:
+            assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == remade["checkpoints"]  # not twice as many
+            assert instance.get_run_by_id(made["run"]) is None
