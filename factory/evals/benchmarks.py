@@ -58,7 +58,11 @@ def _load() -> None:
 
 
 def benchmark(name: str) -> Benchmark:
-    """The registered benchmark called `name`, or a ConfigError listing the known ones."""
+    """The registered benchmark called `name`, or a ConfigError listing the known ones. A name registered already is
+    answered at once (a backfill asks for each of ten thousand partitions); the plugins and settings are read for one
+    that is not."""
+    if name in BENCHMARKS:
+        return BENCHMARKS[name]
     _load()
     if name not in BENCHMARKS:
         from factory.evals.custom import custom_benchmark  # prompts saved from Podium: `custom_prompts.v<n>`

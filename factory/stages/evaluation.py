@@ -60,9 +60,10 @@ class CheckpointRef(Section):
         """The spec of the training stage that saved it."""
         return StageSpec.from_json(self.training)
 
-    def settings(self) -> TrainedModel:
-        """The training stage's settings, typed: the model its checkpoints hold, its seed and its stream."""
-        spec = self.spec
+    def settings(self, spec: StageSpec | None = None) -> TrainedModel:
+        """The training stage's settings, typed: the model its checkpoints hold, its seed and its stream (of `spec`, its
+        spec when read already)."""
+        spec = spec or self.spec
         return stage_kind(spec.kind).read_settings(spec.config)
 
 
@@ -76,11 +77,12 @@ class EvalItem(Section):
     def fingerprint(self, code: str) -> str:
         """What decides the score (and, with the partition key, whose score it is: a copied experiment gets its own)."""
         bench, checkpoint = benchmark(self.benchmark), self.checkpoint
-        trained = checkpoint.settings()
+        spec = checkpoint.spec
+        trained = checkpoint.settings(spec)
         return sha256_of({
             "kind": EVALUATIONS, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
             "checkpoint": checkpoint.sha256, "model": trained.model.model_dump(mode="json"), "seed": trained.seed,
-            "stream": trained.stream.model_dump(mode="json"), "upstream": checkpoint.spec.upstream,
+            "stream": trained.stream.model_dump(mode="json"), "upstream": spec.upstream,
             "max_bytes": checkpoint.eval.max_bytes, "code": code, **({"benchmark_code": bench.code} if bench.code else {}),
             **({"benchmark_settings": dict(bench.settings)} if bench.settings else {}),
         })
