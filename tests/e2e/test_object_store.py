@@ -1,19 +1,23 @@
 """The factory on an object store: `FACTORY_STORE` pointing at a real S3 server process (moto's, `tests/s3server.py`),
 one experiment through Dagster end to end. Every artifact and table file is in the bucket and none under the local root;
-a second run computes nothing; Podium browses and generates from the bucket; lineage and `data batch` read it; the model
-reproduces from it and is promoted in it; the leaderboard reads it; `registry verify` names a changed object;
-an object deleted from the bucket is found by `plan` and computed again. The endpoint goes away twice while a training
-saves its checkpoints there: for a few seconds, which the run waits out, and for longer than `FACTORY_STORE_OUTAGE_S`,
-which fails the run saying so; the rerun resumes from the last checkpoint the bucket holds."""
+a second run computes nothing; Podium browses and generates from the bucket; the Dagster UI's GraphQL answers its pages
+from it; lineage and `data batch` read it; the model reproduces from it and is promoted in it; the leaderboard reads it;
+`registry verify` names a changed object; an object deleted from the bucket is found by `plan` and computed again. The
+endpoint goes away twice while a training saves its checkpoints there: for a few seconds, which the run waits out, and
+for longer than `FACTORY_STORE_OUTAGE_S`, which fails the run saying so; the rerun resumes from the last checkpoint the
+bucket holds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,10 +29,46 @@ from tests.s3server import running_s3
 from tests.test_cli import small_experiment
 
 pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
 
 
 def factory(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return factory_command(*args, env=env, timeout_s=600)
+
+
+CHECKPOINTS_PAGE = """
+query CheckpointsPage($keys: [String!]) {
+  assetNodeOrError(assetKey: {path: ["checkpoints"]}) {
+    ... on AssetNode {
+      partitionKeys
+      partitionStats { numMaterialized numPartitions }
+      latestMaterializationByPartition(partitions: $keys) { partition runId metadataEntries { label ... on PathMetadataEntry { path } } }
+    }
+  }
+}
+"""
+"""What the Dagster UI's page of the `checkpoints` asset asks: its partitions, and the metadata of the newest
+materialization of each of `keys`."""
+RUN_STATUS = "query RunStatus($runId: ID!) { runOrError(runId: $runId) { __typename ... on Run { status } } }"
+
+
+@contextlib.contextmanager
+def dagster_ui(root: Path) -> Iterator[Callable[[str, dict], dict]]:
+    """The Dagster UI's GraphQL on the instance under `root`, its code location (assets.definitions) loaded in this process
+    as the webserver's code server loads it, in this process's environment: yields `ask(query, variables)`, its data."""
+    from dagster import DagsterInstance
+    from dagster._core.test_utils import in_process_test_workspace
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    def ask(query: str, variables: dict) -> dict:
+        result = execute_dagster_graphql(context, query, variables)
+        assert not result.errors, result.errors
+        return result.data
+
+    origin = LoadableTargetOrigin(module_name="assets.definitions", attribute="defs", working_directory=str(REPO))
+    with DagsterInstance.from_config(str(root / "dagster")) as instance, in_process_test_workspace(instance, origin) as context:
+        yield ask
 
 
 def run_through_outage(server, registry: ObjectRegistry, args: list[str], env: dict[str, str],
@@ -92,6 +132,18 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         [checkpoint, *_] = candidates(registry)
         completion = podium.post("/generate", data={"ckpt": checkpoint.sha256, "prompt": "def main():\n", "new_tokens": "8"})
         assert completion.status_code == 200 and completion.text.count('class="completion"') == 1
+
+        # The Dagster UI answers what its pages ask with the bucket as the store (its code location loaded with FACTORY_STORE
+        # set, its GraphQL asked in this process): the checkpoints' partitions, each recorded where its bytes are in the
+        # bucket, and the page of the run that made them.
+        with dagster_ui(root) as ask:
+            keys = ask(CHECKPOINTS_PAGE, {"keys": []})["assetNodeOrError"]["partitionKeys"]
+            checkpoints = ask(CHECKPOINTS_PAGE, {"keys": keys})["assetNodeOrError"]
+            assert keys and checkpoints["partitionStats"]["numMaterialized"] == len(keys), checkpoints
+            newest = checkpoints["latestMaterializationByPartition"]
+            paths = [entry["path"] for event in newest for entry in event["metadataEntries"] if entry["label"] == "path"]
+            assert len(paths) == len(keys) and all(path.startswith(f"{server.url}/registry/objects/") for path in paths), paths
+            assert ask(RUN_STATUS, {"runId": newest[0]["runId"]})["runOrError"] == {"__typename": "Run", "status": "SUCCESS"}
 
         # Lineage reads the data stages' records from the bucket; a batch training read is fetched again from it.
         up = factory("lineage", kinds["model"].digest[:12], "--json", "--root", str(root), env=env)
