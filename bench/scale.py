@@ -4,8 +4,9 @@ history made once and reused.
 A history of N manifests is one root, made without training anything (`make_history`): a registry of N manifests in
 experiments of a lab's mix of kinds (`BLOCK`: two in three are evaluation results), each naming its inputs, without
 artifact bytes (listings and lineage read manifests only), beside the tiny recipe's stages all published; a git
-repository of N/100 experiment files that came in N/400 commits; and a Dagster instance on PostgreSQL recording N/10
-checkpoints x 20 benchmarks, a tenth of the checkpoints evaluated on one benchmark and a run of a backfill's shape.
+repository of N/100 experiment files that came in N/400 commits; and a Dagster instance on PostgreSQL recording the
+registry's first N/10 checkpoints x 20 benchmarks, with the materializations of those checkpoints and of their
+evaluation results in the registry, and a run of a backfill's shape.
 With `--root DIR` the histories (DIR/<N>) and their PostgreSQL cluster (DIR/postgres) stay there and a later run reuses
 them as they are; a history is made again only when its shape or `FORMAT` changed, or its make did not finish.
 
@@ -48,6 +49,8 @@ BLOCK = (("tokenizer", {}), ("pretrain", {"tokenizer": 0}), ("sft", {"pretrain":
 """One experiment's artifacts, 18 manifests: its tokenizer, pretrain, SFT and RL runs, two models, twelve evaluation
 results (two in three manifests: four checkpoints of each training run); each names its inputs by their place."""
 BENCHMARKS = ("val_bpb", "heldout_bpb")
+STEPS = (25, 50, 75, 100)
+"""The steps of a training run's checkpoints that are evaluated (each on one of BENCHMARKS)."""
 SHARED_BLEND = "b" * 64
 """The data every experiment's tokenizer was made from (one blend, as a lab's main corpus): what `factory lineage
 TABLE@tag` walks down from to the models trained on it."""
@@ -60,7 +63,7 @@ def summary(kind: str, block: int, place: int, fingerprints: list[str]) -> dict:
     if kind != "evaluations":
         return {}
     training = BLOCK[place][1]["training"]
-    stage, step = BLOCK[training][0], 25 * (1 + (place - 6) // 3 % 4)
+    stage, step = BLOCK[training][0], STEPS[(place - 6) // 3 % 4]
     return {"benchmark": BENCHMARKS[place % 2], "version": 1, "lower_is_better": True, "value": 1.0 + (block * 7 + place) % 13 / 10,
             "count": 64, "data": "", "checkpoint": f"exp-{block}__{stage}-{step:06d}", "experiment": f"exp-{block}", "step": step,
             "tokens_seen": 1000 * step, "training": fingerprints[training], "seconds": 0.5}
@@ -119,7 +122,7 @@ def publish_model_files(store) -> str:
     return manifest.files["model.pt"]["sha256"]
 
 
-FORMAT = 1
+FORMAT = 2
 """What `make_history` writes (raised when that changes): a history of another format is made again."""
 MADE = "made.json"
 """A history's record, written last: a root without it (a make that did not finish) is made again."""
@@ -170,13 +173,13 @@ def history(root: Path, count: int, server: str) -> Iterator[dict]:
 def make_history(root: Path, wanted: dict[str, int]) -> dict:
     """Fill `root` with a history of the shape `wanted`, the Dagster instance $DAGSTER_HOME names too: the registry
     (`fill`, the tiny recipe's stages all published, an exported model with its files), a git repository of experiment
-    files, the checkpoint and benchmark partitions with the checkpoints' materializations, a tenth of the checkpoints
-    evaluated on one benchmark and a run of a backfill's shape on another. Its record, written last: `wanted`, the
+    files, the checkpoint and benchmark partitions with the materializations of the checkpoints and of their evaluation
+    results in the registry (`record_checkpoints`) and a run of a backfill's shape on another benchmark. Its record, written last: `wanted`, the
     seconds the make took, the repository's commit, that run's id and the exported model's weights' sha256."""
-    from dagster import AssetMaterialization, DagsterInstance
+    from dagster import DagsterInstance
 
     from assets.evaluations import EVALS_PER_RUN
-    from assets.partitions import BENCHMARKS
+    from assets.partitions import BENCHMARKS as BENCHMARK_KEYS
     from factory.atomic import write_atomic
     from factory.registry import ArtifactStore
 
@@ -187,12 +190,10 @@ def make_history(root: Path, wanted: dict[str, int]) -> dict:
     weights = publish_model_files(store)
     commit = make_repository(root / "repo", wanted["files"], wanted["commits"])
     with DagsterInstance.get() as instance:
-        keys = record_checkpoints(instance, root, wanted["checkpoints"])
-        benchmarks = [f"bench_{i:02d}" for i in range(BENCHMARK_PARTITIONS)]
-        instance.add_dynamic_partitions(BENCHMARKS, benchmarks)
-        for key in keys[: max(1, len(keys) // 10)]:
-            instance.report_runless_asset_event(AssetMaterialization("evaluations", partition=f"{benchmarks[0]}|{key}"))
-        run = backfill_like_run(instance, [f"{benchmarks[1]}|{key}" for key in keys[:EVALS_PER_RUN]])
+        benchmarks = [*BENCHMARKS, *(f"bench_{i:02d}" for i in range(len(BENCHMARKS), BENCHMARK_PARTITIONS))]
+        instance.add_dynamic_partitions(BENCHMARK_KEYS, benchmarks)
+        keys = record_checkpoints(instance, root, wanted["checkpoints"], store)
+        run = backfill_like_run(instance, [f"{benchmarks[-1]}|{key}" for key in keys[:EVALS_PER_RUN]])
     made = {**wanted, "seconds": time.perf_counter() - started, "commit": commit, "run": run, "weights": weights}
     write_atomic(root / MADE, json.dumps(made, indent=2))
     return made
@@ -419,9 +420,10 @@ def backfill_like_run(instance: object, partitions: list[str]) -> str:
     return evaluations_range.execute_in_process(instance=instance, run_config=quiet).run_id
 
 
-def record_checkpoints(instance: object, root: Path, checkpoints: int) -> list[str]:
-    """`checkpoints` checkpoint partitions in `instance`, each materialized once with the metadata a training stage records,
-    in a run as a training stage records them (its bytes in one file under `root` that exists); their keys."""
+def record_checkpoints(instance: object, root: Path, checkpoints: int, store: object) -> list[str]:
+    """The registry's first `checkpoints` checkpoints as partitions of `instance`, each materialized once with the metadata
+    a training stage records (its bytes in one file under `root` that exists), and each of the registry's evaluation
+    results of them as a materialization of its `evaluations` partition, in runs as the stages record them; their keys."""
     from dagster import AssetMaterialization, job, op
 
     from assets.partitions import CHECKPOINTS
@@ -429,8 +431,13 @@ def record_checkpoints(instance: object, root: Path, checkpoints: int) -> list[s
 
     tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
     training = plan_stage(tiny, "pretrain", {"blend": "b" * 64, "tokenizer": "c" * 64}).to_json()
-    keys = [f"exp-{i // 40}__pretrain-{i % 40 * 25:06d}" for i in range(checkpoints)]
+    trained = [kind for kind, _ in BLOCK if kind in ("pretrain", "sft", "rl")]
+    keys = [f"exp-{block}__{stage}-{step:06d}" for block in range(-(-checkpoints // (len(trained) * len(STEPS))))
+            for stage in trained for step in STEPS][:checkpoints]
     instance.add_dynamic_partitions(CHECKPOINTS, keys)
+    wanted = set(keys)
+    results = [(result.summary["benchmark"], result.summary["checkpoint"], result.digest) for result in store.manifests("evaluations")
+               if result.summary.get("checkpoint") in wanted]
     stored = root / "step.pt"
     stored.write_bytes(b"weights")
 
@@ -438,15 +445,25 @@ def record_checkpoints(instance: object, root: Path, checkpoints: int) -> list[s
     def record(context) -> None:
         for i, key in enumerate(keys):
             context.log_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
-                "step": i % 40 * 25, "tokens_seen": i, "path": str(stored), "sha256": f"{i:064x}", "training": training,
-                "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "0" * 40, "experiment": key.split("__")[0]}))
+                "step": int(key[-6:]), "tokens_seen": 1000 * int(key[-6:]), "path": str(stored), "sha256": f"{i:064x}", "training": training,
+                "eval": {"max_bytes": 1000, "batch_size": 8, "primary": None}, "git_commit": "f" * 40, "experiment": key.split("__")[0]}))
+
+    @op
+    def evaluate(context) -> None:
+        for benchmark, checkpoint, digest in results:
+            context.log_event(AssetMaterialization("evaluations", partition=f"{benchmark}|{checkpoint}", metadata={"result": digest}))
 
     @job
     def training_runs() -> None:
         record()
 
+    @job
+    def evaluation_runs() -> None:
+        evaluate()
+
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     assert training_runs.execute_in_process(instance=instance, run_config=quiet).success
+    assert evaluation_runs.execute_in_process(instance=instance, run_config=quiet).success
     return keys
 
 
@@ -496,8 +513,8 @@ def webserver(home: Path) -> Iterator[Callable[[str, dict], dict]]:
 
 def dagster_at_scale(root: Path, made: dict, repeat: int, ui: bool) -> dict[str, float]:
     """Over the history's Dagster instance (on PostgreSQL: its checkpoint partitions, each materialized once with the
-    metadata a training stage records, `BENCHMARK_PARTITIONS` benchmarks and a tenth of the checkpoints evaluated on one
-    of them), median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored, read per
+    metadata a training stage records, `BENCHMARK_PARTITIONS` benchmarks, the checkpoints' results in the registry
+    materialized as theirs), median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored, read per
     partition as before and in chunks as now; which still lack a result), and with `ui` the Dagster UI's questions to its
     webserver, over HTTP (`webserver`): the asset page's (partition counts and statuses) for `evaluations` and
     `checkpoints`, the first since the webserver started and again, and the page of the history's run of a backfill's

@@ -21,6 +21,8 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
     from dagster import DagsterInstance
 
     from assets.partitions import BENCHMARKS, CHECKPOINTS
+    from assets.records import latest_metadata_by_partition
+    from factory.registry import ArtifactStore
 
     root = tmp_path / "90"
     with scale.history(root, 90, postgres_server) as made:
@@ -31,6 +33,11 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
             assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == made["checkpoints"] == 40
             assert len(instance.get_dynamic_partitions(BENCHMARKS)) == scale.BENCHMARK_PARTITIONS
             assert instance.get_run_by_id(made["run"]) is not None
+            checkpoints = set(instance.get_dynamic_partitions(CHECKPOINTS))  # the registry's, and their results are its
+            results = {f"{m.summary['benchmark']}|{m.summary['checkpoint']}": m.digest
+                       for m in ArtifactStore(root / "registry").manifests("evaluations") if m.summary["checkpoint"] in checkpoints}
+            recorded = latest_metadata_by_partition(instance, "evaluations")
+            assert results and {key: value["result"] for key, value in recorded.items() if "result" in value} == results
         log = subprocess.run(["git", "log", "--format=%H"], cwd=root / "repo", capture_output=True, text=True, check=True).stdout.split()
         assert log[0] == made["commit"] and len(log) == made["commits"]
         assert len(list((root / "repo" / "experiments").glob("*.md"))) == made["files"]
