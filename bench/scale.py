@@ -93,7 +93,8 @@ def fill(root: Path, count: int) -> None:
 
 
 def publish_tiny(store) -> object:
-    """The tiny recipe's stages published as `factory plan` plans them (a file each, no work): an experiment all cached."""
+    """The tiny recipe's stages published as `factory plan` plans them at this code (a file each, no work), those not
+    published yet: an experiment all cached."""
     from factory.config import load, plan_stage
     from factory.config.stages import stages_of
     from factory.registry.store import Provenance
@@ -102,6 +103,9 @@ def publish_tiny(store) -> object:
     digests: dict[str, str] = {}
     for kind in stages_of(tiny):
         spec = plan_stage(tiny, kind, digests)
+        if (published := store.lookup(spec.fingerprint)) is not None:
+            digests[kind] = published.digest
+            continue
         with store.staging() as out:
             (out / "x").write_text(spec.fingerprint)
             digests[kind] = store.publish(out, kind=kind, fingerprint=spec.fingerprint, config=spec.config, inputs=spec.upstream,
@@ -137,10 +141,13 @@ def shape(count: int) -> dict[str, int]:
 
 @contextlib.contextmanager
 def history(root: Path, count: int, server: str) -> Iterator[dict]:
-    """The history of `count` manifests at `root` (`shape`): made unless a whole one of that shape is there, which is reused
-    as it is; its Dagster instance keeps its runs and events in the database `scale_<count>` of the PostgreSQL server at
-    `server`. Within the block $DAGSTER_HOME and $FACTORY_DATABASE_URL name that instance (as `factory --root ROOT`'s
-    deployed profile does). Yields its record (`make_history`'s)."""
+    """The history of `count` manifests at `root` (`shape`): made unless a whole one of that shape is there with its
+    instance's runs in the database, which is reused as it is (what an interrupted measure left in it taken out first); its
+    Dagster instance keeps its runs and events in the database `scale_<count>` of the PostgreSQL server at `server`.
+    Within the block $DAGSTER_HOME and $FACTORY_DATABASE_URL name that instance (as `factory --root ROOT`'s deployed
+    profile does). Yields its record (`make_history`'s)."""
+    from dagster import DagsterInstance
+
     from factory.cli.common import dagster_home
     from factory.data.catalog import DATABASE_ENV
     from tests.postgres import database
@@ -149,16 +156,23 @@ def history(root: Path, count: int, server: str) -> Iterator[dict]:
     record = root / MADE
     made = json.loads(record.read_text()) if record.exists() else {}
     reused = {key: made.get(key) for key in wanted} == wanted
-    if not reused:
-        shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
     saved = {name: os.environ.get(name) for name in ("DAGSTER_HOME", DATABASE_ENV)}
-    os.environ[DATABASE_ENV] = database(server, f"scale_{count}", keep=reused)
-    os.environ["DAGSTER_HOME"] = str(dagster_home(root))
     try:
+        if reused:  # and its database holds its runs (not a new, empty one: another server, a cluster made again)
+            os.environ[DATABASE_ENV] = database(server, f"scale_{count}", keep=True)
+            os.environ["DAGSTER_HOME"] = str(dagster_home(root))
+            with DagsterInstance.get() as instance:
+                reused = instance.get_run_by_id(made["run"]) is not None
         if reused:
+            for extra in (root / "registry" / "manifests").glob("*-extra.json"):  # a measure's, interrupted (`one_more`)
+                extra.unlink()
+            git(root / "repo", "reset", "-q", "--hard", made["commit"])  # and the sensor tick's commits
             print(f"reusing the history of {count:,} manifests at {root} (made in {made['seconds']:.0f} s)")
         else:
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            os.environ[DATABASE_ENV] = database(server, f"scale_{count}", keep=False)
+            os.environ["DAGSTER_HOME"] = str(dagster_home(root))
             made = make_history(root, wanted)
             print(f"made the history of {count:,} manifests at {root} in {made['seconds']:.0f} s")
         yield made
@@ -206,13 +220,13 @@ def make_repository(repo: Path, files: int, commits: int) -> str:
     experiments.mkdir(parents=True)
     git(repo, "init", "-q")
     (experiments / "base.md").write_text((ROOT / "experiments" / "tiny-code-lm.md").read_text())
-    variants = range(files - 1)
-    per_commit = -(-len(variants) // commits)
-    for first in range(0, len(variants), per_commit):
-        for i in variants[first:first + per_commit]:
+    variants = files - 1
+    for commit in range(commits):
+        first, last = commit * variants // commits, (commit + 1) * variants // commits
+        for i in range(first, last):
             (experiments / f"e{i:05d}.md").write_text(f"---\nextends: base.md\nseed: {i}\n---\nVariant {i}.\n")
         git(repo, "add", ".")
-        git(repo, "commit", "-qm", f"variants from {first}")
+        git(repo, "commit", "-qm", f"variants {first} to {last}", "--allow-empty")
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -223,16 +237,18 @@ def median_s(action: Callable[[], object], repeat: int, before: Callable[[], obj
     times = []
     for _ in range(repeat):
         before()
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-        after()
+        try:
+            started = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - started)
+        finally:
+            after()
     return statistics.median(times)
 
 
 def measure(root: Path, made: dict, repeat: int) -> dict[str, float]:
-    """The registry's figures over the history at `root` (`made_history`'s record `made`); it is left as it was."""
-    from factory.config import load
+    """The registry's figures over the history at `root` (`make_history`'s record `made`). It is left as it was, but for
+    the tiny recipe's stages at this code, published when the code changed since the history was made."""
     from factory.registry import ArtifactStore
     from factory.registry.index import INDEX_NAME
     from factory.registry.store import parse_manifest
@@ -292,14 +308,14 @@ def measure(root: Path, made: dict, repeat: int) -> dict[str, float]:
 
         assert len(current_board(store).rows) == count // len(BLOCK)
 
-    leaderboard()  # the first board since the registry was filled
+    leaderboard()  # the board kept for the history as it is (made now, the first time)
     figures["leaderboard"] = median_s(leaderboard, repeat)
 
     # a new result, asked for at once: its experiment's entry computed again, the rows merged
     new_result = one_more("evaluations", created=time.strftime("%Y-%m-%dT%H:%M:%S+00:00"))
     figures["board_changed"] = median_s(leaderboard, repeat, before=new_result, after=gone("evaluations", leaderboard))
 
-    tiny = load(ROOT / "experiments" / "tiny-code-lm.md")
+    tiny = publish_tiny(store)  # the history's were published at the code it was made with: a change of code plans them anew
 
     def plan() -> None:  # `factory plan` of one experiment whose stages are all cached
         from factory.ops.plan import build_plan
@@ -514,7 +530,7 @@ def webserver(home: Path) -> Iterator[Callable[[str, dict], dict]]:
 def dagster_at_scale(root: Path, made: dict, repeat: int, ui: bool) -> dict[str, float]:
     """Over the history's Dagster instance (on PostgreSQL: its checkpoint partitions, each materialized once with the
     metadata a training stage records, `BENCHMARK_PARTITIONS` benchmarks, the checkpoints' results in the registry
-    materialized as theirs), median seconds of: `factory evals backfill`'s planning (which checkpoints are still stored, read per
+    materialized as theirs), median seconds (the per-partition read of before: once) of: `factory evals backfill`'s planning (which checkpoints are still stored, read per
     partition as before and in chunks as now; which still lack a result), and with `ui` the Dagster UI's questions to its
     webserver, over HTTP (`webserver`): the asset page's (partition counts and statuses) for `evaluations` and
     `checkpoints`, the first since the webserver started and again, and the page of the history's run of a backfill's

@@ -3,7 +3,8 @@
 Against one moto server on 127.0.0.1 (tests/s3server.py, handling requests in parallel), beside local disk:
 - a checkpoint-sized artifact (`--checkpoint-mb`): publish (upload) and open then read (on S3: download and verify every
   byte into the local copy first), in MB/s,
-  `ObjectRegistry` on S3 against `ArtifactStore` on disk;
+  `ObjectRegistry` on S3 against `ArtifactStore` on disk; then on S3 a load again from that verified local copy (the
+  read-through cache) against streaming the bytes from the store and hashing them as they come, each time;
 - a table of documents (`--documents`) streamed back as the training loader reads it, in MB/s of text, from a warehouse
   in the bucket against one on disk;
 - one `lookup` (what `factory plan` asks of each stage) against a store holding 10, 100 and 1,000 artifacts: the
@@ -60,6 +61,29 @@ def checkpoint(local: ArtifactStore, remote: ObjectRegistry, megabytes: int) -> 
         print(f"checkpoint {megabytes} MB on {name}: publish {figures[name][0]:.0f} MB/s, open {figures[name][1]:.0f} MB/s")
     for i, what in enumerate(("publish", "open")):
         print(f"ratio checkpoint {what} s3 / local disk: {figures['s3'][i] / figures['local disk'][i]:.2f}x")
+    reloads(remote, remote.lookup("fp-checkpoint"), megabytes, first=figures["s3"][1])
+
+
+def reloads(remote: ObjectRegistry, manifest, megabytes: int, first: float) -> None:
+    """Why checkpoints in the store are read through a local cache rather than streamed each time: a load again of the
+    same checkpoint (an evaluation batch per benchmark, Podium's next generation) from the verified local copy, against
+    streaming its bytes from the store each time (read as they arrive and hashed, as a verified stream would be)."""
+    import hashlib
+
+    def stream() -> None:
+        for name in manifest.files:
+            digest, reader = hashlib.sha256(), remote.store.open_read(f"objects/{manifest.digest}/{name}")
+            with reader:
+                while chunk := reader.read(8 * MB):
+                    digest.update(chunk)
+            assert digest.hexdigest() == manifest.files[name]["sha256"]
+
+    again = megabytes / min(timed(lambda: [p.read_bytes() for p in remote.open(manifest.digest).iterdir()]) for _ in range(3))
+    streamed = megabytes / min(timed(stream) for _ in range(3))
+    print(f"checkpoint {megabytes} MB on s3 loaded again: from the local cache {again:.0f} MB/s, streamed and hashed {streamed:.0f} MB/s "
+          f"(first load, fetched into the cache and verified: {first:.0f} MB/s)")
+    print(f"ratio checkpoint load again from the cache / streamed: {again / streamed:.1f}x; first load through the cache / streamed: "
+          f"{first / streamed:.2f}x")
 
 
 def loader(root: Path, url: str, count: int) -> None:

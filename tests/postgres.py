@@ -1,7 +1,8 @@
 """A real PostgreSQL server for the tests: Debian's package (`make test` installs it), a fresh cluster on a free port.
 
-The cluster lives in a temp directory and listens on 127.0.0.1 only; as root it runs as the
-`postgres` user, since the server refuses to run as root. It is stopped when the block ends.
+The cluster lives in a temp directory (or one it is given and kept in: bench/scale.py's histories) and listens on
+127.0.0.1 only; as root it runs as the `postgres` user, since the server refuses to run as root (a kept directory must
+be reachable by that user). It is stopped when the block ends.
 """
 
 import contextlib
@@ -54,9 +55,9 @@ def database(server: str, name: str, keep: bool) -> str:
 
 @contextlib.contextmanager
 def running_postgres(kept: Path | None = None) -> Iterator[str]:
-    """A started server with an empty database; its URL. With `kept`, the cluster lives in that directory and stays there
-    when the block ends (made the first time, started again later with its databases as they were): a fixture built once
-    and reused, as bench/scale.py's histories are."""
+    """A started server with the database `factory` (empty on a new cluster); its URL. With `kept`, the cluster lives in
+    that directory and stays there when the block ends (made the first time, started again later with its databases as
+    they were): a fixture built once and reused, as bench/scale.py's histories are."""
     bin_dir, port = binaries(), free_port()
     as_root = os.geteuid() == 0
     run_as = ["runuser", "-u", "postgres", "--"] if as_root else []

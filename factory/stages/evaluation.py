@@ -63,7 +63,7 @@ class CheckpointRef(Section):
     def settings(self, spec: StageSpec | None = None) -> TrainedModel:
         """The training stage's settings, typed: the model its checkpoints hold, its seed and its stream (of `spec`, its
         spec when read already)."""
-        spec = spec or self.spec
+        spec = self.spec if spec is None else spec
         return stage_kind(spec.kind).read_settings(spec.config)
 
 

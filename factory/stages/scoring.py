@@ -123,7 +123,8 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
         state = load_checkpoint(path, checkpoint.sha256)
     except ArtifactError as e:
         raise ArtifactError(f"checkpoint {checkpoint.key} at {path} does not match the sha256 its partition recorded; not evaluated") from e
-    spec, settings = checkpoint.spec, checkpoint.settings()  # the model its checkpoints hold
+    spec = checkpoint.spec
+    settings = checkpoint.settings(spec)  # the model its checkpoints hold
     tokenizer_file = fetched_tokenizer(registry, manifest_of(registry, spec.upstream[provider(TOKENIZER).name]))
     tokenizer = load_tokenizer(tokenizer_file)
     model = new_model(settings.model, tokenizer.get_vocab_size())
@@ -149,7 +150,8 @@ def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) ->
     or the `chat_template.jinja` its input keeps), else, for fine-tuning on rows, the format's default. None without one."""
     from factory.config.hf_checkpoint import read_checkpoint
 
-    spec, settings = checkpoint.spec, checkpoint.settings()
+    spec = checkpoint.spec
+    settings = checkpoint.settings(spec)
     data = getattr(getattr(settings, spec.kind, None), "data", None)
     data = data if isinstance(data, SFTData) else None  # sft's rows and their template (a plugin's `data` is its own)
     if data is not None and data.chat_template is not None:

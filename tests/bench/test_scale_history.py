@@ -1,11 +1,14 @@
 """bench/scale.py's history: one root made once (a registry, a git repository of experiment files, a Dagster instance on a
-real PostgreSQL server), then reused as it is by every later run, and made again only when its shape changed."""
+real PostgreSQL server), then reused as it is by every later run (what an interrupted measure left taken out), and made
+again only when its shape or format changed or its database lost its runs."""
 
 import importlib.util
 import json
 import os
 import subprocess
 from pathlib import Path
+
+from tests.postgres import database
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_scale", REPO / "bench" / "scale.py")
@@ -43,6 +46,11 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
         assert len(list((root / "repo" / "experiments").glob("*.md"))) == made["files"]
         assert scale.sensor_tick(root, made, repeat=2) > 0  # commits, then puts the repository back
     assert "DAGSTER_HOME" not in os.environ or os.environ["DAGSTER_HOME"] != str(root / "dagster-postgres")
+    # what a measure interrupted midway leaves: one more manifest (`one_more`), a commit of the sensor tick's
+    model = json.loads(next((root / "registry" / "manifests").glob("model-*.json")).read_text())
+    (root / "registry" / "manifests" / "model-extra.json").write_text(json.dumps({**model, "fingerprint": "model-extra"}))
+    (root / "repo" / "experiments" / "e00000.md").write_text("---\nextends: base.md\nseed: 7\n---\n")
+    scale.git(root / "repo", "commit", "-qam", "a tick's")
 
     with scale.history(root, 90, postgres_server) as again:
         assert again == made  # not made again: the same record, run and commit
@@ -51,10 +59,16 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
         with DagsterInstance.get() as instance:
             assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == made["checkpoints"]
 
-    record = root / scale.MADE
-    record.write_text(json.dumps({**made, "format": made["format"] - 1}))  # made by an older bench: made again, afresh
+    database(postgres_server, "scale_90", keep=False)  # its database lost (another server, a cluster made again): made again
     with scale.history(root, 90, postgres_server) as remade:
-        assert remade["run"] != made["run"] and remade["format"] == scale.FORMAT
+        assert remade["run"] != made["run"] and stamps(root) != manifests
         with DagsterInstance.get() as instance:
-            assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == remade["checkpoints"]  # not twice as many
-            assert instance.get_run_by_id(made["run"]) is None
+            assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == remade["checkpoints"]
+
+    record = root / scale.MADE
+    record.write_text(json.dumps({**remade, "format": remade["format"] - 1}))  # made by an older bench: made again, afresh
+    with scale.history(root, 90, postgres_server) as latest:
+        assert latest["run"] != remade["run"] and latest["format"] == scale.FORMAT
+        with DagsterInstance.get() as instance:
+            assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == latest["checkpoints"]  # not twice as many
+            assert instance.get_run_by_id(remade["run"]) is None

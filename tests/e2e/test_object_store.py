@@ -1,11 +1,11 @@
 """The factory on an object store: `FACTORY_STORE` pointing at a real S3 server process (moto's, `tests/s3server.py`),
 one experiment through Dagster end to end. Every artifact and table file is in the bucket and none under the local root;
-a second run computes nothing; Podium browses and generates from the bucket; the Dagster UI's GraphQL answers its pages
-from it; lineage and `data batch` read it; the model reproduces from it and is promoted in it; the leaderboard reads it;
-`registry verify` names a changed object; an object deleted from the bucket is found by `plan` and computed again. The
-endpoint goes away twice while a training saves its checkpoints there: for a few seconds, which the run waits out, and
-for longer than `FACTORY_STORE_OUTAGE_S`, which fails the run saying so; the rerun resumes from the last checkpoint the
-bucket holds."""
+a second run computes nothing; Podium browses and generates from the bucket; the Dagster UI's GraphQL shows the
+checkpoints in it; lineage and `data batch` read it; the model reproduces from it and is promoted in it; the
+leaderboard reads it; `registry verify` names a changed object; an object deleted from the bucket is found by `plan` and
+computed again. The endpoint goes away twice while a training saves its checkpoints there: for a few seconds, which the
+run waits out, and for longer than `FACTORY_STORE_OUTAGE_S`, which fails the run saying so; the rerun resumes from the
+last checkpoint the bucket holds."""
 
 from __future__ import annotations
 
@@ -133,9 +133,9 @@ def test_an_experiment_runs_with_every_artifact_and_table_in_the_bucket_and_reru
         completion = podium.post("/generate", data={"ckpt": checkpoint.sha256, "prompt": "def main():\n", "new_tokens": "8"})
         assert completion.status_code == 200 and completion.text.count('class="completion"') == 1
 
-        # The Dagster UI answers what its pages ask with the bucket as the store (its code location loaded with FACTORY_STORE
-        # set, its GraphQL asked in this process): the checkpoints' partitions, each recorded where its bytes are in the
-        # bucket, and the page of the run that made them.
+        # The Dagster UI answers what its pages ask of a run on the bucket (its code location loaded with FACTORY_STORE set,
+        # its GraphQL asked in this process; the instance's events stay on local disk): the checkpoints' partitions, the
+        # newest record of each naming its bytes in the bucket, and the page of the run that made them.
         with dagster_ui(root) as ask:
             keys = ask(CHECKPOINTS_PAGE, {"keys": []})["assetNodeOrError"]["partitionKeys"]
             checkpoints = ask(CHECKPOINTS_PAGE, {"keys": keys})["assetNodeOrError"]
