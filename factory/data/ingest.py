@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import logging
+import mmap
 import os
 import stat
 import tempfile
@@ -223,7 +224,8 @@ def _read_into(spill: _Spill, config: SourceConfig, root: Path, files: list[str]
 class _Spill:
     """Documents written to an Arrow IPC file a batch at a time in the order they are read, each batch sorted by id, with
     their keys kept; once closed, the rows in id order (`rows`): each pass reads the file a batch at a time when it was
-    written in that order, else merges the sorted batches from the file memory-mapped, a slice of each at a time."""
+    written in that order, else merges the sorted batches from the file memory-mapped, a slice of each at a time (the
+    pages read given back after each batch)."""
 
     def __init__(self, path: Path, name: str, schema: pa.Schema) -> None:
         self.path, self.name, self.schema = path, name, schema
@@ -285,17 +287,25 @@ class _Spill:
                     yield spilled.get_batch(part)
 
         def merged() -> Iterator[pa.RecordBatch]:
-            with pa.memory_map(str(path)) as source:
-                spilled = pa.ipc.open_file(source)
+            with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                spilled = pa.ipc.open_file(pa.py_buffer(mapped))
                 parts = [spilled.get_batch(i) for i in range(spilled.num_record_batches)]
                 part_of = np.searchsorted(starts, order, side="right") - 1  # the part of each row, in id order
-                taken = np.zeros(len(parts), np.int64)
-                for begin, end in itertools.pairwise([0, *cuts]):
-                    # each part is sorted by id, so its rows in this batch are the next ones of it: a slice, no copy
-                    counts = np.bincount(part_of[begin:end], minlength=len(parts))
-                    gathered = pa.Table.from_batches([parts[p].slice(taken[p], counts[p]) for p in np.nonzero(counts)[0]], schema=schema)
-                    taken += counts
-                    yield from gathered.take(pc.sort_indices(gathered, [("id", "ascending")])).to_batches()
+                taken, gathered = np.zeros(len(parts), np.int64), None
+                try:
+                    for begin, end in itertools.pairwise([0, *cuts]):
+                        # each part is sorted by id, so its rows in this batch are the next ones of it: a slice, no copy
+                        counts = np.bincount(part_of[begin:end], minlength=len(parts))
+                        gathered = pa.Table.from_batches([parts[p].slice(taken[p], counts[p]) for p in np.nonzero(counts)[0]], schema=schema)
+                        taken += counts
+                        batches = gathered.take(pc.sort_indices(gathered, [("id", "ascending")])).to_batches()  # copied out of the file
+                        gathered = None
+                        # the pages read so far leave this process's memory (the file's own, read again if touched): the
+                        # merge holds one batch, not the whole spill, whatever the corpus
+                        mapped.madvise(mmap.MADV_DONTNEED)
+                        yield from batches
+                finally:
+                    parts = spilled = gathered = None  # the file's views, gone before the map closes
 
         spilled_in_order = bool(np.all(order[1:] > order[:-1]))
         return Rows(keys=keys.take(pa.array(order)), column_names=tuple(schema.names), batches=in_order if spilled_in_order else merged)
