@@ -21,7 +21,7 @@ over its Dagster instance, `factory evals backfill`'s planning, and the UI's ass
 backfill's shape, asked of a Dagster webserver over HTTP as the browser asks them; the experiments sensor's tick at a
 commit that changes one of its experiment files. Then how each figure grows with the size.
 
-`--smoke`: histories of 90 and 360 manifests (5 files, 40 checkpoints), one run each, the webserver at the last only.
+`--smoke`: a history of 90 manifests (5 files, 40 checkpoints), one run of each measure.
 """
 
 from __future__ import annotations
@@ -527,14 +527,14 @@ def webserver(home: Path) -> Iterator[Callable[[str, dict], dict]]:
             server.wait()
 
 
-def dagster_at_scale(root: Path, made: dict, repeat: int, ui: bool) -> dict[str, float]:
+def dagster_at_scale(root: Path, made: dict, repeat: int) -> dict[str, float]:
     """Over the history's Dagster instance (on PostgreSQL: its checkpoint partitions, each materialized once with the
     metadata a training stage records, `BENCHMARK_PARTITIONS` benchmarks, the checkpoints' results in the registry
-    materialized as theirs), median seconds (the per-partition read of before: once) of: `factory evals backfill`'s planning (which checkpoints are still stored, read per
-    partition as before and in chunks as now; which still lack a result), and with `ui` the Dagster UI's questions to its
-    webserver, over HTTP (`webserver`): the asset page's (partition counts and statuses) for `evaluations` and
-    `checkpoints`, the first since the webserver started and again, and the page of the history's run of a backfill's
-    shape."""
+    materialized as theirs), median seconds (the per-partition read of before: once) of: `factory evals backfill`'s
+    planning (which checkpoints are still stored, read per partition as before and in chunks as now; which still lack a
+    result), and the Dagster UI's questions to its webserver, over HTTP (`webserver`): the asset page's (partition counts
+    and statuses) for `evaluations` and `checkpoints`, the first since the webserver started and again, and the page of
+    the history's run of a backfill's shape."""
     import warnings
 
     from dagster import DagsterInstance
@@ -562,8 +562,6 @@ def dagster_at_scale(root: Path, made: dict, repeat: int, ui: bool) -> dict[str,
             assert len(unevaluated(instance, registry, ["val_bpb"], set(keys))) == checkpoints
 
         figures = {"before": median_s(per_partition, 1), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
-    if not ui:
-        return figures
     with webserver(Path(os.environ["DAGSTER_HOME"])) as ask:
         def run_page() -> None:
             data = ask(RUN_PAGE, {"runId": made["run"]})
@@ -581,7 +579,7 @@ def dagster_at_scale(root: Path, made: dict, repeat: int, ui: bool) -> dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="histories of 90 and 360 manifests, one run each: checks the bench runs")
+    parser.add_argument("--smoke", action="store_true", help="a history of 90 manifests, one run each: checks the bench runs")
     parser.add_argument("--sizes", default="1000,10000,100000", help="history sizes, in manifests (default 1000,10000,100000)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each measure; the median is printed (default 5)")
     parser.add_argument("--root", type=Path, help="where the histories are made and kept, one per size (ROOT/<size>), with the "
@@ -590,7 +588,7 @@ def main() -> None:
     parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL server to keep the Dagster instances in, a database "
                         "per size, instead of a cluster of the bench's own")
     args = parser.parse_args()
-    sizes, repeat = ([90, 360], 1) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
+    sizes, repeat = ([90], 1) if args.smoke else ([int(s) for s in args.sizes.split(",")], args.repeat)
     from tests.postgres import running_postgres
 
     figures, dagster, ticks, shapes = {}, {}, {}, {}
@@ -601,8 +599,7 @@ def main() -> None:
             root = base / str(count)
             with history(root, count, server) as made:
                 figures[count] = measure(root, made, repeat)
-                # the UI's pages at every size; the smoke starts one webserver, at its last
-                dagster[count] = dagster_at_scale(root, made, repeat, ui=not args.smoke or count == sizes[-1])
+                dagster[count] = dagster_at_scale(root, made, repeat)
                 ticks[count] = sensor_tick(root, made, repeat)
                 shapes[count] = made
     print("listing the evaluation results of a registry (2 in 3 manifests), median seconds:")

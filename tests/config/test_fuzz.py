@@ -25,7 +25,7 @@ front_matters = st.one_of(
 )
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(front=front_matters)
 def test_random_front_matter_loads_or_fails_with_a_location(tmp_path, front):
     path = tmp_path / "self.md"
