@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script (its servers are), as the benches are
-from tests.ports import free_port  # noqa: E402
+from tests.ports import free_port, stopped  # noqa: E402
 
 START_TIMEOUT_S = 30
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "factory-test", "AWS_SECRET_ACCESS_KEY": "factory-test-secret", "AWS_REGION": "us-east-1"}
@@ -119,12 +119,7 @@ class S3Server:
         with self._switching:  # a restart in flight has recorded its relay: this stops it too
             for process in (self._relay, self._moto):
                 if process is not None and process.poll() is None:
-                    process.terminate()
-                    try:
-                        process.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait()
+                    stopped(process, 10)
 
 
 @contextlib.contextmanager

@@ -1,19 +1,30 @@
-"""bench/scale.py's history: one root made once (a registry, a git repository of experiment files, a Dagster instance on a
-real PostgreSQL server), then reused as it is by every later run (what an interrupted measure left taken out), and made
-again when its database lost its runs (as when its shape or format changed: `shape`)."""
+"""bench/scale_history.py's history (bench/scale.py's fixture): one root made once (a registry, a git repository of
+experiment files, a Dagster instance on a real PostgreSQL server), then reused as it is by every later run (what an
+interrupted measure left taken out), and made again when its database lost its runs (as when its shape or format
+changed: `shape`)."""
 
 import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.postgres import database
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_scale", REPO / "bench" / "scale.py")
-scale = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(scale)
+
+
+def bench_module(name: str):
+    """bench/NAME.py, imported under NAME (as the bench scripts import each other: their directory is on their path)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+histories = bench_module("scale_history")
+scale = bench_module("scale")
 
 
 def stamps(root: Path) -> dict[str, int]:
@@ -28,13 +39,13 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
     from factory.registry import ArtifactStore
 
     root = tmp_path / "90"
-    with scale.history(root, 90, postgres_server) as made:
+    with histories.history(root, 90, postgres_server) as made:
         manifests = stamps(root)
         assert len(manifests) >= 90
         with DagsterInstance.get() as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == made["checkpoints"] == 40
-            assert len(instance.get_dynamic_partitions(BENCHMARKS)) == scale.BENCHMARK_PARTITIONS
+            assert len(instance.get_dynamic_partitions(BENCHMARKS)) == histories.BENCHMARK_PARTITIONS
             assert instance.get_run_by_id(made["run"]) is not None
             checkpoints = set(instance.get_dynamic_partitions(CHECKPOINTS))  # the registry's, and their results are its
             results = {f"{m.summary['benchmark']}|{m.summary['checkpoint']}": m.digest
@@ -50,9 +61,9 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
     model = json.loads(next((root / "registry" / "manifests").glob("model-*.json")).read_text())
     (root / "registry" / "manifests" / "model-extra.json").write_text(json.dumps({**model, "fingerprint": "model-extra"}))
     (root / "repo" / "experiments" / "e00000.md").write_text("---\nextends: base.md\nseed: 7\n---\n")
-    scale.git(root / "repo", "commit", "-qam", "a tick's")
+    histories.git(root / "repo", "commit", "-qam", "a tick's")
 
-    with scale.history(root, 90, postgres_server) as again:
+    with histories.history(root, 90, postgres_server) as again:
         assert again == made  # not made again: the same record, run and commit
         assert stamps(root) == manifests
         assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=root / "repo", capture_output=True, text=True).stdout.strip() == made["commit"]
@@ -60,7 +71,7 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
             assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == made["checkpoints"]
 
     database(postgres_server, "scale_90", keep=False)  # its database lost (another server, a cluster made again): made again
-    with scale.history(root, 90, postgres_server) as remade:
+    with histories.history(root, 90, postgres_server) as remade:
         assert remade["run"] != made["run"] and stamps(root) != manifests  # afresh: files and instance
         with DagsterInstance.get() as instance:
             assert len(instance.get_dynamic_partitions(CHECKPOINTS)) == remade["checkpoints"]  # not twice as many

@@ -6,14 +6,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.ports import free_port
+from tests.ports import free_port, serving
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -56,16 +55,9 @@ def ui(pipeline, tmp_path_factory):
             env={**os.environ, "FACTORY_EXPERIMENTS": str(experiments)},
         )
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            try:
-                if graphql(port, "{ assetNodes { id } }")["assetNodes"]:
-                    break
-            except (urllib.error.URLError, ConnectionError, KeyError, TypeError):
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dagster dev did not serve the code location:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+        listed = lambda: graphql(port, "{ assetNodes { id } }")["assetNodes"]  # noqa: E731  (the code location is served)
+        if not serving(listed, process, STARTUP_TIMEOUT_S, 1, (urllib.error.URLError, ConnectionError, KeyError, TypeError)):
+            pytest.fail(f"dagster dev did not serve the code location:\n{log.read_text()[-3000:]}")
         yield port
     finally:
         os.killpg(process.pid, signal.SIGTERM)

@@ -5,10 +5,8 @@
 
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,18 +14,14 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
+from tests.ports import free_port, serving, stopped
+
 pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / ".test-artifacts" / "podium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
 START_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +34,12 @@ def server(store, tmp_path_factory):
                                    cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"factory podium did not start:\n{log.read_text()}")
-                time.sleep(0.2)
+        home = lambda: urllib.request.urlopen(base + "/", timeout=5).close() or True  # noqa: E731
+        if not serving(home, process, START_TIMEOUT_S, 0.2, (urllib.error.URLError, ConnectionError)):
+            pytest.fail(f"factory podium did not start:\n{log.read_text()}")
         yield base
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stopped(process, 30)
 
 
 @pytest.fixture(scope="module")
