@@ -23,10 +23,10 @@ from factory.config import Experiment, load_file
 from factory.errors import ConfigError, Interrupted
 from factory.launch import warm_starts
 from factory.registry import open_registry
-from factory.runtime import tracker_backend, warm_modules
+from factory.runtime import tracker_backend, warm_order
 from factory.ops.bases import Base, resolve
 from factory.ops.plan import build_plan
-from factory.runtime.report import exit_now
+from factory.launch.ending import exit_now
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance, ExecuteInProcessResult
@@ -84,7 +84,8 @@ def warm_stages(experiments: list[Experiment], root: Path) -> Iterator[None]:
         plans = []
     kinds = [plan.kind for plan in plans if plan.status == "run"]
     if kinds:
-        with warm_starts(warm_modules(kinds, tracker_backend(os.environ))):
+        modules, first = warm_order(kinds, tracker_backend(os.environ))
+        with warm_starts(modules, first=first):
             from resources.launcher import import_beside_the_next_stage  # Dagster's import, beside the warm interpreter's
 
             import_beside_the_next_stage(AHEAD)

@@ -306,7 +306,7 @@ def main() -> None:
     parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_side is not None or args.ingest_side is not None:
-        from factory.runtime.report import exit_now
+        from factory.launch.ending import exit_now
 
         if args.ingest_side is not None:
             ingest_side(args.ingest_side, args.source, args.catalog, args.out, args.format)
@@ -314,7 +314,7 @@ def main() -> None:
             memory_side(args.memory_side, args.catalog, args.snapshot, args.out)
         exit_now(0)
     if args.side is not None:
-        from factory.runtime.report import exit_now
+        from factory.launch.ending import exit_now
 
         side(args.side, args.smoke, args.copies, args.out)
         exit_now(0)  # as a stage ends: Daft's native threads can still be releasing Python objects while an interpreter finalizes (SIGABRT)

@@ -78,7 +78,7 @@ _told: set[str] = set()
 
 
 @contextlib.contextmanager
-def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[WarmServer | None]:
+def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None, first: int | None = None) -> Iterator[WarmServer | None]:
     """Within the block, stages fork from a warm interpreter that imports `modules` (in the background, from now on) in
     the environment `env` (default: ours). The previous block's interpreter serves again, and lives on until this
     process ends, when it was started in the same environment (but for UNREAD's variables) and the installed packages
@@ -86,7 +86,7 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
     those of `modules` it was not asked for before, in the background as it did its first ones (any other module a
     stage needs, it imports before that stage's fork).
     Linux only; elsewhere stages start as they would without it. A block inside another (nested, or in another thread)
-    shares the outer one's."""
+    shares the outer one's. `first`: how many of `modules` the first stage needs (`WarmServer`)."""
     global _kept, _blocks
     if sys.platform != "linux":
         yield None
@@ -99,7 +99,7 @@ def warm_starts(modules: Sequence[str], env: Mapping[str, str] | None = None) ->
                     atexit.register(_close_kept, os.getpid())
                 else:
                     _kept.close()
-                _kept = WarmServer(modules, wanted)
+                _kept = WarmServer(modules, wanted, first)
         _blocks += 1
         server = _kept
     try:

@@ -63,9 +63,10 @@ _HEADER = struct.Struct("!I")
 class WarmServer:
     """The launcher's side: starts the server, asks it for children, and stops it."""
 
-    def __init__(self, modules: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, modules: Sequence[str], env: Mapping[str, str] | None = None, first: int | None = None) -> None:
         """Start a server that imports `modules` (in the background: `spawn` waits for it) in the environment `env` (default:
-        ours), which its children's must equal but for what a launch sets."""
+        ours), which its children's must equal but for what a launch sets. `first`: how many of `modules` the first launch
+        needs (default: all); once those are imported, the rest wait for that launch (`warm_server.HOLD_S`)."""
         self.modules = tuple(modules)
         self._dir = Path(tempfile.mkdtemp(prefix="factory-warm-"))
         self.socket_path = self._dir / SOCKET_NAME
@@ -73,7 +74,8 @@ class WarmServer:
         owner_read, self._owner = os.pipe()  # the server ends when this end closes: when we close it, or die
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", SERVER_MODULE, str(self.socket_path), str(owner_read), *self.modules],
+                [sys.executable, "-m", SERVER_MODULE, str(self.socket_path), str(owner_read),
+                 *([] if first is None else [f"--first={first}"]), *self.modules],
                 pass_fds=(owner_read,), stdin=subprocess.DEVNULL, env=self.env,
             )
         finally:
@@ -104,26 +106,24 @@ class WarmServer:
         if connection is None:
             return None
         stderr_read, stderr_write = os.pipe() if stderr is None else (None, stderr)
+        exit_read, exit_write = os.pipe()  # the child writes its exit code there as it ends (the server may be mid-import)
         try:
             request = {"module": argv[2], "args": list(argv[3:]), "env": dict(env), "launch": sorted(launch_keys),
                        "cwd": str(cwd or os.getcwd()), "needs": list(needs)}
-            send_request(connection, request, [0, stdout, stderr_write])
+            send_request(connection, request, [0, stdout, stderr_write, exit_write])
             answer = (lines := _Lines(connection)).next(timeout=None)
         except OSError:  # ours, or the server went as it answered: start cold, without a reason to tell
-            connection.close()
-            if stderr_read is not None:
-                os.close(stderr_read)
+            _close(connection, exit_read, stderr_read)
             return None
         finally:
+            os.close(exit_write)
             if stderr_read is not None:
                 os.close(stderr_write)
         if answer is None or "pid" not in answer:
             self.refused = answer.get("refused", "the server ended") if answer else "the server ended"
-            connection.close()
-            if stderr_read is not None:
-                os.close(stderr_read)
+            _close(connection, exit_read, stderr_read)
             return None
-        return WarmProcess(answer["pid"], lines, None if stderr_read is None else os.fdopen(stderr_read, "rb", buffering=0))
+        return WarmProcess(answer["pid"], lines, None if stderr_read is None else os.fdopen(stderr_read, "rb", buffering=0), exit_read)
 
     def status(self, timeout: float | None = None, preload: Sequence[str] = ()) -> dict[str, Any] | None:
         """How far the server's imports are: `imported` of `modules`, the `problem` that stops it forking, and what is
@@ -190,11 +190,14 @@ class WarmServer:
 class WarmProcess:
     """A forked stage process: the part of `subprocess.Popen` the local launcher uses."""
 
-    def __init__(self, pid: int, lines: _Lines, stderr: IO[bytes] | None) -> None:
+    def __init__(self, pid: int, lines: _Lines, stderr: IO[bytes] | None, exited: int | None = None) -> None:
         self.pid = pid
         self.stderr = stderr
         self.returncode: int | None = None
         self._lines = lines
+        self._exited = exited
+        """The pipe the child writes its exit code to as it ends (nothing when a signal ends it): the server reports the
+        same, but only between two imports."""
 
     def poll(self) -> int | None:
         """The exit code once the process has ended, else None."""
@@ -217,6 +220,18 @@ class WarmProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
     def _read(self, timeout: float | None) -> None:
+        if self._exited is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            ready = select.select([self._exited, self._lines.connection], [], [], timeout)[0]
+            if self._exited in ready:
+                said = os.read(self._exited, 64)  # the code and a newline, or nothing: ended by a signal, or before it said
+                os.close(self._exited)
+                self._exited = None
+                if said.strip().lstrip(b"-").isdigit():
+                    self.returncode = int(said)
+                    self._lines.close()
+                    return
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         answer = self._lines.next(timeout)
         if answer is _Lines.PENDING:
             return
@@ -227,6 +242,16 @@ class WarmProcess:
         else:
             self.returncode = int(answer["exit"])
         self._lines.close()
+        if self._exited is not None:
+            os.close(self._exited)
+            self._exited = None
+
+
+def _close(connection: socket.socket, *fds: int | None) -> None:
+    connection.close()
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def _alive(pid: int) -> bool:
@@ -267,14 +292,15 @@ class _Lines:
 
 
 def send_request(connection: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
-    """A request: its length, its JSON, and the child's stdin, stdout and stderr riding along (SCM_RIGHTS)."""
+    """A request: its length, its JSON, and the child's stdin, stdout and stderr (and the pipe it tells its exit code on)
+    riding along (SCM_RIGHTS)."""
     data = json.dumps(message).encode()
     socket.send_fds(connection, [_HEADER.pack(len(data)) + data], fds)
 
 
 def receive_request(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """The request `send_request` sent, and the file descriptors that came with it."""
-    data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 4)
     (size,) = _HEADER.unpack_from(data)
     body = data[_HEADER.size :]
     while len(body) < size:

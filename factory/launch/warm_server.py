@@ -1,7 +1,7 @@
 """The warm interpreter's server: imports the stages' modules once, then forks a child per launch (see `factory.launch.warm`).
 
-`python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...` binds SOCKET, imports the modules,
-and serves until the pipe OWNER_FD closes (its launcher closed it, or died). It stays single-threaded
+`python -m factory.launch.warm_server SOCKET OWNER_FD [--first=N] MODULE...` binds SOCKET, imports the
+modules, and serves until the pipe OWNER_FD closes (its launcher closed it, or died). It stays single-threaded
 (a select loop; SIGCHLD wakes it) so that every fork copies a process in a known state. It imports and
 never computes: the native threads that imports start (jemalloc's background thread, the BLAS pool) are
 made again in a child by their own fork handlers, but a process that has run a torch operator in
@@ -27,14 +27,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from factory.launch.ending import end, tell_exit_on
 from factory.launch.warm import receive_request
 
 STARTED_NS = time.time_ns()
 """When this server started, before it stamped or imported anything."""
+HOLD_S = 2.0
+"""How long the imports wait, while no stage forked from the server runs, for the launch that is likely to come: an import
+cannot be interrupted, and one begun just before a launch (torch's takes a second or two) would hold that stage up."""
 
 
-def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
-    """Bind, import `modules`, then fork a child for every launch until the owner's pipe closes."""
+def serve(socket_path: str, owner: int, modules: Sequence[str], first: int | None = None) -> None:
+    """Bind, import `modules`, then fork a child for every launch until the owner's pipe closes. The imports go on while a
+    child runs; while none does, a launch is likely to come (the first one once the `first` modules, what it needs, are
+    imported; the next one after a child ends), and they wait for it up to HOLD_S."""
     # Ctrl-C goes to the whole process group (the stages too); the server lives on to report how they ended.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_read, wake_write = os.pipe()
@@ -51,21 +57,30 @@ def serve(socket_path: str, owner: int, modules: Sequence[str]) -> None:
     installed = _installed_stamps()
     pending, problem = list(modules), None
     waiting: dict[int, socket.socket] = {}
+    first = len(modules) if first is None else first
+    held_until: float | None = None  # while no child runs: when the imports go on if no launch came
     while True:
         # Imports go one module at a time between launches: a launch is served with what is imported so far (the child
         # imports the rest itself), so the first stage does not wait for code only later stages need.
-        importing = bool(pending) and problem is None
-        ready = select.select([listener, owner, wake_read], [], [], 0 if importing else None)[0]
+        if waiting:
+            held_until = None  # a child runs; when the last one ends, the next launch is likely to come
+        elif held_until is None and len(modules) - len(pending) >= first:
+            held_until = time.monotonic() + HOLD_S  # before the first launch, or since the last child ended
+        held = max(0.0, held_until - time.monotonic()) if held_until is not None else 0.0
+        importing = bool(pending) and problem is None and held == 0.0
+        wait = 0 if importing else held if pending and problem is None else None
+        ready = select.select([listener, owner, wake_read], [], [], wait)[0]
         if owner in ready:
             return
         if wake_read in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_read, 512):
                     pass
+        running = bool(waiting)
         _report_exits(waiting)
         if listener in ready:
             problem = _launch(listener, modules, pending, problem, (sources, installed), base_env, waiting, [owner, wake_read, wake_write])
-        elif importing:
+        elif importing and (waiting or not running):  # not when the last child just ended: the loop holds first
             problem = _import(pending.pop(0))
 
 
@@ -245,8 +260,11 @@ def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds:
         for fd in inherited:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for target, fd in enumerate(fds):
+        for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
+        if len(fds) > 3:  # where the launcher reads the exit code: the stage's own processes do not inherit it
+            os.set_inheritable(fds[3], False)
+        tell_exit_on(fds[3] if len(fds) > 3 else None)  # a rank forked from a stage (`run_as_main`) tells nobody
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -289,7 +307,7 @@ def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds:
         if code < 0:  # die of the signal, as a cold process would
             signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
-        os._exit(code)
+        end(code)
 
 
 def run_as_main(module: str, args: Sequence[str]) -> None:
@@ -308,12 +326,13 @@ def _exit_code(value: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...`"""
-    args = sys.argv[1:] if argv is None else argv
+    """`python -m factory.launch.warm_server SOCKET OWNER_FD [--first=N] MODULE...`"""
+    args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:
-        print("usage: python -m factory.launch.warm_server SOCKET OWNER_FD MODULE...", file=sys.stderr)
+        print("usage: python -m factory.launch.warm_server SOCKET OWNER_FD [--first=N] MODULE...", file=sys.stderr)
         return 2
-    serve(args[0], int(args[1]), args[2:])
+    first = int(args.pop(2).partition("=")[2]) if len(args) > 2 and args[2].startswith("--first=") else None
+    serve(args[0], int(args[1]), args[2:], first)
     return 0
 
 

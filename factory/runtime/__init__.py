@@ -9,7 +9,7 @@ their run functions import (each kind's `imports`) and the code they load on fir
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from factory.config.kinds import StageKind, registered_kinds, stage_kind
@@ -38,6 +38,12 @@ def warm_modules(kinds: Iterable[str], tracker: str) -> tuple[str, ...]:
     training = [*([TRACKER_MODULES[tracker]] if tracker in TRACKER_MODULES else []), *OPTIMIZER_MODULES, *scoring]
     checkpoints = any(kind.checkpoints for kind in declared)
     return tuple(dict.fromkeys(["factory.runtime.__main__", *OPENED_MODULES, *runners, *(training if checkpoints else [])]))
+
+
+def warm_order(kinds: Sequence[str], tracker: str) -> tuple[tuple[str, ...], int]:
+    """`warm_modules(kinds, tracker)` with those the first kind needs (the run's first stage) first, and how many those are."""
+    first = warm_modules(kinds[:1], tracker)
+    return tuple(dict.fromkeys([*first, *warm_modules(kinds, tracker)])), len(first)
 
 
 def tracker_backend(environ: Mapping[str, str]) -> str:

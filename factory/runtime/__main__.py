@@ -23,7 +23,8 @@ from factory.registry import open_registry
 from factory.runtime import runner
 from factory.runtime.context import WARNINGS, StageContext
 from factory.runtime.exits import interrupted, say_error, stop_on_signals
-from factory.runtime.report import Reporter, exit_now, open_reporter
+from factory.launch.ending import exit_now
+from factory.runtime.report import Reporter, open_reporter
 from factory.runtime.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
 

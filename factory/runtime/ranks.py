@@ -9,7 +9,7 @@ the way a forked stage does (`factory.launch.warm_server.run_as_main`): its own 
 the environment the agent gives it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), and torch's intra-op threads set
 from OMP_NUM_THREADS, which a fresh interpreter reads at start (torchrun sets it to 1 for several ranks).
 
-Why two forks: a rank ends with `os._exit` (`factory.runtime.report.exit_now`), and the agent waits for a function's
+Why two forks: a rank ends with `os._exit` (`factory.launch.ending.exit_now`), and the agent waits for a function's
 return value before it reaps its process. So the process the agent started waits for the rank and ends as it did: its
 exit code, or killed by the same signal. The rank runs in a session of its own, as torchrun starts one; the stops the
 agent sends (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are passed on to that session, and so is a SIGTERM when the agent dies;

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -112,11 +111,3 @@ def _handler(log: logging.Logger, handler: logging.Handler) -> Iterator[None]:
         log.removeHandler(handler)
 
 
-def exit_now(code: int) -> None:
-    """End a stage process (or an orchestrating one) without tearing the interpreter down: what it made is published
-    and fsynced, so only exit handlers and buffered output matter, and unloading torch, pyarrow or Dagster module by
-    module takes about a second."""
-    atexit._run_exitfuncs()  # what a normal exit runs first (the tracker's and logging's handlers), then no module teardown
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

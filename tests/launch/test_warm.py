@@ -71,6 +71,63 @@ def test_a_launch_gets_the_modules_it_needs_imported_before_its_fork(tmp_path, m
         warm.close()
 
 
+def status_once(warm: WarmServer, ready, what: str) -> dict:
+    """The server's status once `ready(status)` holds."""
+    for _ in range(600):
+        if ready(status := warm.status()):
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"the warm server never had {what}: {status}")
+
+
+def test_once_the_first_stage_has_what_it_needs_the_other_imports_wait_for_its_launch_and_go_on_while_it_runs(tmp_path, monkeypatch):
+    """An import cannot be interrupted: one begun just before a launch (torch's takes a second or two) would hold that stage
+    up. Once the modules the first stage needs are imported, the others wait for its launch, then go on while it runs."""
+    monkeypatch.chdir(REPO)
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("WARM_GATE", str(gate))
+    warm = WarmServer(["email.mime.text", "tests.launch.gated_import"], first=1)
+    threading.Timer(20, gate.touch).start()  # a server that went on importing would hold the launch until then
+    try:
+        status_once(warm, lambda status: status["imported"] >= 1, "the first stage's modules")
+        out = tmp_path / "seen.json"
+        child = warm.spawn([sys.executable, "-m", CHILD, str(out), "60"], warm.env, [])
+        assert child is not None, warm.refused
+        for _ in range(600):
+            if out.exists() and out.stat().st_size:
+                break
+            time.sleep(0.05)
+        seen = json.loads(out.read_text())
+        assert seen["preloaded"] and "tests.launch.gated_import" not in seen["modules"], "the launch waited for an import it does not need"
+        gate.touch()
+        status_once(warm, lambda status: status["imported"] == 2, "the other module imported")
+        assert child.poll() is None, "imported while the stage ran"
+        child.kill()
+    finally:
+        gate.touch()
+        warm.close()
+
+
+@pytest.mark.parametrize("ending", ["sys.exit", "exit_now"])
+def test_a_childs_exit_code_reaches_its_launcher_while_the_server_is_importing(ending, tmp_path, monkeypatch):
+    """The server reports an exit between two imports only; the child tells its own code as it ends, however it ends (a
+    stage ends with `exit_now`)."""
+    monkeypatch.chdir(REPO)
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("WARM_GATE", str(gate))
+    warm = WarmServer(["email.mime.text", "tests.launch.gated_import"], first=1)
+    try:
+        status_once(warm, lambda status: status["imported"] >= 1, "the first stage's modules")
+        env = {**warm.env, "WARM_EXIT": "3", "WARM_ENDING": ending}
+        child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "seen.json")], env, ["WARM_EXIT", "WARM_ENDING"])
+        assert child is not None, warm.refused
+        assert child.wait(timeout=30) == 3  # the gate stays shut: the server is importing all along
+        assert warm.status(timeout=0.5) is None, "the server answered, so it was not importing"
+    finally:
+        gate.touch()
+        warm.close()
+
+
 def test_a_killed_child_reports_its_signal_and_the_server_goes_on(server, tmp_path):
     child = server.spawn([sys.executable, "-m", CHILD, str(tmp_path / "a.json"), "60"], server.env, [])
     assert child is not None, server.refused

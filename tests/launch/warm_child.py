@@ -15,4 +15,8 @@ if __name__ == "__main__":
     print("said on stderr", file=sys.stderr)
     if len(sys.argv) > 2:
         time.sleep(float(sys.argv[2]))
+    if os.environ.get("WARM_ENDING") == "exit_now":  # as a stage process ends
+        from factory.launch.ending import exit_now
+
+        exit_now(int(os.environ.get("WARM_EXIT", "0")))
     sys.exit(int(os.environ.get("WARM_EXIT", "0")))
