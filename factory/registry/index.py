@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
 file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
@@ -50,7 +50,7 @@ HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, version TEXT NOT NULL, kind TEXT, digest TEXT, experiment TEXT,
                                       body TEXT, created TEXT, generation INTEGER NOT NULL, fingerprint TEXT, size INTEGER,
-                                      base_model TEXT, training TEXT);
+                                      base_model TEXT, training TEXT, inputs TEXT);
 CREATE INDEX IF NOT EXISTS manifests_by_generation ON manifests (generation);
 CREATE TABLE IF NOT EXISTS dropped (name TEXT NOT NULL, body TEXT NOT NULL, generation INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS dropped_by_generation ON dropped (generation);
@@ -58,7 +58,8 @@ CREATE INDEX IF NOT EXISTS manifests_by_kind ON manifests (kind, name);
 CREATE INDEX IF NOT EXISTS manifests_by_created ON manifests (kind, created);
 CREATE INDEX IF NOT EXISTS manifests_by_digest ON manifests (digest);
 CREATE INDEX IF NOT EXISTS manifests_by_experiment ON manifests (experiment, kind, name);
-CREATE INDEX IF NOT EXISTS manifests_rows ON manifests (name, kind, fingerprint, digest, experiment, created, size, base_model, training);
+CREATE INDEX IF NOT EXISTS manifests_rows ON manifests (name, kind, fingerprint, digest, experiment, created, size, base_model, training,
+                                                      inputs);
 CREATE TABLE IF NOT EXISTS inputs (name TEXT NOT NULL, digest TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS inputs_by_digest ON inputs (digest, name);
 CREATE INDEX IF NOT EXISTS inputs_by_name ON inputs (name, digest);
@@ -67,7 +68,8 @@ CREATE INDEX IF NOT EXISTS files_by_sha256 ON files (sha256);
 CREATE INDEX IF NOT EXISTS files_by_name ON files (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-"""A row per readable manifest (with the columns of a `ManifestRow`, which `manifests_rows` covers), a row per input it
+"""A row per readable manifest (with the columns of a `ManifestRow`, its inputs' digests joined by spaces, which
+`manifests_rows` covers), a row per input it
 names (what `Where.made_from` and `Where.descends_from` ask: the index on both columns answers a step of descent without
 reading the table), a row per file it lists
 (`Where.file_sha256`), and the rows of the last `KEEP_GENERATIONS` generations' dropped manifests (`changes`)."""
@@ -199,12 +201,12 @@ class ManifestRow(NamedTuple):
                    base if isinstance(base, str) else None, training if isinstance(training, str) else None)
 
 
-ROWS = """SELECT name, kind, fingerprint, digest, experiment, created, size, base_model, training FROM manifests
+ROWS = """SELECT kind, fingerprint, digest, experiment, created, size, inputs, base_model, training FROM manifests
 WHERE kind IS NOT NULL ORDER BY name"""
 """`ManifestIndex.rows`: each manifest's columns, read from the index `manifests_rows` alone (not the bodies)."""
 UNLIKE_ROWS = """SELECT name FROM manifests WHERE kind IS NOT NULL AND (typeof(kind) != 'text' OR typeof(fingerprint) != 'text'
     OR typeof(digest) != 'text' OR typeof(experiment) != 'text' OR typeof(created) != 'text' OR typeof(size) != 'integer'
-    OR typeof(base_model) NOT IN ('text', 'null') OR typeof(training) NOT IN ('text', 'null')) LIMIT 1"""
+    OR typeof(inputs) != 'text' OR typeof(base_model) NOT IN ('text', 'null') OR typeof(training) NOT IN ('text', 'null')) LIMIT 1"""
 """A row whose columns are not a `ManifestRow`'s (a damaged one), if there is one."""
 
 
@@ -351,13 +353,10 @@ class ManifestIndex:
                 if unlike := db.execute(UNLIKE_ROWS).fetchone():
                     raise TypeError(f"the row of {unlike[0]!r} is not a manifest's")
                 found = db.execute(ROWS).fetchall()
-                inputs: dict[str, list[str]] = {}
-                for name, digest in db.execute("SELECT name, digest FROM inputs ORDER BY name, digest"):
-                    inputs.setdefault(name, []).append(digest)
             finally:
                 db.execute("COMMIT")
-        return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.get(name, ())), base_model, training)
-                for name, kind, fingerprint, digest, experiment, created, size, base_model, training in found]
+        return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.split()), base_model, training)
+                for kind, fingerprint, digest, experiment, created, size, inputs, base_model, training in found]
 
     def drop(self) -> None:
         """Remove the index (the next reader builds it again from the manifests)."""
@@ -393,9 +392,9 @@ class ManifestIndex:
                     continue
                 inserted += 1
                 row = ManifestRow.of_body(body)
-                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (name, version, row.kind, row.digest, row.experiment, json.dumps(body, sort_keys=True), row.created, generation,
-                            row.fingerprint, row.size, row.base_model, row.training))
+                            row.fingerprint, row.size, row.base_model, row.training, " ".join(row.inputs)))
                 db.executemany("INSERT INTO files VALUES (?, ?)", ((name, sha) for sha in {f["sha256"] for f in body["files"].values()}))
                 db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))
