@@ -47,7 +47,7 @@ def stored_checkpoints(instance: DagsterInstance, experiment: str | None = None)
     """Checkpoint partitions (of one experiment, or all) whose bytes are still where they were recorded: on this disk, or
     in a published artifact in the object store (immutable: its prefix is not looked at)."""
     keys = [key for key in instance.get_dynamic_partitions(CHECKPOINTS) if experiment is None or key.rsplit("__", 1)[0] == experiment]
-    recorded = latest_metadata_by_partition(instance, CHECKPOINTS, keys)
+    recorded = latest_metadata_by_partition(instance, CHECKPOINTS, keys, labels=("path", "stored"))
     return {key for key in keys if (metadata := recorded.get(key)) and _stored(metadata)}
 
 

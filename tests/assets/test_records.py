@@ -57,7 +57,12 @@ def test_rows_read_as_json_give_what_dagster_reads_and_the_others_are_left_to_da
         assert every[key].keys() == plain.keys() and every[key]["nan"] != every[key]["nan"] and dagsters[key]["nan"] != dagsters[key]["nan"]
         assert {k: v for k, v in every[key].items() if k != "nan"} == {k: v for k, v in dagsters[key].items() if k != "nan"}
     assert {key: every[key] for key in others} == {key: dagsters[key] for key in others}
-    read = dict(records._rows(instance, sorted(instance.event_log_storage.get_latest_storage_id_by_partition(
-        AssetKey(CHECKPOINTS), DagsterEventType.ASSET_MATERIALIZATION).values())))
+    ids = sorted(instance.event_log_storage.get_latest_storage_id_by_partition(AssetKey(CHECKPOINTS), DagsterEventType.ASSET_MATERIALIZATION).values())
+    read = dict(records._rows(instance, ids))
     partitions = {found[0]: found for found in read.values() if found is not None}
     assert partitions.keys() == {"plain", "in a run", "quoted"}, "the plain rows (text may hold anything) are read from their JSON"
+    # Asked for some entries only: those, and a row is read from its JSON unless one of them is Dagster's to read.
+    wanted = ("path", "step")
+    assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=wanted) == {
+        key: {label: value for label, value in found.items() if label in wanted} for key, found in dagsters.items()}
+    assert {found[0] for found in dict(records._rows(instance, ids, wanted)).values() if found is not None} == set(keys)
