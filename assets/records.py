@@ -41,6 +41,8 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
     of one asset (or of `partitions`) that has one: one query for the newest record of each partition, then the records
     by id, a chunk at a time (never a query per partition, which is minutes at 10,000 checkpoints)."""
     key = AssetKey(asset)
+    if isinstance(labels, str):
+        raise TypeError(f"labels is a collection of metadata labels, not one label: ({labels!r},)")
     if partitions is not None and not partitions:
         return {}  # (the event log reads an empty set as "every partition")
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(

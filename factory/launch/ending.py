@@ -12,13 +12,15 @@ import contextlib
 import os
 import sys
 
-_told: int | None = None
+_told: tuple[int, int] | None = None
+"""The descriptor to write the exit code on, and the process that is to write it (a process forked from it, a rank or a
+data loader's worker, which has the descriptor too, writes nothing)."""
 
 
 def tell_exit_on(fd: int | None) -> None:
-    """Write this process's exit code on `fd` as `end` ends it (None: nowhere; a process forked from this one says so)."""
+    """Write this process's exit code on `fd` as `end` ends it (None: nowhere)."""
     global _told
-    _told = fd
+    _told = None if fd is None else (fd, os.getpid())
 
 
 def exit_now(code: int) -> None:
@@ -32,8 +34,8 @@ def exit_now(code: int) -> None:
 
 
 def end(code: int) -> None:
-    """`os._exit(code)`, once the code is written where `tell_exit_on` said."""
-    if _told is not None:
+    """`os._exit(code)`, once the exit status it makes (the code modulo 256) is written where `tell_exit_on` said."""
+    if _told is not None and _told[1] == os.getpid():
         with contextlib.suppress(OSError):  # the launcher went away: nobody to tell
-            os.write(_told, f"{code}\n".encode())
+            os.write(_told[0], f"{code & 0xFF}\n".encode())
     os._exit(code)

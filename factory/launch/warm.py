@@ -21,8 +21,9 @@ Otherwise it refuses, and `spawn` returns None: the launcher starts a cold proce
 Linux only (fork after importing torch is not safe on macOS).
 
 The server is `factory.launch.warm_server`. The protocol: a Unix socket; the launcher sends one JSON request with the child's stdin, stdout
-and stderr as file descriptors (SCM_RIGHTS); the server answers `{"pid": n}` (or `{"refused":
-why}`), then `{"exit": code}` when the child ends (negative: killed by that signal). A status
+and stderr as file descriptors (SCM_RIGHTS), and a pipe the child writes its exit code on as it ends (the server is busy
+while it imports); the server answers `{"pid": n}` (or `{"refused": why}`), then `{"exit": code}` when the child ends
+(negative: killed by that signal), which the launcher waits for when the child wrote no code. A status
 request (`{"status": true, "preload": [MODULE...]}`) is answered with how far the imports are and
 what would stop a fork, and adds the modules to those it imports.
 """
@@ -196,8 +197,10 @@ class WarmProcess:
         self.returncode: int | None = None
         self._lines = lines
         self._exited = exited
-        """The pipe the child writes its exit code to as it ends (nothing when a signal ends it): the server reports the
+        """The pipe the child writes its exit code on as it ends (nothing when a signal ends it): the server reports the
         same, but only between two imports."""
+        self._gone = _pidfd(pid) if exited is not None else None
+        """Readable once the child has ended (a pidfd), so that `wait` returns when it is gone, not as it writes its code."""
 
     def poll(self) -> int | None:
         """The exit code once the process has ended, else None."""
@@ -220,31 +223,46 @@ class WarmProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
     def _read(self, timeout: float | None) -> None:
-        if self._exited is not None:
+        if self._exited is not None:  # the child's own word, once it is gone; else the server's report
             deadline = None if timeout is None else time.monotonic() + timeout
-            ready = select.select([self._exited, self._lines.connection], [], [], timeout)[0]
-            if self._exited in ready:
-                said = os.read(self._exited, 64)  # the code and a newline, or nothing: ended by a signal, or before it said
-                os.close(self._exited)
-                self._exited = None
-                if said.strip().lstrip(b"-").isdigit():
-                    self.returncode = int(said)
-                    self._lines.close()
-                    return
+            mark = self._gone if self._gone is not None else self._exited
+            if mark in select.select([mark, self._lines.connection], [], [], timeout)[0] and (told := self._told()) is not None:
+                self._end(told)
+                return
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         answer = self._lines.next(timeout)
         if answer is _Lines.PENDING:
             return
-        if answer is None:  # the server is gone: wait for the child itself, whose exit code nobody can tell us now
+        if answer is None:  # the server is gone: wait for the child itself, whose exit code only it may have told
             while _alive(self.pid):
                 time.sleep(0.05)
-            self.returncode = EXIT_UNKNOWN
+            told = self._told() if self._exited is not None else None
+            self._end(EXIT_UNKNOWN if told is None else told)
         else:
-            self.returncode = int(answer["exit"])
+            self._end(int(answer["exit"]))
+
+    def _told(self) -> int | None:
+        """The exit code the child wrote, if it wrote one (the pipe and the pidfd closed, either way)."""
+        said = os.read(self._exited, 64) if select.select([self._exited], [], [], 0)[0] else b""
+        for fd in (self._exited, self._gone):
+            if fd is not None:
+                os.close(fd)
+        self._exited = self._gone = None
+        return int(said) if said.strip().isdigit() else None
+
+    def _end(self, code: int) -> None:
+        self.returncode = code
         self._lines.close()
         if self._exited is not None:
-            os.close(self._exited)
-            self._exited = None
+            self._told()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor readable once process `pid` has ended (Linux 5.3 and later), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # an older kernel, or the process ended and was reaped already
+        return None
 
 
 def _close(connection: socket.socket, *fds: int | None) -> None:

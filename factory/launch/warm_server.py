@@ -6,6 +6,7 @@ modules, and serves until the pipe OWNER_FD closes (its launcher closed it, or d
 never computes: the native threads that imports start (jemalloc's background thread, the BLAS pool) are
 made again in a child by their own fork handlers, but a process that has run a torch operator in
 parallel holds an OpenMP pool, and a child forked from it hangs at its first parallel operator.
+Its imports wait, up to HOLD_S (FACTORY_WARM_HOLD_S, 2 s), while no child runs and a launch is likely to come.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from factory.launch.warm import receive_request
 
 STARTED_NS = time.time_ns()
 """When this server started, before it stamped or imported anything."""
-HOLD_S = 2.0
+HOLD_S = float(os.environ.get("FACTORY_WARM_HOLD_S", "2"))
 """How long the imports wait, while no stage forked from the server runs, for the launch that is likely to come: an import
 cannot be interrupted, and one begun just before a launch (torch's takes a second or two) would hold that stage up."""
 
@@ -76,10 +77,12 @@ def serve(socket_path: str, owner: int, modules: Sequence[str], first: int | Non
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_read, 512):
                     pass
-        running = bool(waiting)
+        running, asked = bool(waiting), len(pending)
         _report_exits(waiting)
         if listener in ready:
             problem = _launch(listener, modules, pending, problem, (sources, installed), base_env, waiting, [owner, wake_read, wake_write])
+            if len(pending) > asked and not waiting:  # a later block's modules (`_preload`): its first launch is likely to come
+                held_until = time.monotonic() + HOLD_S
         elif importing and (waiting or not running):  # not when the last child just ended: the loop holds first
             problem = _import(pending.pop(0))
 
@@ -252,6 +255,7 @@ def _changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, s
 def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds: list[int], inherited: list[int]) -> None:
     """Become the stage: its stdio, directory, environment and arguments; run its module as `__main__`; never return."""
     code = 1
+    tell_exit_on(fds[3] if len(fds) > 3 else None)  # first: a rank forked from a stage (`run_as_main`) tells nobody
     try:
         signal.set_wakeup_fd(-1)
         for number in (signal.SIGCHLD, signal.SIGTERM):
@@ -262,9 +266,8 @@ def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds:
                 os.close(fd)
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        if len(fds) > 3:  # where the launcher reads the exit code: the stage's own processes do not inherit it
+        if len(fds) > 3:  # where the launcher reads the exit code: not passed on to a program the stage runs
             os.set_inheritable(fds[3], False)
-        tell_exit_on(fds[3] if len(fds) > 3 else None)  # a rank forked from a stage (`run_as_main`) tells nobody
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

@@ -8,11 +8,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
 
-from factory.launch.warm import SHARED_SOCKET_ENV, WarmServer
+from factory.launch.warm import SHARED_SOCKET_ENV, WarmProcess, WarmServer
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = "tests.launch.warm_child"
@@ -80,32 +81,60 @@ def status_once(warm: WarmServer, ready, what: str) -> dict:
     raise AssertionError(f"the warm server never had {what}: {status}")
 
 
-def test_once_the_first_stage_has_what_it_needs_the_other_imports_wait_for_its_launch_and_go_on_while_it_runs(tmp_path, monkeypatch):
+def test_the_imports_wait_for_a_launch_while_no_stage_runs_and_go_on_while_one_does(tmp_path, monkeypatch):
     """An import cannot be interrupted: one begun just before a launch (torch's takes a second or two) would hold that stage
-    up. Once the modules the first stage needs are imported, the others wait for its launch, then go on while it runs."""
+    up. Once the modules the first stage needs are imported, and after a stage ends, the others wait for a launch (here as
+    long as the test runs: FACTORY_WARM_HOLD_S); while a stage runs, they go on."""
     monkeypatch.chdir(REPO)
-    gate = tmp_path / "gate"
+    gate, later = tmp_path / "gate", tmp_path / "later"
     monkeypatch.setenv("WARM_GATE", str(gate))
-    warm = WarmServer(["email.mime.text", "tests.launch.gated_import"], first=1)
-    threading.Timer(20, gate.touch).start()  # a server that went on importing would hold the launch until then
+    monkeypatch.setenv("WARM_GATE_LATER", str(later))
+    monkeypatch.setenv("FACTORY_WARM_HOLD_S", "600")
+    warm = WarmServer(["email.mime.text", "tests.launch.gated_import", "tests.launch.gated_later"], first=1)
+    timers = [threading.Timer(20, path.touch) for path in (gate, later)]  # a server that went on importing would hold a launch until then
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
     try:
-        status_once(warm, lambda status: status["imported"] >= 1, "the first stage's modules")
-        out = tmp_path / "seen.json"
-        child = warm.spawn([sys.executable, "-m", CHILD, str(out), "60"], warm.env, [])
-        assert child is not None, warm.refused
-        for _ in range(600):
-            if out.exists() and out.stat().st_size:
-                break
-            time.sleep(0.05)
-        seen = json.loads(out.read_text())
-        assert seen["preloaded"] and "tests.launch.gated_import" not in seen["modules"], "the launch waited for an import it does not need"
+        status_once(warm, lambda status: status["imported"] >= 1, "the first stage's module")
+        first = launched(warm, tmp_path / "first.json")
+        assert "tests.launch.gated_import" not in first.seen["modules"], "the first launch waited for an import it does not need"
+        assert warm.status(timeout=1) is None, "while the stage runs, the server imports the next module (held at its gate)"
+        first.process.kill()
         gate.touch()
-        status_once(warm, lambda status: status["imported"] == 2, "the other module imported")
-        assert child.poll() is None, "imported while the stage ran"
-        child.kill()
+        assert first.process.wait(timeout=30) == -signal.SIGKILL
+        time.sleep(1)  # time for a server that did not hold to begin the next import, which waits at its gate
+        status = warm.status(timeout=5)
+        assert status is not None and status["imported"] == 2, f"after a stage ends, the imports wait for the next launch: {status}"
+        second = launched(warm, tmp_path / "second.json")
+        assert "tests.launch.gated_later" not in second.seen["modules"]
+        later.touch()
+        status_once(warm, lambda status: status["imported"] == 3, "the last module, imported while the second stage runs")
+        assert second.process.poll() is None
+        second.process.kill()
+        assert second.process.wait(timeout=30) == -signal.SIGKILL
     finally:
+        for timer in timers:
+            timer.cancel()
         gate.touch()
+        later.touch()
         warm.close()
+
+
+class Launched(NamedTuple):
+    process: WarmProcess
+    seen: dict
+
+
+def launched(warm: WarmServer, out: Path) -> Launched:
+    """A child of `warm` (tests.launch.warm_child, for a minute) once it has said what it sees."""
+    child = warm.spawn([sys.executable, "-m", CHILD, str(out), "60"], warm.env, [])
+    assert child is not None, warm.refused
+    for _ in range(600):
+        if out.exists() and out.stat().st_size:
+            return Launched(child, json.loads(out.read_text()))
+        time.sleep(0.05)
+    raise AssertionError(f"the child never wrote {out}")
 
 
 @pytest.mark.parametrize("ending", ["sys.exit", "exit_now"])
@@ -115,10 +144,11 @@ def test_a_childs_exit_code_reaches_its_launcher_while_the_server_is_importing(e
     monkeypatch.chdir(REPO)
     gate = tmp_path / "gate"
     monkeypatch.setenv("WARM_GATE", str(gate))
+    monkeypatch.setenv("FACTORY_WARM_HOLD_S", "600")  # the gated import begins with the child, not before its launch
     warm = WarmServer(["email.mime.text", "tests.launch.gated_import"], first=1)
     try:
         status_once(warm, lambda status: status["imported"] >= 1, "the first stage's modules")
-        env = {**warm.env, "WARM_EXIT": "3", "WARM_ENDING": ending}
+        env = {**warm.env, "WARM_EXIT": "259", "WARM_ENDING": ending}  # an exit status is the code modulo 256
         child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "seen.json")], env, ["WARM_EXIT", "WARM_ENDING"])
         assert child is not None, warm.refused
         assert child.wait(timeout=30) == 3  # the gate stays shut: the server is importing all along
