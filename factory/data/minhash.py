@@ -11,7 +11,7 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
   finalizer; per permutation `(a, b)` the signature is the minimum of `(a * h + b) mod 2^32` over the shingles, in
   uint32, whose products wrap modulo 2^32 as datasketch's do. The engine extracts and hashes the shingles; the mixing,
   the permutations and the minimum are one compiled loop over them (numba: each shingle's 128 values kept in registers,
-  never a column of them), about fifty times faster than the same as 128 columns and a group-by;
+  never a column of them; on a chunk of 2,048 documents 0.03 s where 128 columns and a group-by took 1.35 s);
 - a band is `r` consecutive signature values; documents whose band is equal collide. Grouping by the values
   themselves (not a hash of them) keeps that exact.
 
@@ -39,7 +39,9 @@ xor of the value shifted right by 16 follows."""
 MASK = 0xFFFFFFFF
 CHUNK_DOCUMENTS = 2048
 """Documents whose signatures are computed at once: what bounds the memory near dedup takes (each document's shingles,
-times the permutations, while they are reduced to its signature)."""
+their text and then 8 bytes each, while they are reduced to its signature)."""
+SIGNATURE = "Tuple((uint32[:, ::1], boolean[::1]))(int32[:], uint32[:], uint32[:], uint32[:], int64)"
+"""`_minimums`'s types, compiled for as the module is imported."""
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,16 +135,27 @@ def _signatures(piece: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
     low = F.bitwise_and(F.hash(col("shingle"), hash_function="sha1"), _u64(MASK)).cast(daft.DataType.uint32())
     hashed = shingles.select(col("doc"), low.alias("h")).to_arrow()  # 8 bytes a shingle come back here: less than its text
     a, b = permutations(config.num_perm, seed)
-    doc, hashes = (hashed[name].to_numpy().astype(dtype, copy=False) for name, dtype in (("doc", np.int32), ("h", np.uint32)))
+    # copies: an array Arrow lends without copying is read-only, which the compiled signature does not take
+    doc, hashes = (hashed[name].to_numpy().astype(dtype) for name, dtype in (("doc", np.int32), ("h", np.uint32)))
     values, seen = _minimums(doc, hashes, a, b, piece.num_rows)
     kept = np.flatnonzero(seen)
-    return pa.table({"id": piece["id"].take(pa.array(kept)), **{f"p{i}": pa.array(values[kept, i]) for i in range(config.num_perm)}})
+    signed = values[kept]
+    return pa.table({"id": piece["id"].take(pa.array(kept)), **{f"p{i}": pa.array(signed[:, i]) for i in range(config.num_perm)}})
 
 
-@numba.njit("Tuple((uint32[:, ::1], boolean[::1]))(int32[:], uint32[:], uint32[:], uint32[:], int64)", cache=True, nogil=True)
-def _minimums(doc, hashes, a, b, documents):  # noqa: ANN001, ANN202 - numba's types, in the signature above
+def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` compiled for SIGNATURE now, its machine code cached on disk (beside this module, or numba's cache
+    directory) when there is a place to write it, else kept in this process only (a read-only image)."""
+    try:
+        return numba.njit(SIGNATURE, cache=True, nogil=True)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(SIGNATURE, nogil=True)(function)
+
+
+@_compiled
+def _minimums(doc, hashes, a, b, documents):  # noqa: ANN001, ANN202 - numba's types, in SIGNATURE
     """(each document's signature, whether it has a shingle): per permutation the minimum over its shingles' mixed hashes
-    of `(a * h + b) mod 2^32`. Compiled as this module is imported (from the cache beside it, once compiled here)."""
+    of `(a * h + b) mod 2^32`."""
     signatures = np.full((documents, a.shape[0]), MASK, dtype=np.uint32)
     seen = np.zeros(documents, dtype=np.bool_)
     mask = np.uint64(MASK)

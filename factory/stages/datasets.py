@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 DATA_MODULES = ("factory.stages.versions", "factory.data.catalog", "factory.data.tables")
 """What every dataset kind's run function imports."""
 ENGINE_MODULES = ("daft",)
-"""What the stages on the data engine import when they first build a dataframe: with dedup's datasketch (and its scipy),
-about a second and a half, which a warm interpreter then spends once, not in each stage it forks."""
+"""What the stages on the data engine import when they first build a dataframe: with dedup's datasketch (and its scipy)
+and numba (its signatures' loop, compiled or loaded from numba's cache as `factory.data.minhash` is imported), about two
+seconds, which a warm interpreter then spends once, not in each stage it forks."""
 
 
 class RawSettings(Section):

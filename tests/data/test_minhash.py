@@ -32,15 +32,30 @@ def corpus() -> dict[str, str]:
     return texts
 
 
-@pytest.mark.parametrize("tokens", [1, 5])
-def test_the_engines_signatures_are_datasketchs_value_for_value(tokens):
-    table = documents("code", {**corpus(), **EDGES})
+def signed_as_datasketch_signs(texts: dict[str, str], tokens: int) -> None:
+    table = documents("code", texts)
     config = DedupConfig(num_perm=32, shingle_tokens=tokens)
     signed = signatures(table, config, seed=7)
     for document, text in zip(table["id"].to_pylist(), table["text"].to_pylist(), strict=True):
         sketch = MinHash(num_perm=32, seed=7)
         sketch.update_batch(shingles(text, tokens))
         assert signed[document] == sketch.hashvalues.tolist(), text[:200]
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_the_engines_signatures_are_datasketchs_value_for_value(tokens):
+    signed_as_datasketch_signs({**corpus(), **EDGES}, tokens)
+
+
+SHORT = {name: EDGES[name] for name in ("empty.py", "one.py", "short.py", "five.py", "spaces.py")}
+"""Documents of at most five words: each is one shingle of all its words."""
+
+
+@pytest.mark.parametrize("texts", [SHORT, {"one.py": "x = y"}], ids=["short documents only", "one document"])
+def test_a_chunk_of_short_documents_or_of_one_document_is_signed_as_datasketch_signs_it(texts):
+    """The engine hands such a chunk's shingle hashes back in one piece, which Arrow lends read-only: the compiled loop
+    is given a copy."""
+    signed_as_datasketch_signs(texts, 5)
 
 
 ON_THREADS = """
