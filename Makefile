@@ -18,14 +18,15 @@ setup: $(STAMP)
 # tools/install.sh installs with uv (a fresh install: 12-21 s against pip's 80 s here): pip installs torch, uv the rest
 # from the indexes pip is configured with; should uv fail, pip installs everything, and the line below says so. Neither
 # byte-compiles every file of every package (~370 MB of source, half a minute); a process compiles what it imports
-# once, on first use, and the import check below does so for the heaviest.
+# once, on first use, and the import check below does so for the heaviest (and compiles near dedup's loop into numba's
+# cache beside its module, which every later process then loads instead of compiling it again).
 $(STAMP): pyproject.toml tools/install.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV) (first time: under a minute)"
 	@tools/install.sh $(VENV) -e '.[dev]' > $(VENV)/install.log 2>&1 \
 		|| { grep -v "is ignored: it is neither" $(VENV)/install.log | tail -40; echo "install failed: see $(VENV)/install.log"; exit 1; }
 	@grep -h "^uv could not install" $(VENV)/install.log || true
-	@$(BIN)/python -c "import factory, assets, resources, torch, dagster, pyiceberg"
+	@$(BIN)/python -c "import factory, assets, resources, torch, dagster, pyiceberg, factory.data.minhash"
 	@rm -f $(VENV)/.installed-* && touch $@
 
 run: setup sandbox
