@@ -91,7 +91,7 @@ def test_the_imports_wait_for_a_launch_while_no_stage_runs_and_go_on_while_one_d
     monkeypatch.setenv("WARM_GATE_LATER", str(later))
     monkeypatch.setenv("FACTORY_WARM_HOLD_S", "600")
     warm = WarmServer(["email.mime.text", "tests.launch.gated_import", "tests.launch.gated_later"], first=1)
-    timers = [threading.Timer(20, path.touch) for path in (gate, later)]  # a server that went on importing would hold a launch until then
+    timers = [threading.Timer(120, path.touch) for path in (gate, later)]  # a server that went on importing would hold a launch until then
     for timer in timers:
         timer.daemon = True
         timer.start()
@@ -101,6 +101,7 @@ def test_the_imports_wait_for_a_launch_while_no_stage_runs_and_go_on_while_one_d
         assert "tests.launch.gated_import" not in first.seen["modules"], "the first launch waited for an import it does not need"
         assert warm.status(timeout=1) is None, "while the stage runs, the server imports the next module (held at its gate)"
         first.process.kill()
+        gone(first.process.pid)  # before the gate opens: the server, importing, sees it end only after
         gate.touch()
         assert first.process.wait(timeout=30) == -signal.SIGKILL
         time.sleep(1)  # time for a server that did not hold to begin the next import, which waits at its gate
@@ -119,6 +120,18 @@ def test_the_imports_wait_for_a_launch_while_no_stage_runs_and_go_on_while_one_d
         gate.touch()
         later.touch()
         warm.close()
+
+
+def gone(pid: int) -> None:
+    """Wait until process `pid` has ended (a zombie its parent has not reaped yet, or reaped)."""
+    for _ in range(600):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not end")
 
 
 class Launched(NamedTuple):
