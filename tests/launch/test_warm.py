@@ -162,7 +162,8 @@ def test_a_childs_exit_code_reaches_its_launcher_while_the_server_is_importing(e
     try:
         status_once(warm, lambda status: status["imported"] >= 1, "the first stage's modules")
         env = {**warm.env, "WARM_EXIT": "259", "WARM_ENDING": ending}  # an exit status is the code modulo 256
-        child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "seen.json")], env, ["WARM_EXIT", "WARM_ENDING"])
+        # it lives a second, while the server begins the import that then holds it (the gate stays shut)
+        child = warm.spawn([sys.executable, "-m", CHILD, str(tmp_path / "seen.json"), "1"], env, ["WARM_EXIT", "WARM_ENDING"])
         assert child is not None, warm.refused
         assert child.wait(timeout=30) == 3  # the gate stays shut: the server is importing all along
         assert warm.status(timeout=0.5) is None, "the server answered, so it was not importing"
