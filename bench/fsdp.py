@@ -21,7 +21,7 @@ the world size.
 
 Runs alternate (FSDP, DDP, FSDP, ...) and each ratio is taken within a round, so a noisy neighbour hurts both sides alike;
 the median and the range over rounds are printed. `--smoke`: a narrow model, a few steps, one round, malloc as the trainer
-sets it and one resharded load with its reference, to check the bench runs.
+sets it, FSDP and DDP on 2 ranks and their checkpoint resumed on 1, to check the bench runs.
 """
 
 from __future__ import annotations
@@ -77,12 +77,17 @@ class Sizes:
     load_rounds: int = 3
     allocators: tuple[str, ...] = tuple(ALLOCATORS)
     resumes: tuple[tuple[int, int], ...] = RESUMES
+    one_rank: bool = True
+    """Whether a run on one rank joins the loss curves (and writes the checkpoint a resume from 1 rank reads)."""
 
     def model(self) -> dict[str, int]:
         return {**MODEL, "n_layer": self.n_layer, "n_embd": self.n_embd}
 
 
-SMOKE = Sizes(n_layer=1, n_embd=32, steps=WARMUP_STEPS + 3, rounds=1, load_rounds=1, allocators=(TRAINER,), resumes=RESUMES[:2])
+SMOKE = Sizes(n_layer=1, n_embd=32, steps=WARMUP_STEPS + 3, rounds=1, load_rounds=1, allocators=(TRAINER,), resumes=RESUMES[:1],
+              one_rank=False)
+"""Every function of the bench once, in the fewest processes (seven, each importing torch): FSDP-2 and DDP-2, and the
+2-rank checkpoint resumed on one rank, without its reference or a one-rank training."""
 
 
 def config_for(parallelism: str, steps: int) -> Any:
@@ -248,8 +253,8 @@ def compare(tmp: Path, device: str, allocator: str, sizes: Sizes) -> dict[str, l
 
 
 def train_side_by_side(tmp: Path, device: str, sizes: Sizes) -> dict[int, Path]:
-    """Memory and throughput under each malloc setting (one on a GPU), one rank once, and the loss curves; the work
-    directories whose final checkpoints were written by 1 and by 2 ranks."""
+    """Memory and throughput under each malloc setting (one on a GPU), one rank once (`sizes.one_rank`), and the loss
+    curves; the work directories whose final checkpoints were written by 2 ranks and by 1."""
     from factory.config.schema import ModelConfig
     from factory.models.build import build_model, count_parameters
 
@@ -262,16 +267,19 @@ def train_side_by_side(tmp: Path, device: str, sizes: Sizes) -> dict[int, Path]:
             print(f"fsdp: baseline RSS {statistics.median(r['baseline_mb'] for ranks in sides['fsdp'] for r in ranks):,.0f} MB per rank "
                   "before the model is built (torch, the trainer's imports, the process group)")
     works = {name: tmp / f"{TRAINER}-{name}2-0" / "work" for name in ("fsdp", "ddp")}
-    one = tmp / "one" / "work"
-    run(one, 1, "fsdp", device, sizes)
-    curves = {"FSDP-2": losses(works["fsdp"]), "DDP-2": losses(works["ddp"]), "1 rank": losses(one)}
+    curves = {"FSDP-2": losses(works["fsdp"]), "DDP-2": losses(works["ddp"])}
+    written = {2: works["fsdp"]}
+    if sizes.one_rank:
+        written[1] = tmp / "one" / "work"
+        run(written[1], 1, "fsdp", device, sizes)
+        curves["1 rank"] = losses(written[1])
     assert all(len(curve) == sizes.steps for curve in curves.values())
     names = list(curves)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             print(f"fsdp: loss curves over {sizes.steps} steps, {a} vs {b}: max |difference| = "
                   f"{max(abs(x - y) for x, y in zip(curves[a], curves[b])):.2e} (losses {curves[a][0]:.4f} -> {curves[a][-1]:.4f})")
-    return {2: works["fsdp"], 1: one}
+    return written
 
 
 def resume_side_by_side(tmp: Path, written: dict[int, Path], device: str, sizes: Sizes) -> None:
