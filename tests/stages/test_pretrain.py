@@ -1,10 +1,10 @@
 """The pretrain stage as the Dagster asset launches it (a request file, `stage_argv`, the local launcher forking it from a
-warm interpreter; torchrun's agent for several ranks, forking them too): killed on two ranks, it resumes on one from the
-same work directory, since placement is no part of its fingerprint, and trains on the same global batches."""
+warm interpreter; torchrun's agent for several ranks, forking them too): killed on two ranks, it resumes on one on
+another machine from the checkpoints in the object store, since placement is no part of its fingerprint, and trains on
+the same global batches as a run never killed."""
 
 import contextlib
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -121,52 +121,13 @@ def upstream_and_placements(tmp_path: Path, tiny_path: Path) -> tuple[dict[str, 
     return {kind: path.name for kind, path in artifacts.items()}, two, one
 
 
-def test_a_stage_killed_on_two_ranks_resumes_on_one_with_the_same_global_batch(tmp_path, tiny_path, capsys):
-    digests, two, one = upstream_and_placements(tmp_path, tiny_path)
-    registry, reference_registry = ArtifactStore(tmp_path / "registry"), ArtifactStore(tmp_path / "reference-registry")
-    shutil.copytree(registry.root, reference_registry.root)  # the same upstream artifacts, for a run that is never killed
-    assert plan_stage(one, "pretrain", digests).fingerprint == plan_stage(two, "pretrain", digests).fingerprint, "placement is not in it"
-    fingerprint = plan_stage(two, "pretrain", digests).fingerprint
-
-    failures: list[BaseException] = []
-    on_two = pretrain_request(two, digests, registry, tmp_path / "catalog", tmp_path / "two.json")
-    assert StageRequest.read(on_two).processes == 2
-    thread = threading.Thread(target=launch_failing, args=(on_two, failures), daemon=True)
-    thread.start()
-    killed_at = kill_stage_after(registry.work_path(fingerprint), EVERY + 5, failures, thread)
-    assert EVERY + 5 <= killed_at < STEPS, "the kill must land after a checkpoint and before the end"
-    assert failures and "exited with code" in str(failures[0]), failures
-    assert registry.lookup(fingerprint) is None and (registry.work_path(fingerprint) / "checkpoints").is_dir()
-    capsys.readouterr()
-
-    # Resumed on one rank that asks for a GPU this machine does not have: said once, and run on the CPU.
-    on_a_gpu = one.model_copy(update={"resources": one.resources.model_copy(update={"gpus": 1})})
-    launch(pretrain_request(on_a_gpu, digests, registry, tmp_path / "catalog", tmp_path / "one.json"))
-    err = capsys.readouterr().err
-    warned = err.count("resources.gpus asks for 1 GPU(s), but this machine has none: the stage runs on the CPU")
-    assert warned == (0 if torch.cuda.is_available() else 1), err[-3000:]
-    resumed = (killed_at // EVERY) * EVERY
-    assert f"resuming from step_{resumed:06d}" in err or f"resuming from step_{resumed - EVERY:06d}" in err, err[-3000:]
-    assert "written by 2 rank(s), this run has 1" in err and "reseeded" in err
-    manifest = registry.lookup(fingerprint)
-    assert manifest.summary["ranks"] == 1 and manifest.summary["steps"] == STEPS and manifest.summary["resumed_from_step"] >= EVERY
-    assert manifest.summary["device"] == describe(device_for(1)), "the stage records where it computed: the CPU here"
-
-    launch(pretrain_request(one, digests, reference_registry, tmp_path / "catalog", tmp_path / "reference.json"))
-    reference = reference_registry.lookup(fingerprint)
-    assert manifest.summary["tokens_seen"] == reference.summary["tokens_seen"], "the same global batches, whatever the ranks"
-    ours, theirs = registry.path(manifest.digest), reference_registry.path(reference.digest)
-    assert (ours / POSITIONS_FILE).read_text() == (theirs / POSITIONS_FILE).read_text(), "the loader went through the same positions"
-    losses = [[json.loads(line)["loss"] for line in (where / METRICS_FILE).read_text().splitlines()] for where in (ours, theirs)]
-    assert len(losses[0]) == STEPS
-    torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
-
-
 def test_a_stage_killed_on_two_ranks_on_one_machine_resumes_on_one_rank_on_another_from_the_object_store(tmp_path, tiny_path, capsys, monkeypatch):
     """With the registry in S3 (moto's server), the sharded checkpoints two ranks saved are in the bucket; a relaunch on
-    one rank in a machine that never saw the work directory resumes from them and ends as a run never killed does."""
+    one rank in a machine that never saw the work directory resumes from them (reseeded for its world size; asking for a
+    GPU this machine lacks, said once, it runs on the CPU) and ends as a run never killed does: the same global batches."""
     digests, two, one = upstream_and_placements(tmp_path, tiny_path)
     local = ArtifactStore(tmp_path / "registry")
+    assert plan_stage(one, "pretrain", digests).fingerprint == plan_stage(two, "pretrain", digests).fingerprint, "placement is not in it"
     fingerprint = plan_stage(two, "pretrain", digests).fingerprint
 
     with running_s3(relay=False) as server:
@@ -188,12 +149,17 @@ def test_a_stage_killed_on_two_ranks_on_one_machine_resumes_on_one_rank_on_anoth
         assert not machine_b.work_path(fingerprint).exists()
         capsys.readouterr()
 
-        launch(pretrain_request(one, digests, machine_b, tmp_path / "catalog", tmp_path / "one.json"))
+        on_a_gpu = one.model_copy(update={"resources": one.resources.model_copy(update={"gpus": 1})})
+        launch(pretrain_request(on_a_gpu, digests, machine_b, tmp_path / "catalog", tmp_path / "one.json"))
         err = capsys.readouterr().err
+        warned = err.count("resources.gpus asks for 1 GPU(s), but this machine has none: the stage runs on the CPU")
+        assert warned == (0 if torch.cuda.is_available() else 1), err[-3000:]
         resumed = (killed_at // EVERY) * EVERY
         assert f"resuming from step_{resumed:06d}" in err or f"resuming from step_{resumed - EVERY:06d}" in err, err[-3000:]
+        assert "written by 2 rank(s), this run has 1" in err and "reseeded" in err
         manifest = machine_b.lookup(fingerprint)
-        assert manifest.summary["ranks"] == 1 and manifest.summary["resumed_from_step"] >= EVERY
+        assert manifest.summary["ranks"] == 1 and manifest.summary["steps"] == STEPS and manifest.summary["resumed_from_step"] >= EVERY
+        assert manifest.summary["device"] == describe(device_for(1)), "the stage records where it computed: the CPU here"
         assert machine_b.store.list(f"work/{fingerprint}/") == []  # published: the scratch is gone from the bucket too
         ours = machine_b.open(manifest.digest)
 
@@ -201,8 +167,8 @@ def test_a_stage_killed_on_two_ranks_on_one_machine_resumes_on_one_rank_on_anoth
     launch(pretrain_request(one, digests, local, tmp_path / "catalog", tmp_path / "reference.json"))  # never killed, on disk
     reference = local.lookup(fingerprint)
     theirs = local.path(reference.digest)
-    assert manifest.summary["tokens_seen"] == reference.summary["tokens_seen"]
-    assert (ours / POSITIONS_FILE).read_text() == (theirs / POSITIONS_FILE).read_text()
+    assert manifest.summary["tokens_seen"] == reference.summary["tokens_seen"], "the same global batches, whatever the ranks"
+    assert (ours / POSITIONS_FILE).read_text() == (theirs / POSITIONS_FILE).read_text(), "the loader went through the same positions"
     losses = [[json.loads(line)["loss"] for line in (where / METRICS_FILE).read_text().splitlines()] for where in (ours, theirs)]
     assert len(losses[0]) == STEPS
     torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
