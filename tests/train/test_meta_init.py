@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,18 +27,31 @@ SHAPES = {
 }
 VOCAB = 67  # odd: the ranks' rows of the embeddings differ in number
 
-# Builds every shape as training under FSDP builds it on this world, and rank 0 saves the whole state it holds.
-INITIALISER = textwrap.dedent(
+# On two ranks, as FSDP training builds them: first a model of about 680 MB, each rank reporting how much its peak resident
+# memory grew (a high-water mark: measured before anything else is built); then every shape of `argv[1]`, rank 0 saving
+# the whole state it holds of each.
+TWO_RANKS = textwrap.dedent(
     """
-    import os, sys
+    import json, os, resource, sys
     import torch
     from torch.distributed.tensor import DTensor
     from factory.config.schema import ModelConfig, PretrainConfig
     from factory.train.distributed import join, leave, world_from_env
+    from factory.train.heap import keep_freed_memory
     from factory.train.parallel import build_for_training
 
+    keep_freed_memory(sharded=True)  # as FSDP training on several ranks does
     world = world_from_env()
     join(world)
+    config = PretrainConfig(steps=5, parallelism="fsdp", checkpoint_format="sharded")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model = build_for_training(ModelConfig(n_layer=24, n_head=12, n_embd=768, context=256), 8000, 0, config, world)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    with open(sys.argv[2] + f".{world.rank}", "w") as out:
+        json.dump({"grown": grown, "whole": whole}, out)
+    del model
+
     config = PretrainConfig(steps=5, parallelism="fsdp", checkpoint_format="sharded", activation_checkpointing="full")
     states = {}
     for name, shape in torch.load(sys.argv[1], weights_only=False).items():
@@ -51,11 +65,28 @@ INITIALISER = textwrap.dedent(
             "sharded": all(isinstance(p, DTensor) for p in params.values()),
         }
     if world.is_main:
-        torch.save(states, sys.argv[2])
+        torch.save(states, sys.argv[3])
     leave(world)
     os._exit(0)  # as a stage's ranks end (`exit_now`): a thread torch leaves joinable can abort the interpreter's exit
     """
 )
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """TWO_RANKS run under torchrun (one launch for both tests that read it): its directory, with `peak.<rank>` and
+    `states.pt`."""
+    tmp_path = tmp_path_factory.mktemp("two-ranks")
+    torch.save({name: shape.model_dump() for name, shape in SHAPES.items()}, tmp_path / "shapes.pt")
+    (tmp_path / "two_ranks.py").write_text(TWO_RANKS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "two_ranks.py"),
+                           str(tmp_path / "shapes.pt"), str(tmp_path / "peak"), str(tmp_path / "states.pt")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp_path
+
+
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
@@ -77,14 +108,8 @@ def test_the_values_replayed_onto_the_meta_model_are_the_bytes_build_model_gives
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_ranks_initialises_the_weights_of_build_model_each_rank_holding_half(tmp_path):
-    torch.save({name: shape.model_dump() for name, shape in SHAPES.items()}, tmp_path / "shapes.pt")
-    (tmp_path / "initialiser.py").write_text(INITIALISER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "initialiser.py"),
-                           str(tmp_path / "shapes.pt"), str(tmp_path / "states.pt")], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    states = torch.load(tmp_path / "states.pt", weights_only=False)
+def test_fsdp_on_two_ranks_initialises_the_weights_of_build_model_each_rank_holding_half(two_ranks):
+    states = torch.load(two_ranks / "states.pt", weights_only=False)
     for name, config in SHAPES.items():
         whole, ours = build_model(config, VOCAB, 7), states[name]
         theirs = whole.state_dict()
@@ -131,39 +156,11 @@ def test_an_initialisation_that_reads_what_it_overwrites_is_refused_with_what_to
     assert rows_of(torch.arange(5), 1, 4).tolist() == [2, 3] and rows_of(torch.arange(5), 3, 4).tolist() == []
 
 
-# Builds a model of about 680 MB as FSDP training does and reports how much this rank's peak resident memory grew.
-PEAK = textwrap.dedent(
-    """
-    import json, os, resource, sys
-    from factory.config.schema import ModelConfig, PretrainConfig
-    from factory.train.distributed import join, leave, world_from_env
-    from factory.train.heap import keep_freed_memory
-    from factory.train.parallel import build_for_training
-
-    keep_freed_memory(sharded=True)  # as FSDP training on several ranks does
-    world = world_from_env()
-    join(world)
-    config = PretrainConfig(steps=5, parallelism="fsdp", checkpoint_format="sharded")
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model = build_for_training(ModelConfig(n_layer=24, n_head=12, n_embd=768, context=256), 8000, 0, config, world)
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    whole = sum(p.numel() * p.element_size() for p in model.parameters())
-    with open(sys.argv[1] + f".{world.rank}", "w") as out:
-        json.dump({"grown": grown, "whole": whole}, out)
-    leave(world)
-    os._exit(0)  # as a stage's ranks end (`exit_now`)
-    """
-)
 
 
 @pytest.mark.slow
-def test_no_fsdp_rank_holds_the_whole_model_while_it_is_built(tmp_path):
-    (tmp_path / "peak.py").write_text(PEAK)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(tmp_path / "peak.py"),
-                           str(tmp_path / "peak")], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_no_fsdp_rank_holds_the_whole_model_while_it_is_built(two_ranks):
     for rank in (0, 1):
-        measured = json.loads((tmp_path / f"peak.{rank}").read_text())
+        measured = json.loads((two_ranks / f"peak.{rank}").read_text())
         # half the model (its shard) and one whole parameter at a time; building it whole takes more than the model
         assert measured["grown"] < 0.75 * measured["whole"], measured
