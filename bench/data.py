@@ -3,8 +3,8 @@
 The corpus is real code nobody here wrote: every `.py` file of this virtualenv (about 21,000 files, 300 MB), or `--copies`
 of it under other ids. Each side runs in a fresh process, one after the other:
 - the loop: datasketch one document at a time (`factory.data.dedup.reference_near_duplicates`), on one core;
-- the engine (`factory.data.minhash.near_duplicates`) on Daft's native runner with 1 and with 2 threads (a process sets
-  its runner's threads once);
+- the engine (`factory.data.minhash.near_duplicates`) on Daft's native runner on 1 and on 2 cores (the process pinned
+  to them, its runner's threads as many: a process sets them once);
 - Ray Data, the other engine the data stages could have been built on: datasketch's signatures made in `map_batches` by
   2 workers of a Ray started by the side, the bands grouped in its driver.
 Printed: documents per second of each, the engine's speed-up over the loop, whether both removed the same documents
@@ -87,6 +87,8 @@ def side(name: str, smoke: bool, copies: int, out: Path) -> None:
     if engine == "daft":
         import daft
 
+        # on `workers` cores: the runner's threads, and the chunks the stage signs at once (one a core it may run on)
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
         daft.set_runner_native(num_threads=workers)
     if engine == "ray":
         import ray

@@ -17,6 +17,8 @@ os.environ.setdefault("DAFT_PROGRESS_BAR", "0")  # the stages report progress th
 
 _chosen: tuple[str, str] | None = None
 """The Ray address this process's engine was set for ("": none) and what it is (Daft's runner is set once per process)."""
+RAY_IN_FLIGHT = 8
+"""Pieces of work a stage keeps on a Ray cluster at once: each holds its documents in this process until it is back."""
 
 
 def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> str:
@@ -32,6 +34,14 @@ def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> 
     _chosen = (address, chosen)
     log.info("data engine: %s", chosen)
     return chosen
+
+
+def in_flight() -> int:
+    """How many independent pieces of work (a chunk of documents to sign) a stage keeps going at once: on this machine,
+    one a core it may run on (a container's CPU set, not the host's); on a Ray cluster, RAY_IN_FLIGHT."""
+    if _chosen is not None and _chosen[0]:
+        return RAY_IN_FLIGHT
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _connected(address: str) -> object:

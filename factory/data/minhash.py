@@ -1,33 +1,39 @@
-"""Near-duplicate detection on Daft: the shingles, their hashes and the LSH band collisions computed by the engine, on
-every core (Daft's native runner, or a Ray cluster's); the MinHash signatures made from the hashes, and which of the
-documents that collide go (in id order), in this process.
+"""Near-duplicate detection on Daft: the words, the shingles, their hashes and the LSH band collisions computed by the
+engine, on every core (Daft's native runner, or a Ray cluster's); the MinHash signatures made from the hashes, and which
+of the documents that collide go (in id order), in this process.
 
 The signatures are datasketch's (`MinHash(num_perm, seed)`, its affine32 scheme), value for value, and the bands are
 those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the ones the per-document loop removed:
 - a document's shingles are its runs of `shingle_tokens` consecutive `\\w+` tokens joined by one space (a shorter
-  document is one shingle of all its tokens). Daft's regular expressions extract them without overlap, so the runs are
-  taken in `shingle_tokens` passes, each starting one token later;
-- each shingle's hash is the low 32 bits of its sha1 (datasketch's `sha1_hash32`), mixed with MurmurHash3's 32-bit
-  finalizer; per permutation `(a, b)` the signature is the minimum of `(a * h + b) mod 2^32` over the shingles, in
-  uint32, whose products wrap modulo 2^32 as datasketch's do. The engine extracts and hashes the shingles; the mixing,
-  the permutations and the minimum are one compiled loop over them (numba: each shingle's 128 values kept in registers,
-  never a column of them; on a chunk of 2,048 documents 0.03 s where 128 columns and a group-by took 1.35 s);
+  document is one shingle of all its tokens). The engine makes every run of other characters one space (a regular
+  expression, one pass), and a compiled function (`_shingles`, numba) cuts the runs of words out of that, as a Daft batch
+  function: on a Ray cluster, on its workers;
+- each shingle's hash is the low 32 bits of its sha1 (datasketch's `sha1_hash32`; the engine's, which uses the CPU's
+  sha1 instructions where it has them), mixed with MurmurHash3's 32-bit finalizer; per permutation `(a, b)` the
+  signature is the minimum of `(a * h + b) mod 2^32` over the shingles, in uint32, whose products wrap modulo 2^32 as
+  datasketch's do. The mixing, the permutations and the minimum are one compiled loop over the hashes (`_minimums`:
+  each shingle's 128 values kept in registers, never a column of them);
 - a band is `r` consecutive signature values; documents whose band is equal collide. Grouping by the values
   themselves (not a hash of them) keeps that exact.
 
-A document is removed when it collides with a document kept before it in id order: the sweep over the collision groups
-gives the same answer whatever the number of threads or workers and the order their results come in.
+Documents are signed a chunk at a time, as many chunks at once as the engine has room for (a thread each here: the
+engine's work and the compiled loops hold no interpreter lock). A document is removed when it collides with a document
+kept before it in id order: the sweep over the collision groups gives the same answer whatever the number of threads or
+workers and the order their results come in.
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numba
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from factory.config.data_sections import DedupConfig
 
@@ -40,8 +46,9 @@ MASK = 0xFFFFFFFF
 CHUNK_DOCUMENTS = 2048
 """Documents whose signatures are computed at once: what bounds the memory near dedup takes (each document's shingles,
 their text and then 8 bytes each, while they are reduced to its signature)."""
-SIGNATURE = "Tuple((uint32[:, ::1], boolean[::1]))(int32[:], uint32[:], uint32[:], uint32[:], int64)"
-"""`_minimums`'s types, compiled for as the module is imported."""
+SHINGLES = "Tuple((int32[:], int64[:], uint8[:]))(int32[:], int64[:], uint8[:], boolean[:], int64)"
+MINIMUMS = "Tuple((uint32[:, ::1], boolean[::1]))(int32[:], uint32[:], uint32[:], uint32[:], int64)"
+"""`_shingles`' and `_minimums`' types, compiled for as the module is imported."""
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,13 +69,14 @@ def bands(config: DedupConfig) -> tuple[int, int]:
 
 
 def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
-                    on_part: Callable[[int, int], None] | None = None, total: int | None = None) -> set[Any]:
+                    on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int = CHUNK_DOCUMENTS,
+                    at_once: int | None = None) -> set[Any]:
     """The ids of `documents` (columns `id`, `text`: a table, or record batches of `total` rows in all) that near-duplicate
-    a document kept before them in id order. `on_part(documents signed, documents)` hears of each partition's signatures
-    as they are made."""
+    a document kept before them in id order. `on_part(documents signed, documents)` hears of each chunk's signatures as
+    they are made; `chunk` and `at_once`: as `signatures` says."""
     import daft
 
-    signed = daft.from_arrow(_signed(documents, config, seed, on_part, total))
+    signed = daft.from_arrow(_signed(documents, config, seed, on_part, total, chunk, at_once))
     count, rows = bands(config)
     groups: list[list[Any]] = []
     for band in range(count):
@@ -78,24 +86,44 @@ def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: Dedu
     return swept(groups)
 
 
-def signatures(documents: pa.Table, config: DedupConfig, seed: int) -> dict[Any, list[int]]:
-    """Each document's MinHash signature, by id (what the bands are cut from)."""
-    table = _signed(documents, config, seed).to_pydict()
+def signatures(documents: pa.Table, config: DedupConfig, seed: int, chunk: int = CHUNK_DOCUMENTS,
+               at_once: int | None = None) -> dict[Any, list[int]]:
+    """Each document's MinHash signature, by id (what the bands are cut from): computed `chunk` documents at a time,
+    `at_once` chunks at once (default: as many as the engine has room for)."""
+    table = _signed(documents, config, seed, chunk=chunk, at_once=at_once).to_pydict()
     return {document: [table[f"p{i}"][row] for i in range(config.num_perm)] for row, document in enumerate(table["id"])}
 
 
 def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
-            on_part: Callable[[int, int], None] | None = None, total: int | None = None) -> pa.Table:
-    """The signatures of `documents`, computed CHUNK_DOCUMENTS at a time: the shingles of one chunk are in memory at once,
-    never the corpus's (a signature is 4 bytes a permutation, a few hundred a document)."""
+            on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int = CHUNK_DOCUMENTS,
+            at_once: int | None = None) -> pa.Table:
+    """The signatures of `documents`, computed `chunk` documents at a time, `at_once` chunks at once (default: as many
+    as the engine has room for, `factory.data.engine.in_flight`; a thread each here, whose work is the engine's and
+    compiled code, neither holding the interpreter): the shingles of those chunks are in memory at once, never the
+    corpus's (a signature is 4 bytes a permutation, a few hundred a document). The chunks are put back in their order."""
+    from factory.data.engine import in_flight
+
     if isinstance(documents, pa.Table):
         documents, total = documents.select(["id", "text"]).to_batches(), documents.num_rows
-    chunks, done = [], 0
-    for piece in _pieces(documents, CHUNK_DOCUMENTS):
-        chunks.append(_signatures(piece, config, seed))
-        done += piece.num_rows
+    chunks: list[pa.Table] = []
+    going: deque[tuple[Future, int]] = deque()
+    done, room = 0, at_once or in_flight()
+
+    def collect() -> None:
+        nonlocal done
+        future, rows = going.popleft()
+        chunks.append(future.result())
+        done += rows
         if on_part is not None:
             on_part(done, total if total is not None else done)
+
+    with ThreadPoolExecutor(max_workers=room, thread_name_prefix="minhash") as pool:
+        for piece in _pieces(documents, chunk):
+            going.append((pool.submit(_signatures, piece, config, seed), piece.num_rows))
+            if len(going) >= room:
+                collect()
+        while going:
+            collect()
     return pa.concat_tables(chunks)
 
 
@@ -116,24 +144,19 @@ def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
 
 
 def _signatures(piece: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
-    """Each document's id and its signature, one column `p<i>` per permutation (of the documents with a shingle: one with
-    no text has none)."""
+    """Each document's id and its signature, one column `p<i>` per permutation (of the documents with text: one with
+    none has no signature)."""
     import daft
     import daft.functions as F
     from daft import col
 
-    size = config.shingle_tokens
     frame = daft.from_arrow(pa.table({"doc": pa.array(np.arange(piece.num_rows, dtype=np.int32)), "text": piece["text"]}))
-    words = frame.select(col("doc"), F.list_join(F.regexp_extract_all(col("text"), r"\w+"), " ").alias("words"))
-    words = words.with_column("tokens", F.regexp_count(col("words"), r"\S+")).collect()  # once, for the passes below
-    run = r"\S+" + r" \S+" * (size - 1)
-    shingles = words.where(col("tokens") <= size).select(col("doc"), col("words").alias("shingle"))
-    for skip in range(size):
-        start = col("words") if skip == 0 else F.regexp_replace(col("words"), r"^(?:\S+ ){%d}" % skip, "")
-        taken = words.where(col("tokens") > size).select(col("doc"), F.explode(F.regexp_extract_all(start, run)).alias("shingle"))
-        shingles = shingles.concat(taken.where(col("shingle").not_null()))
+    # the \w+ words, one space between two: every run of other characters made one space (one may lead, one trail)
+    words = F.regexp_replace(col("text"), r"\W+", " ")
+    lists = daft.func.batch(return_dtype=daft.DataType.list(daft.DataType.string()), use_process=False)(_shingle_lists)
+    shingles = frame.select(col("doc"), F.explode(lists(words, config.shingle_tokens)).alias("shingle"))
     low = F.bitwise_and(F.hash(col("shingle"), hash_function="sha1"), _u64(MASK)).cast(daft.DataType.uint32())
-    hashed = shingles.select(col("doc"), low.alias("h")).to_arrow()  # 8 bytes a shingle come back here: less than its text
+    hashed = shingles.where(col("shingle").not_null()).select(col("doc"), low.alias("h")).to_arrow()  # 8 bytes a shingle come back
     a, b = permutations(config.num_perm, seed)
     # copies: an array Arrow lends without copying is read-only, which the compiled signature does not take
     doc, hashes = (hashed[name].to_numpy().astype(dtype) for name, dtype in (("doc", np.int32), ("h", np.uint32)))
@@ -143,17 +166,90 @@ def _signatures(piece: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
     return pa.table({"id": piece["id"].take(pa.array(kept)), **{f"p{i}": pa.array(signed[:, i]) for i in range(config.num_perm)}})
 
 
-def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function` compiled for SIGNATURE now, its machine code cached on disk (beside this module, or numba's cache
+def _shingle_lists(words: Any, size: int) -> pa.Array:
+    """Each row's shingles (its runs of `size` words; all of them in one when it has fewer), a list of strings; none for
+    a row with no text. Run by the engine, on a batch of rows at a time (a Daft batch function: on a Ray cluster, on its
+    workers), compiled (`_shingles`)."""
+    joined = words.to_arrow().cast(pa.large_string())
+    present = joined.is_valid().to_numpy(zero_copy_only=False)
+    joined = pc.fill_null(joined, "")
+    _, offsets, data = joined.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int64)[joined.offset : joined.offset + len(joined) + 1]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    rows = np.arange(len(joined), dtype=np.int32)
+    # copies: what Arrow lends without copying is read-only, which the compiled signature does not take
+    row, starts, text = _shingles(rows, offsets.copy(), data.copy(), present, size)
+    shingles = pa.LargeStringArray.from_buffers(len(row), pa.py_buffer(starts), pa.py_buffer(text))
+    lists = np.zeros(len(joined) + 1, dtype=np.int64)
+    lists[1:] = np.cumsum(np.bincount(row, minlength=len(joined)))
+    return pa.LargeListArray.from_arrays(pa.array(lists), shingles, mask=pa.array(~present))
+
+
+def _compiled(signature: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A function compiled for `signature` now, its machine code cached on disk (beside this module, or numba's cache
     directory) when there is a place to write it, else kept in this process only (a read-only image)."""
-    try:
-        return numba.njit(SIGNATURE, cache=True, nogil=True)(function)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(SIGNATURE, nogil=True)(function)
+    def compile_(function: Callable[..., Any]) -> Callable[..., Any]:
+        try:
+            return numba.njit(signature, cache=True, nogil=True)(function)
+        except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+            return numba.njit(signature, nogil=True)(function)
+
+    return compile_
 
 
-@_compiled
-def _minimums(doc, hashes, a, b, documents):  # noqa: ANN001, ANN202 - numba's types, in SIGNATURE
+@_compiled(SHINGLES)
+def _shingles(rows, offsets, data, signed, size):  # noqa: ANN001, ANN202 - numba's types, in SHINGLES
+    """(the document of each shingle, the shingles' offsets, their bytes): row `r` holds document `rows[r]`'s words
+    separated by one space (and maybe one before and after them all), `data[offsets[r]:offsets[r + 1]]`, and has
+    shingles when `signed[r]`: its runs of `size` words (all its words when it has no more than `size`: none makes an
+    empty shingle), each written as it is in the row."""
+    count, length = 0, 0
+    for r in range(rows.shape[0]):
+        if signed[r]:
+            lo, hi = offsets[r], offsets[r + 1]
+            words = 0
+            for i in range(lo, hi):
+                words += data[i] != 32 and (i == lo or data[i - 1] == 32)
+            runs = max(words - size, 0) + 1
+            count += runs
+            length += (hi - lo) * min(runs, size)  # each byte is in at most `size` runs: a bound
+    doc = np.empty(count, dtype=np.int32)
+    starts = np.empty(count + 1, dtype=np.int64)
+    text = np.empty(length, dtype=np.uint8)
+    ring = np.empty(size, dtype=np.int64)  # where the last `size` words of the row start
+    shingle, at = 0, 0
+    for r in range(rows.shape[0]):
+        if not signed[r]:
+            continue
+        lo, hi = offsets[r], offsets[r + 1]
+        words, begun, first, last = 0, -1, lo, lo  # begun: where the word under way starts (-1: none is)
+        for i in range(lo, hi + 1):
+            if i < hi and data[i] != 32:
+                if begun < 0:
+                    begun = i
+                continue
+            if begun < 0:
+                continue
+            ring[words % size] = begun  # word `words` ends here
+            if words == 0:
+                first = begun
+            last = i
+            if words >= size - 1:  # the run of `size` words that ends with it
+                start = ring[(words - size + 1) % size]
+                text[at : at + i - start] = data[start:i]
+                doc[shingle], starts[shingle] = rows[r], at
+                at, shingle = at + i - start, shingle + 1
+            words, begun = words + 1, -1
+        if words < size:  # a row of fewer words is one shingle of all of them
+            text[at : at + last - first] = data[first:last]
+            doc[shingle], starts[shingle] = rows[r], at
+            at, shingle = at + last - first, shingle + 1
+    starts[shingle] = at
+    return doc[:shingle], starts[: shingle + 1], text[:at]
+
+
+@_compiled(MINIMUMS)
+def _minimums(doc, hashes, a, b, documents):  # noqa: ANN001, ANN202 - numba's types, in MINIMUMS
     """(each document's signature, whether it has a shingle): per permutation the minimum over its shingles' mixed hashes
     of `(a * h + b) mod 2^32`."""
     signatures = np.full((documents, a.shape[0]), MASK, dtype=np.uint32)

@@ -7,12 +7,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from datasketch import MinHash
 
 from factory.config.data_sections import DedupConfig
 from factory.data.dedup import reference_near_duplicates, shingles
-from factory.data.minhash import near_duplicates, signatures
+from factory.data.minhash import _shingle_lists, near_duplicates, signatures
 from tests.data.conftest import documents
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -47,6 +48,30 @@ def test_the_engines_signatures_are_datasketchs_value_for_value(tokens):
     signed_as_datasketch_signs({**corpus(), **EDGES}, tokens)
 
 
+class Batch:
+    """A batch of rows as the engine hands it to a batch function (what `to_arrow` gives)."""
+
+    def __init__(self, rows: pa.Array) -> None:
+        self.rows = rows
+
+    def to_arrow(self) -> pa.Array:
+        return self.rows
+
+
+@pytest.mark.parametrize("rows", [["gone", " a b c d e f g ", None, "", "x y", "one two three four five six"],
+                                  ["gone", "a b c d e f", "x"]], ids=["with a row of no text", "every row with text"])
+def test_a_batchs_shingles_are_its_words_runs_even_when_it_is_a_slice_of_a_longer_array(rows):
+    lists = _shingle_lists(Batch(pa.array(rows, pa.large_string()).slice(1)), 5).to_pylist()
+    assert [None if runs is None else sorted(runs) for runs in lists] == \
+        [None if text is None else sorted(s.decode() for s in shingles(text, 5)) for text in rows[1:]]
+
+
+def test_signatures_made_in_small_chunks_three_at_once_are_those_made_in_one():
+    table = documents("code", {**corpus(), **EDGES})
+    config = DedupConfig(num_perm=32)
+    assert signatures(table, config, seed=7, chunk=5, at_once=3) == signatures(table, config, seed=7, at_once=1)
+
+
 SHORT = {name: EDGES[name] for name in ("empty.py", "one.py", "short.py", "five.py", "spaces.py")}
 """Documents of at most five words: each is one shingle of all its words."""
 
@@ -67,12 +92,15 @@ from factory.config.data_sections import DedupConfig
 from factory.data.minhash import near_duplicates
 from tests.data.conftest import documents
 from tests.data.test_minhash import EDGES, corpus
-print(json.dumps(sorted(near_duplicates(documents("code", {**corpus(), **EDGES}), DedupConfig(near_threshold=0.7), 0))), flush=True)
+threads = int(sys.argv[1])  # as many chunks of 7 documents signed at once
+removed = near_duplicates(documents("code", {**corpus(), **EDGES}), DedupConfig(near_threshold=0.7), 0, chunk=7, at_once=threads)
+print(json.dumps(sorted(removed)), flush=True)
 os._exit(0)  # as a stage ends (`exit_now`): Daft's native threads can abort the interpreter's finalization
 """
 
 
 def test_near_dedup_removes_what_datasketchs_lsh_removes_on_1_2_and_4_threads():
+    """On Daft's runner with 1, 2 and 4 threads, signing as many chunks of 7 documents at once."""
     table = documents("code", {**corpus(), **EDGES})
     expected = reference_near_duplicates(table, DedupConfig(near_threshold=0.7), seed=0)
     assert len(expected) >= 5, "the corpus has near duplicates to find"
