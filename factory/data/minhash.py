@@ -69,7 +69,7 @@ def bands(config: DedupConfig) -> tuple[int, int]:
 
 
 def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
-                    on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int = CHUNK_DOCUMENTS,
+                    on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int | None = None,
                     at_once: int | None = None) -> set[Any]:
     """The ids of `documents` (columns `id`, `text`: a table, or record batches of `total` rows in all) that near-duplicate
     a document kept before them in id order. `on_part(documents signed, documents)` hears of each chunk's signatures as
@@ -86,21 +86,22 @@ def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: Dedu
     return swept(groups)
 
 
-def signatures(documents: pa.Table, config: DedupConfig, seed: int, chunk: int = CHUNK_DOCUMENTS,
+def signatures(documents: pa.Table, config: DedupConfig, seed: int, chunk: int | None = None,
                at_once: int | None = None) -> dict[Any, list[int]]:
-    """Each document's MinHash signature, by id (what the bands are cut from): computed `chunk` documents at a time,
-    `at_once` chunks at once (default: as many as the engine has room for)."""
+    """Each document's MinHash signature, by id (what the bands are cut from): computed `chunk` documents at a time
+    (default CHUNK_DOCUMENTS), `at_once` chunks at once (default: as many as the engine has room for)."""
     table = _signed(documents, config, seed, chunk=chunk, at_once=at_once).to_pydict()
     return {document: [table[f"p{i}"][row] for i in range(config.num_perm)] for row, document in enumerate(table["id"])}
 
 
 def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
-            on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int = CHUNK_DOCUMENTS,
+            on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int | None = None,
             at_once: int | None = None) -> pa.Table:
-    """The signatures of `documents`, computed `chunk` documents at a time, `at_once` chunks at once (default: as many
-    as the engine has room for, `factory.data.engine.in_flight`; a thread each here, whose work is the engine's and
-    compiled code, neither holding the interpreter): the shingles of those chunks are in memory at once, never the
-    corpus's (a signature is 4 bytes a permutation, a few hundred a document). The chunks are put back in their order."""
+    """The signatures of `documents`, computed `chunk` (CHUNK_DOCUMENTS) documents at a time, `at_once` chunks at once
+    (default: as many as the engine has room for, `factory.data.engine.in_flight`; a thread each here, whose work is the
+    engine's and compiled code, neither holding the interpreter): the shingles of those chunks are in memory at once,
+    never the corpus's (a signature is 4 bytes a permutation, a few hundred a document). The chunks are put back in
+    their order."""
     from factory.data.engine import in_flight
 
     if isinstance(documents, pa.Table):
@@ -118,7 +119,7 @@ def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig,
             on_part(done, total if total is not None else done)
 
     with ThreadPoolExecutor(max_workers=room, thread_name_prefix="minhash") as pool:
-        for piece in _pieces(documents, chunk):
+        for piece in _pieces(documents, chunk or CHUNK_DOCUMENTS):
             going.append((pool.submit(_signatures, piece, config, seed), piece.num_rows))
             if len(going) >= room:
                 collect()
