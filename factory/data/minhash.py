@@ -1,18 +1,18 @@
-"""Near-duplicate detection on Daft: the words, the shingles, their hashes and the LSH band collisions computed by the
-engine, on every core (Daft's native runner, or a Ray cluster's); the MinHash signatures made from the hashes, and which
-of the documents that collide go (in id order), in this process.
+"""Near-duplicate detection on Daft: the words, the shingles, their hashes, the MinHash signatures and the LSH band
+collisions computed by the engine, on every core (Daft's native runner, or a Ray cluster's); which of the documents
+that collide go (in id order), in this process.
 
 The signatures are datasketch's (`MinHash(num_perm, seed)`, its affine32 scheme), value for value, and the bands are
 those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the ones the per-document loop removed:
 - a document's shingles are its runs of `shingle_tokens` consecutive `\\w+` tokens joined by one space (a shorter
   document is one shingle of all its tokens). The engine makes every run of other characters one space (a regular
-  expression, one pass), and a compiled function (`_shingles`, numba) cuts the runs of words out of that, as a Daft batch
-  function: on a Ray cluster, on its workers;
-- each shingle's hash is the low 32 bits of its sha1 (datasketch's `sha1_hash32`; the engine's, which uses the CPU's
-  sha1 instructions where it has them), mixed with MurmurHash3's 32-bit finalizer; per permutation `(a, b)` the
-  signature is the minimum of `(a * h + b) mod 2^32` over the shingles, in uint32, whose products wrap modulo 2^32 as
-  datasketch's do. The mixing, the permutations and the minimum are one compiled loop over the hashes (`_minimums`:
-  each shingle's 128 values kept in registers, never a column of them);
+  expression, one pass); the rest is a Daft batch function (`_signature_batch`: on a Ray cluster, on its workers, so
+  that only the signatures come back), whose compiled code (numba) cuts the runs of words out of that (`_shingles`);
+- each shingle's hash is the low 32 bits of its sha1 (datasketch's `sha1_hash32`; the engine's sha1, on the CPU's sha1
+  instructions where it has them), mixed with MurmurHash3's 32-bit finalizer; per permutation `(a, b)` the signature is
+  the minimum of `(a * h + b) mod 2^32` over the shingles, in uint32, whose products wrap modulo 2^32 as datasketch's
+  do. The mixing, the permutations and the minimum are one compiled loop over the hashes (`_minimums`: each shingle's
+  128 values kept in registers, never a column of them);
 - a band is `r` consecutive signature values; documents whose band is equal collide. Grouping by the values
   themselves (not a hash of them) keeps that exact.
 
@@ -146,31 +146,31 @@ def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
 
 def _signatures(piece: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
     """Each document's id and its signature, one column `p<i>` per permutation (of the documents with text: one with
-    none has no signature)."""
+    none has no signature), made by the engine (`_signature_batch`)."""
     import daft
     import daft.functions as F
     from daft import col
 
-    frame = daft.from_arrow(pa.table({"doc": pa.array(np.arange(piece.num_rows, dtype=np.int32)), "text": piece["text"]}))
+    frame = daft.from_arrow(piece.select(["id", "text"]))
     # the \w+ words, one space between two: every run of other characters made one space (one may lead, one trail)
     words = F.regexp_replace(col("text"), r"\W+", " ")
-    lists = daft.func.batch(return_dtype=daft.DataType.list(daft.DataType.string()), use_process=False)(_shingle_lists)
-    shingles = frame.select(col("doc"), F.explode(lists(words, config.shingle_tokens)).alias("shingle"))
-    low = F.bitwise_and(F.hash(col("shingle"), hash_function="sha1"), _u64(MASK)).cast(daft.DataType.uint32())
-    hashed = shingles.where(col("shingle").not_null()).select(col("doc"), low.alias("h")).to_arrow()  # 8 bytes a shingle come back
-    a, b = permutations(config.num_perm, seed)
-    # copies: an array Arrow lends without copying is read-only, which the compiled signature does not take
-    doc, hashes = (hashed[name].to_numpy().astype(dtype) for name, dtype in (("doc", np.int32), ("h", np.uint32)))
-    values, seen = _minimums(doc, hashes, a, b, piece.num_rows)
-    kept = np.flatnonzero(seen)
-    signed = values[kept]
-    return pa.table({"id": piece["id"].take(pa.array(kept)), **{f"p{i}": pa.array(signed[:, i]) for i in range(config.num_perm)}})
+    signature = daft.DataType.fixed_size_list(daft.DataType.uint32(), config.num_perm)
+    sign = daft.func.batch(return_dtype=signature, use_process=False)(_signature_batch)
+    signed = frame.select(col("id"), sign(words, config.shingle_tokens, config.num_perm, seed).alias("signature"))
+    signed = signed.where(col("signature").not_null()).to_arrow()  # a signature comes back, 4 bytes a permutation
+    values = signed["signature"].combine_chunks().flatten().to_numpy().reshape(-1, config.num_perm)
+    ids = signed["id"].cast(piece.schema.field("id").type)  # as the documents have them (the engine's strings are large)
+    return pa.table({"id": ids, **{f"p{i}": pa.array(values[:, i]) for i in range(config.num_perm)}})
 
 
-def _shingle_lists(words: Any, size: int) -> pa.Array:
-    """Each row's shingles (its runs of `size` words; all of them in one when it has fewer), a list of strings; none for
-    a row with no text. Run by the engine, on a batch of rows at a time (a Daft batch function: on a Ray cluster, on its
-    workers), compiled (`_shingles`)."""
+def _signature_batch(words: Any, size: int, num_perm: int, seed: int) -> pa.Array:
+    """The signature of each row of `words` (its `\\w+` words, one space between two), none for a row with no text. Run
+    by the engine on a batch of rows at a time (a Daft batch function: on a Ray cluster, on its workers), whose
+    shingles (`_shingles`), their sha1 (the engine's) and their minimums (`_minimums`) never leave it."""
+    from daft import col
+    from daft.functions import hash as hashed
+    from daft.recordbatch import RecordBatch
+
     joined = words.to_arrow().cast(pa.large_string())
     present = joined.is_valid().to_numpy(zero_copy_only=False)
     joined = pc.fill_null(joined, "")
@@ -178,12 +178,15 @@ def _shingle_lists(words: Any, size: int) -> pa.Array:
     offsets = np.frombuffer(offsets, dtype=np.int64)[joined.offset : joined.offset + len(joined) + 1]
     data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     rows = np.arange(len(joined), dtype=np.int32)
-    # copies: what Arrow lends without copying is read-only, which the compiled signature does not take
+    # copies: what Arrow lends without copying is read-only, which the compiled signatures do not take
     row, starts, text = _shingles(rows, offsets.copy(), data.copy(), present, size)
-    shingles = pa.LargeStringArray.from_buffers(len(row), pa.py_buffer(starts), pa.py_buffer(text))
-    lists = np.zeros(len(joined) + 1, dtype=np.int64)
-    lists[1:] = np.cumsum(np.bincount(row, minlength=len(joined)))
-    return pa.LargeListArray.from_arrays(pa.array(lists), shingles, mask=pa.array(~present))
+    shingles = pa.record_batch({"shingle": pa.LargeStringArray.from_buffers(len(row), pa.py_buffer(starts), pa.py_buffer(text))})
+    batch = RecordBatch.from_arrow_record_batches([shingles], shingles.schema)
+    sha1 = batch.eval_expression_list([hashed(col("shingle"), hash_function="sha1").alias("h")]).to_arrow_record_batch()["h"]
+    hashes = (sha1.to_numpy() & np.uint64(MASK)).astype(np.uint32)  # the low 32 bits: datasketch's sha1_hash32
+    a, b = permutations(num_perm, seed)
+    values, seen = _minimums(row, hashes, a, b, len(joined))
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), num_perm, mask=pa.array(~seen))
 
 
 def _compiled(signature: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -284,9 +287,3 @@ def swept(groups: Sequence[Sequence[Any]]) -> set[Any]:
         else:
             kept_in.update(member_of[document])
     return removed
-
-
-def _u64(value: int) -> Any:
-    import daft
-
-    return daft.lit(value).cast(daft.DataType.uint64())
