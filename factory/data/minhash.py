@@ -17,7 +17,7 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
   themselves (not a hash of them) keeps that exact.
 
 Documents are signed a chunk at a time, as many chunks at once as the engine has room for (a thread each here: the
-engine's work and the compiled loops hold no interpreter lock). A document is removed when it collides with a document
+engine's work and the compiled loops hold no interpreter lock, only the glue between them does). A document is removed when it collides with a document
 kept before it in id order: the sweep over the collision groups gives the same answer whatever the number of threads or
 workers and the order their results come in.
 """
@@ -44,8 +44,14 @@ FMIX = ((16, 0x85EBCA6B), (13, 0xC2B2AE35))
 xor of the value shifted right by 16 follows."""
 MASK = 0xFFFFFFFF
 CHUNK_DOCUMENTS = 2048
-"""Documents whose signatures are computed at once: what bounds the memory near dedup takes (each document's shingles,
-their text and then 8 bytes each, while they are reduced to its signature)."""
+"""Documents whose signatures are computed together: with the chunks signed at once (`in_flight`), what bounds the
+memory near dedup takes (each document's text, then its shingles, their text and 8 bytes each, while they are reduced
+to its signature)."""
+WORD_GAP = r"[^\p{L}\p{N}_]+"
+"""A run of characters that are not in a word: what Python's `\\w` matches is a letter, a number (any of Unicode's)
+or `_` (Rust's `\\W`, the engine's, differs: it counts combining marks and joiners as word characters and numbers
+such as `²` as not). Code points Python 3.11's tables leave unassigned and the engine's newer ones assign are the
+difference that remains."""
 SHINGLES = "Tuple((int32[:], int64[:], uint8[:]))(int32[:], int64[:], uint8[:], boolean[:], int64)"
 MINIMUMS = "Tuple((uint32[:, ::1], boolean[::1]))(int32[:], uint32[:], uint32[:], uint32[:], int64)"
 """`_shingles`' and `_minimums`' types, compiled for as the module is imported."""
@@ -99,7 +105,7 @@ def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig,
             at_once: int | None = None) -> pa.Table:
     """The signatures of `documents`, computed `chunk` (CHUNK_DOCUMENTS) documents at a time, `at_once` chunks at once
     (default: as many as the engine has room for, `factory.data.engine.in_flight`; a thread each here, whose work is the
-    engine's and compiled code, neither holding the interpreter): the shingles of those chunks are in memory at once,
+    engine's and compiled code, which hold no interpreter lock): the shingles of those chunks are in memory at once,
     never the corpus's (a signature is 4 bytes a permutation, a few hundred a document). The chunks are put back in
     their order."""
     from factory.data.engine import in_flight
@@ -145,15 +151,15 @@ def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
 
 
 def _signatures(piece: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
-    """Each document's id and its signature, one column `p<i>` per permutation (of the documents with text: one with
-    none has no signature), made by the engine (`_signature_batch`)."""
+    """Each document's id and its signature, one column `p<i>` per permutation (of the documents whose text is not null:
+    an empty text has the signature of one empty shingle), made by the engine (`_signature_batch`)."""
     import daft
     import daft.functions as F
     from daft import col
 
     frame = daft.from_arrow(piece.select(["id", "text"]))
     # the \w+ words, one space between two: every run of other characters made one space (one may lead, one trail)
-    words = F.regexp_replace(col("text"), r"\W+", " ")
+    words = F.regexp_replace(col("text"), WORD_GAP, " ")
     signature = daft.DataType.fixed_size_list(daft.DataType.uint32(), config.num_perm)
     sign = daft.func.batch(return_dtype=signature, use_process=False)(_signature_batch)
     signed = frame.select(col("id"), sign(words, config.shingle_tokens, config.num_perm, seed).alias("signature"))
@@ -164,7 +170,7 @@ def _signatures(piece: pa.Table, config: DedupConfig, seed: int) -> pa.Table:
 
 
 def _signature_batch(words: Any, size: int, num_perm: int, seed: int) -> pa.Array:
-    """The signature of each row of `words` (its `\\w+` words, one space between two), none for a row with no text. Run
+    """The signature of each row of `words` (its `\\w+` words, one space between two), none for a null row. Run
     by the engine on a batch of rows at a time (a Daft batch function: on a Ray cluster, on its workers), whose
     shingles (`_shingles`), their sha1 (the engine's) and their minimums (`_minimums`) never leave it."""
     from daft import col

@@ -19,7 +19,12 @@ from tests.data.conftest import documents
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO = Path(__file__).resolve().parents[2]
 EDGES = {"empty.py": "", "one.py": "x", "short.py": "a b c", "five.py": "one two three four five", "six.py": "1 2 3 4 5 6",
-         "unicode.py": "def grüße(naïve, 東京):\n    return naïve + 東京  # ünïcode wörds\n", "spaces.py": "\t a  =\n\n b(c)\r\n"}
+         "unicode.py": "def grüße(naïve, 東京):\n    return naïve + 東京  # ünïcode wörds\n", "spaces.py": "\t a  =\n\n b(c)\r\n",
+         "no-words.py": "!!! ???\n", "marks.py": "nai\u0308ve cafe\u0301 x² y ½ हिन्दी text می\u200cخواهم ok_1",
+         "astral.py": "𝐀𝐁 x\0y 😀 z"}
+"""Texts at the edges of what a word is: none, fewer than five, exactly five, six; letters with combining marks
+(Python's `\\w` has no marks: they split a word), numbers such as ² and ½ (Python's `\\w` has them), a joiner inside
+a word, characters outside the basic plane, a NUL."""
 
 
 def corpus() -> dict[str, str]:
