@@ -88,7 +88,8 @@ def side(name: str, smoke: bool, copies: int, out: Path) -> None:
         import daft
 
         # on `workers` cores: the runner's threads, and the chunks the stage signs at once (one a core it may run on)
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
+        if hasattr(os, "sched_setaffinity"):  # Linux
+            os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
         daft.set_runner_native(num_threads=workers)
     if engine == "ray":
         import ray

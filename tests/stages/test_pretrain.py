@@ -139,11 +139,14 @@ def test_a_stage_killed_on_two_ranks_on_one_machine_resumes_on_one_rank_on_anoth
                               code=m.code, provenance=Provenance(experiment=m.experiment, config_hash=m.config_hash,
                                                                   git_commit=m.git_commit), summary=m.summary)
         failures: list[BaseException] = []
-        thread = threading.Thread(target=launch_failing, daemon=True, args=(
-            pretrain_request(two, digests, machine_a, tmp_path / "catalog", tmp_path / "two.json"), failures))
+        on_two = pretrain_request(two, digests, machine_a, tmp_path / "catalog", tmp_path / "two.json")
+        assert StageRequest.read(on_two).processes == 2
+        thread = threading.Thread(target=launch_failing, daemon=True, args=(on_two, failures))
         thread.start()
         killed_at = kill_stage_after(machine_a.work_path(fingerprint), EVERY + 5, failures, thread)
-        assert EVERY + 5 <= killed_at < STEPS and failures, failures
+        assert EVERY + 5 <= killed_at < STEPS, "the kill must land after a checkpoint and before the end"
+        assert failures and "exited with code" in str(failures[0]), failures
+        assert machine_a.lookup(fingerprint) is None, "a killed stage publishes nothing"
         saved = machine_a.store.list(f"work/{fingerprint}/checkpoints/")
         assert any(key.endswith(f"step_{EVERY:06d}.json") for key in saved), saved
         assert not machine_b.work_path(fingerprint).exists()

@@ -87,8 +87,6 @@ def two_ranks(tmp_path_factory) -> Path:
     return tmp_path
 
 
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
 def test_the_values_replayed_onto_the_meta_model_are_the_bytes_build_model_gives(shape):
     config = SHAPES[shape]
@@ -154,8 +152,6 @@ def test_an_initialisation_that_reads_what_it_overwrites_is_refused_with_what_to
     assert [place for place, _ in written] == [0, 1, 0, 1, 0], "registered (weight, bias), then kaiming, bias, truncated normal"
     assert torch.equal(written[-1][1], truncated().weight.detach()) and torch.equal(written[-2][1], truncated().bias.detach())
     assert rows_of(torch.arange(5), 1, 4).tolist() == [2, 3] and rows_of(torch.arange(5), 3, 4).tolist() == []
-
-
 
 
 @pytest.mark.slow
