@@ -17,9 +17,9 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
   themselves (not a hash of them) keeps that exact.
 
 Documents are signed a chunk at a time, as many chunks at once as the engine has room for (a thread each here: the
-engine's work and the compiled loops hold no interpreter lock, only the glue between them does). A document is removed when it collides with a document
-kept before it in id order: the sweep over the collision groups gives the same answer whatever the number of threads or
-workers and the order their results come in.
+engine's work and the compiled loops hold no interpreter lock, only the glue between them does). A document is removed
+when it collides with a document kept before it in id order: the sweep over the collision groups gives the same answer
+whatever the number of threads or workers and the order their results come in.
 """
 
 from __future__ import annotations
