@@ -52,7 +52,7 @@ WORD_GAP = r"[^\p{L}\p{N}_]+"
 or `_` (Rust's `\\W`, the engine's, differs: it counts combining marks and joiners as word characters and numbers
 such as `²` as not). Code points Python 3.11's tables leave unassigned and the engine's newer ones assign are the
 difference that remains."""
-SHINGLES = "Tuple((int32[:], int64[:], uint8[:]))(int32[:], int64[:], uint8[:], boolean[:], int64)"
+SHINGLES = "Tuple((int32[:], int64[:], uint8[:]))(int64[:], uint8[:], boolean[:], int64)"
 MINIMUMS = "Tuple((uint32[:, ::1], boolean[::1]))(int32[:], uint32[:], uint32[:], uint32[:], int64)"
 """`_shingles`' and `_minimums`' types, compiled for as the module is imported."""
 
@@ -183,9 +183,8 @@ def _signature_batch(words: Any, size: int, num_perm: int, seed: int) -> pa.Arra
     _, offsets, data = joined.buffers()
     offsets = np.frombuffer(offsets, dtype=np.int64)[joined.offset : joined.offset + len(joined) + 1]
     data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    rows = np.arange(len(joined), dtype=np.int32)
     # copies: what Arrow lends without copying is read-only, which the compiled signatures do not take
-    row, starts, text = _shingles(rows, offsets.copy(), data.copy(), present, size)
+    row, starts, text = _shingles(offsets.copy(), data.copy(), present, size)
     shingles = pa.record_batch({"shingle": pa.LargeStringArray.from_buffers(len(row), pa.py_buffer(starts), pa.py_buffer(text))})
     batch = RecordBatch.from_arrow_record_batches([shingles], shingles.schema)
     sha1 = batch.eval_expression_list([hashed(col("shingle"), hash_function="sha1").alias("h")]).to_arrow_record_batch()["h"]
@@ -208,13 +207,13 @@ def _compiled(signature: str) -> Callable[[Callable[..., Any]], Callable[..., An
 
 
 @_compiled(SHINGLES)
-def _shingles(rows, offsets, data, signed, size):  # noqa: ANN001, ANN202 - numba's types, in SHINGLES
-    """(the document of each shingle, the shingles' offsets, their bytes): row `r` holds document `rows[r]`'s words
+def _shingles(offsets, data, signed, size):  # noqa: ANN001, ANN202 - numba's types, in SHINGLES
+    """(the row of each shingle, the shingles' offsets, their bytes): row `r` holds its words
     separated by one space (and maybe one before and after them all), `data[offsets[r]:offsets[r + 1]]`, and has
     shingles when `signed[r]`: its runs of `size` words (all its words when it has no more than `size`: none makes an
     empty shingle), each written as it is in the row."""
     count, length = 0, 0
-    for r in range(rows.shape[0]):
+    for r in range(signed.shape[0]):
         if signed[r]:
             lo, hi = offsets[r], offsets[r + 1]
             words = 0
@@ -228,7 +227,7 @@ def _shingles(rows, offsets, data, signed, size):  # noqa: ANN001, ANN202 - numb
     text = np.empty(length, dtype=np.uint8)
     ring = np.empty(size, dtype=np.int64)  # where the last `size` words of the row start
     shingle, at = 0, 0
-    for r in range(rows.shape[0]):
+    for r in range(signed.shape[0]):
         if not signed[r]:
             continue
         lo, hi = offsets[r], offsets[r + 1]
@@ -247,12 +246,12 @@ def _shingles(rows, offsets, data, signed, size):  # noqa: ANN001, ANN202 - numb
             if words >= size - 1:  # the run of `size` words that ends with it
                 start = ring[(words - size + 1) % size]
                 text[at : at + i - start] = data[start:i]
-                doc[shingle], starts[shingle] = rows[r], at
+                doc[shingle], starts[shingle] = r, at
                 at, shingle = at + i - start, shingle + 1
             words, begun = words + 1, -1
         if words < size:  # a row of fewer words is one shingle of all of them
             text[at : at + last - first] = data[first:last]
-            doc[shingle], starts[shingle] = rows[r], at
+            doc[shingle], starts[shingle] = r, at
             at, shingle = at + last - first, shingle + 1
     starts[shingle] = at
     return doc[:shingle], starts[: shingle + 1], text[:at]
