@@ -19,7 +19,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, 
 from assets.evaluations import EVALS_PER_RUN, evaluated
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, materialize, resources_at
 from assets.partitions import BENCHMARKS, CHECKPOINTS
-from assets.records import latest_metadata_by_partition
+from assets.records import collector_paused, latest_metadata_by_partition
 from factory.config.fingerprint import code_identity
 from factory.errors import ConfigError
 from factory.registry import ArtifactStore
@@ -60,13 +60,16 @@ def _stored(metadata: dict) -> bool:
 
 def unevaluated(instance: DagsterInstance, registry: ArtifactStore, benchmarks: Iterable[str], checkpoints: set[str]) -> set[str]:
     """The checkpoints with an evaluation on some of `benchmarks` that is not in the registry: the others need no run."""
+    names = list(dict.fromkeys(benchmarks))
+    if not all(instance.has_dynamic_partition(BENCHMARKS, name) for name in names):
+        return set(checkpoints)  # a benchmark with no partitions yet: nothing is evaluated on it
     code = code_identity("local")
-    recorded = latest_metadata_by_partition(instance, CHECKPOINTS, checkpoints)
-    known = {name for name in benchmarks if instance.has_dynamic_partition(BENCHMARKS, name)}
-    return {checkpoint for checkpoint in checkpoints if not all(
-        name in known and evaluated(instance, registry, str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint})), code, recorded)
-        for name in benchmarks
-    )}
+    with collector_paused():  # thousands of records read, then as many items made of them
+        recorded = latest_metadata_by_partition(instance, CHECKPOINTS, checkpoints)
+        return {checkpoint for checkpoint in checkpoints if not all(
+            evaluated(registry, code, str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint})), name, checkpoint, recorded.get(checkpoint))
+            for name in names
+        )}
 
 
 def evaluate_checkpoints(

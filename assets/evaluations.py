@@ -93,11 +93,17 @@ def eval_item(instance: DagsterInstance, key: str, metadata: Mapping[str, Mappin
     the event log, or from `metadata`: checkpoint partition -> its newest materialization's, read for many at once)."""
     dimensions = evaluations_partitions.get_partition_key_from_str(key).keys_by_dimension
     name, checkpoint = dimensions["benchmark"], dimensions["checkpoint"]
+    recorded = latest_metadata(instance, CHECKPOINTS, checkpoint) if metadata is None else metadata.get(checkpoint)
+    return pair_item(key, name, checkpoint, recorded)
+
+
+def pair_item(key: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> EvalItem:
+    """The evaluation of partition `key`: checkpoint `checkpoint` (its newest materialization's metadata: `recorded`, or
+    None) on benchmark `name`. Failure, saying what to do, when it cannot be evaluated."""
     try:
         benchmark(name)
     except ConfigError as e:
         raise Failure(description=f"{key}: {e}") from e
-    recorded = latest_metadata(instance, CHECKPOINTS, checkpoint) if metadata is None else metadata.get(checkpoint)
     if recorded is None or any(field not in recorded for field in CHECKPOINT_FIELDS):
         raise Failure(description=f"{key}: checkpoint {checkpoint} has no recorded materialization with its sha256; rerun its training stage")
     try:
@@ -109,12 +115,12 @@ def eval_item(instance: DagsterInstance, key: str, metadata: Mapping[str, Mappin
     return EvalItem(partition=key, benchmark=name, checkpoint=ref)
 
 
-def evaluated(instance: DagsterInstance, registry: ArtifactStore, key: str, code: str,
-              metadata: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
-    """Whether the result of one `evaluations` partition is in the registry already (its run would compute nothing); a
-    partition that cannot be evaluated is not, so that its run says why. `metadata`: as `eval_item`'s."""
+def evaluated(registry: ArtifactStore, code: str, key: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> bool:
+    """Whether the result of partition `key` (checkpoint `checkpoint` on benchmark `name`, `recorded` as `pair_item` reads
+    it) is in the registry already (its run would compute nothing); a partition that cannot be evaluated is not, so that
+    its run says why."""
     try:
-        item = eval_item(instance, key, metadata)
+        item = pair_item(key, name, checkpoint, recorded)
     except Failure:
         return False
     return registry.lookup(item.fingerprint(code)) is not None

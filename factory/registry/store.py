@@ -403,7 +403,7 @@ class ArtifactStore(Scratch):
         """`<root>/<directory>/<name><suffix>`, for a name that is one path component (a fingerprint, a ref)."""
         if not isinstance(name, str) or not NAME.match(name):
             raise ArtifactError(f"{name!r} is not a registry name (letters, digits, '_', '.', '-'; 128 at most)")
-        return self.root / directory / f"{name}{suffix}"
+        return self.root.joinpath(directory, f"{name}{suffix}")
 
     def _intact(self, manifest: Manifest, rehash: bool) -> bool:
         """Every file is there with its size, and its bytes hash as recorded (unchanged since last checked, or hashed now)."""

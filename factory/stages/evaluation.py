@@ -14,6 +14,7 @@ from the partitions of its run. This module stays light; the scoring, which load
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -77,15 +78,32 @@ class EvalItem(Section):
     def fingerprint(self, code: str) -> str:
         """What decides the score (and, with the partition key, whose score it is: a copied experiment gets its own)."""
         bench, checkpoint = benchmark(self.benchmark), self.checkpoint
-        spec = checkpoint.spec
-        trained = checkpoint.settings(spec)
         return sha256_of({
             "kind": EVALUATIONS, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
-            "checkpoint": checkpoint.sha256, "model": trained.model.model_dump(mode="json"), "seed": trained.seed,
-            "stream": trained.stream.model_dump(mode="json"), "upstream": spec.upstream,
+            "checkpoint": checkpoint.sha256, **_trained(checkpoint.training),
             "max_bytes": checkpoint.eval.max_bytes, "code": code, **({"benchmark_code": bench.code} if bench.code else {}),
             **({"benchmark_settings": dict(bench.settings)} if bench.settings else {}),
         })
+
+
+TRAINED_KEPT = 8
+_trained_lately: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
+"""The training specs `_trained` read last, newest first (copies), with what it read from each."""
+
+
+def _trained(training: Mapping[str, Any]) -> dict[str, Any]:
+    """What the spec of the training stage that saved a checkpoint puts in the fingerprint of its evaluations: the model,
+    seed and stream it trained and its inputs. Read once for the checkpoints of one training when they come one after
+    another, as a backfill's planning asks of thousands; not to be changed by the caller."""
+    for seen, fields in _trained_lately:
+        if seen == training:
+            return fields
+    spec = StageSpec.from_json(training)
+    trained = stage_kind(spec.kind).read_settings(spec.config)
+    fields = {"model": trained.model.model_dump(mode="json"), "seed": trained.seed, "stream": trained.stream.model_dump(mode="json"),
+              "upstream": spec.upstream}
+    _trained_lately[:] = [(copy.deepcopy(training), fields), *_trained_lately[: TRAINED_KEPT - 1]]  # as it was read
+    return fields
 
 
 class EvaluationSettings(Section):

@@ -56,6 +56,7 @@ def test_rows_read_as_json_give_what_dagster_reads_and_the_others_are_left_to_da
     for key in ("plain", "in a run"):
         assert every[key].keys() == plain.keys() and every[key]["nan"] != every[key]["nan"] and dagsters[key]["nan"] != dagsters[key]["nan"]
         assert {k: v for k, v in every[key].items() if k != "nan"} == {k: v for k, v in dagsters[key].items() if k != "nan"}
+    assert every["plain"]["training"] is every["in a run"]["training"]  # one spec, recorded twice: checked and held once
     assert {key: every[key] for key in others} == {key: dagsters[key] for key in others}
     ids = sorted(instance.event_log_storage.get_latest_storage_id_by_partition(AssetKey(CHECKPOINTS), DagsterEventType.ASSET_MATERIALIZATION).values())
     read = dict(records._rows(instance, ids))

@@ -59,9 +59,9 @@ def setup(tmp_path):
     torch.save({"model": build_model(MODEL, tokenizer.get_vocab_size(), seed=1).state_dict()}, path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
 
-    def item(experiment: str, max_bytes: int = 1000, at: Path = path) -> EvalItem:
+    def item(experiment: str, max_bytes: int = 1000, at: Path = path, trained: dict | None = None) -> EvalItem:
         ref = CheckpointRef(key=f"{experiment}__pretrain-000001", experiment=experiment, step=1, tokens_seen=1, path=str(at), sha256=sha,
-                            training=training, eval={"max_bytes": max_bytes, "batch_size": 8}, git_commit="0" * 40)
+                            training=trained or training, eval={"max_bytes": max_bytes, "batch_size": 8}, git_commit="0" * 40)
         return EvalItem(partition=f"settings_probe|{ref.key}", benchmark="settings_probe", checkpoint=ref)
 
     def request(*items: EvalItem) -> StageRequest:
@@ -124,6 +124,13 @@ def test_a_fingerprint_covers_bytes_settings_and_partition_but_not_where_the_fil
     assert item("a", max_bytes=2000).fingerprint("code") != base
     assert item("b").fingerprint("code") != base
     assert item("a").fingerprint("other code") != base
+    # Checkpoints of other trainings (another seed, model or input), each asked right after the one before: their own.
+    _, _, _, training = setup
+    changes = ({"seed": 2}, {"model": {**training["config"]["model"], "n_embd": 48}})
+    others = [{**training, "config": {**training["config"], **change}} for change in changes]
+    others.append({**training, "upstream": {**training["upstream"], "blend": "0" * 64}})
+    prints = [item("a", trained=other).fingerprint("code") for other in others]
+    assert len({base, *prints}) == 4 and item("a").fingerprint("code") == base
 
 
 def test_deleted_checkpoints_are_named_and_the_others_still_published(setup, tmp_path):
