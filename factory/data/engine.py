@@ -36,10 +36,15 @@ def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> 
     return chosen
 
 
+def on_ray() -> bool:
+    """Whether this process's engine runs on a Ray cluster (`use_engine` chose it)."""
+    return _chosen is not None and bool(_chosen[0])
+
+
 def in_flight() -> int:
     """How many independent pieces of work (a chunk of documents to sign) a stage keeps going at once: on this machine,
     one a core it may run on (a container's CPU set, not the host's); on a Ray cluster, RAY_IN_FLIGHT."""
-    if _chosen is not None and _chosen[0]:
+    if on_ray():
         return RAY_IN_FLIGHT
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

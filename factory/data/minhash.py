@@ -17,23 +17,31 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
   themselves (not a hash of them) keeps that exact.
 
 Documents are signed a chunk at a time, as many chunks at once as the engine has room for (a thread each here: the
-engine's work and the compiled loops hold no interpreter lock, only the glue between them does). A document is removed
+engine's work and the compiled loops hold no interpreter lock, only the glue between them does). Each chunk's signatures
+leave this process as they are made (`kept_signatures`: Parquet files on this machine's disk, or the Ray cluster's
+object store), and the engine groups each band's values from there, one band at a time (on this machine its group-by
+holds that band's values and every document's id, an eighth of the signatures at the default 8 bands of 16; on a Ray
+cluster its workers do): only the groups of colliding documents come back. A document is removed
 when it collides with a document kept before it in id order: the sweep over the collision groups gives the same answer
 whatever the number of threads or workers and the order their results come in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from factory.config.data_sections import DedupConfig
 
@@ -82,13 +90,15 @@ def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: Dedu
     they are made; `chunk` and `at_once`: as `signatures` says."""
     import daft
 
-    signed = daft.from_arrow(_signed(documents, config, seed, on_part, total, chunk, at_once))
     count, rows = bands(config)
     groups: list[list[Any]] = []
-    for band in range(count):
-        keys = [f"p{i}" for i in range(band * rows, (band + 1) * rows)]
-        colliding = signed.groupby(*keys).agg(daft.col("id").list_agg().alias("ids"), daft.col("id").count().alias("n"))
-        groups += colliding.where(daft.col("n") > 1).select("ids").to_pydict()["ids"]
+    with kept_signatures() as kept:
+        _signed(documents, config, seed, kept.add, on_part, total, chunk, at_once)
+        signed = kept.frame()
+        for band in range(count):
+            keys = [f"p{i}" for i in range(band * rows, (band + 1) * rows)]
+            colliding = signed.select("id", *keys).groupby(*keys).agg(daft.col("id").list_agg().alias("ids"), daft.col("id").count().alias("n"))
+            groups += colliding.where(daft.col("n") > 1).select("ids").to_pydict()["ids"]
     return swept(groups)
 
 
@@ -96,30 +106,31 @@ def signatures(documents: pa.Table, config: DedupConfig, seed: int, chunk: int |
                at_once: int | None = None) -> dict[Any, list[int]]:
     """Each document's MinHash signature, by id (what the bands are cut from): computed `chunk` documents at a time
     (default CHUNK_DOCUMENTS), `at_once` chunks at once (default: as many as the engine has room for)."""
-    table = _signed(documents, config, seed, chunk=chunk, at_once=at_once).to_pydict()
+    chunks: list[pa.Table] = []
+    _signed(documents, config, seed, chunks.append, chunk=chunk, at_once=at_once)
+    table = pa.concat_tables(chunks).to_pydict()
     return {document: [table[f"p{i}"][row] for i in range(config.num_perm)] for row, document in enumerate(table["id"])}
 
 
-def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
+def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int, keep: Callable[[pa.Table], None],
             on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int | None = None,
-            at_once: int | None = None) -> pa.Table:
+            at_once: int | None = None) -> None:
     """The signatures of `documents`, computed `chunk` (CHUNK_DOCUMENTS) documents at a time, `at_once` chunks at once
     (default: as many as the engine has room for, `factory.data.engine.in_flight`; a thread each here, whose work is the
     engine's and compiled code, which hold no interpreter lock): the shingles of those chunks are in memory at once,
-    never the corpus's (a signature is 4 bytes a permutation, a few hundred a document). The chunks are put back in
-    their order."""
+    never the corpus's. Each chunk's signatures (4 bytes a permutation, a few hundred a document) go to `keep` as they
+    are made, in the chunks' order."""
     from factory.data.engine import in_flight
 
     if isinstance(documents, pa.Table):
         documents, total = documents.select(["id", "text"]).to_batches(), documents.num_rows
-    chunks: list[pa.Table] = []
     going: deque[tuple[Future, int]] = deque()
     done, room = 0, at_once or in_flight()
 
     def collect() -> None:
         nonlocal done
         future, rows = going.popleft()
-        chunks.append(future.result())
+        keep(future.result())
         done += rows
         if on_part is not None:
             on_part(done, total if total is not None else done)
@@ -131,7 +142,65 @@ def _signed(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig,
                 collect()
         while going:
             collect()
-    return pa.concat_tables(chunks)
+
+
+class KeptSignatures(Protocol):
+    """Where a stage keeps the signatures it made until their bands are grouped: not in its own memory, which would grow
+    with the corpus (half a kilobyte a document at 128 permutations)."""
+
+    def add(self, signed: pa.Table) -> None:
+        """Keep one chunk's signatures (columns `id`, `p<i>`)."""
+
+    def frame(self) -> Any:
+        """Every chunk's signatures kept, as a Daft dataframe that reads them where they are."""
+
+
+@contextlib.contextmanager
+def kept_signatures() -> Iterator[KeptSignatures]:
+    """Where the signatures go for the engine this process runs on: a Ray cluster's object store (the stage holds
+    references only; the groups are made on the cluster), or Parquet files in a temporary directory of this machine
+    (each band reads its columns from them), removed at the end."""
+    from factory.data.engine import on_ray
+
+    if on_ray():
+        yield _InObjectStore()
+        return
+    with tempfile.TemporaryDirectory(prefix="factory-signatures-") as directory:
+        yield _InFiles(Path(directory))
+
+
+class _InFiles:
+    """A Parquet file a chunk (`<n>.parquet`, in the order they came)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory, self.count = directory, 0
+
+    def add(self, signed: pa.Table) -> None:
+        pq.write_table(signed, self.directory / f"{self.count:08d}.parquet")
+        self.count += 1
+
+    def frame(self) -> Any:
+        import daft
+
+        return daft.read_parquet(str(self.directory / "*.parquet"))
+
+
+class _InObjectStore:
+    """An object in the Ray cluster's store a chunk (`ray.put`), read by Daft as a Ray dataset of those blocks."""
+
+    def __init__(self) -> None:
+        self.references: list[Any] = []
+
+    def add(self, signed: pa.Table) -> None:
+        import ray
+
+        self.references.append(ray.put(signed))
+
+    def frame(self) -> Any:
+        import daft
+        import ray.data
+
+        return daft.from_ray_dataset(ray.data.from_arrow_refs(self.references))
 
 
 def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:

@@ -13,7 +13,7 @@ from datasketch import MinHash
 
 from factory.config.data_sections import DedupConfig
 from factory.data.dedup import reference_near_duplicates, shingles
-from factory.data.minhash import _signature_batch, near_duplicates, signatures
+from factory.data.minhash import _signature_batch, _signed, kept_signatures, near_duplicates, signatures
 from tests.data.conftest import documents
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -83,6 +83,20 @@ def test_signatures_made_in_small_chunks_three_at_once_are_those_made_in_one():
     table = documents("code", {**corpus(), **EDGES})
     config = DedupConfig(num_perm=32)
     assert signatures(table, config, seed=7, chunk=5, at_once=3) == signatures(table, config, seed=7, at_once=1)
+
+
+def test_each_chunks_signatures_wait_for_the_bands_in_a_file_of_their_own_removed_at_the_end():
+    """On this machine the stage keeps no signature: each chunk's go to a Parquet file as they are made, which the bands
+    read; the files hold every document's signature, and are gone when near dedup ends."""
+    table = documents("code", corpus())
+    config = DedupConfig(num_perm=32)
+    with kept_signatures() as kept:
+        _signed(table, config, 7, kept.add, chunk=5, at_once=2)
+        files = sorted(path.name for path in kept.directory.iterdir())
+        read = kept.frame().to_pydict()
+    assert files == [f"{n:08d}.parquet" for n in range(-(-table.num_rows // 5))]
+    assert {document: [read[f"p{i}"][row] for i in range(32)] for row, document in enumerate(read["id"])} == signatures(table, config, seed=7)
+    assert not kept.directory.exists()
 
 
 SHORT = {name: EDGES[name] for name in ("empty.py", "one.py", "short.py", "five.py", "spaces.py")}
