@@ -23,7 +23,12 @@ process the way the stage does it (`streamed`: the version read a record batch a
 kept, the kept rows written through pyiceberg's streaming overwrite) and the way it did before (`whole`: the version read
 into one table, deduplicated, written). Printed: each process's peak resident memory, and its growth from 1x to 4x.
 
-`--smoke`: the json package only, and the engine on one thread only.
+Last, what near dedup itself holds while it runs, over many short documents (30 words of a 5,000-word vocabulary
+each, made up: their signatures, half a kilobyte a document, outweigh their text), 100,000 and 400,000 of them: a fresh
+process's peak resident memory above what it held before near dedup started. The signatures wait for their bands in
+files, so what grows with the documents is the group-by of one band at a time (its values and every document's id).
+
+`--smoke`: the json package only, the engine on one thread only, and 2,000 and 8,000 short documents.
 """
 
 import argparse
@@ -51,10 +56,18 @@ SMOKE_SIDES = ("loop", "engine, 1 thread", "ray data, 2 workers")
 MEMORY_SIDES = ("streamed", "whole")
 MEMORY_COPIES = (1, 4)
 """Sizes of the corpus the stage's memory is measured at (`--smoke`: the first only, to check the two sides agree)."""
+SHORT_DOCUMENTS = (100_000, 400_000)
+"""How many made-up short documents near dedup's own memory is measured over (`--smoke`: a fiftieth)."""
 RECORDS_PER_FILE = 2000
 """Records per JSONL file of the records source the raw stage's memory is measured on."""
 RECORD_FILE_BYTES = 64 << 20
 """The records source's `max_file_bytes`: its files (up to about 20 MB) are read, none skipped as too large."""
+
+
+def resident_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory now (`VmHWM`: its peak since it started its program), from Linux's status."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(f"{field}:")) / 1024
 
 
 def peak_resident_mb() -> float:
@@ -62,8 +75,7 @@ def peak_resident_mb() -> float:
     the high-water mark of the process it was forked from (Linux carries it over `exec`): a side started by a parent that
     holds the 4x corpus would report the parent's memory."""
     try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+        return resident_mb("VmHWM")
     except (OSError, StopIteration):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -266,6 +278,34 @@ def memory_table(results: dict[tuple[str, int], dict], sizes: tuple[int, ...]) -
           "the memory")
 
 
+def short_documents_side(count: int, out: Path) -> None:
+    """Near dedup over `count` made-up short documents, in this process: what it held above what the process held before."""
+    import random
+
+    from factory.config.data_sections import DedupConfig
+    from factory.data.minhash import near_duplicates
+
+    pick = random.Random(0)
+    vocabulary = [f"w{i}" for i in range(5000)]
+    table = pa.table({"id": [f"{i:09d}" for i in range(count)], "text": [" ".join(pick.choices(vocabulary, k=30)) for _ in range(count)]})
+    before, started = resident_mb(), time.perf_counter()
+    near_duplicates(table, DedupConfig(), 0)
+    out.write_text(json.dumps({"documents": count, "seconds": time.perf_counter() - started, "above_mb": resident_mb("VmHWM") - before}))
+
+
+def short_documents(smoke: bool) -> None:
+    """Near dedup's own peak memory over SHORT_DOCUMENTS, a fresh process each."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-data-short-") as tmp:
+        for count in (size // 50 for size in SHORT_DOCUMENTS) if smoke else SHORT_DOCUMENTS:
+            out = Path(tmp) / "out.json"
+            subprocess.run([sys.executable, __file__, "--short-side", str(count), "--out", str(out)], check=True)
+            results.append(json.loads(out.read_text()))
+    print("near dedup's own peak memory over short made-up documents (30 words each), above what its process held before:")
+    print("  " + "   ".join(f"{r['documents']:7,} documents {r['above_mb']:5,.0f} MB in {r['seconds']:5.1f} s" for r in results)
+          + f"   ratio {results[-1]['documents'] // results[0]['documents']}x / 1x: {results[-1]['above_mb'] / results[0]['above_mb']:.2f}")
+
+
 def ray_data_near_duplicates(table: pa.Table, config: object, seed: int, workers: int) -> set[str]:
     """Near dedup on Ray Data: each document's datasketch signature made by `workers` Ray workers (`map_batches`), the
     documents whose bands collide grouped here, then swept in id order as the engine's are."""
@@ -309,7 +349,13 @@ def main() -> None:
     parser.add_argument("--format", choices=("text", "jsonl"), default="text", help=argparse.SUPPRESS)
     parser.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--short-side", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.short_side is not None:
+        from factory.launch.ending import exit_now
+
+        short_documents_side(args.short_side, args.out)
+        exit_now(0)
     if args.memory_side is not None or args.ingest_side is not None:
         from factory.launch.ending import exit_now
 
@@ -344,6 +390,7 @@ def main() -> None:
         jaccard = len(mine & theirs) / len(mine | theirs) if mine | theirs else 1.0
         print(f"ratio {name} / loop: {loop['seconds'] / results[name]['seconds']:.2f}x faster; removed-set Jaccard {jaccard:.4f}")
     memory(args.smoke)
+    short_documents(args.smoke)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ CHUNK_DOCUMENTS = 2048
 """Documents whose signatures are computed together: with the chunks signed at once (`in_flight`), what bounds the
 memory near dedup takes (each document's text, then its shingles, their text and 8 bytes each, while they are reduced
 to its signature)."""
+SPILL_ROWS = 32768
+"""Signatures a file of them holds, on this machine (16 MB at 128 permutations)."""
 WORD_GAP = r"[^\p{L}\p{N}_]+"
 """A run of characters that are not in a word: what Python's `\\w` matches is a letter, a number (any of Unicode's)
 or `_` (Rust's `\\W`, the engine's, differs: it counts combining marks and joiners as word characters and numbers
@@ -170,19 +172,29 @@ def kept_signatures() -> Iterator[KeptSignatures]:
 
 
 class _InFiles:
-    """A Parquet file a chunk (`<n>.parquet`, in the order they came)."""
+    """Parquet files (`<n>.parquet`, in the order the chunks came) of SPILL_ROWS signatures each (the last one fewer):
+    few enough files that each band's read of them is not mostly opening files, and a bounded few megabytes held
+    until one is written."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory, self.count = directory, 0
+        self.directory, self.count, self.held = directory, 0, list[pa.Table]()
 
     def add(self, signed: pa.Table) -> None:
-        pq.write_table(signed, self.directory / f"{self.count:08d}.parquet")
-        self.count += 1
+        self.held.append(signed)
+        if sum(table.num_rows for table in self.held) >= SPILL_ROWS:
+            self._write()
 
     def frame(self) -> Any:
         import daft
 
+        if self.held or not self.count:
+            self._write()
         return daft.read_parquet(str(self.directory / "*.parquet"))
+
+    def _write(self) -> None:
+        # random 32-bit values: nothing for a compression or a dictionary to gain, only time to lose
+        pq.write_table(pa.concat_tables(self.held), self.directory / f"{self.count:08d}.parquet", compression="none", use_dictionary=False)
+        self.count, self.held = self.count + 1, []
 
 
 class _InObjectStore:

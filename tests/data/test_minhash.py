@@ -8,11 +8,13 @@ import sysconfig
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datasketch import MinHash
 
 from factory.config.data_sections import DedupConfig
 from factory.data.dedup import reference_near_duplicates, shingles
+from factory.data import minhash
 from factory.data.minhash import _signature_batch, _signed, kept_signatures, near_duplicates, signatures
 from tests.data.conftest import documents
 
@@ -85,16 +87,18 @@ def test_signatures_made_in_small_chunks_three_at_once_are_those_made_in_one():
     assert signatures(table, config, seed=7, chunk=5, at_once=3) == signatures(table, config, seed=7, at_once=1)
 
 
-def test_each_chunks_signatures_wait_for_the_bands_in_a_file_of_their_own_removed_at_the_end():
-    """On this machine the stage keeps no signature: each chunk's go to a Parquet file as they are made, which the bands
-    read; the files hold every document's signature, and are gone when near dedup ends."""
+def test_the_signatures_wait_for_the_bands_in_files_removed_at_the_end(monkeypatch):
+    """On this machine the stage keeps no signature: the chunks' go to Parquet files as they are made (a file once it
+    would hold SPILL_ROWS of them), which the bands read; the files hold every document's signature, and are gone when
+    near dedup ends."""
+    monkeypatch.setattr(minhash, "SPILL_ROWS", 12)  # chunks of 5: three to a file
     table = documents("code", corpus())
     config = DedupConfig(num_perm=32)
     with kept_signatures() as kept:
         _signed(table, config, 7, kept.add, chunk=5, at_once=2)
-        files = sorted(path.name for path in kept.directory.iterdir())
         read = kept.frame().to_pydict()
-    assert files == [f"{n:08d}.parquet" for n in range(-(-table.num_rows // 5))]
+        files = {path.name: pq.read_metadata(path).num_rows for path in kept.directory.iterdir()}
+    assert files == {f"{n:08d}.parquet": min(15, table.num_rows - 15 * n) for n in range(-(-table.num_rows // 15))}
     assert {document: [read[f"p{i}"][row] for i in range(32)] for row, document in enumerate(read["id"])} == signatures(table, config, seed=7)
     assert not kept.directory.exists()
 
