@@ -64,11 +64,10 @@ def unevaluated(instance: DagsterInstance, registry: ArtifactStore, benchmarks: 
     if not all(instance.has_dynamic_partition(BENCHMARKS, name) for name in names):
         return set(checkpoints)  # a benchmark with no partitions yet: nothing is evaluated on it
     code = code_identity("local")
-    with collector_paused():  # thousands of records read, then as many items made of them
+    with collector_paused():  # thousands of records read, as many items made of them and looked up
         recorded = latest_metadata_by_partition(instance, CHECKPOINTS, checkpoints)
         return {checkpoint for checkpoint in checkpoints if not all(
-            evaluated(registry, code, str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint})), name, checkpoint, recorded.get(checkpoint))
-            for name in names
+            evaluated(registry, code, name, checkpoint, recorded.get(checkpoint)) for name in names
         )}
 
 

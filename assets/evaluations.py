@@ -23,6 +23,7 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    MultiPartitionKey,
     PipesExecutionResult,
     asset,
 )
@@ -94,12 +95,13 @@ def eval_item(instance: DagsterInstance, key: str, metadata: Mapping[str, Mappin
     dimensions = evaluations_partitions.get_partition_key_from_str(key).keys_by_dimension
     name, checkpoint = dimensions["benchmark"], dimensions["checkpoint"]
     recorded = latest_metadata(instance, CHECKPOINTS, checkpoint) if metadata is None else metadata.get(checkpoint)
-    return pair_item(key, name, checkpoint, recorded)
+    return pair_item(name, checkpoint, recorded)
 
 
-def pair_item(key: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> EvalItem:
-    """The evaluation of partition `key`: checkpoint `checkpoint` (its newest materialization's metadata: `recorded`, or
-    None) on benchmark `name`. Failure, saying what to do, when it cannot be evaluated."""
+def pair_item(name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> EvalItem:
+    """The evaluation of checkpoint `checkpoint` (its newest materialization's metadata: `recorded`, or None) on
+    benchmark `name`: one partition. Failure, saying what to do, when it cannot be evaluated."""
+    key = str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint}))
     try:
         benchmark(name)
     except ConfigError as e:
@@ -115,12 +117,12 @@ def pair_item(key: str, name: str, checkpoint: str, recorded: Mapping[str, Any] 
     return EvalItem(partition=key, benchmark=name, checkpoint=ref)
 
 
-def evaluated(registry: ArtifactStore, code: str, key: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> bool:
-    """Whether the result of partition `key` (checkpoint `checkpoint` on benchmark `name`, `recorded` as `pair_item` reads
-    it) is in the registry already (its run would compute nothing); a partition that cannot be evaluated is not, so that
-    its run says why."""
+def evaluated(registry: ArtifactStore, code: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> bool:
+    """Whether the result of checkpoint `checkpoint` on benchmark `name` (`recorded` as `pair_item` reads it) is in the
+    registry already (its run would compute nothing); a partition that cannot be evaluated is not, so that its run says
+    why."""
     try:
-        item = pair_item(key, name, checkpoint, recorded)
+        item = pair_item(name, checkpoint, recorded)
     except Failure:
         return False
     return registry.lookup(item.fingerprint(code)) is not None

@@ -41,9 +41,7 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
                                  labels: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """Partition -> metadata of its newest materialization (the entries of `labels` only, when given), for every partition
     of one asset (or of `partitions`) that has one: one query for the newest record of each partition, then the records
-    by id, a chunk at a time (never a query per partition, which is minutes at 10,000 checkpoints). The values are to be
-    read, not changed: a JSON value that many records hold alike (the spec of the training that saved many checkpoints)
-    may be one object."""
+    by id, a chunk at a time (never a query per partition, which is minutes at 10,000 checkpoints)."""
     key = AssetKey(asset)
     if isinstance(labels, str):
         raise TypeError(f"labels is a collection of metadata labels, not one label: ({labels!r},)")
@@ -80,12 +78,12 @@ def collector_paused() -> Iterator[None]:
     """Python's cycle collector paused for a bulk read: the rows of thousands of partitions make hundreds of thousands of
     dicts and lists that all live on, which its passes (one every 700 new ones) would walk again and again: a fifth of
     the read at 10,000 checkpoints. What the read leaves behind is collected later, as usual."""
-    paused = gc.isenabled()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if paused:
+        if was_enabled:
             gc.enable()
 
 
@@ -116,8 +114,8 @@ def _materialization(text: str, labels: Collection[str] | None = None, checked: 
     as one of its own); None otherwise.
 
     `checked`: the last JSON value of each label that passed that check, from rows read before. The checkpoints of one
-    training follow one another in the log and record its spec alike: a value equal to the last one is that one (the same
-    object, so that readers of many can tell it is the same at a glance) and is not checked again."""
+    training follow one another in the log and record its spec alike: a value equal to that one has the same keys and
+    texts, so it is not checked again (each row keeps its own value: equal numbers may still differ in type or sign)."""
     try:
         entry = json.loads(text)
         event = entry["dagster_event"]
@@ -148,12 +146,13 @@ def _materialization(text: str, labels: Collection[str] | None = None, checked: 
 
 
 def _checked_json(label: str, value: dict | list, checked: dict[str, Any]) -> dict | list | None:
-    """`value` (the last value of `label` that passed, when equal to it), or None when it holds a key or text that starts
-    with two underscores."""
+    """`value`, or None when it holds a key or text that starts with two underscores (not looked for again when it equals
+    the last value of `label` that passed)."""
     last = checked.get(label)
-    if last is not None and (last is value or last == value):
-        return last
+    if last is not None and last == value:
+        return value
     if '"__' in json.dumps(value):
         return None
     checked[label] = value
     return value
+

@@ -25,8 +25,9 @@ into one table, deduplicated, written). Printed: each process's peak resident me
 
 Last, what near dedup itself holds while it runs, over many short documents (30 words of a 5,000-word vocabulary
 each, made up: their signatures, half a kilobyte a document, outweigh their text), 100,000 and 400,000 of them: a fresh
-process's peak resident memory above what it held before near dedup started. The signatures wait for their bands in
-files, so what grows with the documents is the group-by of one band at a time (its values and every document's id).
+process's peak resident memory above what it held before near dedup started, with the signatures waiting for their
+bands in files as the stage keeps them (what grows with the documents is then the group-by of one band at a time: its
+values and every document's id), and held in the process as near dedup kept them before.
 
 `--smoke`: the json package only, the engine on one thread only, and 2,000 and 8,000 short documents.
 """
@@ -41,6 +42,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -58,6 +60,7 @@ MEMORY_COPIES = (1, 4)
 """Sizes of the corpus the stage's memory is measured at (`--smoke`: the first only, to check the two sides agree)."""
 SHORT_DOCUMENTS = (100_000, 400_000)
 """How many made-up short documents near dedup's own memory is measured over (`--smoke`: a fiftieth)."""
+SHORT_SIDES = ("files", "held")
 RECORDS_PER_FILE = 2000
 """Records per JSONL file of the records source the raw stage's memory is measured on."""
 RECORD_FILE_BYTES = 64 << 20
@@ -278,32 +281,64 @@ def memory_table(results: dict[tuple[str, int], dict], sizes: tuple[int, ...]) -
           "the memory")
 
 
-def short_documents_side(count: int, out: Path) -> None:
-    """Near dedup over `count` made-up short documents, in this process: what it held above what the process held before."""
+def short_documents_side(count: int, held: bool, out: Path) -> None:
+    """Near dedup over `count` made-up short documents, in this process: what it held above what the process held before
+    (`held`: its signatures kept in this process until the bands, as near dedup kept them before they went to files)."""
+    import contextlib
     import random
 
     from factory.config.data_sections import DedupConfig
-    from factory.data.minhash import near_duplicates
+    from factory.data import minhash
 
+    class Held:
+        def __init__(self) -> None:
+            self.chunks: list[pa.Table] = []
+
+        def add(self, signed: pa.Table) -> None:
+            self.chunks.append(signed)
+
+        def frame(self) -> object:
+            import daft
+
+            return daft.from_arrow(pa.concat_tables(self.chunks))
+
+    @contextlib.contextmanager
+    def held_signatures(scratch: Path | None = None) -> Iterator[Held]:
+        yield Held()
+
+    if held:
+        minhash.kept_signatures = held_signatures
     pick = random.Random(0)
     vocabulary = [f"w{i}" for i in range(5000)]
     table = pa.table({"id": [f"{i:09d}" for i in range(count)], "text": [" ".join(pick.choices(vocabulary, k=30)) for _ in range(count)]})
+    with open("/proc/self/clear_refs", "w") as refs:  # the peak so far forgotten: from here on, near dedup's
+        refs.write("5")
     before, started = resident_mb(), time.perf_counter()
-    near_duplicates(table, DedupConfig(), 0)
-    out.write_text(json.dumps({"documents": count, "seconds": time.perf_counter() - started, "above_mb": resident_mb("VmHWM") - before}))
+    removed = minhash.near_duplicates(table, DedupConfig(), 0)
+    out.write_text(json.dumps({"documents": count, "seconds": time.perf_counter() - started, "above_mb": resident_mb("VmHWM") - before,
+                               "removed": len(removed)}))
 
 
 def short_documents(smoke: bool) -> None:
-    """Near dedup's own peak memory over SHORT_DOCUMENTS, a fresh process each."""
-    results = []
+    """Near dedup's own peak memory over SHORT_DOCUMENTS, its signatures in files and held, a fresh process each."""
+    results: dict[tuple[str, int], dict] = {}
+    sizes = tuple(size // 50 for size in SHORT_DOCUMENTS) if smoke else SHORT_DOCUMENTS
     with tempfile.TemporaryDirectory(prefix="bench-data-short-") as tmp:
-        for count in (size // 50 for size in SHORT_DOCUMENTS) if smoke else SHORT_DOCUMENTS:
-            out = Path(tmp) / "out.json"
-            subprocess.run([sys.executable, __file__, "--short-side", str(count), "--out", str(out)], check=True)
-            results.append(json.loads(out.read_text()))
-    print("near dedup's own peak memory over short made-up documents (30 words each), above what its process held before:")
-    print("  " + "   ".join(f"{r['documents']:7,} documents {r['above_mb']:5,.0f} MB in {r['seconds']:5.1f} s" for r in results)
-          + f"   ratio {results[-1]['documents'] // results[0]['documents']}x / 1x: {results[-1]['above_mb'] / results[0]['above_mb']:.2f}")
+        for count in sizes:
+            for name in SHORT_SIDES:
+                out = Path(tmp) / "out.json"
+                subprocess.run([sys.executable, __file__, "--short-side", str(count), *(["--held"] if name == "held" else []),
+                                "--out", str(out)], check=True)
+                results[name, count] = json.loads(out.read_text())
+    assert len({result["removed"] for result in results.values()}) == 1, "both sides remove the same documents"
+    print("near dedup's own peak memory over short made-up documents (30 words each), above what its process held before; "
+          "its signatures in files (as the stage keeps them) or held in the process until the bands:")
+    for name in SHORT_SIDES:
+        figures = "   ".join(f"{results[name, count]['documents']:7,} documents {results[name, count]['above_mb']:5,.0f} MB "
+                               f"in {results[name, count]['seconds']:5.1f} s" for count in sizes)
+        print(f"  {name:6} {figures}   ratio 4x / 1x: {results[name, sizes[-1]]['above_mb'] / results[name, sizes[0]]['above_mb']:.2f}")
+    print(f"ratio held / files at 4x: {results['held', sizes[-1]]['above_mb'] / results['files', sizes[-1]]['above_mb']:.2f}x the memory, "
+          f"{results['held', sizes[-1]]['seconds'] / results['files', sizes[-1]]['seconds']:.2f}x the time")
 
 
 def ray_data_near_duplicates(table: pa.Table, config: object, seed: int, workers: int) -> set[str]:
@@ -350,11 +385,12 @@ def main() -> None:
     parser.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--short-side", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--held", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.short_side is not None:
         from factory.launch.ending import exit_now
 
-        short_documents_side(args.short_side, args.out)
+        short_documents_side(args.short_side, args.held, args.out)
         exit_now(0)
     if args.memory_side is not None or args.ingest_side is not None:
         from factory.launch.ending import exit_now

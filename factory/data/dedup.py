@@ -12,6 +12,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -98,9 +99,10 @@ class Duplicates:
 
 
 def find_duplicates(read: Callable[[tuple[str, ...]], Iterable[pa.RecordBatch]], config: DedupConfig, seed: int,
-                    on_part: Callable[[int, int], None] | None = None) -> Duplicates:
+                    on_part: Callable[[int, int], None] | None = None, scratch: Path | None = None) -> Duplicates:
     """Exact then near duplicates of the rows `read(columns)` yields (a pass over those columns each call): the first pass
-    reads ids and hashes only, the second the texts a batch at a time (`on_part`: as `near_duplicates` says)."""
+    reads ids and hashes only, the second the texts a batch at a time (`on_part` and `scratch`: as `near_duplicates`
+    says)."""
     keys = keys_of(read(KEY_COLUMNS))
     exact = set(keys["id"].to_pylist()) - exact_firsts(keys) if config.exact else set()
     left = keys.num_rows - len(exact)
@@ -108,7 +110,7 @@ def find_duplicates(read: Callable[[tuple[str, ...]], Iterable[pa.RecordBatch]],
     if config.near_threshold is not None and left:
         texts = (batch.filter(pa.array([document not in exact for document in batch["id"].to_pylist()], pa.bool_()))
                  for batch in read(("id", "text")))
-        near = near_duplicates(texts, config, seed, on_part, left)
+        near = near_duplicates(texts, config, seed, on_part, left, scratch=scratch)
     return Duplicates(keys=keys, exact=exact, near=near)
 
 

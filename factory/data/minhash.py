@@ -17,9 +17,9 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
   themselves (not a hash of them) keeps that exact.
 
 Documents are signed a chunk at a time, as many chunks at once as the engine has room for (a thread each here: the
-engine's work and the compiled loops hold no interpreter lock, only the glue between them does). Each chunk's signatures
-leave this process as they are made (`kept_signatures`: Parquet files on this machine's disk, or the Ray cluster's
-object store), and the engine groups each band's values from there, one band at a time (on this machine its group-by
+engine's work and the compiled loops hold no interpreter lock, only the glue between them does). The signatures leave
+this process as they are made, SPILL_ROWS at a time (`kept_signatures`: Parquet files on this machine's disk, or the Ray
+cluster's object store), and the engine groups each band's values from there, one band at a time (on this machine its group-by
 holds that band's values and every document's id, an eighth of the signatures at the default 8 bands of 16; on a Ray
 cluster its workers do): only the groups of colliding documents come back. A document is removed
 when it collides with a document kept before it in id order: the sweep over the collision groups gives the same answer
@@ -56,7 +56,7 @@ CHUNK_DOCUMENTS = 2048
 memory near dedup takes (each document's text, then its shingles, their text and 8 bytes each, while they are reduced
 to its signature)."""
 SPILL_ROWS = 32768
-"""Signatures a file of them holds, on this machine (16 MB at 128 permutations)."""
+"""Signatures put away together: a file of them, or an object of a Ray cluster's store (16 MB at 128 permutations)."""
 WORD_GAP = r"[^\p{L}\p{N}_]+"
 """A run of characters that are not in a word: what Python's `\\w` matches is a letter, a number (any of Unicode's)
 or `_` (Rust's `\\W`, the engine's, differs: it counts combining marks and joiners as word characters and numbers
@@ -86,15 +86,15 @@ def bands(config: DedupConfig) -> tuple[int, int]:
 
 def near_duplicates(documents: pa.Table | Iterable[pa.RecordBatch], config: DedupConfig, seed: int,
                     on_part: Callable[[int, int], None] | None = None, total: int | None = None, chunk: int | None = None,
-                    at_once: int | None = None) -> set[Any]:
+                    at_once: int | None = None, scratch: Path | None = None) -> set[Any]:
     """The ids of `documents` (columns `id`, `text`: a table, or record batches of `total` rows in all) that near-duplicate
     a document kept before them in id order. `on_part(documents signed, documents)` hears of each chunk's signatures as
-    they are made; `chunk` and `at_once`: as `signatures` says."""
+    they are made; `chunk` and `at_once`: as `signatures` says; `scratch`: as `kept_signatures` says."""
     import daft
 
     count, rows = bands(config)
     groups: list[list[Any]] = []
-    with kept_signatures() as kept:
+    with kept_signatures(scratch) as kept:
         _signed(documents, config, seed, kept.add, on_part, total, chunk, at_once)
         signed = kept.frame()
         for band in range(count):
@@ -158,52 +158,76 @@ class KeptSignatures(Protocol):
 
 
 @contextlib.contextmanager
-def kept_signatures() -> Iterator[KeptSignatures]:
-    """Where the signatures go for the engine this process runs on: a Ray cluster's object store (the stage holds
-    references only; the groups are made on the cluster), or Parquet files in a temporary directory of this machine
-    (each band reads its columns from them), removed at the end."""
+def kept_signatures(scratch: Path | None = None) -> Iterator[KeptSignatures]:
+    """Where the signatures go for the engine this process runs on, SPILL_ROWS at a time: objects in a Ray cluster's
+    object store (the stage holds references only; the groups are made on the cluster), or Parquet files in a temporary
+    directory under `scratch` (a stage's own, beside its staging directory; default: the system's), which each band
+    reads its columns from. Removed at the end, whatever happens."""
     from factory.data.engine import on_ray
 
     if on_ray():
-        yield _InObjectStore()
+        kept = _InObjectStore()
+        try:
+            yield kept
+        finally:
+            kept.references.clear()  # the cluster frees what nothing refers to
         return
-    with tempfile.TemporaryDirectory(prefix="factory-signatures-") as directory:
+    with tempfile.TemporaryDirectory(prefix="signatures-", dir=scratch) as directory:
         yield _InFiles(Path(directory))
 
 
-class _InFiles:
-    """Parquet files (`<n>.parquet`, in the order the chunks came) of SPILL_ROWS signatures each (the last one fewer):
-    few enough files that each band's read of them is not mostly opening files, and a bounded few megabytes held
-    until one is written."""
+class _Spilled:
+    """Chunks held until they make SPILL_ROWS signatures, then put away together (`_put`): few enough pieces that a
+    band's read of them is not mostly opening files or fetching objects, and a bounded few megabytes held meanwhile."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory, self.count, self.held = directory, 0, list[pa.Table]()
+    def __init__(self) -> None:
+        self.held: list[pa.Table] = []
+        self.count = 0
 
     def add(self, signed: pa.Table) -> None:
         self.held.append(signed)
         if sum(table.num_rows for table in self.held) >= SPILL_ROWS:
-            self._write()
+            self._spill()
+
+    def _spill(self) -> None:
+        assert self.held, "near dedup signs at least one chunk, an empty one when there are no documents"
+        self._put(pa.concat_tables(self.held))
+        self.count, self.held = self.count + 1, []
+
+    def _put(self, signed: pa.Table) -> None:
+        raise NotImplementedError
+
+    def _all_put(self) -> None:
+        if self.held or not self.count:
+            self._spill()
+
+
+class _InFiles(_Spilled):
+    """Parquet files in `directory`, numbered in the order the chunks came (`00000000.parquet`, ...)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def _put(self, signed: pa.Table) -> None:
+        # random 32-bit values: nothing for a compression or a dictionary to gain, only time to lose
+        pq.write_table(signed, self.directory / f"{self.count:08d}.parquet", compression="none", use_dictionary=False)
 
     def frame(self) -> Any:
         import daft
 
-        if self.held or not self.count:
-            self._write()
-        return daft.read_parquet(str(self.directory / "*.parquet"))
-
-    def _write(self) -> None:
-        # random 32-bit values: nothing for a compression or a dictionary to gain, only time to lose
-        pq.write_table(pa.concat_tables(self.held), self.directory / f"{self.count:08d}.parquet", compression="none", use_dictionary=False)
-        self.count, self.held = self.count + 1, []
+        self._all_put()
+        return daft.read_parquet([str(self.directory / f"{n:08d}.parquet") for n in range(self.count)])
 
 
-class _InObjectStore:
-    """An object in the Ray cluster's store a chunk (`ray.put`), read by Daft as a Ray dataset of those blocks."""
+class _InObjectStore(_Spilled):
+    """Objects in the Ray cluster's store (`ray.put`), read by Daft as a Ray dataset of those blocks."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.references: list[Any] = []
 
-    def add(self, signed: pa.Table) -> None:
+    def _put(self, signed: pa.Table) -> None:
         import ray
 
         self.references.append(ray.put(signed))
@@ -212,6 +236,7 @@ class _InObjectStore:
         import daft
         import ray.data
 
+        self._all_put()
         return daft.from_ray_dataset(ray.data.from_arrow_refs(self.references))
 
 

@@ -127,7 +127,7 @@ def run_deduped_datasets(ctx: StageContext) -> dict[str, Any]:
 
     def step(name: str, upstream: Upstream) -> tuple[Rows, dict[str, Any]]:
         with work_progress(f"{name}: near dedup", "documents signed", ctx.log, wants_progress(1)) as on_part:
-            found = find_duplicates(upstream.read, settings.dedup[name], settings.seed, on_part)
+            found = find_duplicates(upstream.read, settings.dedup[name], settings.seed, on_part, scratch=ctx.out.parent)
         rows = upstream.without(found.removed, found.keys)
         rows_in, rows_out = found.keys.num_rows, rows.keys.num_rows
         log_dedup(ctx.log, rows_in, rows_out, len(found.exact), len(found.near))

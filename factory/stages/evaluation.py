@@ -14,8 +14,8 @@ from the partitions of its run. This module stays light; the scoring, which load
 
 from __future__ import annotations
 
-import copy
 import json
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -80,29 +80,37 @@ class EvalItem(Section):
         bench, checkpoint = benchmark(self.benchmark), self.checkpoint
         return sha256_of({
             "kind": EVALUATIONS, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
-            "checkpoint": checkpoint.sha256, **_trained(checkpoint.training),
+            "checkpoint": checkpoint.sha256, **_trained(checkpoint),
             "max_bytes": checkpoint.eval.max_bytes, "code": code, **({"benchmark_code": bench.code} if bench.code else {}),
             **({"benchmark_settings": dict(bench.settings)} if bench.settings else {}),
         })
 
 
 TRAINED_KEPT = 8
-_trained_lately: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
-"""The training specs `_trained` read last, newest first (copies), with what it read from each."""
+"""Training specs whose part of an evaluation's fingerprint `_trained` keeps (the oldest goes first)."""
+_trained_kept: dict[str, dict[str, Any]] = {}
+_trained_lock = threading.Lock()
 
 
-def _trained(training: Mapping[str, Any]) -> dict[str, Any]:
-    """What the spec of the training stage that saved a checkpoint puts in the fingerprint of its evaluations: the model,
-    seed and stream it trained and its inputs. Read once for the checkpoints of one training when they come one after
-    another, as a backfill's planning asks of thousands; not to be changed by the caller."""
-    for seen, fields in _trained_lately:
-        if seen == training:
-            return fields
-    spec = StageSpec.from_json(training)
-    trained = stage_kind(spec.kind).read_settings(spec.config)
+def _trained(checkpoint: CheckpointRef) -> dict[str, Any]:
+    """What the spec of the training stage that saved `checkpoint` puts in the fingerprint of its evaluations: the model,
+    seed and stream it trained and its inputs. Read once for the checkpoints of one training, as a backfill's planning
+    asks of thousands; not to be changed by the caller. Kept by the spec's `repr`: for JSON data, equal text is equal
+    JSON, the types and signs of numbers included (`1`, `1.0` and `True` are equal in Python, and so are `0.0` and
+    `-0.0`; their JSON, and so the fingerprints, differ)."""
+    key = repr(checkpoint.training)
+    with _trained_lock:
+        fields = _trained_kept.get(key)
+    if fields is not None:
+        return fields
+    spec = checkpoint.spec
+    trained = checkpoint.settings(spec)
     fields = {"model": trained.model.model_dump(mode="json"), "seed": trained.seed, "stream": trained.stream.model_dump(mode="json"),
-              "upstream": spec.upstream}
-    _trained_lately[:] = [(copy.deepcopy(training), fields), *_trained_lately[: TRAINED_KEPT - 1]]  # as it was read
+              "upstream": dict(spec.upstream)}
+    with _trained_lock:
+        while len(_trained_kept) >= TRAINED_KEPT:
+            del _trained_kept[next(iter(_trained_kept))]
+        _trained_kept[key] = fields
     return fields
 
 

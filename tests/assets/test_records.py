@@ -1,5 +1,9 @@
 """Reads of Dagster's event log: the newest materialization's metadata of many partitions at once."""
 
+import gc
+import json
+
+import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterEventType, DagsterInstance
 
 from assets import records
@@ -34,7 +38,8 @@ def test_rows_read_as_json_give_what_dagster_reads_and_the_others_are_left_to_da
              "training": {"kind": "pretrain", "config": {"lr": 0.001, "betas": [0.9, 0.95], "nested": {"a": None}}}, "text": "naïve ✓"}
     others = {"schema": {"columns": TableSchema(columns=[TableColumn("a", "int")])}, "dunder": {"training": {"__class__": "AssetKey", "path": ["x"]}},
               "a set": {"training": {"__set__": [1]}}, "quoted": {"path": 'a "__init__.py" b'}, "asset": {"upstream": MetadataValue.asset(AssetKey("x"))},
-              "quoted in json": {"training": {"module": "__main__"}}}
+              "quoted in json": {"training": {"module": "__main__"}}, "ints": {"training": {"lr": 1, "x": 0.0, "on": True}},
+              "floats": {"training": {"lr": 1.0, "x": -0.0, "on": 1}}}
     keys = ["plain", "in a run", *others]
     instance.add_dynamic_partitions(CHECKPOINTS, keys)
     for key in keys:
@@ -56,14 +61,32 @@ def test_rows_read_as_json_give_what_dagster_reads_and_the_others_are_left_to_da
     for key in ("plain", "in a run"):
         assert every[key].keys() == plain.keys() and every[key]["nan"] != every[key]["nan"] and dagsters[key]["nan"] != dagsters[key]["nan"]
         assert {k: v for k, v in every[key].items() if k != "nan"} == {k: v for k, v in dagsters[key].items() if k != "nan"}
-    assert every["plain"]["training"] is every["in a run"]["training"]  # one spec, recorded twice: checked and held once
+    # Equal to the spec before it, read as its row has it: 1.0 is not 1, and -0.0 is not 0.0.
+    assert json.dumps(every["floats"], sort_keys=True) == json.dumps(dagsters["floats"], sort_keys=True) == json.dumps(others["floats"], sort_keys=True)
     assert {key: every[key] for key in others} == {key: dagsters[key] for key in others}
     ids = sorted(instance.event_log_storage.get_latest_storage_id_by_partition(AssetKey(CHECKPOINTS), DagsterEventType.ASSET_MATERIALIZATION).values())
     read = dict(records._rows(instance, ids))
     partitions = {found[0]: found for found in read.values() if found is not None}
-    assert partitions.keys() == {"plain", "in a run", "quoted"}, "the plain rows (text may hold anything) are read from their JSON"
+    assert partitions.keys() == {"plain", "in a run", "quoted", "ints", "floats"}, "the plain rows (text may hold anything) are read from their JSON"
     # Asked for some entries only: those, and a row is read from its JSON unless one of them is Dagster's to read.
     wanted = ("path", "step")
     assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=wanted) == {
         key: {label: value for label, value in found.items() if label in wanted} for key, found in dagsters.items()}
     assert {found[0] for found in dict(records._rows(instance, ids, wanted)).values() if found is not None} == set(keys)
+
+
+def test_the_collector_paused_for_a_read_runs_again_after_it_even_when_the_read_fails_and_stays_off_where_it_was():
+    with pytest.raises(ZeroDivisionError):
+        with records.collector_paused():
+            with records.collector_paused():  # a read inside another: the outer one turns it back on
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+            1 / 0
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with records.collector_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: it stays off
+    finally:
+        gc.enable()

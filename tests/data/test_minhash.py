@@ -87,20 +87,21 @@ def test_signatures_made_in_small_chunks_three_at_once_are_those_made_in_one():
     assert signatures(table, config, seed=7, chunk=5, at_once=3) == signatures(table, config, seed=7, at_once=1)
 
 
-def test_the_signatures_wait_for_the_bands_in_files_removed_at_the_end(monkeypatch):
-    """On this machine the stage keeps no signature: the chunks' go to Parquet files as they are made (a file once it
-    would hold SPILL_ROWS of them), which the bands read; the files hold every document's signature, and are gone when
-    near dedup ends."""
+def test_the_signatures_wait_for_the_bands_in_files_under_the_scratch_directory_removed_at_the_end(monkeypatch, tmp_path):
+    """On this machine the stage keeps no signature: the chunks' go to Parquet files under its scratch directory as they
+    are made (a file once it would hold SPILL_ROWS of them), which the bands read; the files hold every document's
+    signature, and are gone when near dedup ends."""
     monkeypatch.setattr(minhash, "SPILL_ROWS", 12)  # chunks of 5: three to a file
     table = documents("code", corpus())
     config = DedupConfig(num_perm=32)
-    with kept_signatures() as kept:
+    with kept_signatures(tmp_path) as kept:
         _signed(table, config, 7, kept.add, chunk=5, at_once=2)
         read = kept.frame().to_pydict()
         files = {path.name: pq.read_metadata(path).num_rows for path in kept.directory.iterdir()}
+        assert kept.directory.parent == tmp_path
     assert files == {f"{n:08d}.parquet": min(15, table.num_rows - 15 * n) for n in range(-(-table.num_rows // 15))}
     assert {document: [read[f"p{i}"][row] for i in range(32)] for row, document in enumerate(read["id"])} == signatures(table, config, seed=7)
-    assert not kept.directory.exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 SHORT = {name: EDGES[name] for name in ("empty.py", "one.py", "short.py", "five.py", "spaces.py")}
