@@ -19,10 +19,10 @@ those `MinHashLSH(threshold, num_perm)` picks, so the documents removed are the 
 Documents are signed a chunk at a time, as many chunks at once as the engine has room for (a thread each here: the
 engine's work and the compiled loops hold no interpreter lock, only the glue between them does). The signatures leave
 this process as they are made, SPILL_ROWS at a time (`kept_signatures`: Parquet files on this machine's disk, or the Ray
-cluster's object store), and the engine groups each band's values from there, one band at a time (on this machine its group-by
-holds that band's values and every document's id, an eighth of the signatures at the default 8 bands of 16; on a Ray
-cluster its workers do): only the groups of colliding documents come back. A document is removed
-when it collides with a document kept before it in id order: the sweep over the collision groups gives the same answer
+cluster's object store), and the engine groups each band's values from there, one band at a time (on this machine its
+group-by holds that band's values and every document's id, an eighth of the signatures at the default 8 bands of 16;
+on a Ray cluster its workers do): only the groups of colliding documents come back. A document is removed when it
+collides with a document kept before it in id order: the sweep over the collision groups gives the same answer
 whatever the number of threads or workers and the order their results come in.
 """
 
