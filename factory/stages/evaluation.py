@@ -15,6 +15,7 @@ from the partitions of its run. This module stays light; the scoring, which load
 from __future__ import annotations
 
 import json
+import marshal
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -88,17 +89,15 @@ class EvalItem(Section):
 
 TRAINED_KEPT = 8
 """Training specs whose part of an evaluation's fingerprint `_trained` keeps (the oldest goes first)."""
-_trained_kept: dict[str, dict[str, Any]] = {}
+_trained_kept: dict[bytes | str, dict[str, Any]] = {}
 _trained_lock = threading.Lock()
 
 
 def _trained(checkpoint: CheckpointRef) -> dict[str, Any]:
     """What the spec of the training stage that saved `checkpoint` puts in the fingerprint of its evaluations: the model,
     seed and stream it trained and its inputs. Read once for the checkpoints of one training, as a backfill's planning
-    asks of thousands; not to be changed by the caller. Kept by the spec's `repr`: for JSON data, equal text is equal
-    JSON, the types and signs of numbers included (`1`, `1.0` and `True` are equal in Python, and so are `0.0` and
-    `-0.0`; their JSON, and so the fingerprints, differ)."""
-    key = repr(checkpoint.training)
+    asks of thousands; not to be changed by the caller."""
+    key = _spec_key(checkpoint.training)
     with _trained_lock:
         fields = _trained_kept.get(key)
     if fields is not None:
@@ -112,6 +111,17 @@ def _trained(checkpoint: CheckpointRef) -> dict[str, Any]:
             del _trained_kept[next(iter(_trained_kept))]
         _trained_kept[key] = fields
     return fields
+
+
+def _spec_key(training: Mapping[str, Any]) -> bytes | str:
+    """What tells one training spec from another exactly: its `marshal` bytes (a fifth of the time its `repr` takes), or
+    its `repr` should it hold what marshal refuses. For JSON data both are equal only for equal JSON, the types and signs
+    of numbers included, where `==` is not: `1`, `1.0` and `True` are equal in Python, and so are `0.0` and `-0.0`, but
+    not their JSON, nor so the fingerprints."""
+    try:
+        return marshal.dumps(training)
+    except ValueError:
+        return repr(training)
 
 
 class EvaluationSettings(Section):
