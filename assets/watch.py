@@ -7,7 +7,9 @@ in-process one also logs the wait only at DEBUG and never looks at the interrupt
 next step starts, which a waiting step never does). A run killed while it waits keeps its entry in the pool's queue, which
 is later given the slot for good: every later run waits behind a dead one. So each in-process run is tagged with its
 process (`process_tags`), a thread watches the run while it goes (`RunWatch`), and every `factory run` first cancels the
-runs of this machine whose process is gone and frees what any finished run still holds (`reap`).
+runs of this machine whose process is gone and frees what any finished run still holds (`reap`). A step that joins a pool's
+queue just as another run's step frees the pool's slot can be given the slot by nobody (`give_free_slots`): the executors'
+wait, and every `factory run`, give such a slot.
 """
 
 from __future__ import annotations
@@ -44,14 +46,44 @@ _steps_to_execute = ActiveExecution.get_steps_to_execute
 
 
 def _steps_to_execute_or_wait(self: ActiveExecution, limit: int | None = None) -> Sequence[ExecutionStep]:
-    """The steps that may start now; when none may, none is running and some wait for a pool's slot, returned after POLL_S.
-    Both executors ask again at once otherwise: Dagster's own wait between checks is never above 0 (the in-process executor
-    sleeps for `interval_to_next_pending_claim_check`, the multiprocess one not at all)."""
+    """The steps that may start now; when none may, none is running and some wait for a pool's slot, returned after POLL_S
+    (and, every QUEUE_CHECK_S, a slot nobody was given is given: `give_free_slots`). Both executors ask again at once
+    otherwise: Dagster's own wait between checks is never above 0 (the in-process executor sleeps for
+    `interval_to_next_pending_claim_check`, the multiprocess one not at all)."""
     steps = _steps_to_execute(self, limit)
     pools = self._instance_concurrency_context
     if not steps and not self._in_flight and pools is not None and pools.has_pending_claims():
+        global _given_at
+        if time.monotonic() - _given_at >= QUEUE_CHECK_S:
+            _given_at = time.monotonic()
+            give_free_slots(pools._instance)
         time.sleep(POLL_S)
     return steps
+
+
+_given_at = 0.0
+"""When this process last gave free slots to waiting steps."""
+
+
+def give_free_slots(instance: DagsterInstance) -> list[str]:
+    """Give each pool's free slots to the steps in its queue that wait with none given; one line per pool set right.
+
+    Dagster gives a slot to a waiting step only as another step frees one, and decides whether a step that joins the queue
+    gets a free slot before it joins: a slot freed in between (a step of another run ends just as this one joins) is given
+    to nobody, and the step that joined waits for good, with the slot free beside it. Giving one too many is harmless: a
+    slot is claimed in the storage, one step at a time, and a step given none yet waits for the next."""
+    storage, said = instance.event_log_storage, []
+    if not storage.supports_global_concurrency_limits:
+        return said
+    for pool in storage.get_concurrency_keys():
+        info = storage.get_concurrency_info(pool)
+        given = sum(step.assigned_timestamp is not None for step in info.pending_steps)
+        waiting = sum(step.assigned_timestamp is None for step in info.pending_steps)
+        free = min(info.slot_count - given, waiting)
+        if free > 0:
+            storage.assign_pending_steps([pool] * free)
+            said.append(f"gave {free} free slot{'s' if free > 1 else ''} of pool {pool} to the steps waiting for {'them' if free > 1 else 'it'}")
+    return said
 
 
 ActiveExecution.get_steps_to_execute = _steps_to_execute_or_wait
@@ -101,7 +133,7 @@ def reap(instance: DagsterInstance) -> list[str]:
         if run is None or run.is_finished:
             storage.free_concurrency_slots_for_run(run_id)
             said.append(f"freed the pool slots run {run_id[:8]} still held ({'gone' if run is None else run.status.value.lower()})")
-    return said
+    return said + give_free_slots(instance)
 
 
 def describe(tags: dict[str, str]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
-from assets.watch import HOST_TAG, PID_TAG, START_TAG, _started, process_tags, reap, waiting_steps
+from assets.watch import HOST_TAG, PID_TAG, START_TAG, _started, give_free_slots, process_tags, reap, waiting_steps
 from factory.cli.common import dagster_home
 from factory.config.stages import TRAINING_POOL
 
@@ -84,3 +84,23 @@ def test_a_run_on_another_machine_is_left_alone(instance):
     other = a_run(instance, {PID_TAG: "1", HOST_TAG: "another-host", START_TAG: "1"})
     assert reap(instance) == []
     assert instance.get_run_by_id(other).status == DagsterRunStatus.STARTED
+
+
+def test_a_slot_freed_as_a_step_joins_the_queue_is_given_to_it_not_left_to_nobody(instance):
+    """Dagster decides whether a joining step gets a free slot before it joins, and gives slots to waiting steps only as
+    one is freed: a slot freed in between goes to nobody (seen once in the daemon test: a training waited for good beside
+    a free slot). The race, made in order on the instance's own storage, then put right."""
+    storage = instance.event_log_storage
+    holder, joiner = a_run(instance, process_tags(), experiment="c"), a_run(instance, process_tags(), experiment="d")
+    assert storage.claim_concurrency_slot(TRAINING_POOL, holder, "pretrain").is_claimed
+    assert not storage.has_unassigned_slots(TRAINING_POOL)  # what the joining step sees: no free slot
+    storage.free_concurrency_slot_for_step(holder, "pretrain")  # the holder's step ends: nobody is waiting yet
+    storage.add_pending_step(TRAINING_POOL, joiner, "pretrain", should_assign=False)  # joins as it decided
+    assert not storage.claim_concurrency_slot(TRAINING_POOL, joiner, "pretrain").is_claimed  # and would wait for good
+    assert waiting_steps(instance, joiner) == {("pretrain", TRAINING_POOL): "nobody yet"}
+    assert give_free_slots(instance) == [f"gave 1 free slot of pool {TRAINING_POOL} to the steps waiting for it"]
+    assert storage.claim_concurrency_slot(TRAINING_POOL, joiner, "pretrain").is_claimed
+    # A slot held is not given: the step waiting behind it waits.
+    third = a_run(instance, process_tags(), experiment="e")
+    assert not storage.claim_concurrency_slot(TRAINING_POOL, third, "pretrain").is_claimed
+    assert give_free_slots(instance) == [] and not storage.claim_concurrency_slot(TRAINING_POOL, third, "pretrain").is_claimed
