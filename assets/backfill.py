@@ -22,7 +22,7 @@ from assets.partitions import BENCHMARKS, CHECKPOINTS
 from assets.records import collector_paused, latest_metadata_by_partition
 from factory.config.fingerprint import code_identity
 from factory.errors import ConfigError
-from factory.registry import ArtifactStore
+from factory.registry import Registry
 from factory.evals.benchmarks import benchmark
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -58,7 +58,7 @@ def _stored(metadata: dict) -> bool:
     return metadata.get("stored") == "artifact" if "://" in path else Path(path).exists()
 
 
-def unevaluated(instance: DagsterInstance, registry: ArtifactStore, benchmarks: Iterable[str], checkpoints: set[str]) -> set[str]:
+def unevaluated(instance: DagsterInstance, registry: Registry, benchmarks: Iterable[str], checkpoints: set[str]) -> set[str]:
     """The checkpoints with an evaluation on some of `benchmarks` that is not in the registry: the others need no run."""
     names = list(dict.fromkeys(benchmarks))
     if not all(instance.has_dynamic_partition(BENCHMARKS, name) for name in names):

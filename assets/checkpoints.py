@@ -22,7 +22,7 @@ from factory.config.stages import TRAINING_STAGES
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
 from factory.podium.links import checkpoint_url
-from factory.registry import ArtifactStore, Manifest
+from factory.registry import Manifest, Registry
 from factory.train.records import SAVED, CheckpointEvent, SavedCheckpoint, kept_in, partition_key, read_checkpoint_message
 
 checkpoints = AssetSpec(
@@ -85,7 +85,7 @@ class CheckpointRecorder:
         self.recorded.pop(key, None)
         self.context.log.info(f"checkpoint {key} was deleted by the retention policy and is no longer a partition")
 
-    def record(self, registry: ArtifactStore, manifest: Manifest) -> list[str]:
+    def record(self, registry: Registry, manifest: Manifest) -> list[str]:
         """Report every checkpoint kept in the published artifact of `manifest`, where the registry keeps it (in an object
         store, its records are read one by one: the checkpoints are not fetched); returns their keys."""
         with self.lock:

@@ -36,7 +36,7 @@ from factory.config.fingerprint import code_identity
 from factory.config.pools import EVALUATION_POOL
 from factory.errors import ConfigError
 from factory.evals.benchmarks import benchmark
-from factory.registry import ArtifactStore
+from factory.registry import Registry
 from factory.runtime.request import StageRequest
 from factory.stages.evaluation import CheckpointRef, EvalItem, batch_provenance, batch_spec, batch_summary
 from resources import FactoryStores, StageLauncher
@@ -117,7 +117,7 @@ def pair_item(name: str, checkpoint: str, recorded: Mapping[str, Any] | None) ->
     return EvalItem(partition=key, benchmark=name, checkpoint=ref)
 
 
-def evaluated(registry: ArtifactStore, code: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> bool:
+def evaluated(registry: Registry, code: str, name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> bool:
     """Whether the result of checkpoint `checkpoint` on benchmark `name` (`recorded` as `pair_item` reads it) is in the
     registry already (its run would compute nothing); a partition that cannot be evaluated is not, so that its run says
     why."""

@@ -28,7 +28,7 @@ from factory.data.checks import CHECKS
 from factory.errors import ConfigError
 from factory.ops.bases import Base, bound_with, resolve
 from factory.podium.links import table_links
-from factory.registry import ArtifactStore, Manifest, Provenance, git_commit
+from factory.registry import Manifest, Provenance, Registry, git_commit
 from factory.stages.post_training import POST_TRAINING_TASKS
 from factory.runtime.context import WARNINGS
 from factory.stages.dataset_checks import recorded_checks
@@ -123,7 +123,7 @@ def file_at_commit(tags: dict[str, str]) -> MetadataValue | None:
 
 
 def starting_point(
-    context: AssetExecutionContext, experiments: ExperimentFiles, registry: ArtifactStore, experiment: Experiment, commit: str | None
+    context: AssetExecutionContext, experiments: ExperimentFiles, registry: Registry, experiment: Experiment, commit: str | None
 ) -> tuple[Experiment, Base | None]:
     """The experiment with its `from` resolved as its run was planned (the run's tags pin the model), and what it
     resolved to; unchanged, and None, for an experiment that starts from its own pretraining."""
@@ -146,7 +146,7 @@ def base_tags(base: Base | None) -> dict[str, str]:
     return {FROM_TAG: base.ref.text, FROM_DIGEST_TAG: base.digest} if base is not None and not base.pending else {}
 
 
-def base_links(base: Base, registry: ArtifactStore) -> dict[str, MetadataValue]:
+def base_links(base: Base, registry: Registry) -> dict[str, MetadataValue]:
     """The model a stage starts from, on its materialization: how `from` resolved, the base experiment's `model` partition
     in the UI and the artifact."""
     links = {"starts_from": MetadataValue.text(base.said), "base_model": MetadataValue.path(registry.where(base.digest))}
@@ -161,7 +161,7 @@ def placement_of(experiment: Experiment, kind: str) -> dict:
     return {"processes": where.processes, "nodes": where.nodes, "placement": dict(where.roles), "gpus": where.gpus}
 
 
-def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Provenance) -> dict:
+def cached_metadata(manifest: Manifest, registry: Registry, provenance: Provenance) -> dict:
     """A registry hit shown as a normal materialization: this run's provenance, and where the artifact came from."""
     return {
         **manifest.metadata(),
@@ -176,7 +176,7 @@ def cached_metadata(manifest: Manifest, registry: ArtifactStore, provenance: Pro
     }
 
 
-def check_results(spec: StageSpec, registry: ArtifactStore, manifest: Manifest, stores: FactoryStores) -> Iterator[AssetCheckResult]:
+def check_results(spec: StageSpec, registry: Registry, manifest: Manifest, stores: FactoryStores) -> Iterator[AssetCheckResult]:
     """The blocking dataset checks of the artifact just materialized, as the stage recorded them in it."""
     for outcome in recorded_checks(stores.catalog(), registry, manifest, spec.kind, dict(spec.config)):
         yield AssetCheckResult(check_name=outcome.name, passed=outcome.passed, description=outcome.description, metadata=outcome.metadata)

@@ -21,7 +21,7 @@ from factory.config import Experiment, load_file
 from factory.config.data_sections import SourceConfig
 from factory.config.files import MAX_FILE_BYTES, repository_root
 from factory.errors import ConfigError
-from factory.registry import ArtifactStore
+from factory.registry import Registry
 from factory.config.kinds import computed_datasets
 from factory.stages.datasets import RAW_DATASETS
 
@@ -44,7 +44,7 @@ class Definition:
 class DatasetOwners:
     """The definitions of every dataset name in the repositories and registry looked at; each is read once, when first needed."""
 
-    def __init__(self, registry: ArtifactStore | None = None) -> None:
+    def __init__(self, registry: Registry | None = None) -> None:
         self._registry = registry
         self._recorded: list[Definition] | None = None
         self._repositories: dict[Path, list[Definition]] = {}

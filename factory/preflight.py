@@ -27,7 +27,7 @@ from factory.evals.custom import NAME as CUSTOM
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-    from factory.registry import ArtifactStore
+    from factory.registry import Registry
 
 Resolver = Callable[[Experiment], object]
 """Resolves an experiment's `from`, raising a located ConfigError when it cannot."""
@@ -61,7 +61,7 @@ def experiment_files(paths: Iterable[Path]) -> list[Path]:
 
 def check_files(
     files: Iterable[Path], max_variants: int = DEFAULT_MAX_VARIANTS, catalog: Callable[[], Catalog] | None = None,
-    cluster: ClusterProfile | None = None, bases: Resolver | None = None, registry: ArtifactStore | None = None,
+    cluster: ClusterProfile | None = None, bases: Resolver | None = None, registry: Registry | None = None,
 ) -> list[FileReport]:
     """Check every file; names must be unique across all of them. Pinned `table@tag`s are looked up in
     `catalog` (opened only when some file pins one; each reference checked once). With a `cluster`

@@ -7,7 +7,7 @@ from pathlib import Path
 from dagster import ConfigurableResource
 
 from factory.data.catalog import CatalogConfig
-from factory.registry import ArtifactStore, open_registry
+from factory.registry import Registry, open_registry
 
 
 class FactoryStores(ConfigurableResource):
@@ -15,7 +15,7 @@ class FactoryStores(ConfigurableResource):
 
     root: str = ".factory"
 
-    def registry(self, patient: bool = True) -> ArtifactStore:
+    def registry(self, patient: bool = True) -> Registry:
         """The artifact registry. In an object store it is opened patiently (`open_registry(patient=True)`): a run's
         step works for a run that found the store, so an endpoint that does not answer is an outage, waited out within
         `FACTORY_STORE_OUTAGE_S`, not a setting to change. A sensor's tick asks impatiently (`patient=False`): Dagster

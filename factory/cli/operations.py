@@ -18,7 +18,7 @@ from factory.cli.common import RootOption, dagster_home, err, out, settings_of
 from factory.config.kinds import model_kind
 from factory.data.catalog import CatalogConfig
 from factory.errors import ConfigError, FactoryError
-from factory.registry import ArtifactStore, open_registry
+from factory.registry import Registry, open_registry
 from factory.registry.store import Manifest
 from factory.ops.lineage import Lineage, TableVersion, describe
 from factory.ops.promote import standing
@@ -97,7 +97,7 @@ def _lineage_tree(node: dict, key: str, title: str) -> RichTree:
     return tree
 
 
-def _model(registry: ArtifactStore, target: str) -> Manifest:
+def _model(registry: Registry, target: str) -> Manifest:
     """The model a digest prefix or an experiment name (its newest model) names; exit 2 when there is none."""
     try:
         found = [m for m in Lineage(registry).find(target) if isinstance(m, Manifest) and m.kind == model_kind().name]

@@ -22,7 +22,8 @@ from factory.evals import leaderboard, scored_on
 from factory.registry.files import read_record
 from factory.registry.layout import BEST_FILE, BOARD_FILE, HTML_FILE, MARKDOWN_FILE
 from factory.registry.index import ManifestIndex, Where
-from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest, Provenance
 
 KIND = "leaderboard"
 BOARD_BYTES = 256 << 20
@@ -32,7 +33,7 @@ BEST_REF = "best-model"
 """The registry ref of the current best model (a published leaderboard row)."""
 
 
-def current_board(registry: ArtifactStore, sort: str | None = None) -> Board:
+def current_board(registry: Registry, sort: str | None = None) -> Board:
     """Every experiment at the model it exported (or marked unfinished) from the evaluation results in the registry, with
     links to its main training's tracker run and the model it started from (`from:`), if made elsewhere.
 
@@ -96,7 +97,7 @@ def _kept(path: Path, state: str | None, parse: Callable[[Any], Any]) -> tuple[s
         return None
 
 
-def _entries(registry: ArtifactStore, index: ManifestIndex, state: str | None, kinds: tuple[str, ...],
+def _entries(registry: Registry, index: ManifestIndex, state: str | None, kinds: tuple[str, ...],
              path: Path) -> tuple[str | None, dict[str, Entry]]:
     """Each experiment's entry at the index's state now, and that state: the entries kept at `path` with those the
     changes since touch computed again, or (nothing kept, or the index cannot say what changed) every one."""
@@ -137,19 +138,19 @@ def _entries(registry: ArtifactStore, index: ManifestIndex, state: str | None, k
     return state, entries
 
 
-def _every_entry(registry: ArtifactStore, kinds: tuple[str, ...]) -> dict[str, Entry]:
+def _every_entry(registry: Registry, kinds: tuple[str, ...]) -> dict[str, Entry]:
     """Every experiment's entry, from every manifest of `kinds` (each kind asked of the registry's index once)."""
     manifests = [m for kind in kinds for m in registry.manifests(kind)]
     results, urls, bases = _links(manifests)
     return entries_of(results, runs_of(manifests), urls, bases)
 
 
-def _own(registry: ArtifactStore, experiment: str, kinds: tuple[str, ...]) -> list[Manifest]:
+def _own(registry: Registry, experiment: str, kinds: tuple[str, ...]) -> list[Manifest]:
     """An experiment's manifests of `kinds`, in the order `_every_entry` reads them."""
     return [m for kind in kinds for m in registry.manifests(kind, where=Where(experiment=experiment), refresh=False)]
 
 
-def _entry(registry: ArtifactStore, experiment: str, manifests: list[Manifest], versions: dict[str, int]) -> Entry:
+def _entry(registry: Registry, experiment: str, manifests: list[Manifest], versions: dict[str, int]) -> Entry:
     """An experiment's entry from its own manifests, and from the index, the runs its results name."""
     results, urls, bases = _links(manifests)
     named = {m.summary.get("training", "") for m in results} - {""}
@@ -202,7 +203,7 @@ def _last_training(inputs: Mapping[str, str]) -> list[str]:
     return [inputs[name] for name in TRAINING_STAGES if name in inputs][-1:]
 
 
-def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> tuple[Manifest, str]:
+def publish_leaderboard(registry: Registry, board: Board, commit: str) -> tuple[Manifest, str]:
     """Publish the board (JSON, Markdown, HTML); the same results give the same artifact. Returns it and its Markdown."""
     inputs = {f"{row.experiment}/{name}": digest for row in board.rows for name, digest in row.digests.items()}
     code = code_identity("local")
@@ -223,19 +224,19 @@ def publish_leaderboard(registry: ArtifactStore, board: Board, commit: str) -> t
     return manifest, markdown
 
 
-def latest_board(registry: ArtifactStore) -> Board | None:
+def latest_board(registry: Registry) -> Board | None:
     """The most recently published leaderboard, or None."""
     digest = registry.ref(KIND)
     return None if digest is None else Board.from_json(json.loads((registry.open(digest) / BOARD_FILE).read_text()))
 
 
-def current_best(registry: ArtifactStore) -> Row | None:
+def current_best(registry: Registry) -> Row | None:
     """The model currently marked best, or None."""
     digest = registry.ref(BEST_REF)
     return None if digest is None else Row(**json.loads((registry.open(digest) / BEST_FILE).read_text()))
 
 
-def mark_best(registry: ArtifactStore, row: Row, commit: str) -> Manifest:
+def mark_best(registry: Registry, row: Row, commit: str) -> Manifest:
     """Mark `row` as the best model: publish it and move the ref (the previous ones stay in the registry)."""
     fingerprint = sha256_of({"kind": BEST_REF, "row": row.to_json()})
     manifest = registry.lookup(fingerprint)

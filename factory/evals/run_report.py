@@ -18,12 +18,13 @@ from factory.evals.leaderboard import latest_results
 from factory.evals.scored_on import data_of, is_own_split
 from factory.evals.report import EvalPoint, ReportInputs, StageCost, TrainingCurve, render_report, report_plots
 from factory.registry.layout import CONTROL_FILE, METRICS_FILE, REPORT_FILE
-from factory.registry.store import ArtifactStore, Manifest, Provenance
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest, Provenance
 
 KIND = "run_report"
 
 
-def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mapping[str, tuple[str, str]], git_commit: str) -> ReportInputs:
+def report_inputs(registry: Registry, experiment: Experiment, stages: Mapping[str, tuple[str, str]], git_commit: str) -> ReportInputs:
     """What the report shows; `stages` maps each stage the experiment ran to (its fingerprint, "hit" or "miss")."""
     manifests = {kind: registry.lookup(fingerprint) for kind, (fingerprint, _) in stages.items()}
     training = manifests.get(main_training_kind().name)
@@ -46,7 +47,7 @@ def report_inputs(registry: ArtifactStore, experiment: Experiment, stages: Mappi
     )
 
 
-def _metrics(registry: ArtifactStore, manifest: Manifest | None) -> list[dict]:
+def _metrics(registry: Registry, manifest: Manifest | None) -> list[dict]:
     """The metrics log of a training stage's artifact (none when the experiment has no such stage)."""
     return _jsonl(registry.read(manifest, METRICS_FILE)) if manifest else []
 
@@ -70,7 +71,7 @@ def _cost(kind: str, manifest: Manifest | None, cache: str) -> StageCost:
     return StageCost(kind=kind, digest=manifest.digest, cache="hit" if cache == "hit" else "miss", seconds=seconds, inputs=dict(manifest.inputs))
 
 
-def publish_report(registry: ArtifactStore, inputs: ReportInputs) -> Manifest:
+def publish_report(registry: Registry, inputs: ReportInputs) -> Manifest:
     """Publish the report (the HTML page, plus its plots as PNG files for other viewers); a report of the same inputs,
     drawn by the same code, is found without drawing it again."""
     code = code_identity("local")

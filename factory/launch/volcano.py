@@ -26,7 +26,7 @@ from factory.config.stages import PENDING, stages_of
 from factory.errors import ConfigError
 from factory.launch.volcano_manifest import REQUEST_PATH, JobSpec, build_job, image_problem, job_name, label_value, request_config_map
 from factory.launch.volcano_rules import KUBERNETES_VERSION, RULES, validate
-from factory.registry.store import ArtifactStore
+from factory.registry.seam import Registry
 
 CPU_PER_PROCESS = 2
 MEMORY_GI_PER_PROCESS = 8
@@ -97,7 +97,7 @@ def with_registry(image: str, registry: str | None) -> str:
 
 
 def plan_jobs(
-    experiments: Iterable[Experiment], settings: KubernetesSettings | None = None, registry: ArtifactStore | None = None
+    experiments: Iterable[Experiment], settings: KubernetesSettings | None = None, registry: Registry | None = None
 ) -> list[JobSpec]:
     """One JobSpec per stage to compute, in run order; a stage that several variants share (same fingerprint) once.
 
@@ -127,7 +127,7 @@ def render(manifests: Iterable[Mapping[str, Any]]) -> str:
     return yaml.dump_all([dict(m) for m in manifests], Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
 
 
-def dry_run(experiments: Iterable[Experiment], settings: KubernetesSettings | None = None, registry: ArtifactStore | None = None) -> str:
+def dry_run(experiments: Iterable[Experiment], settings: KubernetesSettings | None = None, registry: Registry | None = None) -> str:
     """Every Job that running these experiments would submit (on the cluster `settings` describes; stages `registry`
     holds are cached), validated, as YAML."""
     return render(job_manifest(spec) for spec in plan_jobs(experiments, settings, registry))

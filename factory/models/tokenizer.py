@@ -17,7 +17,8 @@ TOKENIZER_SIDE_FILES = (TOKENIZER_CONFIG, TOKEN_IDS_FILE)
 """Files of a tokenizer artifact (or an exported model) read from beside its tokenizer file, when it has them."""
 
 if TYPE_CHECKING:
-    from factory.registry.store import ArtifactStore, Manifest
+    from factory.registry.seam import Registry
+    from factory.registry.store import Manifest
 
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS,)
@@ -69,7 +70,7 @@ def load_tokenizer(path: Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
-def fetched_tokenizer(registry: ArtifactStore, artifact: Manifest) -> Path:
+def fetched_tokenizer(registry: Registry, artifact: Manifest) -> Path:
     """The tokenizer file of a published artifact on local disk, with the files read beside it (`TOKENIZER_SIDE_FILES`:
     its config, which `end_of_text` reads, and an imported tokenizer's token ids, which the export reads) that the
     artifact has: those files alone, fetched from an object store, into one directory. ArtifactError when the artifact

@@ -33,7 +33,8 @@ from factory.errors import ConfigError
 from factory.registry.aliases import known_aliases, standing
 from factory.registry.index import HEX, ByDigest, Where
 from factory.registry.layout import MODEL_CONFIG
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest
 from factory.config.kinds import computed_datasets
 
 Reader = Callable[[Path], str]
@@ -75,7 +76,7 @@ class Base:
 
 
 def bind(
-    experiment: Experiment, registry: ArtifactStore, *, read: Reader | None = None, pins: Mapping[str, str] | None = None,
+    experiment: Experiment, registry: Registry, *, read: Reader | None = None, pins: Mapping[str, str] | None = None,
     chain: tuple[str, ...] = (),
 ) -> Experiment:
     """`experiment` with its `from` resolved (`bound`, and the base's shape as its model); unchanged without one.
@@ -91,7 +92,7 @@ def bound_with(experiment: Experiment, base: Base | None) -> Experiment:
 
 
 def resolve(
-    experiment: Experiment, registry: ArtifactStore, *, read: Reader | None = None, pins: Mapping[str, str] | None = None,
+    experiment: Experiment, registry: Registry, *, read: Reader | None = None, pins: Mapping[str, str] | None = None,
     chain: tuple[str, ...] = (),
 ) -> Base | None:
     """What `experiment`'s `from` names, pinned to a digest; None when the file starts from its own pretraining."""
@@ -109,7 +110,7 @@ def resolve(
     return base
 
 
-def _from_registry(section: str, ref: ParsedRef, registry: ArtifactStore, pinned: str | None, fail: Failer) -> Base:
+def _from_registry(section: str, ref: ParsedRef, registry: Registry, pinned: str | None, fail: Failer) -> Base:
     """An alias or a digest (or any reference a run pinned): the published model it names now."""
     kind = model_kind().name
 
@@ -151,7 +152,7 @@ def _from_registry(section: str, ref: ParsedRef, registry: ArtifactStore, pinned
 
 
 def _from_experiment(
-    experiment: Experiment, section: str, ref: ParsedRef, registry: ArtifactStore, read: Reader | None, chain: tuple[str, ...],
+    experiment: Experiment, section: str, ref: ParsedRef, registry: Registry, read: Reader | None, chain: tuple[str, ...],
     fail: Failer,
 ) -> Base:
     """Another experiment's exported model: its file read as this one was, planned against the registry."""
@@ -213,7 +214,7 @@ def recipe(experiment: Experiment, base: Base | None) -> dict[str, Any]:
     return computed
 
 
-def planned_digests(experiment: Experiment, registry: ArtifactStore) -> dict[str, str]:
+def planned_digests(experiment: Experiment, registry: Registry) -> dict[str, str]:
     """{stage: artifact digest} of a (bound) experiment as the registry holds it; `pending:<fingerprint>` for a stage not
     computed yet. Its `bound` inputs are included."""
     digests = dict(experiment.bound)
@@ -247,7 +248,7 @@ def _repository(path: Path) -> Path:
     return Path.cwd()
 
 
-def _lineage_inputs(registry: ArtifactStore, model: Manifest, fail: Failer) -> dict[str, str]:
+def _lineage_inputs(registry: Registry, model: Manifest, fail: Failer) -> dict[str, str]:
     """{`base`: the model, and the blend and tokenizer it was trained with}, found by walking its manifests' inputs."""
     wanted = set(inherited_inputs())
     by_digest = ByDigest(registry)
@@ -268,7 +269,7 @@ def _lineage_inputs(registry: ArtifactStore, model: Manifest, fail: Failer) -> d
     return {BASE: model.digest, **found}
 
 
-def _inherited_from_registry(registry: ArtifactStore, inputs: Mapping[str, str]) -> dict[str, Any]:
+def _inherited_from_registry(registry: Registry, inputs: Mapping[str, str]) -> dict[str, Any]:
     """The tokenizer and blend settings a published model was trained with, as their artifacts recorded them."""
     by_digest = ByDigest(registry)
     configs = {digest: m.config for digest in inputs.values() if (m := by_digest.get(digest)) is not None}
@@ -278,7 +279,7 @@ def _inherited_from_registry(registry: ArtifactStore, inputs: Mapping[str, str])
             "data": {key: blend[key] for key in ("blend", "validation_percent") if key in blend}}
 
 
-def _shape(registry: ArtifactStore, model: Manifest) -> ModelConfig:
+def _shape(registry: Registry, model: Manifest) -> ModelConfig:
     """The exported model's shape, from its config."""
     record = json.loads((registry.open(model.digest) / MODEL_CONFIG).read_text())
     return ModelConfig.model_validate(record["model"])

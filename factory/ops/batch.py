@@ -23,7 +23,8 @@ from factory.data.tables import read_version, resolve
 from factory.errors import ArtifactError, ConfigError
 from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
 from factory.registry.layout import BLEND_FILE, POSITIONS_FILE
-from factory.registry.store import ArtifactStore, Manifest, read_required
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest, read_required
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,7 +36,7 @@ class FetchedSequence:
     documents: list[dict[str, str]]
 
 
-def stage_manifests(experiment: Experiment, registry: ArtifactStore, until: str) -> dict[str, Manifest]:
+def stage_manifests(experiment: Experiment, registry: Registry, until: str) -> dict[str, Manifest]:
     """The manifests of the experiment's published artifacts up to stage `until`; an error names the first one missing."""
     found: dict[str, Manifest] = {}
     for kind in stages_of(experiment):
@@ -48,7 +49,7 @@ def stage_manifests(experiment: Experiment, registry: ArtifactStore, until: str)
     raise ConfigError(f"{experiment.name} has no {until} stage: its file has no section for it")
 
 
-def fetch_batch(experiment: Experiment, step: int, registry: ArtifactStore, catalog: Catalog) -> list[FetchedSequence]:
+def fetch_batch(experiment: Experiment, step: int, registry: Registry, catalog: Catalog) -> list[FetchedSequence]:
     """The batch that training step `step` (0-based) consumed: from the training's data positions and the blend (each
     file read alone, not the training artifact with its checkpoints) and the tokenizer."""
     if experiment.pretrain is None:

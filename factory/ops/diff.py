@@ -9,12 +9,13 @@ from factory.config import Experiment
 from factory.config.stages import NOT_RECIPE
 from factory.errors import ConfigError
 from factory.registry.index import HEX, ByDigest, Where
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest
 from factory.ops.bases import recipe, resolve
 from factory.ops.plan import build_plan, config_changes
 
 
-def diff_experiments(a: Experiment, b: Experiment, registry: ArtifactStore, everything: bool = False) -> list[str]:
+def diff_experiments(a: Experiment, b: Experiment, registry: Registry, everything: bool = False) -> list[str]:
     """Recipe changes as computed (`bases.recipe`: a `from:` file has its base's shape, tokenizer and blend), then per stage
     whether the two share an artifact and what separates them. A section only one has is one line naming what its file set;
     `everything` lists every field of it, and the fields both share too."""
@@ -82,7 +83,7 @@ def _written(experiment: Experiment) -> dict[str, Any]:
     return experiment.model_dump(mode="json", exclude_unset=True, exclude=NOT_RECIPE)
 
 
-def diff_artifacts(a: Manifest, b: Manifest, registry: ArtifactStore | None = None, depth: int = 3) -> list[str]:
+def diff_artifacts(a: Manifest, b: Manifest, registry: Registry | None = None, depth: int = 3) -> list[str]:
     """What separates two published artifacts: kind, config, inputs, code, commit. With the `registry`, an input that
     differs is compared in turn (`input sft: …` then what separates the two sft artifacts: their base, data, knobs), down to
     `depth` inputs deep."""
@@ -108,7 +109,7 @@ def _differences(a: Manifest, b: Manifest, manifests: ByDigest | dict[str, Manif
     return lines or ["identical provenance"]
 
 
-def find_artifact(registry: ArtifactStore, prefix: str) -> Manifest:
+def find_artifact(registry: Registry, prefix: str) -> Manifest:
     """The one manifest whose digest starts with `prefix`."""
     matches = {m.digest: m for m in registry.manifests(where=Where(digest_prefix=prefix))} if HEX.fullmatch(prefix) else {}
     if len(matches) != 1:

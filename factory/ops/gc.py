@@ -43,7 +43,7 @@ from factory.evals.run_report import KIND as RUN_REPORT
 from factory.registry.aliases import history, known_aliases
 from factory.registry.index import ManifestRow
 from factory.registry.lease import LeaseBusy, abandoned
-from factory.registry.store import ArtifactStore
+from factory.registry.seam import Registry
 
 REFS = (LEADERBOARD, BEST_REF)
 """The refs the evaluations keep up to date (`factory.evals.publish`): what each names is kept."""
@@ -89,10 +89,10 @@ def describe(manifest: ManifestRow) -> dict[str, Any]:
             "bytes": manifest.size}
 
 
-def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], *, min_age_s: float = MIN_AGE_S,
+def plan_collection(registry: Registry, experiments: Iterable[Experiment], *, min_age_s: float = MIN_AGE_S,
                     now: datetime | None = None, rows: list[ManifestRow] | None = None) -> Collection:
     """Decide what to keep and what to remove (the module's rules); nothing is removed. The registry's manifests are
-    walked as the index's rows (`ArtifactStore.rows`, or `rows` a caller read from it just before), none parsed."""
+    walked as the index's rows (`Registry.rows`, or `rows` a caller read from it just before), none parsed."""
     manifests = registry.rows() if rows is None else rows
     by_digest: dict[str, list[ManifestRow]] = {}
     for manifest in manifests:
@@ -123,7 +123,7 @@ def plan_collection(registry: ArtifactStore, experiments: Iterable[Experiment], 
     return Collection(keep=keep, garbage=garbage, bytes=sum(freed.values()) + sum(work.values()), work=work)
 
 
-def collect(registry: ArtifactStore, collection: Collection, *, owner: str | None = None) -> Removal:
+def collect(registry: Registry, collection: Collection, *, owner: str | None = None) -> Removal:
     """Remove the garbage of a planned collection, artifact by artifact (module docstring); what is in use now stays."""
     owner = owner or f"factory registry gc (pid {os.getpid()} on {socket.gethostname()})"
     removal = Removal()
@@ -153,7 +153,7 @@ def collect(registry: ArtifactStore, collection: Collection, *, owner: str | Non
     return removal
 
 
-def needed_by_experiments(registry: ArtifactStore, experiments: Iterable[Experiment], planned: set[str] | None = None) -> dict[str, str]:
+def needed_by_experiments(registry: Registry, experiments: Iterable[Experiment], planned: set[str] | None = None) -> dict[str, str]:
     """Digest -> why, of what the experiments need now: each stage `factory plan` finds cached, and what each stage to run
     starts from. The fingerprint of every stage planned goes into `planned`."""
     from factory.ops.plan import planned_stages  # plans load the stage kinds' code
@@ -171,7 +171,7 @@ def needed_by_experiments(registry: ArtifactStore, experiments: Iterable[Experim
     return needs
 
 
-def named(registry: ArtifactStore, by_digest: dict[str, list[ManifestRow]]) -> dict[str, str]:
+def named(registry: Registry, by_digest: dict[str, list[ManifestRow]]) -> dict[str, str]:
     """Digest -> why, of every model an alias names or named, of what each ref names, and of the checkpoint (training
     artifact) the best model's result scored."""
     found: dict[str, str] = {}
@@ -191,7 +191,7 @@ def named(registry: ArtifactStore, by_digest: dict[str, list[ManifestRow]]) -> d
     return found
 
 
-def in_use(registry: ArtifactStore) -> dict[str, str]:
+def in_use(registry: Registry) -> dict[str, str]:
     """Digest -> why, of what the stages computing now read (their leases say)."""
     return {digest: f"{holder.owner} reads it" for holder in registry.holders() if abandoned(holder) is None for digest in holder.needs}
 

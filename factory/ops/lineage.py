@@ -22,7 +22,8 @@ from factory.config.stages import BASE, FROM_HF
 from factory.errors import ArtifactError, ConfigError
 from factory.registry.index import ByDigest, Where
 from factory.registry.layout import BLEND_FILE, DATASETS_FILE
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest
 
 REPORTS = ("run_report",)
 """Kinds that describe a run rather than take part in lineage: left out of the trees."""
@@ -54,7 +55,7 @@ class Lineage:
     artifact, and what was made from each, is one query of the registry's index (never every manifest), kept for the
     rest of the walk; the table versions are read once, from the data stages' artifacts, when a question needs them."""
 
-    def __init__(self, registry: ArtifactStore) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.manifests = ByDigest(registry, skip=REPORTS)
         self._children: dict[str, list[str]] = {}

@@ -26,7 +26,8 @@ from factory.devices import where as where_it_runs
 from factory.registry.index import Where
 from factory.registry.layout import SOURCES_FILE
 from factory.registry.lease import abandoned
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest
 from factory.ops.bases import Base, bound_with, resolve
 
 FILES_KEY = "files"
@@ -52,7 +53,7 @@ class StagePlan:
         return asdict(self)
 
 
-def build_plan(experiments: Iterable[Experiment], registry: ArtifactStore) -> list[StagePlan]:
+def build_plan(experiments: Iterable[Experiment], registry: Registry) -> list[StagePlan]:
     """Plan every stage of every experiment against what the registry already holds. An experiment that starts from a
     model made elsewhere is planned from what its `from` names now (`factory.ops.bases`), unless it is bound already;
     the stage that starts from it says so."""
@@ -81,7 +82,7 @@ class PlannedStage:
     base: Base | None
 
 
-def planned_stages(experiments: Iterable[Experiment], registry: ArtifactStore) -> Iterator[PlannedStage]:
+def planned_stages(experiments: Iterable[Experiment], registry: Registry) -> Iterator[PlannedStage]:
     """Every stage of every experiment, in order, planned against the registry: a stage downstream of one not computed
     yet gets a placeholder digest for it (`PENDING` + its fingerprint)."""
     for experiment in experiments:
@@ -134,7 +135,7 @@ def counts(plans: Iterable[StagePlan]) -> dict[str, int]:
 
 
 def _decide(
-    experiment: Experiment, spec: StageSpec, manifest: Manifest | None, registry: ArtifactStore, first_runner: dict[str, str],
+    experiment: Experiment, spec: StageSpec, manifest: Manifest | None, registry: Registry, first_runner: dict[str, str],
     history: Callable[[str, str], list[Manifest]],
 ) -> tuple[str, str]:
     if manifest is not None:
@@ -152,7 +153,7 @@ def _decide(
 
 
 def why_run(
-    experiment: str, spec: StageSpec, history: Iterable[Manifest], registry: ArtifactStore | None = None, base_ref: str | None = None,
+    experiment: str, spec: StageSpec, history: Iterable[Manifest], registry: Registry | None = None, base_ref: str | None = None,
 ) -> str:
     """What changed since this experiment last produced this stage (or that it never did); for the raw stage, which
     source files were added, changed or removed (the `registry` holds the listing the last run read)."""
@@ -198,7 +199,7 @@ def base_moved(last: Manifest, digest: str, base_ref: str | None) -> str:
     return f"the base model changed from {before} to {now}" + (f" (from: {written} -> {base_ref})" if written else "")
 
 
-def source_changes(last: Manifest, spec: StageSpec, registry: ArtifactStore) -> list[str]:
+def source_changes(last: Manifest, spec: StageSpec, registry: Registry) -> list[str]:
     """`source stdlib: 2 added (a.py, b.py)` for each dataset whose files differ from what the last raw stage read."""
     before = last.config.get(FILES_KEY, {})
     try:

@@ -21,22 +21,22 @@ from factory.errors import ConfigError
 from factory.preflight import experiment_files
 from factory.registry import aliases
 from factory.registry.aliases import Standing
-from factory.registry.history import History
-from factory.registry.store import ArtifactStore, Manifest
+from factory.registry.seam import Records, Registry
+from factory.registry.store import Manifest
 from factory.ops.reproduce import reproductions
 
 
-def history(registry: ArtifactStore, alias: str) -> History:
+def history(registry: Registry, alias: str) -> Records:
     """The append-only history of an alias."""
     return aliases.history(registry, alias)
 
 
-def standing(registry: ArtifactStore, alias: str) -> Standing:
+def standing(registry: Registry, alias: str) -> Standing:
     """The model an alias names after its whole history (promotions push, demotions pop)."""
     return aliases.standing(registry, alias)
 
 
-def grounds(registry: ArtifactStore, model: Manifest, experiments: Path) -> tuple[str | None, list[str]]:
+def grounds(registry: Registry, model: Manifest, experiments: Path) -> tuple[str | None, list[str]]:
     """Why the model may be promoted (a matched reproduction, or the file's stated nondeterminism); else the problems."""
     tried = reproductions(registry, model.digest)
     if tried and tried[-1]["matched"]:
@@ -67,7 +67,7 @@ def _stated_nondeterminism(model: Manifest, experiments: Path) -> str | None:
     return None
 
 
-def promote(registry: ArtifactStore, model: Manifest, alias: str, reason: str, allowed_by: str, checks: str) -> int:
+def promote(registry: Registry, model: Manifest, alias: str, reason: str, allowed_by: str, checks: str) -> int:
     """Record a promotion; its number in the alias's history."""
     if model.kind != model_kind().name:
         raise ConfigError(f"{model.digest[:12]} is a {model.kind} artifact; only models are promoted")
@@ -77,7 +77,7 @@ def promote(registry: ArtifactStore, model: Manifest, alias: str, reason: str, a
     })
 
 
-def demote(registry: ArtifactStore, alias: str, reason: str) -> tuple[int, str | None]:
+def demote(registry: Registry, alias: str, reason: str) -> tuple[int, str | None]:
     """Record that the alias goes back to the model it named before; the record's number and that model."""
     current = standing(registry, alias)
     if current.model is None:

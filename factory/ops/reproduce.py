@@ -38,6 +38,7 @@ from factory.data.catalog import CatalogConfig, open_catalog
 from factory.errors import ArtifactError, ConfigError
 from factory.launch.local import run_captured, stage_argv, warm_starts
 from factory.registry import STORE_ENV
+from factory.registry.seam import Registry
 from factory.registry.store import ArtifactStore, Manifest, Provenance, read_required
 from factory.ops.lineage import Lineage
 from factory.ops.plan import FILES_KEY, source_changes
@@ -94,13 +95,13 @@ class Reproduction:
         return {**asdict(self), "matched": self.matched}
 
 
-def reproductions(registry: ArtifactStore, model: str) -> list[dict[str, Any]]:
+def reproductions(registry: Registry, model: str) -> list[dict[str, Any]]:
     """The recorded reproductions of a model, oldest first."""
     return registry.history(f"reproductions/{model}").records()
 
 
 def reproduce(
-    registry: ArtifactStore, catalog: CatalogConfig, model: Manifest, log: logging.Logger, *, keep_going: bool = False,
+    registry: Registry, catalog: CatalogConfig, model: Manifest, log: logging.Logger, *, keep_going: bool = False,
     repo: Path | None = None,
 ) -> Reproduction:
     """Run the model's lineage again in scratch stores and compare it stage by stage; the outcome is recorded."""
@@ -230,7 +231,7 @@ class Sources:
         return Source(cwd=path, pythonpath=str(path), how=f"worktree of {commit[:12]}", differs="")
 
 
-def _source_drift(manifest: Manifest, registry: ArtifactStore) -> str:
+def _source_drift(manifest: Manifest, registry: Registry) -> str:
     """For a stage that reads sources outside the registry, which of their files changed since it ran ('' when none did,
     or when the stage recorded no listing)."""
     recorded = manifest.config.get(FILES_KEY)
@@ -268,7 +269,7 @@ def _run_stage(request: StageRequest, source: Source, scratch: Path, needs: Sequ
 
 
 def _compare(
-    recorded: Manifest, again: Manifest, registry: ArtifactStore, scratch: ArtifactStore, changed: list[str], source: Source
+    recorded: Manifest, again: Manifest, registry: Registry, scratch: Registry, changed: list[str], source: Source
 ) -> StageOutcome:
     base = StageOutcome(kind=recorded.kind, recorded=recorded.digest, reproduced=again.digest, matched=True)
     if again.digest == recorded.digest:
@@ -289,7 +290,7 @@ def _compare(
     return StageOutcome(kind=recorded.kind, recorded=recorded.digest, reproduced=again.digest, matched=False, reason=reason, files=differ)
 
 
-def _same_file(name: str, recorded: Manifest, again: Manifest, registry: ArtifactStore, scratch: ArtifactStore) -> bool:
+def _same_file(name: str, recorded: Manifest, again: Manifest, registry: Registry, scratch: Registry) -> bool:
     one, two = recorded.files.get(name), again.files.get(name)
     if one is None or two is None:
         return False

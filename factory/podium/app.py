@@ -41,7 +41,7 @@ from factory.podium.conversation import sampled
 from factory.podium.generate import LISTED, MAX_NEW_TOKENS, Generator, candidates, checked_temperature
 from factory.podium.render import pygments_css, render_row
 from factory.podium.sql import parse_params
-from factory.registry.store import ArtifactStore
+from factory.registry.seam import Registry
 from factory.registry import open_registry
 
 log = logging.getLogger("factory.podium")
@@ -65,7 +65,7 @@ class Podium:
     """What the pages read: the catalog, the registry and the models loaded so far."""
 
     browser: Browser
-    registry: ArtifactStore
+    registry: Registry
     generator: Generator
 
 

@@ -39,7 +39,8 @@ from factory.podium.conversation import rendered
 from factory.podium.errors import NotFound, PodiumError
 from factory.registry.index import Where
 from factory.registry.layout import CHAT_TEMPLATE_FILE, MODEL_CONFIG, MODEL_WEIGHTS
-from factory.registry.store import ArtifactStore, Manifest, manifest_of
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest, manifest_of
 from factory.train.checkpoint import load_checkpoint
 from factory.train.records import kept_in
 
@@ -128,7 +129,7 @@ class Completion:
     stopped_at_eos: bool
 
 
-def candidates(registry: ArtifactStore, chosen: Collection[str] = (), newest: int | None = LISTED) -> list[Candidate]:
+def candidates(registry: Registry, chosen: Collection[str] = (), newest: int | None = LISTED) -> list[Candidate]:
     """The published models and the checkpoints no model was exported from, newest first (one entry per sha256): of the
     `newest` models and training runs (None: all of them), and every `chosen` one (by sha256: a checkpoint a model was
     exported from too, when a link names it)."""
@@ -150,7 +151,7 @@ def candidates(registry: ArtifactStore, chosen: Collection[str] = (), newest: in
     return sorted(found.values(), key=lambda c: (c.created, c.experiment, c.stage, c.step), reverse=True)
 
 
-def find_candidate(registry: ArtifactStore, sha256: str) -> Candidate | None:
+def find_candidate(registry: Registry, sha256: str) -> Candidate | None:
     """The model or checkpoint with this sha256: asked of the registry's index by the sha256 of an artifact's file (a model's
     weights, a checkpoint file), else (a sharded checkpoint, whose sha256 is its listing's) looked for among every one."""
     holding = Where(file_sha256=sha256)
@@ -163,7 +164,7 @@ def find_candidate(registry: ArtifactStore, sha256: str) -> Candidate | None:
     return next((c for c in candidates(registry, chosen={sha256}, newest=None) if c.sha256 == sha256), None)
 
 
-def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]:
+def _checkpoints(registry: Registry, manifest: Manifest) -> list[Candidate]:
     """The checkpoints a training artifact holds, from their records (read alone; a damaged one is left out). An artifact
     never changes, so what its records said is kept (`_LISTED`): a page view reads the records of new artifacts only."""
     tokenizer = manifest.inputs.get(provider(TOKENIZER).name)
@@ -190,7 +191,7 @@ def _checkpoints(registry: ArtifactStore, manifest: Manifest) -> list[Candidate]
     return out
 
 
-def _model(registry: ArtifactStore, manifest: Manifest) -> Candidate | None:
+def _model(registry: Registry, manifest: Manifest) -> Candidate | None:
     weights = manifest.files.get(MODEL_WEIGHTS)
     try:
         config = json.loads(registry.read(manifest, MODEL_CONFIG) or b"")
@@ -220,7 +221,7 @@ def checked_temperature(value: float) -> float:
 class Generator:
     """Loads candidates on demand (a few at a time) and completes prompts with them."""
 
-    def __init__(self, registry: ArtifactStore) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._loaded: OrderedDict[str, tuple[torch.nn.Module, Any, int]] = OrderedDict()
         self._lock = threading.Lock()

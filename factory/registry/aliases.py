@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 from factory.errors import ConfigError
 
 if TYPE_CHECKING:
-    from factory.registry.history import History
-    from factory.registry.objects import ObjectHistory, ObjectRegistry
-    from factory.registry.store import ArtifactStore
+    from factory.registry.seam import Records, Registry
 
 ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 """An alias's name."""
@@ -36,14 +34,14 @@ class Standing:
         return next((r for r in reversed(self.records) if r["action"] == "promote" and r["model"] == self.model), None)
 
 
-def history(registry: ArtifactStore | ObjectRegistry, alias: str) -> History | ObjectHistory:
+def history(registry: Registry, alias: str) -> Records:
     """The append-only history of an alias, in `registry`."""
     if not ALIAS.match(alias):
         raise ConfigError(f"{alias!r} is not an alias name: lower-case letters, digits, '_' and '-' (e.g. production)")
     return registry.history(f"promotions/{alias}")
 
 
-def standing(registry: ArtifactStore | ObjectRegistry, alias: str) -> Standing:
+def standing(registry: Registry, alias: str) -> Standing:
     """The model an alias names after its whole history (promotions push, demotions pop)."""
     records = history(registry, alias).records()
     stack: list[str] = []
@@ -55,6 +53,6 @@ def standing(registry: ArtifactStore | ObjectRegistry, alias: str) -> Standing:
     return Standing(alias=alias, model=stack[-1] if stack else None, records=records)
 
 
-def known_aliases(registry: ArtifactStore | ObjectRegistry) -> list[str]:
+def known_aliases(registry: Registry) -> list[str]:
     """Every alias `registry` has a history for."""
     return [name for name in registry.topics("promotions") if ALIAS.match(name)]

@@ -49,6 +49,7 @@ from factory.registry.files import (
 from factory.registry.history import History, checked_topic
 from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, ManifestRow, Where
 from factory.registry.lease import Holder, hold, read_holder
+from factory.registry.verify import Damage, object_damage
 
 MANIFEST_VERSION = 1
 log = logging.getLogger(__name__)
@@ -314,6 +315,22 @@ class ArtifactStore(Scratch):
         """The index of the registry's manifests that listings read (`factory.registry.index`)."""
         return ManifestIndex.of_directory(self.root / INDEX_NAME, self.root / "manifests",
                                           lambda path: m.to_json() if (m := self._read_or_warn(path)) is not None else None)
+
+    def verify(self) -> list[Damage]:
+        """Every damaged manifest, then the damage of every artifact a readable manifest names (each once), every byte read."""
+        damaged: list[Damage] = []
+        checked: set[str] = set()
+        for path in self.manifest_paths():
+            try:
+                manifest = self.read_manifest(path)
+            except ArtifactError as e:
+                damaged.append(Damage(kind="manifest", path=str(path), problem=str(e.__cause__ or e)))
+                continue
+            if manifest.digest not in checked:
+                checked.add(manifest.digest)
+                base = self.path(manifest.digest)
+                damaged.extend(Damage(kind="object", path=str(base), problem=problem) for problem in object_damage(base, manifest.files))
+        return damaged
 
     def manifest_paths(self) -> list[Path]:
         """Every manifest file in the registry, readable or not."""

@@ -23,7 +23,8 @@ from factory.train.records import SAVED, CheckpointEvent
 if TYPE_CHECKING:
     from factory.data.blend import Blend
     from factory.data.loader import BlendStream
-    from factory.registry.store import ArtifactStore, Manifest
+    from factory.registry.seam import Registry
+    from factory.registry.store import Manifest
     from factory.runtime.report import Reporter  # Dagster Pipes: the stage kinds import this module, `factory check` too
     from factory.runtime.request import StageRequest
 
@@ -37,7 +38,7 @@ class StageContext:
     """What a runner works with."""
 
     request: StageRequest
-    registry: ArtifactStore
+    registry: Registry
     out: Path
     reporter: Reporter
     _manifests: dict[str, Manifest] = field(default_factory=dict, repr=False, compare=False)

@@ -22,7 +22,7 @@ from factory.registry.layout import CHECKS_FILE, DATASETS_FILE
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-    from factory.registry import ArtifactStore, Manifest
+    from factory.registry import Manifest, Registry
 
 
 def check_dataset(catalog: Catalog, table: str, tag: str, max_duplicate_share: float, columns: tuple[str, ...] = ()) -> list[CheckOutcome]:
@@ -68,7 +68,7 @@ def record_checks(artifact: Path, outcomes: list[CheckOutcome]) -> None:
     (artifact / CHECKS_FILE).write_text(json.dumps([dataclasses.asdict(outcome) for outcome in outcomes], indent=2, sort_keys=True))
 
 
-def recorded_checks(catalog_config: CatalogConfig, registry: ArtifactStore, manifest: Manifest, kind: str,
+def recorded_checks(catalog_config: CatalogConfig, registry: Registry, manifest: Manifest, kind: str,
                     config: dict[str, Any]) -> list[CheckOutcome]:
     """The outcomes a published artifact of `kind` keeps (run again for one published before artifacts kept them), read
     from it file by file."""

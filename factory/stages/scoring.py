@@ -29,7 +29,8 @@ from factory.evals.scored_on import own_split, pinned, table_ref
 from factory.models.build import new_model
 from factory.models.tokenizer import end_of_text, fetched_tokenizer, load_tokenizer
 from factory.registry.layout import BLEND_FILE, CHAT_TEMPLATE_FILE, RESULT_FILE
-from factory.registry.store import ArtifactStore, Manifest, Provenance, manifest_of, read_required
+from factory.registry.seam import Registry
+from factory.registry.store import Manifest, Provenance, manifest_of, read_required
 from factory.train.checkpoint import load_checkpoint
 from factory.train.heap import keep_freed_memory
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # the kind's module imports this one when a batch runs
 
 
 def evaluate(
-    items: Iterable[EvalItem], registry: ArtifactStore, catalog: CatalogConfig, code: str, run_id: str, log: logging.Logger
+    items: Iterable[EvalItem], registry: Registry, catalog: CatalogConfig, code: str, run_id: str, log: logging.Logger
 ) -> dict[str, Manifest]:
     """Score every item not already in the registry with the evaluation code `code`; the result manifest of each, by
     partition. A checkpoint that cannot be loaded is named in an ArtifactError once the others are scored and kept."""
@@ -91,7 +92,7 @@ def scored_on(bench: Benchmark, checkpoint: CheckpointRef, content: str = "") ->
 
 
 def publish_score(
-    registry: ArtifactStore, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float, data: str,
+    registry: Registry, item: EvalItem, bench: Benchmark, value: float, count: int, details: dict, seconds: float, data: str,
     code: str, run_id: str = "",
 ) -> Manifest:
     """Publish one score as an immutable artifact (registry kind `evaluations`); `data` is the identity of the data it was
@@ -116,7 +117,7 @@ def publish_score(
         )
 
 
-def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: CheckpointRef) -> EvalInputs:
+def load_inputs(registry: Registry, catalog: CatalogConfig, checkpoint: CheckpointRef) -> EvalInputs:
     """The checkpoint's model, loaded from bytes that match its recorded sha256, with its tokenizer and held-out data."""
     path = locate_checkpoint(registry, checkpoint)
     try:
@@ -144,7 +145,7 @@ def load_inputs(registry: ArtifactStore, catalog: CatalogConfig, checkpoint: Che
     )
 
 
-def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) -> str | None:
+def trained_chat_template(registry: Registry, checkpoint: CheckpointRef) -> str | None:
     """The chat template the checkpoint's model was taught with, as its training stage chose it (`starting_template`):
     the file's `sft.data.chat_template`, else the template of the model the stage started from (the imported checkpoint's,
     or the `chat_template.jinja` its input keeps), else, for fine-tuning on rows, the format's default. None without one."""
@@ -169,7 +170,7 @@ def trained_chat_template(registry: ArtifactStore, checkpoint: CheckpointRef) ->
     return data.template if data is not None else None
 
 
-def locate_checkpoint(registry: ArtifactStore, checkpoint: CheckpointRef) -> Path:
+def locate_checkpoint(registry: Registry, checkpoint: CheckpointRef) -> Path:
     """Where the checkpoint is: where its partition recorded it, or in its training artifact if the stage has published since."""
     recorded = Path(checkpoint.path)
     if "://" not in checkpoint.path and recorded.exists():  # a path on this disk, not a published one's place in a store

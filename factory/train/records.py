@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from factory.errors import ArtifactError
 
 if TYPE_CHECKING:
-    from factory.registry import ArtifactStore, Manifest
+    from factory.registry import Manifest, Registry
 
 CHECKPOINT_DIR = "checkpoints"
 NAME = re.compile(r"^step_(\d{6,})\.json$")
@@ -79,7 +79,7 @@ def published(directory: Path) -> list[SavedCheckpoint]:
     return recorded_in([path.name for path in directory.glob("step_*.json")], lambda name: (directory / name).read_bytes(), directory)
 
 
-def kept_in(registry: ArtifactStore, manifest: Manifest, base: Path = Path(), unread: list[str] | None = None) -> list[SavedCheckpoint]:
+def kept_in(registry: Registry, manifest: Manifest, base: Path = Path(), unread: list[str] | None = None) -> list[SavedCheckpoint]:
     """The checkpoints kept in a published training artifact, from its records (`recorded_in`), each record read alone
     through `registry` (from an object store no checkpoint is fetched), their paths under `base`. A record the registry
     finds damaged or missing raises its ArtifactError, unless `unread` is given: then its name is added there and it is
