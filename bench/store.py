@@ -10,7 +10,10 @@ Against one moto server on 127.0.0.1 (tests/s3server.py, handling requests in pa
 - one `lookup` (what `factory plan` asks of each stage) against a store holding 10, 100 and 1,000 artifacts: the
   requests it sends and its time, which must not grow with the number of artifacts (it reads no other manifest);
 - a listing of every manifest of that store by a new reader, then from the local index it made;
-- the plan of the tiny experiment, every stage cached, against the same: its requests and its time.
+- the plan of the tiny experiment, every stage cached, against the same: its requests and its time;
+- on local disk, why the embedded default is its own registry (`ArtifactStore`) rather than `ObjectRegistry` over a
+  local directory (`file://`, the seam's other backend): the same checkpoint published, opened and read, and looked up
+  (a cached stage's question) by both.
 
 `--smoke`: 2 MB, 200 documents, 10 and 30 artifacts.
 """
@@ -62,6 +65,29 @@ def checkpoint(local: ArtifactStore, remote: ObjectRegistry, megabytes: int) -> 
     for i, what in enumerate(("publish", "open")):
         print(f"ratio checkpoint {what} s3 / local disk: {figures['s3'][i] / figures['local disk'][i]:.2f}x")
     reloads(remote, remote.lookup("fp-checkpoint"), megabytes, first=figures["s3"][1])
+
+
+def on_disk(root: Path, megabytes: int, repeat: int = 200) -> None:
+    """The local registry, which publishes by renaming the staged directory and serves an artifact where it lies, against
+    the object-store registry over a local directory, which copies each file in (`upload`) and each artifact read into its
+    cache (hashing it): the same checkpoint on the same disk, and the lookup a cached stage makes."""
+    files = {"step_000100.pt": os.urandom(megabytes * MB)}
+    sides = {"ArtifactStore": ArtifactStore(root / "artifacts"),
+             "ObjectRegistry over file://": ObjectRegistry(open_store(root / "objects"), root / "objects-local")}
+    figures = {}
+    for name, registry in sides.items():
+        published = timed(lambda r=registry: publish(r, "fp-checkpoint", files))
+        digest = registry.lookup("fp-checkpoint").digest
+        opened = timed(lambda r=registry: [p.read_bytes() for p in r.open(digest).iterdir()])
+        looked = timed(lambda r=registry: [r.lookup("fp-checkpoint") for _ in range(repeat)]) / repeat
+        held = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and (p.is_relative_to(registry.root) or
+                                                                               p.is_relative_to(Path(registry.location.removeprefix("file://")))))
+        figures[name] = (published, opened, looked)
+        print(f"local disk, {name}: publish {megabytes / published:.0f} MB/s, open and read {megabytes / opened:.0f} MB/s, "
+              f"lookup {looked * 1000:.2f} ms, {held / MB:.0f} MB on disk")
+    ours, theirs = figures["ArtifactStore"], figures["ObjectRegistry over file://"]
+    print(f"ratio on local disk ObjectRegistry over file:// / ArtifactStore: publish {theirs[0] / ours[0]:.1f}x time, "
+          f"open and read {theirs[1] / ours[1]:.1f}x time, lookup {theirs[2] / ours[2]:.1f}x time")
 
 
 def reloads(remote: ObjectRegistry, manifest, megabytes: int, first: float) -> None:
@@ -199,6 +225,7 @@ def main() -> None:
         loader(root, server.url, count)
         lookups(f"s3://{server.bucket}/lookups", root / "lookups", sizes)
         plans(f"s3://{server.bucket}/plans", root / "plans", sizes)
+        on_disk(root / "on-disk", megabytes)
 
 
 if __name__ == "__main__":
