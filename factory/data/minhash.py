@@ -182,17 +182,19 @@ class _Spilled:
 
     def __init__(self) -> None:
         self.held: list[pa.Table] = []
+        self.held_rows = 0
         self.count = 0
 
     def add(self, signed: pa.Table) -> None:
         self.held.append(signed)
-        if sum(table.num_rows for table in self.held) >= SPILL_ROWS:
+        self.held_rows += signed.num_rows
+        if self.held_rows >= SPILL_ROWS:
             self._spill()
 
     def _spill(self) -> None:
         assert self.held, "near dedup signs at least one chunk, an empty one when there are no documents"
         self._put(pa.concat_tables(self.held))
-        self.count, self.held = self.count + 1, []
+        self.count, self.held, self.held_rows = self.count + 1, [], 0
 
     def _put(self, signed: pa.Table) -> None:
         raise NotImplementedError
