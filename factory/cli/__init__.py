@@ -34,7 +34,7 @@ def main() -> None:
         err.print(f"error: {e}", markup=False, highlight=False)
         sys.exit(e.exit_code)
     except OSError as e:
-        from factory.data.s3_retry import warehouse_outage  # pyarrow is loaded already when this is what failed
+        from factory.storage.s3_retry import warehouse_outage  # pyarrow is loaded already when this is what failed
 
         if (outage := warehouse_outage(e)) is not None:
             err.print(f"error: {outage}", markup=False, highlight=False)

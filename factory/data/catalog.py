@@ -4,9 +4,10 @@ on local disk, or in an object store.
 `$FACTORY_DATABASE_URL` (`postgresql://user:password@host:5432/db`) is the deploy profile: the
 catalog's tables live in that database (Dagster's storage too, see `factory.cli.common.dagster_home`),
 so several machines and concurrent runs commit to one catalog. `$FACTORY_STORE=s3://bucket/prefix`
-puts the warehouse at `s3://bucket/prefix/warehouse`, read and written with pyiceberg's S3 file IO
-(the endpoint, region and credentials are the standard AWS variables, read when the catalog opens
-and never written into a stage request); the catalog database stays where it is. pyiceberg is
+puts the warehouse at `s3://bucket/prefix/warehouse`, read and written with pyiceberg's file IO for
+the store's scheme, configured by the store's backend (`factory.storage.table_properties`: for S3 the
+endpoint, region and credentials of the standard AWS variables, read when the catalog opens and never
+written into a stage request); the catalog database stays where it is. pyiceberg is
 imported when a catalog is opened: naming one (a stage request, `factory plan`) stays light.
 """
 
@@ -28,10 +29,6 @@ writing its tables (pyiceberg's pyarrow IO) import, here lazily: a warm interpre
 forks."""
 DATABASE_ENV = "FACTORY_DATABASE_URL"
 STORE_ENV = "FACTORY_STORE"
-S3_PROPERTIES = {"s3.endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"), "s3.region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
-                 "s3.access-key-id": ("AWS_ACCESS_KEY_ID",), "s3.secret-access-key": ("AWS_SECRET_ACCESS_KEY",),
-                 "s3.session-token": ("AWS_SESSION_TOKEN",)}
-"""pyiceberg's S3 file IO properties, each from the first AWS variable of its list that is set."""
 INIT_ATTEMPTS = 5
 
 
@@ -55,7 +52,8 @@ class CatalogConfig:
         """The catalog of the stores under `root`: in `$FACTORY_DATABASE_URL` when set, else the embedded sqlite one."""
         url, store = os.environ.get(DATABASE_ENV), os.environ.get(STORE_ENV, "")
         local = cls.local(Path(root) / "iceberg")
-        warehouse = f"{store.rstrip('/')}/warehouse" if store.startswith("s3://") else local.warehouse
+        in_store = "://" in store and not store.startswith("file://")  # an object store: the registry refuses anything else
+        warehouse = f"{store.rstrip('/')}/warehouse" if in_store else local.warehouse
         return cls(uri=sqlalchemy_url(url) if url else local.uri, warehouse=warehouse)
 
     def to_json(self) -> dict[str, str]:
@@ -71,19 +69,12 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
-def file_io_properties(warehouse: str) -> dict[str, str]:
-    """What pyiceberg's file IO needs to reach the warehouse: for one in S3, the AWS variables that are set and retries
-    that wait out the store's outage window (factory/data/s3_retry.py)."""
-    if not warehouse.startswith("s3://"):
-        return {}
-    found = {prop: next((os.environ[n] for n in names if os.environ.get(n)), "") for prop, names in S3_PROPERTIES.items()}
-    return {**{prop: value for prop, value in found.items() if value}, "s3.retry-strategy-impl": "factory.data.s3_retry.OutageRetry"}
-
-
 def open_catalog(config: CatalogConfig) -> SqlCatalog:
     """Open (creating if needed) the catalog described by `config`."""
     from pyiceberg.catalog.sql import SqlCatalog
     from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    from factory.storage import table_properties
 
     if config.warehouse.startswith("file://"):
         Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
@@ -91,7 +82,7 @@ def open_catalog(config: CatalogConfig) -> SqlCatalog:
         Path(config.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(INIT_ATTEMPTS):
         try:
-            return SqlCatalog(CATALOG_NAME, uri=config.uri, warehouse=config.warehouse, **file_io_properties(config.warehouse))
+            return SqlCatalog(CATALOG_NAME, uri=config.uri, warehouse=config.warehouse, **table_properties(config.warehouse))
         except (IntegrityError, ProgrammingError):
             # Another process created the catalog's own tables at the same moment (PostgreSQL reports the
             # duplicate instead of skipping it): they exist now, so opening again finds them.

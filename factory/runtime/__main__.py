@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if not isinstance(e, OSError):
             raise
-        from factory.data.s3_retry import warehouse_outage  # pyarrow is loaded already when this is what failed
+        from factory.storage.s3_retry import warehouse_outage  # pyarrow is loaded already when this is what failed
 
         if (outage := warehouse_outage(e)) is None:
             raise

@@ -22,7 +22,26 @@ BACKENDS: dict[str, str] = {
 }
 """URI scheme -> `module:class` of its backend."""
 
-__all__ = ["BACKENDS", "MAX_KEY_BYTES", "STORE_ENV", "Blob", "ObjectStore", "Stat", "check_key", "check_prefix", "open_store"]
+__all__ = ["BACKENDS", "MAX_KEY_BYTES", "STORE_ENV", "Blob", "ObjectStore", "Stat", "check_key", "check_prefix", "open_store",
+           "table_properties"]
+
+
+def table_properties(location: str) -> dict[str, str]:
+    """What pyiceberg's file IO needs for a warehouse at `location` (a local directory or `file://`: nothing), from the
+    backend of its scheme (`ObjectStore.table_properties`): a new backend brings its own, no edit elsewhere."""
+    scheme, separator, _ = location.partition("://")
+    if not separator or scheme == "file":
+        return {}
+    return _backend(scheme, location, STORE_ENV).table_properties(location)
+
+
+def _backend(scheme: str, location: str, setting: str) -> type[ObjectStore]:
+    """The class of `scheme`'s backend; ConfigError naming `setting` for a scheme no backend has."""
+    if scheme not in BACKENDS:
+        known = ", ".join(f"{name}://" for name in BACKENDS)
+        raise ConfigError(f"{setting}={location}: unknown scheme {scheme}://; the stores known are {known} (or a local directory)")
+    module, _, name = BACKENDS[scheme].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def open_store(location: str | Path, *, setting: str = STORE_ENV, patient: bool = False) -> ObjectStore:
@@ -41,8 +60,4 @@ def open_store(location: str | Path, *, setting: str = STORE_ENV, patient: bool 
         from factory.storage.local import LocalStore
 
         return LocalStore(text)
-    if scheme not in BACKENDS:
-        known = ", ".join(f"{name}://" for name in BACKENDS)
-        raise ConfigError(f"{setting}={text}: unknown scheme {scheme}://; the stores known are {known} (or a local directory)")
-    module, _, name = BACKENDS[scheme].partition(":")
-    return getattr(importlib.import_module(module), name).from_uri(text, setting, patient)
+    return _backend(scheme, text, setting).from_uri(text, setting, patient)

@@ -158,6 +158,12 @@ class ObjectStore(ABC):
         """Remove the object; nothing happens when it is absent."""
         self._delete(check_key(key))
 
+    @classmethod
+    def table_properties(cls, uri: str) -> dict[str, str]:
+        """What pyiceberg's file IO needs to read and write tables under `uri` (a warehouse in a store of this kind):
+        endpoint, credentials and retries, from the environment. None needed by default (a local directory)."""
+        return {}
+
     def missing(self, key: str) -> ArtifactError:
         """The error for an object that must exist and does not."""
         return ArtifactError(f"{self.uri}/{key}: no such object")

@@ -88,6 +88,12 @@ class S3Settings:
                    outage_s=outage_window(environ.get(OUTAGE_SETTING, "")))
 
 
+TABLE_PROPERTIES = {"s3.endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"), "s3.region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+                    "s3.access-key-id": ("AWS_ACCESS_KEY_ID",), "s3.secret-access-key": ("AWS_SECRET_ACCESS_KEY",),
+                    "s3.session-token": ("AWS_SESSION_TOKEN",)}
+"""pyiceberg's S3 file IO property -> the AWS variables that give it, the first one set."""
+
+
 class S3Store(ObjectStore):
     """Objects under `s3://bucket/prefix`; ETags are the server's, conditional writes are `If-None-Match`/`If-Match`."""
 
@@ -102,6 +108,13 @@ class S3Store(ObjectStore):
                                                  "connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT},
                                  retry_config={"max_retries": (1 << 16) if retries is None else retries, "retry_timeout": window,
                                                "backoff": BACKOFF})
+
+    @classmethod
+    def table_properties(cls, uri: str) -> dict[str, str]:
+        """pyiceberg's S3 file IO: the AWS variables that are set, and retries that wait out the outage window
+        (`factory.storage.s3_retry`)."""
+        found = {prop: next((os.environ[n] for n in names if os.environ.get(n)), "") for prop, names in TABLE_PROPERTIES.items()}
+        return {**{prop: value for prop, value in found.items() if value}, "s3.retry-strategy-impl": "factory.storage.s3_retry.OutageRetry"}
 
     @classmethod
     def from_uri(cls, uri: str, setting: str, patient: bool = False) -> S3Store:

@@ -75,7 +75,7 @@ def test_an_object_store_source_reads_the_objects_its_globs_match_and_copies_the
 
 
 def test_a_table_read_waits_out_an_endpoint_that_comes_back_within_the_outage_window(tmp_path, monkeypatch):
-    """pyarrow, under pyiceberg, retries for the store's outage window (factory/data/s3_retry.py), not its default three
+    """pyarrow, under pyiceberg, retries for the store's outage window (factory/storage/s3_retry.py), not its default three
     times in about a tenth of a second."""
     import threading
     import time
@@ -99,10 +99,10 @@ def test_a_table_read_waits_out_an_endpoint_that_comes_back_within_the_outage_wi
 
 def test_a_table_read_past_the_outage_window_says_which_setting_allows_longer_outages(tmp_path, monkeypatch):
     """pyarrow's OSError for an endpoint that stayed away (`AWS Error NETWORK_CONNECTION ...`) is said as a store request
-    says it (what stages and commands print, factory/data/s3_retry.py), one line; any other OSError is left as it is."""
+    says it (what stages and commands print, factory/storage/s3_retry.py), one line; any other OSError is left as it is."""
     import pytest
 
-    from factory.data.s3_retry import warehouse_outage
+    from factory.storage.s3_retry import warehouse_outage
 
     with running_s3() as server:
         for name, value in {**server.env(), "FACTORY_STORE": server.url, "FACTORY_STORE_OUTAGE_S": "0.5"}.items():

@@ -1,7 +1,7 @@
 """How long the Iceberg warehouse's reads and writes wait for an S3 endpoint that went away: the store's outage window
 (`FACTORY_STORE_OUTAGE_S`, factory/storage/s3.py), so a table read under a training rides out the same outage as its
 checkpoints. pyiceberg's file IO reaches S3 through pyarrow, which builds this strategy from its import path with no
-arguments (the `s3.retry-strategy-impl` property, set in factory/data/catalog.py)."""
+arguments (the `s3.retry-strategy-impl` property, which `S3Store.table_properties` sets)."""
 
 from __future__ import annotations
 
