@@ -16,7 +16,7 @@ A profile is YAML, kept with the deployment rather than with any experiment:
                     AWS_SECRET_ACCESS_KEY: {secret: factory-s3, key: secret-access-key}}
       evaluations: {queue: cpu, image: registry.example.com/ml/model-factory@sha256:...}
     pools: {training: 4, evaluation: 8}
-    ray: {address: "factory-data-head-svc.model-factory.svc:6379"}   # the data stages' Ray cluster (its head's GCS)
+    ray: {address: "ray://factory-data-head-svc.model-factory.svc:10001"}   # the data stages' Ray cluster
 
 With one, `factory check` refuses placements that cannot be scheduled (an unknown queue, more
 nodes or GPUs than the queue has, an unknown priority class) and `image: local`, which only the
@@ -152,15 +152,7 @@ class RaySettings(Section):
     """The Ray cluster the data stages run on (Daft's Ray runner): `FACTORY_RAY_ADDRESS` in each stage's environment."""
 
     address: str = Field(pattern=r"^(ray://)?[A-Za-z0-9.-]+:[0-9]{1,5}$")
-    """`<head>:6379`: the head's GCS, which a stage reaches from a pod or machine of the cluster's network (not Ray
-    Client's `ray://`: `ray_client_refused`)."""
-
-    @field_validator("address")
-    @classmethod
-    def _not_ray_client(cls, address: str) -> str:
-        if (refused := ray_client_refused(address)) is not None:
-            raise ValueError(refused)
-        return address
+    """`ray://<head>:10001` (Ray Client, from anywhere) or `<head>:6379` (the head's GCS, from a machine of the cluster)."""
 
     def environ(self) -> dict[str, str]:
         """What a stage's environment says of the cluster."""
@@ -209,19 +201,6 @@ def load_profile(path: Path) -> ClusterProfile:
         line = lines.get(field) or lines.get(field[:2]) or lines.get(field[:1]) or 1
         raise ConfigError(f"{path}:{line}: {'.'.join(field)}: {message}")
     return profile
-
-
-def ray_client_refused(address: str) -> str | None:
-    """Why a Ray address cannot be the data stages' cluster, or None when it may be: a `ray://` address is Ray Client,
-    through which Daft's Ray runner does not run them (Ray 2.59, Daft 0.7: near dedup reads its signatures back as a Ray
-    dataset, which Ray Client cannot execute; queries from several threads at once collide on Daft's plan runner; and a
-    client's connection at times fails to start)."""
-    if not address.startswith("ray://"):
-        return None
-    head = address.removeprefix("ray://").rpartition(":")[0]
-    return (f"{address} is Ray Client, through which Daft's Ray runner cannot run the data stages (Ray datasets cannot "
-            f"run there); give the head's GCS address instead, {head}:6379 (on Kubernetes, the head service's gcs port), "
-            "which a stage reaches from the cluster's network")
 
 
 def ray_unreachable(address: str, timeout_s: float = 5.0) -> str | None:

@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from factory.config.cluster import RAY_ADDRESS_ENV, ray_client_refused, ray_unreachable
+from factory.config.cluster import RAY_ADDRESS_ENV, ray_unreachable
 from factory.errors import StageFailed
 
 os.environ.setdefault("DAFT_ANALYTICS_ENABLED", "0")  # Daft reports each import and run over the network unless told not to
@@ -29,8 +29,6 @@ def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> 
         return _chosen[1]
     if not address:  # Daft's default runner: nothing to set
         chosen = f"Daft's native runner on this machine's {os.cpu_count()} cores"
-    elif (refused := ray_client_refused(address)) is not None:
-        raise StageFailed(f"{RAY_ADDRESS_ENV}={refused}")
     else:
         chosen = f"Daft's Ray runner on the Ray cluster at {address} ({_cpus(_connected(address))} CPUs)"
     _chosen = (address, chosen)

@@ -103,12 +103,3 @@ def test_where_evaluation_batches_run_is_checked_against_the_queues(tmp_path, ev
     assert str(caught.value).startswith(f"{tmp_path / 'cluster.yaml'}{error}")
     fits = PROFILE + "kubernetes:\n  evaluations: {queue: default, gpus: 8, priority: high}\n"
     assert load_profile(write(tmp_path, "fits.yaml", fits)).kubernetes.evaluations.gpus == 8
-
-
-def test_a_ray_client_address_is_refused_at_its_line_naming_the_head_s_gcs_address(tmp_path):
-    path = write(tmp_path, "cluster.yaml", "queues: {default: {nodes: 1}}\nray:\n  address: ray://head.example:10001\n")
-    with pytest.raises(ConfigError) as failed:
-        load_profile(path)
-    assert f"{path}:3: ray.address: " in str(failed.value)
-    assert "ray://head.example:10001 is Ray Client" in str(failed.value) and "head.example:6379" in str(failed.value)
-    assert load_profile(write(tmp_path, "gcs.yaml", "queues: {default: {nodes: 1}}\nray: {address: 'head.example:6379'}\n")).ray.address == "head.example:6379"

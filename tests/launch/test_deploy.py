@@ -114,10 +114,10 @@ def ray_cluster_problems(cluster: dict, profile_address: str | None, queues: set
         found += [f"{path}: container {c['name']} runs {c['image']}, not the factory's image {image}"
                   for c in template["spec"]["containers"] if c["image"] != image]
     head = (spec.get("headGroupSpec") or {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
-    served = {f"{cluster['metadata']['name']}-head-svc.{cluster['metadata'].get('namespace')}.svc:{port['containerPort']}"
-              for port in head.get("ports", []) if port.get("name") == "gcs"}
+    served = {f"ray://{cluster['metadata']['name']}-head-svc.{cluster['metadata'].get('namespace')}.svc:{port['containerPort']}"
+              for port in head.get("ports", []) if port.get("name") == "client"}
     if profile_address not in served:
-        found.append(f"the profile's ray.address {profile_address!r} is not the head service's GCS port ({sorted(served)})")
+        found.append(f"the profile's ray.address {profile_address!r} is not the head's client service ({sorted(served)})")
     return found
 
 
@@ -145,7 +145,7 @@ def test_the_ray_cluster_runs_the_factorys_image_as_a_volcano_gang_at_the_profil
     lambda c: c["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": 0}),
     lambda c: c["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0].update(volumeMount=[]),
     lambda c: c["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0].update(image="rayproject/ray:2.59.0"),
-    lambda c: c["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][0].update(containerPort=6380),
+    lambda c: c["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][1].update(containerPort=10002),
     lambda c: c["metadata"].update(name="data"),
     lambda c: c["spec"].pop("workerGroupSpecs"),
 ], ids=["no-volcano", "unknown-queue", "ray-drift", "partial-gang", "misspelt-group-field", "number-param", "bad-pod-field",

@@ -180,11 +180,6 @@ def test_a_ray_address_where_nothing_answers_fails_the_stage_saying_where_it_was
         use_engine(logging.getLogger("test"), {RAY_ADDRESS_ENV: address})
 
 
-def test_a_ray_client_address_given_to_a_stage_fails_it_saying_to_give_the_heads_gcs_address():
-    with pytest.raises(StageFailed, match=rf"{RAY_ADDRESS_ENV}=ray://127.0.0.1:10001 is Ray Client, .* 127.0.0.1:6379"):
-        use_engine(logging.getLogger("test"), {RAY_ADDRESS_ENV: "ray://127.0.0.1:10001"})
-
-
 def test_factory_run_refuses_an_unreachable_ray_cluster_at_the_profiles_line_before_any_stage(tmp_path, tiny_path):
     profile = tmp_path / "cluster.yaml"
     port = free_port()
