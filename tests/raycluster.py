@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tests.ports import free_port
+from tests.ports import free_port, serving
 
 START_TIMEOUT_S = 180
 RAY = Path(sys.executable).parent / "ray"
@@ -28,9 +29,10 @@ def auth(token: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[tuple[str, dict[str, str]]]:
+def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[tuple[str, str, dict[str, str]]]:
     """A Ray head started with `env` added to ours (its workers inherit it: a plugin's PYTHONPATH, say), taking one token;
-    its GCS address and the environment a driver connects with."""
+    its GCS address (a driver on a node of the cluster), its Ray Client address (`ray://`: a driver anywhere, as a stage's
+    pod on Kubernetes), and the environment a driver connects with."""
     port, client_port = free_port(), free_port()  # ephemeral ports: outside the range Ray's workers take theirs from
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     argv = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", f"--ray-client-server-port={client_port}",
@@ -50,11 +52,17 @@ def running_ray(env: Mapping[str, str], cpus: int = 2) -> Iterator[tuple[str, di
 
     threading.Thread(target=follow, daemon=True).start()
     try:
-        if not started.wait(START_TIMEOUT_S):
-            raise RuntimeError("ray start did not start a head in time:\n" + "".join(said[-30:]))
-        yield f"127.0.0.1:{port}", driver
+        if not started.wait(START_TIMEOUT_S) or not serving(lambda: _accepts(client_port), process, START_TIMEOUT_S, 0.2, (OSError,)):
+            raise RuntimeError("ray start did not start a head and its client server in time:\n" + "".join(said[-30:]))
+        yield f"127.0.0.1:{port}", f"ray://127.0.0.1:{client_port}", driver
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # the head, its raylet and every worker: one group
         process.wait(30)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port` (Ray's client server starts after the head says so)."""
+    with socket.create_connection(("127.0.0.1", port), 1):
+        return True

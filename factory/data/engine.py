@@ -17,6 +17,8 @@ os.environ.setdefault("DAFT_PROGRESS_BAR", "0")  # the stages report progress th
 
 _chosen: tuple[str, str] | None = None
 """The Ray address this process's engine was set for ("": none) and what it is (Daft's runner is set once per process)."""
+CONNECT_TRIES = 3
+"""Connections to a Ray cluster a stage tries before it fails (`_connected`)."""
 RAY_IN_FLIGHT = 8
 """Pieces of work a stage keeps on a Ray cluster at once: each holds its documents in this process until it is back."""
 
@@ -50,19 +52,32 @@ def in_flight() -> int:
 
 
 def _connected(address: str) -> object:
-    """Ray, connected to the cluster at `address` (without forwarding its workers' output to this process's terminal)."""
+    """Ray, connected to the cluster at `address` (without forwarding its workers' output to this process's terminal), with
+    Daft's Ray runner set and its plan runner started on the cluster (a query of one row, before the chunks a stage
+    signs at once ask for it from several threads). A connection that fails is tried again, up to CONNECT_TRIES times:
+    Ray Client's proxy (`ray://`) at times fails to start the server it gives a new client."""
     if (reason := ray_unreachable(address)) is not None:
         raise StageFailed(f"no Ray cluster answers at {address} ({RAY_ADDRESS_ENV}, the cluster profile's ray.address): {reason}")
     import daft
     import ray
 
-    try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        daft.set_runner_ray(noop_if_initialized=True)
-    except Exception as e:  # Ray's errors (ConnectionError, its own) say what failed; the stage says where it was told to go
-        raise StageFailed(f"cannot run on the Ray cluster at {address} ({RAY_ADDRESS_ENV}, the cluster profile's ray.address): "
-                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no reason given'}") from None
-    return ray
+    attempt = 1
+    while True:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            daft.set_runner_ray(noop_if_initialized=True)
+            daft.from_pydict({"ready": [1]}).sum("ready").to_pydict()  # a plan to run (a dataframe of data alone has none)
+            return ray
+        except Exception as e:  # Ray's errors (ConnectionError, its own) say what failed; the stage says where it was told to go
+            ray.shutdown()
+            said = str(e).strip().splitlines()[0] if str(e).strip() else "no reason given"
+            if not isinstance(e, ConnectionError) or attempt == CONNECT_TRIES:
+                tries = f" (tried {attempt} times)" if attempt > 1 else ""
+                raise StageFailed(f"cannot run on the Ray cluster at {address} ({RAY_ADDRESS_ENV}, the cluster profile's "
+                                  f"ray.address){tries}: {type(e).__name__}: {said}") from None
+            logging.getLogger(__name__).warning("connecting to the Ray cluster at %s failed (%s: %s); trying again", address,
+                                                type(e).__name__, said)
+            attempt += 1
 
 
 def _cpus(ray: object) -> int:

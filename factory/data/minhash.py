@@ -223,23 +223,26 @@ class _InFiles(_Spilled):
 
 
 class _InObjectStore(_Spilled):
-    """Objects in the Ray cluster's store (`ray.put`), read by Daft as a Ray dataset of those blocks."""
+    """Objects in the Ray cluster's store: each put there as a one-partition Daft dataframe (`daft.from_arrow` on the Ray
+    runner puts its partition in the object store at once; the stage keeps the dataframe, a reference), read together as
+    their union. Daft's own partitions, not a Ray dataset: Ray Data cannot run its plans through Ray Client (`ray://`,
+    the cluster profile's address on Kubernetes), where reading a Ray dataset's schema fails."""
 
     def __init__(self) -> None:
         super().__init__()
         self.references: list[Any] = []
 
     def _put(self, signed: pa.Table) -> None:
-        import ray
+        import daft
 
-        self.references.append(ray.put(signed))
+        self.references.append(daft.from_arrow(signed))
 
     def frame(self) -> Any:
-        import daft
-        import ray.data
-
         self._all_put()
-        return daft.from_ray_dataset(ray.data.from_arrow_refs(self.references))
+        frames = list(self.references)
+        while len(frames) > 1:  # a balanced union: as deep as the log of the pieces, however many there are
+            frames = [frames[i].concat(frames[i + 1]) if i + 1 < len(frames) else frames[i] for i in range(0, len(frames), 2)]
+        return frames[0]
 
 
 def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:

@@ -1,5 +1,6 @@
 """The data stages on a real Ray cluster (`ray start --head` on 127.0.0.1): with `FACTORY_RAY_ADDRESS` (the cluster
-profile's `ray.address`) dedup and the filters run on Daft's Ray runner, a plugin filter on the cluster's workers, and
+profile's `ray.address`: its Ray Client address, as the deployed profile's, and its GCS address) dedup and the filters
+run on Daft's Ray runner, a plugin filter on the cluster's workers, and
 they write the tables Daft's native runner writes; a process killed in the middle of a stage fails it with nothing
 published, or, a Ray worker, is retried; an address where nothing answers stops `factory run` before any stage, naming the profile's line."""
 
@@ -77,8 +78,8 @@ def cluster(site, tmp_path_factory) -> Iterator[dict]:
     """One Ray cluster for the module, its processes with the plugins on their path; where its filters write."""
     marks = tmp_path_factory.mktemp("ray-marks")
     plugins = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    with running_ray({**plugins, "WHERE_IT_RAN": str(marks / "ray-pids"), "KILLED_MARKER": str(marks / "killed")}) as (address, token):
-        yield {"address": address, "token": token, "plugins": plugins, "marks": marks}
+    with running_ray({**plugins, "WHERE_IT_RAN": str(marks / "ray-pids"), "KILLED_MARKER": str(marks / "killed")}) as (address, client, token):
+        yield {"address": address, "client": client, "token": token, "plugins": plugins, "marks": marks}
 
 
 def run_stages(tmp_path: Path, tiny_path: Path, label: str, env: dict[str, str] | None = None, dataset: dict | None = None,
@@ -120,9 +121,11 @@ def tables(root: Path) -> dict[str, dict]:
 
 
 def test_the_data_stages_run_on_a_ray_cluster_and_write_what_the_native_runner_writes(tmp_path, tiny_path, site, cluster, monkeypatch):
+    """Through Ray Client (`ray://`), as the deployed profile reaches the cluster from a stage's pod: near dedup's
+    signatures wait on the cluster as Daft's partitions, which Ray Client can run (a Ray dataset of them cannot)."""
     monkeypatch.setenv("PYTHONPATH", cluster["plugins"]["PYTHONPATH"])
     monkeypatch.setenv("WHERE_IT_RAN", str(tmp_path / "native-pids"))
-    address = cluster["address"]
+    address = cluster["client"]
     with installed(site):
         run_stages(tmp_path, tiny_path, "native")
         said = run_stages(tmp_path, tiny_path, "ray", {RAY_ADDRESS_ENV: address, **cluster["token"], "WHERE_IT_RAN": str(tmp_path / "driver-pids")})
