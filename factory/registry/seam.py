@@ -5,7 +5,7 @@ Two registries implement it:
 - `ArtifactStore` (`factory.registry.store`), the embedded default: a directory on a POSIX disk, where an artifact is
   published by renaming its staging directory into place and read where it lies (no copy), its files proven unchanged
   by their size, mtime, ctime and inode;
-- `ObjectRegistry` (`factory.registry.objects`), over any `factory.storage.ObjectStore` (`s3://` today): no rename, so
+- `ObjectRegistry` (`factory.registry.objects`), over any `factory.storage.ObjectStore` (`s3://`; `file://` too): no rename, so
   objects first and the manifest last with conditional writes; an artifact read is copied into a bounded local cache,
   hashed on the way.
 A new place to keep artifacts (GCS, Azure) is an `ObjectStore` backend (`factory.storage.BACKENDS`), which
@@ -65,7 +65,8 @@ class Registry(Protocol):
         ...
 
     def path(self, digest: str) -> Path:
-        """Where a published artifact's directory is on local disk (it may not exist)."""
+        """A published artifact's directory on local disk: on disk, where it is (it may not exist); from an object
+        store, its local copy, fetched as `open` fetches it when the store has it."""
         ...
 
     def where(self, digest: str) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from factory.atomic import fsync_directory, synced_temp, write_atomic
 from factory.errors import ArtifactError
@@ -50,6 +50,9 @@ from factory.registry.history import History, checked_topic
 from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, ManifestRow, Where
 from factory.registry.lease import Holder, hold, read_holder
 from factory.registry.verify import Damage, object_damage
+
+if TYPE_CHECKING:
+    from factory.registry.seam import Registry
 
 MANIFEST_VERSION = 1
 log = logging.getLogger(__name__)
@@ -496,8 +499,8 @@ def _inside(name: str) -> bool:
     return bool(name) and "\0" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def manifest_of(registry: ArtifactStore, digest: str) -> Manifest:
-    """The manifest of the published artifact `digest` (`ArtifactStore.by_digest`, either kind of registry), for a
+def manifest_of(registry: Registry, digest: str) -> Manifest:
+    """The manifest of the published artifact `digest` (`Registry.by_digest`), for a
     reader of one of its files (`read`, `fetch`); ArtifactError when none is published."""
     found = registry.by_digest(digest) if DIGEST.match(str(digest)) else None
     if found is None:
@@ -505,7 +508,7 @@ def manifest_of(registry: ArtifactStore, digest: str) -> Manifest:
     return found
 
 
-def read_required(registry: ArtifactStore, manifest: Manifest, name: str) -> bytes:
+def read_required(registry: Registry, manifest: Manifest, name: str) -> bytes:
     """The bytes of one file of a published artifact (`registry.read`); ArtifactError naming it when the artifact has none."""
     data = registry.read(manifest, name)
     if data is None:
