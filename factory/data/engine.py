@@ -5,8 +5,10 @@ environment). A stage's code is the same on both: it calls `use_engine` once, be
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 
 from factory.config.cluster import RAY_ADDRESS_ENV, ray_unreachable
@@ -65,19 +67,31 @@ def _connected(address: str) -> object:
     while True:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-            daft.set_runner_ray(noop_if_initialized=True)
-            daft.from_pydict({"ready": [1]}).sum("ready").to_pydict()  # a plan to run (a dataframe of data alone has none)
-            return ray
+            break
         except Exception as e:  # Ray's errors (ConnectionError, its own) say what failed; the stage says where it was told to go
-            ray.shutdown()
-            said = str(e).strip().splitlines()[0] if str(e).strip() else "no reason given"
+            with contextlib.suppress(Exception):
+                ray.shutdown()
             if not isinstance(e, ConnectionError) or attempt == CONNECT_TRIES:
-                tries = f" (tried {attempt} times)" if attempt > 1 else ""
-                raise StageFailed(f"cannot run on the Ray cluster at {address} ({RAY_ADDRESS_ENV}, the cluster profile's "
-                                  f"ray.address){tries}: {type(e).__name__}: {said}") from None
-            logging.getLogger(__name__).warning("connecting to the Ray cluster at %s failed (%s: %s); trying again", address,
-                                                type(e).__name__, said)
+                raise _cannot_run(address, e, attempt) from None
+            logging.getLogger(__name__).warning("connecting to the Ray cluster at %s failed (%s); trying again", address, _said(e))
             attempt += 1
+            time.sleep(1)
+    try:
+        daft.set_runner_ray(noop_if_initialized=True)
+        daft.from_pydict({"ready": [1]}).sum("ready").to_pydict()  # a plan to run (a dataframe of data alone has none)
+    except Exception as e:
+        raise _cannot_run(address, e, 1) from None
+    return ray
+
+
+def _cannot_run(address: str, error: Exception, tries: int) -> StageFailed:
+    tried = f" (tried {tries} times)" if tries > 1 else ""
+    return StageFailed(f"cannot run on the Ray cluster at {address} ({RAY_ADDRESS_ENV}, the cluster profile's ray.address){tried}: "
+                       f"{_said(error)}")
+
+
+def _said(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else 'no reason given'}"
 
 
 def _cpus(ray: object) -> int:

@@ -223,26 +223,40 @@ class _InFiles(_Spilled):
 
 
 class _InObjectStore(_Spilled):
-    """Objects in the Ray cluster's store: each put there as a one-partition Daft dataframe (`daft.from_arrow` on the Ray
-    runner puts its partition in the object store at once; the stage keeps the dataframe, a reference), read together as
-    their union. Daft's own partitions, not a Ray dataset: Ray Data cannot run its plans through Ray Client (`ray://`,
-    the cluster profile's address on Kubernetes), where reading a Ray dataset's schema fails."""
+    """Objects in the Ray cluster's store: each chunk put there as one of Daft's own partitions (`ray.put`; the stage
+    keeps the reference alone), made one Daft dataframe of those partitions at the end, as Daft makes one of a Ray
+    dataset's blocks but without Ray Data, which cannot run through Ray Client (`ray://`, the deployed profile's address):
+    there a Ray dataset fails to read its own schema. Daft's internals, pinned with Daft (`daft.from_arrow` would do it
+    in public, but reads each partition back to keep a preview of it: the stage would hold every chunk again)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.references: list[Any] = []
+        self.schema: pa.Schema | None = None
 
     def _put(self, signed: pa.Table) -> None:
-        import daft
+        import ray
+        from daft.recordbatch import MicroPartition
 
-        self.references.append(daft.from_arrow(signed))
+        self.schema = signed.schema
+        self.references.append(ray.put(MicroPartition.from_arrow(signed)))
 
     def frame(self) -> Any:
+        import daft
+        from daft.logical.builder import LogicalPlanBuilder
+        from daft.runners import get_or_create_runner
+        from daft.runners.ray_runner import RayMaterializedResult, RayPartitionSet
+
         self._all_put()
-        frames = list(self.references)
-        while len(frames) > 1:  # a balanced union: as deep as the log of the pieces, however many there are
-            frames = [frames[i].concat(frames[i + 1]) if i + 1 < len(frames) else frames[i] for i in range(0, len(frames), 2)]
-        return frames[0]
+        partitions = RayPartitionSet()
+        for number, reference in enumerate(self.references):
+            partitions.set_partition(number, RayMaterializedResult(reference))
+        cached = get_or_create_runner().put_partition_set_into_cache(partitions)
+        frame = daft.DataFrame(LogicalPlanBuilder.from_in_memory_scan(
+            cached, schema=daft.Schema.from_pyarrow_schema(self.schema), num_partitions=partitions.num_partitions(),
+            size_bytes=partitions.size_bytes(), num_rows=len(partitions)))
+        frame._result_cache = cached  # the partitions are its result: nothing to compute before the bands
+        return frame
 
 
 def _pieces(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.Table]:

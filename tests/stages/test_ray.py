@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from factory.config import UPSTREAM, load, plan_stage
@@ -143,6 +144,37 @@ def test_the_data_stages_run_on_a_ray_cluster_and_write_what_the_native_runner_w
     assert len((cluster["marks"] / "ray-pids").read_text().split()) == judged  # each document the filter saw: on the cluster
     assert not (tmp_path / "driver-pids").exists()  # none in the stage's own process or one it started
     assert len((tmp_path / "native-pids").read_text().split()) == judged  # natively: in Daft's processes, here
+
+
+NEAR_ON_RAY = """
+import json, logging, sys
+import pyarrow as pa
+from factory.config.cluster import RAY_ADDRESS_ENV
+from factory.config.data_sections import DedupConfig
+from factory.data import minhash
+from factory.data.engine import use_engine
+
+use_engine(logging.getLogger("test"), {RAY_ADDRESS_ENV: sys.argv[1]})
+minhash.SPILL_ROWS = 3  # a partition on the cluster every three signatures
+texts = json.loads(sys.argv[2])
+documents = pa.table({"id": sorted(texts), "text": [texts[name] for name in sorted(texts)]})
+print(json.dumps(sorted(minhash.near_duplicates(documents, DedupConfig.model_validate(json.loads(sys.argv[3])), 0, chunk=2, at_once=4))))
+"""
+
+
+def test_near_dedup_through_ray_client_signs_chunks_at_once_and_groups_many_partitions_as_the_native_runner(cluster):
+    """Many chunks signed at once (Daft's plan runner started before the threads ask for it) and many partitions of
+    signatures on the cluster, through Ray Client: the documents the native runner removes."""
+    from factory.config.data_sections import DedupConfig
+    from factory.data.minhash import near_duplicates
+
+    config = {"exact": False, "near_threshold": 0.5, "num_perm": 32}
+    documents = {"id": sorted(FILES), "text": [FILES[name] for name in sorted(FILES)]}
+    native = sorted(near_duplicates(pa.table(documents), DedupConfig.model_validate(config), 0))
+    done = subprocess.run([sys.executable, "-c", NEAR_ON_RAY, cluster["client"], json.dumps(FILES), json.dumps(config)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **cluster["token"]})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == native and len(native) >= 3  # the near copies but the first
 
 
 def test_a_process_killed_in_the_middle_of_a_stage_fails_it_publishing_nothing_and_a_killed_ray_worker_is_retried(
