@@ -72,16 +72,16 @@ def on_disk(root: Path, megabytes: int, repeat: int = 200) -> None:
     the object-store registry over a local directory, which copies each file in (`upload`) and each artifact read into its
     cache (hashing it): the same checkpoint on the same disk, and the lookup a cached stage makes."""
     files = {"step_000100.pt": os.urandom(megabytes * MB)}
-    sides = {"ArtifactStore": ArtifactStore(root / "artifacts"),
-             "ObjectRegistry over file://": ObjectRegistry(open_store(root / "objects"), root / "objects-local")}
+    sides = {"ArtifactStore": (ArtifactStore(root / "artifacts"), [root / "artifacts"]),
+             "ObjectRegistry over file://": (ObjectRegistry(open_store(root / "objects"), root / "objects-local"),
+                                             [root / "objects", root / "objects-local"])}
     figures = {}
-    for name, registry in sides.items():
+    for name, (registry, directories) in sides.items():
         published = timed(lambda r=registry: publish(r, "fp-checkpoint", files))
         digest = registry.lookup("fp-checkpoint").digest
         opened = timed(lambda r=registry: [p.read_bytes() for p in r.open(digest).iterdir()])
         looked = timed(lambda r=registry: [r.lookup("fp-checkpoint") for _ in range(repeat)]) / repeat
-        held = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and (p.is_relative_to(registry.root) or
-                                                                               p.is_relative_to(Path(registry.location.removeprefix("file://")))))
+        held = sum(p.stat().st_size for directory in directories for p in directory.rglob("*") if p.is_file())
         figures[name] = (published, opened, looked)
         print(f"local disk, {name}: publish {megabytes / published:.0f} MB/s, open and read {megabytes / opened:.0f} MB/s, "
               f"lookup {looked * 1000:.2f} ms, {held / MB:.0f} MB on disk")

@@ -30,6 +30,7 @@ into `cache/parts/<digest>/`, each checked against the manifest's sha256.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -50,7 +51,7 @@ from factory.registry.history import RECORD, checked_topic, parse_record
 from factory.registry.index import EVERY, ManifestIndex, ManifestRow, Where
 from factory.registry.lease import Holder
 from factory.registry.store import Manifest, Provenance, Scratch, artifact_digest, parse_manifest
-from factory.registry.verify import Damage
+from factory.registry.verify import Damage, damage_of
 from factory.storage import ObjectStore
 
 LAYOUT = 1
@@ -390,19 +391,8 @@ class ObjectRegistry(Scratch):
     def verify(self) -> list[Damage]:
         """Every damaged manifest, then the damage of every artifact a readable manifest names (each once): each manifest
         read whole, each artifact's objects downloaded and hashed."""
-        damaged: list[Damage] = []
-        checked: set[str] = set()
-        for key in self.store.list("manifests/"):
-            try:
-                manifest = self.read_manifest(key)
-            except ArtifactError as e:
-                damaged.append(Damage(kind="manifest", path=f"{self.location}/{key}", problem=str(e.__cause__ or e)))
-                continue
-            if manifest.digest not in checked:
-                checked.add(manifest.digest)
-                where = f"{self.location}/objects/{manifest.digest}"
-                damaged.extend(Damage(kind="object", path=where, problem=problem) for problem in self.damage(manifest))
-        return damaged
+        return damage_of(((f"{self.location}/{key}", functools.partial(self.read_manifest, key)) for key in self.store.list("manifests/")),
+                         lambda manifest: (f"{self.location}/objects/{manifest.digest}", self.damage(manifest)))
 
     def damage(self, manifest: Manifest) -> list[str]:
         """What is wrong with a manifest's artifact, every byte read (what `factory registry verify` reports)."""

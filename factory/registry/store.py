@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -49,7 +50,7 @@ from factory.registry.files import (
 from factory.registry.history import History, checked_topic
 from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, ManifestRow, Where
 from factory.registry.lease import Holder, hold, read_holder
-from factory.registry.verify import Damage, object_damage
+from factory.registry.verify import Damage, damage_of, object_damage
 
 if TYPE_CHECKING:
     from factory.registry.seam import Registry
@@ -321,19 +322,11 @@ class ArtifactStore(Scratch):
 
     def verify(self) -> list[Damage]:
         """Every damaged manifest, then the damage of every artifact a readable manifest names (each once), every byte read."""
-        damaged: list[Damage] = []
-        checked: set[str] = set()
-        for path in self.manifest_paths():
-            try:
-                manifest = self.read_manifest(path)
-            except ArtifactError as e:
-                damaged.append(Damage(kind="manifest", path=str(path), problem=str(e.__cause__ or e)))
-                continue
-            if manifest.digest not in checked:
-                checked.add(manifest.digest)
-                base = self.path(manifest.digest)
-                damaged.extend(Damage(kind="object", path=str(base), problem=problem) for problem in object_damage(base, manifest.files))
-        return damaged
+        def artifact(manifest: Manifest) -> tuple[str, list[str]]:
+            base = self.path(manifest.digest)
+            return str(base), object_damage(base, manifest.files)
+
+        return damage_of(((str(path), functools.partial(self.read_manifest, path)) for path in self.manifest_paths()), artifact)
 
     def manifest_paths(self) -> list[Path]:
         """Every manifest file in the registry, readable or not."""

@@ -8,15 +8,17 @@ own kind of storage (`Registry.verify`); this module holds what they report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from factory.errors import ArtifactError
 from factory.registry.files import sha256_file, structural_damage
 
 if TYPE_CHECKING:
     from factory.registry.seam import Registry
+    from factory.registry.store import Manifest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +38,26 @@ class Damage:
 def verify(registry: Registry) -> list[Damage]:
     """Every damaged manifest, then the damage of every artifact a readable manifest names (each once)."""
     return registry.verify()
+
+
+def damage_of(manifests: Iterable[tuple[str, Callable[[], Manifest]]],
+              artifact: Callable[[Manifest], tuple[str, list[str]]]) -> list[Damage]:
+    """What `verify` reports of a registry's manifests, each given as where it is and its read (which raises ArtifactError
+    when it is damaged): every damaged manifest, then the damage of every artifact a readable one names, each once
+    (`artifact`: where the artifact is, and what is wrong with it)."""
+    damaged: list[Damage] = []
+    checked: set[str] = set()
+    for where, read in manifests:
+        try:
+            manifest = read()
+        except ArtifactError as e:
+            damaged.append(Damage(kind="manifest", path=where, problem=str(e.__cause__ or e)))
+            continue
+        if manifest.digest not in checked:
+            checked.add(manifest.digest)
+            base, problems = artifact(manifest)
+            damaged.extend(Damage(kind="object", path=base, problem=problem) for problem in problems)
+    return damaged
 
 
 def object_damage(base: Path, files: Mapping[str, Mapping[str, Any]]) -> list[str]:
