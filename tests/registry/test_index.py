@@ -157,7 +157,8 @@ def test_two_processes_publishing_and_listing_at_once_lose_nothing(store):
 def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     """Each condition a listing can ask (`Where`), from the index and from the files (an index that cannot be made),
     on a small graph: two experiments, a pretrain run each, a model of one, an evaluation of both runs, a fine-tune of the
-    model, and an artifact of the other experiment with the fine-tune's bytes (one digest, made from something else)."""
+    model, and an artifact of the other experiment with the fine-tune's bytes (one digest, made from something else).
+    The index answers each without reading a manifest: a query SQLite refuses would fall back to reading them all."""
     from factory.registry import Provenance
     from factory.registry.index import Where
 
@@ -186,7 +187,10 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
         return ({name: [m.fingerprint for m in store.manifests(kind, where)] for name, (kind, where) in asked.items()}
                 | {name: [m.fingerprint for m in store.manifests(kind, where, newest=n)] for name, (kind, where, n) in newest.items()})
 
-    indexed = answers()
+    list(store.manifests())  # the index built
+    indexed: dict[str, list[str]] = {}
+    opened = opened_files(lambda: indexed.update(answers()))
+    assert not [path for path in opened if "/manifests/" in path], "every condition is answered by the index, no manifest read"
     assert indexed["made from a"] == ["eval-ab", "model-a"] and indexed["models of exp-a"] == ["model-a"] and indexed["nothing"] == []
     assert indexed["holding model-a's file"] == ["model-a"] and indexed["newest pretrain of exp-b"] == ["run-b"]
     assert indexed["descending from a"] == ["eval-ab", "model-a", "sft-a"] and indexed["sft descending from b"] == ["same-bytes-b"]
