@@ -398,7 +398,7 @@ def _ranked(row: Row, sort: str, ranked_on: str) -> Row:
     note = (row.note if not row.finished else f"no {sort} score" if sort not in row.data else
             f"{sort} on {describe(row.data[sort])}, not comparable with the ranked rows' ({describe(ranked_on)})"
             if row.data[sort] != ranked_on else "")
-    return replace(row, ranked=not note, note=note)
+    return row if (row.ranked, row.note) == (not note, note) else replace(row, ranked=not note, note=note)  # most rows are as they were
 
 
 def _rank_key(row: Row, sort: str, lower_is_better: bool) -> tuple[int, str, float, str]:
