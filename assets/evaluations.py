@@ -23,14 +23,13 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
-    MultiPartitionKey,
     PipesExecutionResult,
     asset,
 )
 from pydantic import ValidationError
 
 from assets.benchmark_data import ensure_benchmark_data
-from assets.partitions import CHECKPOINTS, evaluations_partitions
+from assets.partitions import CHECKPOINTS, evaluation_key, evaluations_partitions
 from assets.records import latest_metadata, latest_metadata_by_partition
 from factory.config.fingerprint import code_identity
 from factory.config.pools import EVALUATION_POOL
@@ -101,7 +100,7 @@ def eval_item(instance: DagsterInstance, key: str, metadata: Mapping[str, Mappin
 def pair_item(name: str, checkpoint: str, recorded: Mapping[str, Any] | None) -> EvalItem:
     """The evaluation of checkpoint `checkpoint` (its newest materialization's metadata: `recorded`, or None) on
     benchmark `name`: one partition. Failure, saying what to do, when it cannot be evaluated."""
-    key = str(MultiPartitionKey({"benchmark": name, "checkpoint": checkpoint}))
+    key = evaluation_key(name, checkpoint)
     try:
         benchmark(name)
     except ConfigError as e:

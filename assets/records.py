@@ -49,24 +49,23 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
         return {}  # (the event log reads an empty set as "every partition")
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(
         key, DagsterEventType.ASSET_MATERIALIZATION, set(partitions) if partitions is not None else None)
-    ids = sorted(latest.values())
     found: dict[str, dict[str, Any]] = {}
+    left = []
     with collector_paused():
-        for start in range(0, len(ids), CHUNK):
-            _read_chunk(instance, key, ids[start : start + CHUNK], labels, found)
+        for storage_id, read in _rows(instance, sorted(latest.values()), labels):
+            if read is not None:
+                found[read[0]] = read[1]
+            else:
+                left.append(storage_id)
+        for start in range(0, len(left), CHUNK):
+            _read_records(instance, key, left[start : start + CHUNK], labels, found)
     return found
 
 
-def _read_chunk(instance: DagsterInstance, key: AssetKey, chunk: list[int], labels: Collection[str] | None,
-                found: dict[str, dict[str, Any]]) -> None:
-    """The partition and metadata of each record of `chunk` (storage ids), into `found`."""
-    left = []
-    for storage_id, read in _rows(instance, chunk, labels):
-        if read is not None:
-            found[read[0]] = read[1]
-        else:
-            left.append(storage_id)
-    for record in instance.fetch_materializations(AssetRecordsFilter(asset_key=key, storage_ids=left), limit=len(left)).records if left else ():
+def _read_records(instance: DagsterInstance, key: AssetKey, chunk: list[int], labels: Collection[str] | None,
+                  found: dict[str, dict[str, Any]]) -> None:
+    """The partition and metadata of each record of `chunk` (storage ids), as Dagster reads them, into `found`."""
+    for record in instance.fetch_materializations(AssetRecordsFilter(asset_key=key, storage_ids=chunk), limit=len(chunk)).records:
         materialization = record.asset_materialization
         if materialization is not None and materialization.partition is not None:
             found[materialization.partition] = {name: value.value for name, value in materialization.metadata.items()
@@ -100,11 +99,13 @@ def _rows(instance: DagsterInstance, ids: list[int], labels: Collection[str] | N
     if SqlEventLogStorage is None or not isinstance(storage, SqlEventLogStorage):
         yield from ((storage_id, None) for storage_id in ids)
         return
-    with storage.index_connection() as connection:
-        rows = connection.execute(sqlalchemy.select(table.c.id, table.c.event).where(table.c.id.in_(ids))).fetchall()
     checked: dict[str, Any] = {}
-    read = {storage_id: _materialization(text, labels, checked) for storage_id, text in rows}
-    yield from ((storage_id, read.get(storage_id)) for storage_id in ids)
+    with storage.index_connection() as connection:  # one connection for every chunk (PostgreSQL's take milliseconds each)
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            rows = connection.execute(sqlalchemy.select(table.c.id, table.c.event).where(table.c.id.in_(chunk))).fetchall()
+            read = {storage_id: _materialization(text, labels, checked) for storage_id, text in rows}
+            yield from ((storage_id, read.get(storage_id)) for storage_id in chunk)
 
 
 def _materialization(text: str, labels: Collection[str] | None = None, checked: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]] | None:

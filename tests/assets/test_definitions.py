@@ -1,5 +1,6 @@
 """The code location: the asset graph's lineage and partitioning as the Dagster UI shows it."""
 
+import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, DynamicPartitionsDefinition, MultiPartitionsDefinition, evaluate_automation_conditions
 
 from assets.definitions import defs
@@ -91,3 +92,15 @@ def test_sensors_are_running_by_default():
 
     for name in ("experiments_at_head", "automation"):
         assert defs.resolve_sensor_def(name).default_status == DefaultSensorStatus.RUNNING
+
+
+@pytest.mark.parametrize(("benchmark", "checkpoint"), [("heldout_bpb", "tiny-code-lm__pretrain-000100"), ("a|b", "c"), ("", "x__sft-000001")])
+def test_an_evaluation_key_is_the_multi_partition_key_dagster_makes(benchmark, checkpoint):
+    from dagster import MultiPartitionKey
+
+    from assets.partitions import evaluation_key, evaluations_partitions
+
+    key = evaluation_key(benchmark, checkpoint)
+    assert key == str(MultiPartitionKey({"checkpoint": checkpoint, "benchmark": benchmark}))
+    if "|" not in benchmark + checkpoint:
+        assert evaluations_partitions.get_partition_key_from_str(key).keys_by_dimension == {"benchmark": benchmark, "checkpoint": checkpoint}
