@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from factory.evals import publish
 from factory.evals.publish import current_board
 from factory.registry import ArtifactStore
 from factory.registry.store import Provenance
@@ -112,13 +113,18 @@ def test_a_kept_entry_that_is_damaged_is_computed_again(tmp_path, caplog):
     history = History(registry, 7)
     while not current_board(registry).rows:
         history.step()
-    [entries] = (tmp_path / "cache" / "boards").glob("entries-*.json")
-    state, kept = map(json.loads, entries.read_text().splitlines())
+    [entries] = (tmp_path / "cache" / "boards").glob("entries-*.kept")
+    state, kept = publish._kept(entries, None, list)
     kept[0]["row"] = {"experiment": "x"}  # a row lacking its fields
-    entries.write_text(f"{json.dumps(state)}\n{json.dumps(kept)}\n")
+    publish._keep(entries, state, kept)
     history.publish("pretrain", "pretrain-new", "z", {"steps": 1})
     assert current_board(registry).to_json() == from_scratch(registry, None)
     assert "the kept leaderboard" in caplog.text and Path(entries).exists()
+    caplog.clear()
+    entries.write_bytes(entries.read_bytes()[:-1] + b"\x00")  # its last byte changed: marshal is never given it
+    history.publish("pretrain", "pretrain-newer", "z", {"steps": 1})
+    assert current_board(registry).to_json() == from_scratch(registry, None)
+    assert "is not what its sha256 says" in caplog.text
 
 
 def damage(registry: ArtifactStore, where: str, kind: str = "kind = 'evaluations'", body: str = "'not json'") -> None:

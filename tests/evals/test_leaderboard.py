@@ -12,6 +12,7 @@ from factory.errors import ConfigError
 from factory.evals.leaderboard import (
     Board, Row, Runs, build_board, entries_of, held_back, latest_results, leader, merge, model_cell, regressions, render_html, render_markdown,
 )
+from factory.evals import publish
 from factory.evals.publish import current_board
 from factory.registry import ArtifactStore
 from tests.conftest import publish_model, publish_result
@@ -304,10 +305,10 @@ def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_
     publish_model(registry, "done", step=100)
     first = current_board(registry)
     [kept] = [path for path in (tmp_path / "cache" / "boards").iterdir() if not path.name.startswith("entries-")]
-    state, saved = map(json.loads, kept.read_text().splitlines())
+    state, saved = publish._kept(kept, None, dict)
     assert saved == first.to_json()
     # what is kept is what is given while the registry is unchanged (a board written there by hand shows that)
-    kept.write_text(f"{json.dumps(state)}\n{json.dumps({**saved, 'rows': []})}\n")
+    publish._keep(kept, state, {**saved, "rows": []})
     assert current_board(registry).rows == ()
     publish_result(registry, "late", "val_bpb", 1.0, step=100, training="run-2")  # a new manifest: computed again
     assert [row.experiment for row in current_board(registry).rows] == ["done", "late"]
