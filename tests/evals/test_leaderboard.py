@@ -322,6 +322,18 @@ def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_
     assert len([path for path in (tmp_path / "cache" / "boards").iterdir() if not path.name.startswith("entries-")]) == 2
 
 
+def test_a_board_marshal_cannot_write_is_given_and_not_kept(tmp_path):
+    class Name(str):  # a str of a type of its own (a caller's enum, say): marshal refuses it, JSON wrote it as a str
+        pass
+
+    registry = ArtifactStore(tmp_path)
+    publish_result(registry, "done", "val_bpb", 2.0, step=100)
+    publish_model(registry, "done", step=100)
+    board = current_board(registry, Name("val_bpb"))
+    assert board.sort == "val_bpb" and [row.experiment for row in board.rows] == ["done"]
+    assert current_board(registry, "val_bpb").to_json() == board.to_json()
+
+
 def test_a_score_that_is_not_a_number_ranks_after_the_others_whatever_order_the_entries_come_in():
     results = [result("a", 100, "val_bpb", math.nan), result("b", 100, "val_bpb", 2.0), result("c", 100, "val_bpb", 1.0),
                result("d", 100, "val_bpb", math.inf)]
