@@ -99,13 +99,14 @@ def _rows(instance: DagsterInstance, ids: list[int], labels: Collection[str] | N
     if SqlEventLogStorage is None or not isinstance(storage, SqlEventLogStorage):
         yield from ((storage_id, None) for storage_id in ids)
         return
+    # One connection for every chunk (PostgreSQL's take milliseconds each), let go of before the rows are parsed (SQLite's
+    # holds a lock while it is open).
+    with storage.index_connection() as connection:
+        rows = [row for start in range(0, len(ids), CHUNK)
+                for row in connection.execute(sqlalchemy.select(table.c.id, table.c.event).where(table.c.id.in_(ids[start : start + CHUNK])))]
     checked: dict[str, Any] = {}
-    with storage.index_connection() as connection:  # one connection for every chunk (PostgreSQL's take milliseconds each)
-        for start in range(0, len(ids), CHUNK):
-            chunk = ids[start : start + CHUNK]
-            rows = connection.execute(sqlalchemy.select(table.c.id, table.c.event).where(table.c.id.in_(chunk))).fetchall()
-            read = {storage_id: _materialization(text, labels, checked) for storage_id, text in rows}
-            yield from ((storage_id, read.get(storage_id)) for storage_id in chunk)
+    read = {storage_id: _materialization(text, labels, checked) for storage_id, text in rows}
+    yield from ((storage_id, read.get(storage_id)) for storage_id in ids)
 
 
 def _materialization(text: str, labels: Collection[str] | None = None, checked: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]] | None:

@@ -326,18 +326,22 @@ class ManifestIndex:
 
     def _read_or_rebuild(self, read: Callable[[bool], list[Any]]) -> list[Any] | None:
         """`read(again)` of the index; one that finds it damaged has it built again (with a warning) and reads once more
-        (`again`: it was built again, so bring it up to date); None where no index can be kept (sqlite3.OperationalError,
-        or one built again that is still damaged): the caller reads the manifests themselves."""
+        (`again`: it was built again, so bring it up to date; an index of its own that a query names and the file lacks
+        is damage too); None where no index can be kept (sqlite3.OperationalError, or one built again that is still
+        damaged): the caller reads the manifests themselves."""
         for attempt in (1, 2):
             try:
                 return read(attempt == 2)
             except sqlite3.OperationalError as e:  # no index can be kept here, or it is locked
-                log.debug("listing manifests without the index %s (%s)", self.path, e)
-                return None
+                if not str(e).startswith("no such index"):  # (one of the index's own, which a query names, dropped: damage)
+                    log.debug("listing manifests without the index %s (%s)", self.path, e)
+                    return None
+                damaged: Exception = e
             except (sqlite3.DatabaseError, _Damaged, TypeError, ValueError, RecursionError) as e:  # damaged pages or rows
-                log.warning("the registry's index %s is damaged (%s): %s", self.path, e,
-                            "building it again" if attempt == 1 else "reading the manifests themselves")
-                self.drop()
+                damaged = e
+            log.warning("the registry's index %s is damaged (%s): %s", self.path, damaged,
+                        "building it again" if attempt == 1 else "reading the manifests themselves")
+            self.drop()
         return None
 
     def rows(self, every: Callable[[], list[Any]]) -> list[ManifestRow]:

@@ -331,6 +331,7 @@ def test_a_board_marshal_cannot_write_is_given_and_not_kept(tmp_path):
     publish_model(registry, "done", step=100)
     board = current_board(registry, Name("val_bpb"))
     assert board.sort == "val_bpb" and [row.experiment for row in board.rows] == ["done"]
+    assert all(path.name.startswith("entries-") for path in (tmp_path / "cache" / "boards").iterdir()), "the board is not kept"
     assert current_board(registry, "val_bpb").to_json() == board.to_json()
 
 

@@ -121,6 +121,29 @@ def test_a_damaged_index_is_rebuilt_from_the_manifests_with_a_warning(store, cap
     assert listing(store) == published
 
 
+def test_an_index_of_its_own_that_a_query_names_and_the_file_lacks_is_damage_built_again(store, caplog):
+    import sqlite3
+
+    from factory.registry import Provenance
+    from factory.registry.index import Where
+
+    def made(fingerprint: str, inputs: dict[str, str]) -> str:
+        with store.staging() as out:
+            (out / "x.bin").write_text(fingerprint)
+            return store.publish(out, kind="pretrain", fingerprint=fingerprint, config={}, inputs=inputs, code="local:0", summary={},
+                                 provenance=Provenance(experiment="e", config_hash="0" * 16, git_commit="f" * 40)).digest
+
+    first = made("first", {})
+    made("second", {"base": made("middle", {"base": first})})
+    assert [m.fingerprint for m in store.manifests(where=Where(descends_from=first))] == ["middle", "second"]
+    with sqlite3.connect(store.root / INDEX_NAME) as db:  # the index descent reads each digest from (`manifests_rows`)
+        db.execute("DROP INDEX manifests_rows")
+    assert [m.fingerprint for m in store.manifests(where=Where(descends_from=first))] == ["middle", "second"]
+    assert "is damaged (no such index: manifests_rows): building it again" in caplog.text
+    opened = opened_files(lambda: store.manifests(where=Where(descends_from=first)))
+    assert not [path for path in opened if "/manifests/" in path], "built again, the index answers the descent itself"
+
+
 def test_deleting_the_index_loses_nothing_and_a_registry_that_cannot_hold_one_still_lists(store):
     published = [(m.fingerprint, m.digest) for m in (publish(store, f"fp-{i}", files={"a.bin": bytes([i])}) for i in range(3))]
     assert listing(store) == published
