@@ -18,7 +18,6 @@ from factory.config.loader import reader
 from factory.errors import ConfigError
 from factory.registry import open_registry
 from factory.registry.provenance import files_at_commit, head_commit
-from factory.registry.verify import verify
 
 EXPERIMENTS_ENV = "FACTORY_EXPERIMENTS"
 """The directory of experiment files the sensor reads (as `assets.definitions` reads it)."""
@@ -35,7 +34,7 @@ def registry_verify(
 ) -> None:
     """Read every manifest and every byte of the artifacts they name; list what is damaged (exit 1), or say all is intact."""
     store = open_registry(settings_of(None, root).root / "registry")
-    damaged = verify(store)
+    damaged = store.verify()
     if as_json:
         out.print_json(json.dumps({"registry": store.location, "damaged": [d.to_json() for d in damaged]}))
     elif damaged:

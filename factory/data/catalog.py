@@ -50,10 +50,11 @@ class CatalogConfig:
     @classmethod
     def at(cls, root: str | Path) -> CatalogConfig:
         """The catalog of the stores under `root`: in `$FACTORY_DATABASE_URL` when set, else the embedded sqlite one."""
+        from factory.storage import in_object_store
+
         url, store = os.environ.get(DATABASE_ENV), os.environ.get(STORE_ENV, "")
         local = cls.local(Path(root) / "iceberg")
-        in_store = "://" in store and not store.startswith("file://")  # an object store: the registry refuses anything else
-        warehouse = f"{store.rstrip('/')}/warehouse" if in_store else local.warehouse
+        warehouse = f"{store.rstrip('/')}/warehouse" if in_object_store(store) else local.warehouse  # (the registry refuses any other)
         return cls(uri=sqlalchemy_url(url) if url else local.uri, warehouse=warehouse)
 
     def to_json(self) -> dict[str, str]:

@@ -24,11 +24,11 @@ def open_registry(local: str | Path, *, patient: bool = False) -> Registry:
     store = os.environ.get(STORE_ENV, "").strip()
     if not store:
         return ArtifactStore(local)
-    scheme, separator, _ = store.partition("://")
-    if not separator or scheme == "file":
+    from factory.storage import in_object_store, open_store
+
+    if not in_object_store(store):
         raise ConfigError(f"{STORE_ENV}={store}: name an object store (s3://bucket/prefix); the local directory is the "
                           "root (--root, or root in factory.toml), where everything lives when FACTORY_STORE is unset")
     from factory.registry.objects import ObjectRegistry
-    from factory.storage import open_store
 
     return ObjectRegistry(open_store(f"{store.rstrip('/')}/registry", patient=patient), local)

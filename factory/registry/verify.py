@@ -17,7 +17,6 @@ from factory.errors import ArtifactError
 from factory.registry.files import sha256_file, structural_damage
 
 if TYPE_CHECKING:
-    from factory.registry.seam import Registry
     from factory.registry.store import Manifest
 
 
@@ -35,14 +34,9 @@ class Damage:
         return asdict(self)
 
 
-def verify(registry: Registry) -> list[Damage]:
-    """Every damaged manifest, then the damage of every artifact a readable manifest names (each once)."""
-    return registry.verify()
-
-
 def damage_of(manifests: Iterable[tuple[str, Callable[[], Manifest]]],
               artifact: Callable[[Manifest], tuple[str, list[str]]]) -> list[Damage]:
-    """What `verify` reports of a registry's manifests, each given as where it is and its read (which raises ArtifactError
+    """What `Registry.verify` reports of a registry's manifests, each given as where it is and its read (which raises ArtifactError
     when it is damaged): every damaged manifest, then the damage of every artifact a readable one names, each once
     (`artifact`: where the artifact is, and what is wrong with it)."""
     damaged: list[Damage] = []

@@ -22,17 +22,22 @@ BACKENDS: dict[str, str] = {
 }
 """URI scheme -> `module:class` of its backend."""
 
-__all__ = ["BACKENDS", "MAX_KEY_BYTES", "STORE_ENV", "Blob", "ObjectStore", "Stat", "check_key", "check_prefix", "open_store",
-           "table_properties"]
+__all__ = ["BACKENDS", "MAX_KEY_BYTES", "STORE_ENV", "Blob", "ObjectStore", "Stat", "check_key", "check_prefix", "in_object_store",
+           "open_store", "table_properties"]
+
+
+def in_object_store(location: str) -> bool:
+    """Whether `location` names an object store (`scheme://...`), not a local directory (a plain path or `file://`)."""
+    scheme, separator, _ = location.partition("://")
+    return bool(separator) and scheme != "file"
 
 
 def table_properties(location: str) -> dict[str, str]:
     """What pyiceberg's file IO needs for a warehouse at `location` (a local directory or `file://`: nothing), from the
     backend of its scheme (`ObjectStore.table_properties`): a new backend brings its own, no edit elsewhere."""
-    scheme, separator, _ = location.partition("://")
-    if not separator or scheme == "file":
+    if not in_object_store(location):
         return {}
-    return _backend(scheme, location, STORE_ENV).table_properties(location)
+    return _backend(location.partition("://")[0], location, STORE_ENV).table_properties(location)
 
 
 def _backend(scheme: str, location: str, setting: str) -> type[ObjectStore]:

@@ -20,7 +20,6 @@ from factory.errors import ArtifactError
 from factory.registry import ArtifactStore
 from factory.registry.aliases import standing
 from factory.registry.lease import hold, read_holder
-from factory.registry.verify import verify
 from tests.registry.test_store import FILES, publish
 
 BOUNDED = textwrap.dedent(
@@ -29,13 +28,12 @@ BOUNDED = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))  # 2 GiB: reading /dev/zero whole fails fast
     from factory.registry import ArtifactStore
     from factory.registry.aliases import standing
-    from factory.registry.verify import verify
     from factory.errors import ArtifactError
     store = ArtifactStore(sys.argv[1])
     print("lookup", store.lookup(sys.argv[2]) is not None)
     print("holder", store.holder(sys.argv[2]))
     print("manifests", sorted(m.fingerprint for m in store.manifests()))
-    print("damaged", sorted(d.path.rsplit("/", 1)[1] for d in verify(store)))
+    print("damaged", sorted(d.path.rsplit("/", 1)[1] for d in store.verify()))
     print("ref", store.ref("latest"))
     try:
         print("standing", standing(store, "production").model)
@@ -162,7 +160,7 @@ def test_a_manifest_naming_paths_outside_the_registry_is_damage_and_nothing_is_r
     path.chmod(0o600)
     path.write_text(json.dumps({**good.to_json(), field: value}))
     assert store.lookup("fp-a") is None
-    assert [d.path for d in verify(store)] == [str(path)]
+    assert [d.path for d in store.verify()] == [str(path)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["registry", "victim"]
     assert sorted(p.name for p in victim.iterdir()) == ["tokenizer.json"]
     with pytest.raises(ArtifactError, match="not an artifact digest"):
