@@ -30,6 +30,8 @@ forks."""
 DATABASE_ENV = "FACTORY_DATABASE_URL"
 STORE_ENV = "FACTORY_STORE"
 INIT_ATTEMPTS = 5
+SQLITE_WAIT_S = 60
+"""How long a write to the embedded sqlite catalog waits for another writer's commit."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,9 +83,12 @@ def open_catalog(config: CatalogConfig) -> SqlCatalog:
         Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     if config.uri.startswith("sqlite:///"):
         Path(config.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    # The embedded sqlite catalog: a writer waits up to SQLITE_WAIT_S for another's commit (sqlite3's default, 5 s, ran out
+    # for four processes saving prompts at once on a loaded machine: "database is locked").
+    uri = f"{config.uri}?timeout={SQLITE_WAIT_S}" if config.uri.startswith("sqlite:///") and "?" not in config.uri else config.uri
     for attempt in range(INIT_ATTEMPTS):
         try:
-            return SqlCatalog(CATALOG_NAME, uri=config.uri, warehouse=config.warehouse, **table_properties(config.warehouse))
+            return SqlCatalog(CATALOG_NAME, uri=uri, warehouse=config.warehouse, **table_properties(config.warehouse))
         except (IntegrityError, ProgrammingError):
             # Another process created the catalog's own tables at the same moment (PostgreSQL reports the
             # duplicate instead of skipping it): they exist now, so opening again finds them.
