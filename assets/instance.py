@@ -3,9 +3,13 @@ for a process that makes many short runs (`factory run` makes one per variant, e
 
 Its storage keeps one SQLAlchemy engine per database file (the runs, the schedules, the event log's index and one per
 run) for the process's life, where Dagster's makes an engine, with its dialect's checks and an empty cache of compiled
-statements, for every query; each use still opens a connection of its own and closes it (NullPool, as Dagster's), so
-nothing stays open in a process that forks or ends. A run's new database is stamped from alembic's scripts read once
-per process. Its compute logs are `assets.compute_logs`'s. The dagster.yaml of the embedded default names it
+statements, for every query; and each engine keeps one connection open between uses, where Dagster's opens one for
+every query and closes it (NullPool): SQLite reads the database's header and maps its WAL index again at each open, and
+at the last close checkpoints the WAL into the database and deletes it, about a millisecond each time, and a run stores
+hundreds of events. What a kept connection must not do, it does not: a forked child never uses its parent's (each pool
+is emptied in the child, unclosed), a database file replaced under its path is opened again (its inode is checked as a
+connection is taken), and the process's connections are closed as it exits (the WAL checkpointed as Dagster's leave it).
+A run's new database is stamped from alembic's scripts read once per process. Its compute logs are `assets.compute_logs`'s. The dagster.yaml of the embedded default names it
 (`factory.cli.common`); sections a user sets there (`storage`, `compute_logs`) win, and an instance on PostgreSQL is
 Dagster's own. `bench/instance.py` measures it against Dagster's defaults.
 """
@@ -13,12 +17,15 @@ Dagster's own. `bench/instance.py` measures it against Dagster's defaults.
 from __future__ import annotations
 
 import collections
+import atexit
 import contextlib
 import functools
+import os
 import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -36,10 +43,11 @@ from dagster._core.storage.sql import create_engine, get_alembic_config
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory, _runs_directory, _schedule_directory
 from dagster._serdes import ConfigurableClassData
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DatabaseError as SQLAlchemyDatabaseError
-from sqlalchemy.pool import NullPool
+from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.pool import QueuePool
 
 from assets.compute_logs import FactoryComputeLogs
 
@@ -68,20 +76,27 @@ class FactoryInstance(DagsterInstance):
                 "compute_logs": ConfigurableClassData(FactoryComputeLogs.__module__, FactoryComputeLogs.__name__,
                                                       yaml.dump({"base_dir": compute_logs_directory(base_dir)}))}
 
+    def dispose(self) -> None:
+        super().dispose()
+        if self._schedule_storage is not None:  # Dagster's disposes the run and event storage only: its kept connection too
+            self._schedule_storage.dispose()
+
 
 class Engines:
-    """One engine per database URL, the `limit` most recently used kept."""
+    """One engine per database URL, the `limit` most recently used kept, each keeping one connection open between uses
+    (`kept_engine`)."""
 
     def __init__(self, limit: int, **options: Any) -> None:
         self._limit, self._options = limit, options
         self._kept: collections.OrderedDict[str, Engine] = collections.OrderedDict()
         self._lock = threading.Lock()
+        _every.add(self)
 
     def __call__(self, url: str) -> Engine:
         with self._lock:
             engine = self._kept.get(url)
             if engine is None:
-                engine = self._kept[url] = create_engine(url, poolclass=NullPool, **self._options)
+                engine = self._kept[url] = kept_engine(url, **self._options)
                 if len(self._kept) > self._limit:
                     self._kept.popitem(last=False)[1].dispose()
             self._kept.move_to_end(url)
@@ -92,6 +107,63 @@ class Engines:
             for engine in self._kept.values():
                 engine.dispose()
             self._kept.clear()
+
+    def forget(self) -> None:
+        """In a forked child: let every engine go without closing its connections, nor letting them be finalised (which
+        closes them), its parent's. The lock is new: the child has no other thread, and a thread of the parent may have
+        held it as it forked."""
+        self._lock = threading.Lock()
+        _parents.extend(engine.pool for engine in self._kept.values())
+        for engine in self._kept.values():
+            engine.dispose(close=False)
+        self._kept.clear()
+
+
+_every: weakref.WeakSet[Engines] = weakref.WeakSet()
+"""Every `Engines` of this process: a forked child forgets their connections, and the process closes them as it exits."""
+_parents: list[Any] = []
+"""In a forked child, its parent's pools, kept from being finalised."""
+
+
+def kept_engine(url: str, **options: Any) -> Engine:
+    """An engine for the SQLite database at `url` that keeps one connection open between uses (more at once are opened
+    and closed as needed), taken again only while the path still names the file it opened."""
+    engine = create_engine(url, poolclass=QueuePool, pool_size=1, max_overflow=-1, **options)
+    path = engine.url.database
+
+    @event.listens_for(engine, "connect")
+    def opened(_connection, record) -> None:
+        record.info["inode"] = _inode(path)
+
+    @event.listens_for(engine, "checkout")
+    def taken(_connection, record, _proxy) -> None:
+        if record.info.get("inode") != _inode(path):  # deleted, or replaced by another file: open what the path names now
+            raise DisconnectionError(f"{path} is no longer the file this connection opened")
+
+    return engine
+
+
+def _inode(path: str | None) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path) if path else None
+    except FileNotFoundError:
+        return None
+    return None if stat is None else (stat.st_dev, stat.st_ino)
+
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's connections are the parent's (SQLite's locks are per process), never used here."""
+    for engines in list(_every):
+        engines.forget()
+
+
+def _close_at_exit() -> None:
+    for engines in list(_every):
+        engines.dispose()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_close_at_exit)
 
 
 @contextlib.contextmanager
@@ -112,6 +184,7 @@ class FactoryEventLogStorage(SqliteEventLogStorage):
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
         self._engines = Engines(RUN_ENGINES + 1, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS})
+        self._tables: set[str] = set()
         super().__init__(base_dir, inst_data)
 
     @contextlib.contextmanager
@@ -147,9 +220,17 @@ class FactoryEventLogStorage(SqliteEventLogStorage):
                 time.sleep(INIT_RETRY_S)
 
     def has_table(self, table_name: str) -> bool:
+        """Whether the index database has the table; a table found is remembered (Dagster asks for every event it stores,
+        often with a connection of its own open, which a second would then be opened and closed beside; nothing drops
+        one, though a migration may add one)."""
+        if table_name in self._tables:
+            return True
         engine = self._engines(self.conn_string_for_shard(INDEX_SHARD_NAME))
         with engine.connect() as connection:
-            return bool(engine.dialect.has_table(connection, table_name))
+            found = bool(engine.dialect.has_table(connection, table_name))
+        if found:
+            self._tables.add(table_name)
+        return found
 
     def dispose(self) -> None:
         super().dispose()
