@@ -5,6 +5,11 @@ state, so two runs in one process (or a test next to a stage) do not interfere. 
 tagged `factory.run_key`; opening that key again resumes the newest run with it that is not
 FINISHED (a relaunched or crashed stage), and starts a new one once the last has finished.
 MLflow params are write-once: re-logging a key with a different value is refused by MLflow.
+
+A new local store is a copy of an empty one MLflow made once for this user and its version (`STORE_TEMPLATE_DIR`):
+MLflow makes one by creating its first tables and applying every migration since, about a second of CPU that each new
+root's first training stage paid. The copy is what MLflow makes (its tables and schema revision; the experiment
+`Default` it adds on its first open, with this root's artifact location).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +28,9 @@ from typing import Any
 # store: seconds of every training stage's start. Imported with this module, a warm interpreter loads it once for all.
 import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 import requests
+import sqlalchemy
+from mlflow.store.db.utils import _initialize_tables
+from mlflow.version import VERSION as MLFLOW_VERSION
 from mlflow.entities import LifecycleStage, Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
@@ -34,6 +44,10 @@ from factory.track.base import BaseRun, Status, TrackingConfig
 RUN_KEY_TAG = "factory.run_key"
 SERVER_CHECK_TIMEOUT_S = 10.0
 STORE_DIR = "mlflow"
+STORE_FILE = "mlflow.db"
+STORE_TEMPLATE_DIR = "model-factory"
+"""Under the user's cache directory (`$XDG_CACHE_HOME`, default `~/.cache`): `mlflow-<version>.db`, the empty store new
+roots' stores are copied from."""
 # MLflow narrates creating and migrating a sqlite store at INFO; the training log has no use for it.
 _CHATTY_LOGGERS = ("mlflow.store.db.utils", "alembic")
 _STATUS = {"finished": RunStatus.to_string(RunStatus.FINISHED), "failed": RunStatus.to_string(RunStatus.FAILED)}
@@ -95,12 +109,52 @@ def store_location(config: TrackingConfig, root: Path) -> tuple[str, str | None]
     if config.uri is None:
         store = (root / STORE_DIR).resolve()
         store.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{store / 'mlflow.db'}", artifacts
+        _new_store(store / STORE_FILE)
+        return f"sqlite:///{store / STORE_FILE}", artifacts
     if _is_http(config.uri):
         return config.uri, None
     if config.uri.startswith("sqlite:///"):
         Path(config.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return config.uri, artifacts
+
+
+def _new_store(path: Path) -> None:
+    """Where no store is at `path` yet, the empty one MLflow made (`_store_template`), copied there unless another process
+    put one there first. Without a cache directory to keep it in, MLflow makes the store itself, as before."""
+    if path.exists():
+        return
+    try:
+        template = _store_template()
+        copy = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+        shutil.copyfile(template, copy)
+    except OSError:
+        return
+    try:
+        os.link(copy, path)  # never over a store another process made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        copy.unlink()
+
+
+def _store_template() -> Path:
+    """The empty store of this MLflow version as MLflow makes it (its first tables, then every migration), made the
+    first time it is asked for and kept in the user's cache directory."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / STORE_TEMPLATE_DIR
+    template = cache / f"mlflow-{MLFLOW_VERSION}.db"
+    if template.is_file():
+        return template
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".mlflow-") as scratch:
+        made = Path(scratch) / STORE_FILE
+        engine = sqlalchemy.create_engine(f"sqlite:///{made}")
+        try:
+            with _quiet_store_setup():
+                _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        os.replace(made, template)  # whole, or not there
+    return template
 
 
 def run_url(uri: str, *, experiment_id: str, run_id: str) -> str:

@@ -1,12 +1,15 @@
 """The MLflow tracker on a real sqlite store, read back through MlflowClient."""
 
+import contextlib
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
 from factory.errors import ConfigError
@@ -183,3 +186,39 @@ def test_with_an_object_store_new_experiments_keep_their_artifacts_in_it(root, c
     assert experiment.artifact_location == "s3://team-bucket/factory/mlflow"
     monkeypatch.delenv("FACTORY_STORE")
     assert store_location(CONFIG, root)[1] == (root / "mlflow" / "artifacts").resolve().as_uri()
+
+
+def schema(path: Path) -> tuple:
+    """A sqlite store's tables and indexes (each definition's lines in order: MLflow's migrations write a table's checks in
+    either order from one run to the next) and its alembic revision."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+        revision = db.execute("SELECT version_num FROM alembic_version").fetchall()
+    return sorted((kind, name, sorted((sql or "").split(", \n"))) for kind, name, sql in rows), revision
+
+
+def test_a_new_store_is_a_copy_of_the_one_mlflow_makes_kept_once_for_its_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    open_run(CONFIG, tmp_path / "a", name="n", run_key="fp-1").finish("finished")
+    [template] = (tmp_path / "cache" / "model-factory").glob("mlflow-*.db")
+    theirs = tmp_path / "theirs.db"
+    SqlAlchemyStore(f"sqlite:///{theirs}", (tmp_path / "artifacts").as_uri())  # the store MLflow makes on its own
+    assert schema(tmp_path / "a" / "mlflow" / "mlflow.db") == schema(theirs) == schema(template)
+    client = MlflowClient(tracking_uri=store_location(CONFIG, tmp_path / "a")[0])
+    assert "cache" not in client.get_experiment_by_name("Default").artifact_location, "MLflow adds Default as it opens the copy"
+
+    with contextlib.closing(sqlite3.connect(template)) as db:  # the next new store is copied from the kept one
+        db.execute("CREATE TABLE seen_in_the_copy (x)")
+        db.commit()
+    open_run(CONFIG, tmp_path / "b", name="n", run_key="fp-1").finish("finished")
+    assert "seen_in_the_copy" in {name for _, name, _ in schema(tmp_path / "b" / "mlflow" / "mlflow.db")[0]}
+
+
+def test_without_a_cache_directory_mlflow_makes_the_store_itself(tmp_path, monkeypatch):
+    (tmp_path / "not-a-directory").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-directory"))
+    run = open_run(CONFIG, tmp_path / "root", name="n", run_key="fp-1")
+    run.log_metrics(1, {"loss": 1.0})
+    run.finish("finished")
+    client = MlflowClient(tracking_uri=store_location(CONFIG, tmp_path / "root")[0])
+    assert [m.value for m in client.get_metric_history(run.id, "loss")] == [1.0]
