@@ -31,13 +31,24 @@ def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> 
     address = environ.get(RAY_ADDRESS_ENV, "").strip()
     if _chosen is not None and _chosen[0] == address:
         return _chosen[1]
-    if not address:  # Daft's default runner: nothing to set
+    if not address:
+        _native()
         chosen = f"Daft's native runner on this machine's {os.cpu_count()} cores"
     else:
         chosen = f"Daft's Ray runner on the Ray cluster at {address} ({_cpus(_connected(address))} CPUs)"
     _chosen = (address, chosen)
     log.info("data engine: %s", chosen)
     return chosen
+
+
+def _native() -> None:
+    """Daft's native runner, set before Daft picks one: picking, it imports Ray to see whether this process runs in a Ray
+    job (half a second of CPU at the start of every data stage). A runner this process set before stays."""
+    import daft
+    from daft.exceptions import DaftCoreException
+
+    with contextlib.suppress(DaftCoreException):  # "Cannot set runner more than once"
+        daft.set_runner_native()
 
 
 def on_ray() -> bool:

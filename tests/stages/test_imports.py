@@ -4,6 +4,7 @@ every module a process imports."""
 
 import ast
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,16 @@ def test_a_single_file_checkpoint_is_saved_and_loaded_without_importing_torch_di
     stage reading a single-file checkpoint does without it; a sharded one needs it."""
     assert "torch.distributed.checkpoint" not in modules_of(["-c", SAVE_AND_LOAD, str(tmp_path / "file"), "file"])
     assert "torch.distributed.checkpoint" in modules_of(["-c", SAVE_AND_LOAD, str(tmp_path / "sharded"), "sharded"])
+
+
+def test_a_data_stage_on_this_machine_runs_daft_natively_without_importing_ray(tmp_path):
+    """Daft picking a runner itself imports Ray to see whether it runs in a Ray job: half a second of every data stage."""
+    code = ("import logging, sys; from factory.data.engine import use_engine; import daft; "
+            "said = use_engine(logging.getLogger('t'), {}); "
+            "assert daft.from_pydict({'a': [1, 2]}).sum('a').to_pydict() == {'a': [3]}; "
+            "print(said, '|', 'ray' in sys.modules, '|', daft.runners.get_or_infer_runner_type())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env={**os.environ, "FACTORY_RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    said, ray, runner = (part.strip() for part in done.stdout.split("|"))
+    assert said.startswith("Daft's native runner") and runner == "native"
+    assert ray == "False", "Ray imported by a stage that runs on this machine"
