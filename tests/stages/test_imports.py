@@ -124,3 +124,13 @@ def test_a_data_stage_on_this_machine_runs_daft_natively_without_importing_ray(t
     said, ray, runner = (part.strip() for part in done.stdout.split("|"))
     assert said.startswith("Daft's native runner") and runner == "native"
     assert ray == "False", "Ray imported by a stage that runs on this machine"
+
+
+def test_the_stage_module_reads_the_registered_kinds_as_it_is_imported_so_a_warm_interpreter_holds_them():
+    """Reading the kinds (every installed package's entry points, each plugin imported) is a tenth of a second that each
+    stage forked from a warm interpreter would otherwise spend again: the interpreter imports the stage module first."""
+    code = "import factory.runtime.__main__, factory.config.kinds as kinds; print(kinds.registered_kinds.cache_info().currsize)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1"
+    assert "factory.runtime.__main__" in warm_modules(["raw_datasets"], "none")
