@@ -73,14 +73,18 @@ def _cost(kind: str, manifest: Manifest | None, cache: str) -> StageCost:
 
 def publish_report(registry: Registry, inputs: ReportInputs) -> Manifest:
     """Publish the report (the HTML page, plus its plots as PNG files for other viewers); a report of the same inputs,
-    drawn by the same code, is found without drawing it again."""
+    drawn by the same code, is found without drawing it again. Its plots are those of an earlier report of the experiment
+    whose plots had the same inputs (a rerun's report differs in its stages' costs alone), read rather than drawn again."""
     code = code_identity("local")
-    shown = json.dumps(dataclasses.asdict(inputs), sort_keys=True, default=str)  # metrics may hold NaN: not canonical JSON
-    fingerprint = sha256_of({"kind": KIND, "inputs": hashlib.sha256(shown.encode()).hexdigest(), "code": code})
+    fingerprint = sha256_of({"kind": KIND, "inputs": _hashed(dataclasses.asdict(inputs)), "code": code})
     manifest = registry.lookup(fingerprint)
     if manifest is not None:
         return manifest
-    plots = report_plots(inputs)  # drawn once: embedded in the page, and as files for other viewers
+    plotted = sha256_of({"plots": _hashed({"curves": [dataclasses.asdict(c) for c in inputs.curves],
+                                            "evaluations": [dataclasses.asdict(e) for e in inputs.evaluations]}), "code": code})
+    drawn, plots = _drawn_before(registry, inputs.experiment, plotted)
+    if plots is None:
+        plots = report_plots(inputs)  # drawn once: embedded in the page, and as files for other viewers
     with registry.staging() as out:
         (out / REPORT_FILE).write_text(render_report(inputs, plots))
         for name, png in plots.items():
@@ -88,5 +92,30 @@ def publish_report(registry: Registry, inputs: ReportInputs) -> Manifest:
         return registry.publish(
             out, kind=KIND, fingerprint=fingerprint, config={}, inputs={stage.kind: stage.digest for stage in inputs.stages},
             code=code, provenance=Provenance(experiment=inputs.experiment, config_hash=fingerprint[:16], git_commit=inputs.git_commit),
-            summary={"evaluations": len(inputs.evaluations), "control_decisions": len(inputs.control)},
+            summary={"evaluations": len(inputs.evaluations), "control_decisions": len(inputs.control), PLOTS: plotted,
+                     PLOT_FILES: sorted(plots), **({PLOTS_FROM: drawn} if drawn else {})},
         )
+
+
+PLOTS = "plots"
+"""A report's summary: the fingerprint of what its plots show (the curves and evaluations) and of the code that draws them."""
+PLOT_FILES = "plot_files"
+PLOTS_FROM = "plots_from"
+"""A report's summary: the report whose plots it copied, when it drew none."""
+
+
+def _hashed(value: object) -> str:
+    shown = json.dumps(value, sort_keys=True, default=str)  # metrics may hold NaN: not canonical JSON
+    return hashlib.sha256(shown.encode()).hexdigest()
+
+
+def _drawn_before(registry: Registry, experiment: str, plotted: str) -> tuple[str | None, dict[str, bytes] | None]:
+    """(the report, its plots by file name) of an earlier report of `experiment` whose plots are those `plotted` names;
+    (None, None) when none has them all."""
+    for earlier in registry.manifests(KIND, Where(experiment=experiment)):
+        if earlier.summary.get(PLOTS) != plotted:
+            continue
+        plots = {name: registry.read(earlier, name) for name in earlier.summary.get(PLOT_FILES, ())}
+        if all(png is not None for png in plots.values()):
+            return earlier.summary.get(PLOTS_FROM, earlier.digest), plots  # type: ignore[return-value]
+    return None, None

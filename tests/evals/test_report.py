@@ -281,3 +281,23 @@ def test_a_plugin_kind_with_checkpoints_gets_a_loss_section_under_its_name():
     assert "<h2>average</h2>\n<img alt=\"average loss\"" in page
     assert base64.b64decode(re.findall(r'src="data:image/png;base64,([^"]+)"', page)[0]) == plot_training(FALLING)
     assert StageKind(name="export", description="", run=lambda ctx: {}).metrics_plot() is None  # no checkpoints, no section
+
+
+def test_a_report_that_differs_in_its_stages_costs_alone_copies_the_plots_of_the_one_before(tmp_path):
+    """A rerun's report: the same curves and scores, every stage a cache hit. Its plots are the first report's bytes, read
+    from it and not drawn again (its summary says whose they are); a new score draws them again."""
+    from factory.evals.run_report import PLOT_FILES, PLOTS_FROM, publish_report
+    from factory.registry import ArtifactStore
+
+    registry = ArtifactStore(tmp_path / "registry")
+    first = publish_report(registry, FULL)
+    hits = [dataclasses.replace(stage, cache="hit", seconds=0.0) for stage in FULL.stages]
+    rerun = publish_report(registry, dataclasses.replace(FULL, stages=hits))
+    again = publish_report(registry, dataclasses.replace(FULL, stages=hits, control=()))
+    assert len({first.digest, rerun.digest, again.digest}) == 3
+    assert PLOTS_FROM not in first.summary and rerun.summary[PLOTS_FROM] == again.summary[PLOTS_FROM] == first.digest
+    assert first.summary[PLOT_FILES] == rerun.summary[PLOT_FILES] and len(first.summary[PLOT_FILES]) == 3
+    assert all(registry.read(rerun, name) == registry.read(first, name) for name in first.summary[PLOT_FILES])
+    scored = publish_report(registry, dataclasses.replace(FULL, stages=hits, evaluations=[*FULL.evaluations, point("pass@1", 400, 0.1, lower=False)]))
+    assert PLOTS_FROM not in scored.summary
+    assert registry.read(scored, "pass@1.png") != registry.read(first, "pass@1.png")
