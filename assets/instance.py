@@ -16,8 +16,8 @@ Dagster's own. `bench/instance.py` measures it against Dagster's defaults.
 
 from __future__ import annotations
 
-import collections
 import atexit
+import collections
 import contextlib
 import functools
 import os

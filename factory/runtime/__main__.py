@@ -30,11 +30,11 @@ from factory.runtime.request import StageRequest
 from factory.train.distributed import World, broadcast, join, leave, world_from_env
 
 USAGE = "usage: python -m factory.runtime <request.json>"
-with contextlib.suppress(FactoryError):  # a plugin that cannot be loaded: `main` says so, as the stage's error
-    registered_kinds()  # read as this module is imported: a warm interpreter holds them for every stage it forks
 ARTIFACT_PATH = re.compile(r"objects/([0-9a-f]{64})/")
 """A published artifact's file, named by path (in the registry, or in the local copies of an object store's) or by its
 place in the store (`s3://…/objects/<digest>/…`)."""
+with contextlib.suppress(FactoryError):  # a plugin that cannot be loaded: `main` says so, as the stage's error
+    registered_kinds()  # read as this module is imported: a warm interpreter holds them for every stage it forks
 
 
 def run(request: StageRequest) -> None:

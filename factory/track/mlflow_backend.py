@@ -29,13 +29,13 @@ from typing import Any
 import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 import requests
 import sqlalchemy
-from mlflow.store.db.utils import _initialize_tables
-from mlflow.version import VERSION as MLFLOW_VERSION
 from mlflow.entities import LifecycleStage, Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+from mlflow.store.db.utils import _initialize_tables
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+from mlflow.version import VERSION as MLFLOW_VERSION
 
 from factory.errors import ConfigError
 from factory.registry import STORE_ENV
@@ -123,18 +123,14 @@ def _new_store(path: Path) -> None:
     put one there first. Without a cache directory to keep it in, MLflow makes the store itself, as before."""
     if path.exists():
         return
+    copy = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
     try:
-        template = _store_template()
-        copy = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
-        shutil.copyfile(template, copy)
-    except OSError:
-        return
-    try:
+        shutil.copyfile(_store_template(), copy)
         os.link(copy, path)  # never over a store another process made meanwhile
-    except FileExistsError:
+    except (OSError, sqlalchemy.exc.SQLAlchemyError):  # one is there now, or none could be copied: MLflow makes it
         pass
     finally:
-        copy.unlink()
+        copy.unlink(missing_ok=True)
 
 
 def _store_template() -> Path:
