@@ -9,9 +9,10 @@ at the last close checkpoints the WAL into the database and deletes it, about a 
 hundreds of events. What a kept connection must not do, it does not: a forked child never uses its parent's (each pool
 is emptied in the child, unclosed), a database file replaced under its path is opened again (its inode is checked as a
 connection is taken), and the process's connections are closed as it exits (the WAL checkpointed as Dagster's leave it).
-A run's new database is stamped from alembic's scripts read once per process. Its compute logs are `assets.compute_logs`'s. The dagster.yaml of the embedded default names it
-(`factory.cli.common`); sections a user sets there (`storage`, `compute_logs`) win, and an instance on PostgreSQL is
-Dagster's own. `bench/instance.py` measures it against Dagster's defaults.
+A run's new database is stamped from alembic's scripts read once per process. Its compute logs are
+`assets.compute_logs`'s. The dagster.yaml of the embedded default names it (`factory.cli.common`); sections a user sets
+there (`storage`, `compute_logs`) win, and an instance on PostgreSQL is Dagster's own. `bench/instance.py` measures it
+against Dagster's defaults.
 """
 
 from __future__ import annotations

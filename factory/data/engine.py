@@ -43,7 +43,10 @@ def use_engine(log: logging.Logger, environ: Mapping[str, str] = os.environ) -> 
 
 def _native() -> None:
     """Daft's native runner, set before Daft picks one: picking, it imports Ray to see whether this process runs in a Ray
-    job (half a second of CPU at the start of every data stage). A runner this process set before stays."""
+    job (half a second of CPU at the start of every data stage). A runner this process set before stays, and so does
+    one `$DAFT_RUNNER` names."""
+    if os.environ.get("DAFT_RUNNER"):
+        return
     import daft
     from daft.exceptions import DaftCoreException
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import yaml
 
 from factory.config.fingerprint import code_identity, sha256_of
+from factory.errors import ArtifactError
 from factory.config.kinds import main_training_kind, stage_kinds
 from factory.config.schema import Experiment
 from factory.registry.index import Where
@@ -111,11 +112,14 @@ def _hashed(value: object) -> str:
 
 def _drawn_before(registry: Registry, experiment: str, plotted: str) -> tuple[str | None, dict[str, bytes] | None]:
     """(the report, its plots by file name) of an earlier report of `experiment` whose plots are those `plotted` names;
-    (None, None) when none has them all."""
+    (None, None) when none has them all, whole."""
     for earlier in registry.manifests(KIND, Where(experiment=experiment)):
         if earlier.summary.get(PLOTS) != plotted:
             continue
-        plots = {name: registry.read(earlier, name) for name in earlier.summary.get(PLOT_FILES, ())}
+        try:
+            plots = {name: registry.read(earlier, name) for name in earlier.summary.get(PLOT_FILES, ())}
+        except ArtifactError:  # a file of it missing or damaged: the next one, or drawn again
+            continue
         if all(png is not None for png in plots.values()):
             return earlier.summary.get(PLOTS_FROM, earlier.digest), plots  # type: ignore[return-value]
     return None, None

@@ -127,8 +127,8 @@ def _new_store(path: Path) -> None:
     try:
         shutil.copyfile(_store_template(), copy)
         os.link(copy, path)  # never over a store another process made meanwhile
-    except (OSError, sqlalchemy.exc.SQLAlchemyError):  # one is there now, or none could be copied: MLflow makes it
-        pass
+    except Exception:  # noqa: BLE001  (one is there now, or none could be made or copied: no home, a full disk, a
+        pass  # failed migration... MLflow makes the store itself, as it did before, and says what fails if it cannot)
     finally:
         copy.unlink(missing_ok=True)
 

@@ -5,6 +5,7 @@ import collections
 import contextlib
 import json
 import os
+import select
 import shutil
 import sqlite3
 import subprocess
@@ -97,16 +98,20 @@ def test_a_forked_child_opens_connections_of_its_own(home):
         run = materialize([spoken], instance=instance)
         reading, writing = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: what it opened and what it read, on the pipe; then gone without pytest's teardown
-            opened: list[str] = []
-            event.listen(Pool, "connect", lambda connection, _record: opened.append(database_of(connection).name))
-            said = {"runs": [r.run_id for r in instance.get_runs()], "opened": opened}
-            os.write(writing, json.dumps(said).encode())
-            os._exit(0)
+        if pid == 0:  # the child: what it opened and what it read, on the pipe; then gone, whatever happened, without pytest's teardown
+            try:
+                opened: list[str] = []
+                event.listen(Pool, "connect", lambda connection, _record: opened.append(database_of(connection).name))
+                said = {"runs": [r.run_id for r in instance.get_runs()], "opened": opened}
+                os.write(writing, json.dumps(said).encode())
+            finally:
+                os._exit(0)
         os.close(writing)
         with os.fdopen(reading) as pipe:
-            said = json.loads(pipe.read())
+            assert select.select([pipe], [], [], 60)[0], "the forked child said nothing within a minute"
+            said = json.loads(pipe.read() or "{}")
         assert os.waitpid(pid, 0)[1] == 0
+    assert said, "the forked child failed before it said what it read"
     assert said["runs"] == [run.run_id]
     assert "runs.db" in said["opened"], "the child read the runs through a connection of its own"
 

@@ -301,3 +301,10 @@ def test_a_report_that_differs_in_its_stages_costs_alone_copies_the_plots_of_the
     scored = publish_report(registry, dataclasses.replace(FULL, stages=hits, evaluations=[*FULL.evaluations, point("pass@1", 400, 0.1, lower=False)]))
     assert PLOTS_FROM not in scored.summary
     assert registry.read(scored, "pass@1.png") != registry.read(first, "pass@1.png")
+
+    for report in (first, rerun, again):  # a file gone from every report with those plots: drawn again, not an error
+        directory = registry.path(report.digest)
+        directory.chmod(0o755)
+        (directory / "pass@1.png").unlink()
+    drawn = publish_report(registry, dataclasses.replace(FULL, stages=hits, links={}))
+    assert PLOTS_FROM not in drawn.summary and registry.read(drawn, "val_bpb.png")
