@@ -203,10 +203,10 @@ class ArtifactStore(Scratch):
         """The manifest for a fingerprint if its artifact is published and intact, else None.
 
         Files unchanged since their sha256 was last checked are not read again, unless `rehash`."""
-        manifest_path = self._manifest_path(fingerprint)
+        manifest_path = self._name_text("manifests", fingerprint, ".json")  # text: a miss builds no Path (a backfill plans thousands)
         if not os.path.lexists(manifest_path):
             return None
-        manifest = self._read_or_warn(manifest_path)
+        manifest = self._read_or_warn(Path(manifest_path))
         return manifest if manifest is not None and self._intact(manifest, rehash) else None
 
     def read(self, manifest: Manifest, name: str) -> bytes | None:
@@ -414,9 +414,13 @@ class ArtifactStore(Scratch):
 
     def _name_path(self, directory: str, name: str, suffix: str) -> Path:
         """`<root>/<directory>/<name><suffix>`, for a name that is one path component (a fingerprint, a ref)."""
+        return Path(self._name_text(directory, name, suffix))
+
+    def _name_text(self, directory: str, name: str, suffix: str) -> str:
+        """`_name_path` as text."""
         if not isinstance(name, str) or not NAME.match(name):
             raise ArtifactError(f"{name!r} is not a registry name (letters, digits, '_', '.', '-'; 128 at most)")
-        return self.root.joinpath(directory, f"{name}{suffix}")
+        return f"{self.location.rstrip('/')}/{directory}/{name}{suffix}"  # not os.path.join: it takes as long as a miss's lexists
 
     def _intact(self, manifest: Manifest, rehash: bool) -> bool:
         """Every file is there with its size, and its bytes hash as recorded (unchanged since last checked, or hashed now)."""
