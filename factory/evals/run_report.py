@@ -10,14 +10,14 @@ from collections.abc import Mapping
 import yaml
 
 from factory.config.fingerprint import code_identity, sha256_of
-from factory.errors import ArtifactError
 from factory.config.kinds import main_training_kind, stage_kinds
 from factory.config.schema import Experiment
-from factory.registry.index import Where
+from factory.errors import ArtifactError
 from factory.evals.base import EVALUATIONS
 from factory.evals.leaderboard import latest_results
-from factory.evals.scored_on import data_of, is_own_split
 from factory.evals.report import EvalPoint, ReportInputs, StageCost, TrainingCurve, render_report, report_plots
+from factory.evals.scored_on import data_of, is_own_split
+from factory.registry.index import Where
 from factory.registry.layout import CONTROL_FILE, METRICS_FILE, REPORT_FILE
 from factory.registry.seam import Registry
 from factory.registry.store import Manifest, Provenance
