@@ -129,6 +129,17 @@ def test_a_data_stage_on_this_machine_runs_daft_natively_without_importing_ray(t
     assert ray == "False", "Ray imported by a stage that runs on this machine"
 
 
+def test_a_daft_runner_the_user_names_is_left_to_daft():
+    """`$DAFT_RUNNER` set: the stage does not set the runner itself, so Daft takes the one named (a runner set already
+    could not be set again: Daft refuses a second)."""
+    code = ("import logging; from factory.data.engine import use_engine; import daft; "
+            "use_engine(logging.getLogger('t'), {}); daft.set_runner_native(); print('unset until now'); "
+            "from factory.launch.ending import exit_now; exit_now(0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "FACTORY_RAY_ADDRESS": "", "DAFT_RUNNER": "native"})
+    assert done.returncode == 0 and "unset until now" in done.stdout, done.stderr[-2000:]
+
+
 def test_the_stage_module_reads_the_registered_kinds_as_it_is_imported_so_a_warm_interpreter_holds_them():
     """Reading the kinds (every installed package's entry points, each plugin imported) is a tenth of a second that each
     stage forked from a warm interpreter would otherwise spend again: the interpreter imports the stage module first."""
