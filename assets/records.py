@@ -17,6 +17,8 @@ from typing import Any
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
+from assets.record_cache import RecordCache
+
 CHUNK = 500
 """Records asked for at once by storage id (a query's parameters stay under SQLite's and PostgreSQL's limits)."""
 VALUE_FIELDS = {"IntMetadataEntryData": ("value", int), "FloatMetadataEntryData": ("value", (float, int)),
@@ -41,7 +43,9 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
                                  labels: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """Partition -> metadata of its newest materialization (the entries of `labels` only, when given), for every partition
     of one asset (or of `partitions`) that has one: one query for the newest record of each partition, then the records
-    by id, a chunk at a time (never a query per partition, which is minutes at 10,000 checkpoints)."""
+    by id, a chunk at a time (never a query per partition, which is minutes at 10,000 checkpoints); records read before
+    come from the instance's cache of them (`assets.record_cache`). Not to be changed by the caller: records that hold an
+    equal large value (one training's spec) may share one object."""
     key = AssetKey(asset)
     if isinstance(labels, str):
         raise TypeError(f"labels is a collection of metadata labels, not one label: ({labels!r},)")
@@ -51,12 +55,20 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
         key, DagsterEventType.ASSET_MATERIALIZATION, set(partitions) if partitions is not None else None)
     found: dict[str, dict[str, Any]] = {}
     left = []
+    cache = RecordCache.of(instance)
     with collector_paused():
-        for storage_id, read in _rows(instance, sorted(latest.values()), labels):
-            if read is not None:
-                found[read[0]] = read[1]
+        kept = cache.get(latest) if cache is not None else {}
+        for partition, metadata in kept.values():
+            found[partition] = metadata if labels is None else {name: value for name, value in metadata.items() if name in labels}
+        read_now = {}
+        for storage_id, read in _rows(instance, sorted(set(latest.values()) - kept.keys()), None if cache is not None else labels):
+            if read is not None:  # (read whole where it is kept: the next read may ask for other labels)
+                read_now[storage_id] = read
+                found[read[0]] = read[1] if labels is None else {name: value for name, value in read[1].items() if name in labels}
             else:
                 left.append(storage_id)
+        if cache is not None:
+            cache.put(read_now)
         for start in range(0, len(left), CHUNK):
             _read_records(instance, key, left[start : start + CHUNK], labels, found)
     return found

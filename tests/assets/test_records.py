@@ -2,6 +2,7 @@
 
 import gc
 import json
+import shutil
 
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterEventType, DagsterInstance
@@ -90,3 +91,59 @@ def test_the_collector_paused_for_a_read_runs_again_after_it_even_when_the_read_
         assert not gc.isenabled()  # it was off before: it stays off
     finally:
         gc.enable()
+
+
+def test_records_read_again_come_from_the_instances_cache_and_a_new_record_a_stale_row_or_a_damaged_file_are_read_from_the_log(tmp_path, caplog):
+    """The records of many partitions, read once from the event log, are kept in a cache under the instance's directory
+    (`assets.record_cache`); read again, they come from it, its one copy of a spec they share included. A partition
+    materialized since is read from the log; a cached row whose partition is not the log's for that storage id is not
+    used; a damaged file is removed with a warning and filled again; a storage made anew at the same place gets a file of
+    its own."""
+    import sqlite3
+
+    from assets.record_cache import SHARED_BYTES, RecordCache
+
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "home"))
+    keys = [f"a__pretrain-{step:06d}" for step in (100, 200, 300)]
+    instance.add_dynamic_partitions(CHECKPOINTS, keys)
+    spec = {"kind": "pretrain", "config": {"lr": 0.001, "layers": list(range(100)), "name": "naïve ✓"}}
+    assert len(json.dumps(spec)) > SHARED_BYTES
+    for step, key in zip((100, 200, 300), keys):
+        instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={"step": step, "training": spec, "x": -0.0}))
+    dagsters = {key: latest_metadata(instance, CHECKPOINTS, key) for key in keys}
+    cache = RecordCache.of(instance)
+    assert cache is not None and not cache.path.exists()
+
+    assert latest_metadata_by_partition(instance, CHECKPOINTS) == dagsters  # read from the log, and kept
+    with sqlite3.connect(cache.path) as db:
+        assert db.execute("SELECT count(*) FROM records").fetchone() == (3,)
+        assert db.execute("SELECT count(*) FROM shared_values").fetchone() == (1,)  # the spec, once
+        db.execute("UPDATE records SET metadata = replace(metadata, '\"step\":100', '\"step\":999')")
+    again = latest_metadata_by_partition(instance, CHECKPOINTS)
+    assert again[keys[0]]["step"] == 999, "read again, a record comes from the cache (its row changed here to show it)"
+    assert {key: again[key] for key in keys[1:]} == {key: dagsters[key] for key in keys[1:]}
+    assert json.dumps(again[keys[1]]) == json.dumps(dagsters[keys[1]])  # -0.0 stays -0.0, the labels in their order
+    assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=("step",)) == {keys[0]: {"step": 999}, keys[1]: {"step": 200}, keys[2]: {"step": 300}}
+
+    instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=keys[0], metadata={"step": 101, "training": spec}))
+    assert latest_metadata_by_partition(instance, CHECKPOINTS)[keys[0]] == {"step": 101, "training": spec}  # a newer record: from the log
+    with sqlite3.connect(cache.path) as db:
+        db.execute("UPDATE records SET partition = 'another' WHERE metadata LIKE '%\"step\":200%'")
+        db.execute("UPDATE records SET metadata = replace(metadata, '\"step\":200', '\"step\":888')")
+    assert latest_metadata_by_partition(instance, CHECKPOINTS)[keys[1]] == dagsters[keys[1]], "a row of another partition is not used"
+
+    cache.path.write_bytes(b"not a database" * 100)
+    with caplog.at_level("WARNING", logger="assets.record_cache"):
+        assert latest_metadata_by_partition(instance, CHECKPOINTS)[keys[2]] == dagsters[keys[2]]
+    assert f"the cache of event-log records {cache.path} cannot be read" in caplog.text
+    with sqlite3.connect(cache.path) as db:  # filled again
+        assert db.execute("SELECT count(*) FROM records").fetchone() == (3,)
+
+    instance.dispose()
+    for made in (tmp_path / "home").iterdir():  # the instance's storage made anew where it was
+        if made.name != "factory":
+            shutil.rmtree(made) if made.is_dir() else made.unlink()
+    anew = DagsterInstance.local_temp(str(tmp_path / "home"))
+    assert RecordCache.of(anew).path != cache.path and RecordCache.of(anew).path.parent == cache.path.parent
+    assert RecordCache.of(DagsterInstance.ephemeral()) is None
