@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import marshal
 import sqlite3
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -88,13 +89,21 @@ class RecordCache:
         if not records:
             return
         rows, values = [], {}
+        encoded: dict[bytes, tuple[str, str] | None] = {}  # marshal bytes of a JSON value -> (hash, text), None: small
         for storage_id, (partition, metadata) in records.items():
             small, links = {}, {}
             for label, value in metadata.items():
-                text = json.dumps(value, separators=(",", ":"))
-                if len(text) > SHARED_BYTES:
-                    hash_ = hashlib.sha256(text.encode()).hexdigest()
-                    values[hash_], links[label], small[label] = text, hash_, None  # (None: its place among the labels)
+                shared = None
+                if isinstance(value, (dict, list)) or (isinstance(value, str) and len(value) > SHARED_BYTES):
+                    # The records of one training hold equal specs: each is encoded once. (Equal marshal bytes are equal
+                    # JSON: they tell 1 from 1.0 and True, and 0.0 from -0.0, where == does not.)
+                    key = marshal.dumps(value)
+                    if key not in encoded:
+                        text = json.dumps(value, separators=(",", ":"))
+                        encoded[key] = (hashlib.sha256(text.encode()).hexdigest(), text) if len(text) > SHARED_BYTES else None
+                    shared = encoded[key]
+                if shared is not None:
+                    values[shared[0]], links[label], small[label] = shared[1], shared[0], None  # (None: its place among the labels)
                 else:
                     small[label] = value
             rows.append((storage_id, partition, json.dumps(small, separators=(",", ":")), json.dumps(links, separators=(",", ":"))))

@@ -106,25 +106,31 @@ def test_records_read_again_come_from_the_instances_cache_and_a_new_record_a_sta
     (tmp_path / "home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp_path / "home"))
     keys = [f"a__pretrain-{step:06d}" for step in (100, 200, 300)]
-    instance.add_dynamic_partitions(CHECKPOINTS, keys)
-    spec = {"kind": "pretrain", "config": {"lr": 0.001, "layers": list(range(100)), "name": "naïve ✓"}}
+    instance.add_dynamic_partitions(CHECKPOINTS, [*keys, "b__pretrain-000100"])
+    spec = {"kind": "pretrain", "config": {"lr": 0.001, "layers": list(range(100)), "name": "naïve ✓", "on": True}}
     assert len(json.dumps(spec)) > SHARED_BYTES
     for step, key in zip((100, 200, 300), keys):
         instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={"step": step, "training": spec, "x": -0.0}))
-    dagsters = {key: latest_metadata(instance, CHECKPOINTS, key) for key in keys}
+    # Another training's spec, equal in Python (1 == True) but not in JSON: kept apart.
+    other = {**spec, "config": {**spec["config"], "on": 1}}
+    instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition="b__pretrain-000100", metadata={"step": 150, "training": other}))
+    keys_b = [*keys, "b__pretrain-000100"]
+    dagsters = {key: latest_metadata(instance, CHECKPOINTS, key) for key in keys_b}
     cache = RecordCache.of(instance)
     assert cache is not None and not cache.path.exists()
 
     assert latest_metadata_by_partition(instance, CHECKPOINTS) == dagsters  # read from the log, and kept
     with sqlite3.connect(cache.path) as db:
-        assert db.execute("SELECT count(*) FROM records").fetchone() == (3,)
-        assert db.execute("SELECT count(*) FROM shared_values").fetchone() == (1,)  # the spec, once
+        assert db.execute("SELECT count(*) FROM records").fetchone() == (4,)
+        assert db.execute("SELECT count(*) FROM shared_values").fetchone() == (2,)  # each spec, once
         db.execute("UPDATE records SET metadata = replace(metadata, '\"step\":100', '\"step\":999')")
     again = latest_metadata_by_partition(instance, CHECKPOINTS)
     assert again[keys[0]]["step"] == 999, "read again, a record comes from the cache (its row changed here to show it)"
     assert {key: again[key] for key in keys[1:]} == {key: dagsters[key] for key in keys[1:]}
     assert json.dumps(again[keys[1]]) == json.dumps(dagsters[keys[1]])  # -0.0 stays -0.0, the labels in their order
-    assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=("step",)) == {keys[0]: {"step": 999}, keys[1]: {"step": 200}, keys[2]: {"step": 300}}
+    assert json.dumps(again["b__pretrain-000100"]) == json.dumps(dagsters["b__pretrain-000100"])  # 1 stays 1
+    assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=("step",)) == {
+        keys[0]: {"step": 999}, keys[1]: {"step": 200}, keys[2]: {"step": 300}, "b__pretrain-000100": {"step": 150}}
 
     instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=keys[0], metadata={"step": 101, "training": spec}))
     assert latest_metadata_by_partition(instance, CHECKPOINTS)[keys[0]] == {"step": 101, "training": spec}  # a newer record: from the log
@@ -138,7 +144,7 @@ def test_records_read_again_come_from_the_instances_cache_and_a_new_record_a_sta
         assert latest_metadata_by_partition(instance, CHECKPOINTS)[keys[2]] == dagsters[keys[2]]
     assert f"the cache of event-log records {cache.path} cannot be read" in caplog.text
     with sqlite3.connect(cache.path) as db:  # filled again
-        assert db.execute("SELECT count(*) FROM records").fetchone() == (3,)
+        assert db.execute("SELECT count(*) FROM records").fetchone() == (4,)
 
     instance.dispose()
     for made in (tmp_path / "home").iterdir():  # the instance's storage made anew where it was
