@@ -80,6 +80,8 @@ class RecordCache:
                     metadata[label] = shared[hash_]
                 found[storage_id] = (partition, metadata)
             return found
+        except sqlite3.OperationalError:
+            return {}  # (locked past the timeout, say: read from the event log this time)
         except (sqlite3.DatabaseError, _Damaged, ValueError, TypeError, KeyError, AttributeError) as e:
             self._drop(e)
             return {}
