@@ -126,6 +126,7 @@ class RecordCache:
     def _connected(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
+            db.execute("PRAGMA synchronous=NORMAL")  # no fsync at each commit: a write lost to a crash is read from the log again
             if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():  # new: made once
                 db.execute("PRAGMA journal_mode=WAL")  # readers are not held up by a writer
                 db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} INSERT OR IGNORE INTO meta VALUES ('schema', {SCHEMA_VERSION}); COMMIT;")
@@ -136,12 +137,16 @@ class RecordCache:
         finally:
             db.close()
 
-    def _drop(self, error: BaseException) -> None:
-        log.warning("the cache of event-log records %s cannot be read (%s): removed, its records are read from the event log "
-                    "and kept again", self.path, error)
+    def remove(self) -> None:
+        """Remove the file (and SQLite's files beside it): every record is read from the event log again, then kept."""
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(OSError):
                 Path(f"{self.path}{suffix}").unlink()
+
+    def _drop(self, error: BaseException) -> None:
+        log.warning("the cache of event-log records %s cannot be read (%s): removed, its records are read from the event log "
+                    "and kept again", self.path, error)
+        self.remove()
 
 
 class _Damaged(Exception):

@@ -59,12 +59,12 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
     with collector_paused():
         kept = cache.get(latest) if cache is not None else {}
         for partition, metadata in kept.values():
-            found[partition] = metadata if labels is None else {name: value for name, value in metadata.items() if name in labels}
+            found[partition] = _only(metadata, labels)
         read_now = {}
         for storage_id, read in _rows(instance, sorted(set(latest.values()) - kept.keys()), None if cache is not None else labels):
             if read is not None:  # (read whole where it is kept: the next read may ask for other labels)
                 read_now[storage_id] = read
-                found[read[0]] = read[1] if labels is None else {name: value for name, value in read[1].items() if name in labels}
+                found[read[0]] = _only(read[1], labels)
             else:
                 left.append(storage_id)
         if cache is not None:
@@ -72,6 +72,11 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
         for start in range(0, len(left), CHUNK):
             _read_records(instance, key, left[start : start + CHUNK], labels, found)
     return found
+
+
+def _only(metadata: dict[str, Any], labels: Collection[str] | None) -> dict[str, Any]:
+    """The entries of `labels` of `metadata` (all of them, when None)."""
+    return metadata if labels is None else {name: value for name, value in metadata.items() if name in labels}
 
 
 def _read_records(instance: DagsterInstance, key: AssetKey, chunk: list[int], labels: Collection[str] | None,

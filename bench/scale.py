@@ -296,11 +296,7 @@ def dagster_at_scale(root: Path, made: dict, repeat: int) -> dict[str, float]:
         def due() -> None:  # `factory run`'s question for an experiment's checkpoints, here all of them
             assert len(unevaluated(instance, registry, ["val_bpb"], set(keys))) == checkpoints
 
-        def forget() -> None:  # the instance's cache of event-log records emptied: the records read as for the first time
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{cache.path}{suffix}").unlink(missing_ok=True)
-
-        cache = RecordCache.of(instance)
+        forget = RecordCache.of(instance).remove  # the instance's cache of event-log records emptied: read as for the first time
         figures = {"before": median_s(per_partition, 1), "stored_first": median_s(chunked, repeat, before=forget),
                    "due_first": median_s(due, repeat, before=forget), "stored": median_s(chunked, repeat), "due": median_s(due, repeat)}
     with webserver(Path(os.environ["DAGSTER_HOME"])) as ask:
