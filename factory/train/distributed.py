@@ -9,12 +9,15 @@ not train (a data stage) never loads it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,3 +124,16 @@ def summed_over_ranks(world: World, tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.clone()
     dist.all_reduce(tensor)
     return tensor
+
+
+def is_dtensor(value: object) -> TypeGuard[DTensor]:
+    """Whether `value` is a DTensor (a shard under FSDP), without importing DTensor where nothing made one: its module costs
+    0.7 s of imports (sympy's among them) that a stage of one rank, or of DDP's ranks, never needs."""
+    tensor = sys.modules.get("torch.distributed.tensor")
+    return tensor is not None and isinstance(value, tensor.DTensor)
+
+
+def is_fsdp(value: object) -> TypeGuard[FSDPModule]:
+    """Whether FSDP2 shards the module `value`, without importing FSDP where nothing sharded one (`is_dtensor`)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(value, fsdp.FSDPModule)

@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
 from factory.config.schema import ModelConfig
 from factory.errors import ConfigError
 from factory.models.build import build_model
+from factory.train.distributed import is_dtensor
 
 OVERWRITES = frozenset({"normal_", "uniform_", "zero_", "fill_", "copy_", "bernoulli_", "exponential_", "log_normal_", "cauchy_",
                         "geometric_", "random_"})
@@ -180,7 +180,7 @@ def materialise(model: nn.Module, places: list[list[str]], config: ModelConfig, 
         rows = rows_of(whole, rank, ranks)
         with torch.no_grad():
             for name in names:
-                local = params[name].to_local() if isinstance(params[name], DTensor) else params[name]
+                local = params[name].to_local() if is_dtensor(params[name]) else params[name]
                 assert tuple(local.shape) == tuple(rows.shape), (name, tuple(local.shape), tuple(rows.shape))
                 local.copy_(rows)
 

@@ -15,14 +15,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from factory.config.schema import ModelConfig, PretrainConfig
 from factory.errors import ConfigError
 from factory.models.build import build_model
-from factory.train.distributed import World
+from factory.train.distributed import World, is_dtensor, is_fsdp
 from factory.train.meta_init import build_on_meta, materialise
 from factory.train.objective import Minimised
 
@@ -130,9 +129,7 @@ def build_for_training(
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether FSDP2 shards the model."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    return is_fsdp(model)
 
 
 def wrap(minimised: Minimised, config: PretrainConfig, world: World) -> nn.Module:
@@ -183,11 +180,13 @@ def check_shape(name: str, saved: Mapping[str, tuple[int, ...]], live: Mapping[s
 
 def _sharded_like(value: Any, param: torch.Tensor) -> bool:
     """An optimizer slot (exp_avg, exp_avg_sq) that FSDP shards like its parameter, not a scalar such as `step`."""
-    return isinstance(value, torch.Tensor) and isinstance(param, DTensor) and tuple(value.shape) == tuple(param.shape)
+    return isinstance(value, torch.Tensor) and is_dtensor(param) and tuple(value.shape) == tuple(param.shape)
 
 
 def _like(value: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """A full tensor laid out as `live` is: this rank's shard of it when `live` is a DTensor (sliced here, no communication)."""
-    if isinstance(live, DTensor) and not isinstance(value, DTensor):
+    if is_dtensor(live) and not is_dtensor(value):
+        from torch.distributed.tensor import distribute_tensor
+
         return distribute_tensor(value.to(live.device), live.device_mesh, live.placements, src_data_rank=None)
     return value

@@ -7,18 +7,20 @@ import functools
 import resource
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from factory.config.schema import PretrainConfig
 from factory.data.loader import PAD, Batch
 from factory.errors import ConfigError
-from factory.train.distributed import World, gather, summed_over_ranks
+from factory.train.distributed import World, gather, is_dtensor, is_fsdp, summed_over_ranks
 from factory.train.objective import NEXT_TOKEN, Minimised, Objective, summed_cross_entropy
 from factory.train.parallel import recomputation_off
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 def gradients(
@@ -61,7 +63,7 @@ def gradients(
             (loss_sum * scale).backward()
         summed += loss_sum.detach().double()
     grad_norm = torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
-    if isinstance(grad_norm, DTensor):  # sharded parameters: the norm over all shards
+    if is_dtensor(grad_norm):  # sharded parameters: the norm over all shards
         grad_norm = grad_norm.full_tensor()
     if want_samples and world.size > 1:
         samples = [value for rank_samples in gather(world, samples) for value in rank_samples]
@@ -72,7 +74,7 @@ def _sharded(network: torch.nn.Module) -> FSDPModule | None:
     """The FSDP-sharded model inside the network the loop calls (under compile and `Minimised`), or None."""
     inner = getattr(network, "_orig_mod", network)  # torch.compile's wrapper
     model = inner.model if isinstance(inner, Minimised) else inner
-    return model if isinstance(model, FSDPModule) else None
+    return model if is_fsdp(model) else None
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
