@@ -135,7 +135,8 @@ class LocalLauncher:
         modules it will import, which a warm interpreter imports first if it has not yet (`WarmServer.spawn`).
 
         Interrupted while it waits (Ctrl-C, Dagster's termination), it stops the stage in order first (SIGTERM, then
-        SIGKILL after STOP_TIMEOUT_S), and the interruption goes on with what the stage said as a note.
+        SIGKILL after STOP_TIMEOUT_S; interrupted again meanwhile, at once), and the interruption goes on with what the stage
+        said as a note.
         """
         with tempfile.TemporaryDirectory(prefix="factory-stage-") as scratch:
             error_file = Path(scratch) / "error"
@@ -153,7 +154,11 @@ class LocalLauncher:
             try:
                 code = process.wait()
             except BaseException as stopped:
-                _stop(process)
+                try:
+                    _stop(process)
+                except BaseException:  # interrupted again while it stops: killed at once, and the first interruption goes on
+                    process.kill()
+                    process.wait()
                 pump.join()
                 stopped.add_note(f"{name}: {_said(error_file) or 'stopped'}")
                 raise

@@ -1,8 +1,13 @@
 """The local launcher on real child processes: environment, exit codes, stderr tail, start failures."""
 
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from factory.errors import LaunchError, StageFailed
@@ -119,3 +124,38 @@ def test_redrawn_lines_reach_the_terminal_and_the_tail_keeps_what_was_left_on_sc
         LocalLauncher().run(python(code), {}, name="bar")
     assert "\rstep 0/3\rstep 1/3\rstep 2/3\ndone" in capfd.readouterr().err
     assert str(failed.value).endswith("code 4:\nstep 2/3\ndone")
+
+
+STOPPING_STAGE = """
+import os, signal, sys, time
+def stop(*_):
+    with open(os.environ["FACTORY_STAGE_ERROR"], "w") as f:
+        f.write("pretrain: interrupted at step 7 of 100; its last checkpoint is step_000005.pt")
+    time.sleep(30)  # still unwinding (a checkpoint being saved, say) when the second interrupt comes
+    sys.exit(130)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1], "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_second_interrupt_while_the_stage_stops_kills_it_and_the_first_still_says_where_it_stopped(tmp_path):
+    """Ctrl-C twice (or a termination asked twice): the first asks the stage to stop in order, the second, arriving while
+    it does, kills it at once; the stage is gone either way, and the interruption carries what the stage said."""
+    ready = tmp_path / "ready"
+
+    def interrupt_twice() -> None:
+        while not ready.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the stage is now in its SIGTERM handler
+        os.kill(os.getpid(), signal.SIGINT)
+
+    children_before = set(psutil.Process().children())
+    threading.Thread(target=interrupt_twice, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        LocalLauncher().run(python(STOPPING_STAGE, str(ready)), {}, name="pretrain")
+    assert time.monotonic() - started < 20  # not the stage's 30 s of unwinding, nor the launcher's 30 s of patience
+    assert interrupted.value.__notes__ == ["pretrain: pretrain: interrupted at step 7 of 100; its last checkpoint is step_000005.pt"]
+    assert set(psutil.Process().children()) == children_before  # the stage is not left running
