@@ -14,7 +14,8 @@ The server forks only where the child is the process a cold start would have mad
   method and PyTorch's data-loader workers; torch's own thread pool starts in the child, at its
   first parallel operation, since the server never runs one;
 - the code on disk is the code it imported: every source file of the packages it preloaded keeps
-  the size and mtime it had;
+  the size and mtime it had (those in a directory of installed packages: the directory's mtime, which
+  installing, upgrading or removing a package changes);
 - the child's environment equals the server's but for the variables the launch itself sets
   (Dagster Pipes' bootstrap, the progress flag): whatever libraries read at import is the same.
 Otherwise it refuses, and `spawn` returns None: the launcher starts a cold process, as before.

@@ -169,7 +169,10 @@ def _threads() -> str | None:
 
 
 def _source_stamps(modules: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """(size, mtime) of every Python source file of the packages the modules belong to."""
+    """(size, mtime) of every Python source file of the packages the modules belong to, but for those installed in a
+    directory of installed packages (torch's 2,300 files, say), whose changes `_installed_stamps` sees: a launch then
+    checks the project's own files (about 200), not 2,800 (39 ms a launch)."""
+    installed = tuple(os.path.join(directory, "") for directory in _installed_stamps())
     stamps = {}
     for package in dict.fromkeys(name.split(".")[0] for name in modules):
         try:
@@ -177,6 +180,8 @@ def _source_stamps(modules: Sequence[str]) -> dict[str, tuple[int, int]]:
         except (ImportError, ValueError):  # no such package: its import fails, and says so
             continue
         for root in (spec.submodule_search_locations or []) if spec else []:
+            if os.path.join(os.path.abspath(root), "").startswith(installed):
+                continue
             for path in Path(root).rglob("*.py"):
                 with contextlib.suppress(OSError):  # a dangling link (an editor's lock file), a file just removed
                     info = path.stat()

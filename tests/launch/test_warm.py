@@ -342,3 +342,14 @@ def test_the_next_block_in_the_same_environment_forks_from_the_same_interpreter_
     assert served("top", ("email.mime.text", "warmtop")) == later
     (tmp_path / "warmdep" / "__init__.py").write_text("VALUE = 2  # edited after warmtop's import brought it in\n")
     assert served("dep", ("email.mime.text", "warmtop", "warmdep")) != later
+
+
+def test_a_launch_checks_the_projects_source_files_and_leaves_installed_packages_to_their_directory():
+    """Before each fork the server checks that the code it imported is the code on disk: the project's files one by one,
+    the installed packages (torch's 2,300 files among them) by the mtime of their directory, which an install changes."""
+    from factory.launch.warm_server import _installed_stamps, _source_stamps
+
+    stamps = _source_stamps(["factory.config", "torch._dynamo", "sqlalchemy.dialects.sqlite"])
+    assert str(REPO / "factory" / "config" / "__init__.py") in stamps and str(REPO / "factory" / "launch" / "warm.py") in stamps
+    assert [path for path in stamps if not path.startswith(str(REPO)) or "site-packages" in Path(path).parts] == []
+    assert [path for path in _installed_stamps() if Path(path).name == "site-packages"]
