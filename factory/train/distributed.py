@@ -128,7 +128,8 @@ def summed_over_ranks(world: World, tensor: torch.Tensor) -> torch.Tensor:
 
 def is_dtensor(value: object) -> TypeGuard[DTensor]:
     """Whether `value` is a DTensor (a shard under FSDP), without importing DTensor where nothing made one: its module costs
-    0.7 s of imports (sympy's among them) that a stage of one rank, or of DDP's ranks, never needs."""
+    0.7 s of imports (sympy's among them), which a process that loads the training code without training (the model
+    stage) need not pay. (Building a torch optimizer imports torch._dynamo, and DTensor with it.)"""
     tensor = sys.modules.get("torch.distributed.tensor")
     return tensor is not None and isinstance(value, tensor.DTensor)
 
