@@ -1,10 +1,9 @@
 """The local launcher on real child processes: environment, exit codes, stderr tail, start failures."""
 
+import json
 import os
-import signal
+import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -12,6 +11,8 @@ import pytest
 
 from factory.errors import LaunchError, StageFailed
 from factory.launch.local import STDERR_TAIL_LINES, LocalLauncher, stage_argv
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def python(code: str, *args: str) -> list[str]:
@@ -140,27 +141,43 @@ signal.signal(signal.SIGTERM, stop)
 (marks / "ready").touch()
 time.sleep(60)
 """
+INTERRUPTED_TWICE = """
+import json, os, pathlib, signal, sys, threading, time
+from factory.launch.local import LocalLauncher
+marks, stage = pathlib.Path(sys.argv[1]), sys.argv[2]
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as Python sets it, whatever this process inherited
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (a shell ignores SIGINT for `cmd &`; a pytest worker may)
+
+def when(mark):
+    deadline = time.monotonic() + 120
+    while not (marks / mark).exists():
+        if time.monotonic() > deadline:
+            os._exit(3)
+        time.sleep(0.02)
+
+def interrupt_twice():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the interrupts are the main thread's, as Ctrl-C's are
+    when("ready")
+    os.kill(os.getpid(), signal.SIGINT)
+    when("stopping")  # the launcher asked the stage to stop, and it is unwinding
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt_twice, daemon=True).start()
+try:
+    LocalLauncher().run([sys.executable, "-c", stage, str(marks)], {}, name="pretrain")
+except KeyboardInterrupt as e:
+    print(json.dumps({"notes": getattr(e, "__notes__", []), "stopping": (marks / "stopping").exists(), "unwound": (marks / "unwound").exists()}))
+"""
 
 
 def test_a_second_interrupt_while_the_stage_stops_kills_it_and_the_first_still_says_where_it_stopped(tmp_path):
     """Ctrl-C twice (or a termination asked twice): the first asks the stage to stop in order, the second, arriving while
-    it does, kills it at once; the stage is gone either way, and the interruption carries what the stage said."""
-
-    def when(mark: str) -> None:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / mark).exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    def interrupt_twice() -> None:
-        when("ready")
-        os.kill(os.getpid(), signal.SIGINT)
-        when("stopping")  # the launcher asked the stage to stop, and it is unwinding
-        os.kill(os.getpid(), signal.SIGINT)
-
-    children_before = set(psutil.Process().children())
-    threading.Thread(target=interrupt_twice, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt) as interrupted:
-        LocalLauncher().run(python(STOPPING_STAGE, str(tmp_path)), {}, name="pretrain")
-    assert (tmp_path / "stopping").exists() and not (tmp_path / "unwound").exists()  # killed as it unwound
-    assert interrupted.value.__notes__ == ["pretrain: pretrain: interrupted at step 7 of 100; its last checkpoint is step_000005.pt"]
-    assert set(psutil.Process().children()) == children_before  # the stage is not left running
+    it does, kills it at once; the stage is gone either way, and the interruption carries what the stage said. In a
+    process of its own, whose signals are its own."""
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_TWICE, str(tmp_path), STOPPING_STAGE], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]
+    said = json.loads(done.stdout)
+    assert said["stopping"] and not said["unwound"]  # killed as it unwound
+    assert said["notes"] == ["pretrain: pretrain: interrupted at step 7 of 100; its last checkpoint is step_000005.pt"]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]  # none left running
