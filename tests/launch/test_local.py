@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from factory.errors import LaunchError, StageFailed
-from factory.launch.local import STDERR_TAIL_LINES, LocalLauncher, stage_argv
+from factory.launch.local import ERROR_FILE_ENV, STDERR_TAIL_LINES, LocalLauncher, stage_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,11 +127,12 @@ def test_redrawn_lines_reach_the_terminal_and_the_tail_keeps_what_was_left_on_sc
     assert str(failed.value).endswith("code 4:\nstep 2/3\ndone")
 
 
-STOPPING_STAGE = """
+STOPPING_STAGE = f"""
 import os, pathlib, signal, sys, time
+ERROR_FILE_ENV = {ERROR_FILE_ENV!r}  # where the launcher asks a stage for its one line
 marks = pathlib.Path(sys.argv[1])
 def stop(*_):
-    with open(os.environ["FACTORY_STAGE_ERROR"], "w") as f:
+    with open(os.environ[ERROR_FILE_ENV], "w") as f:
         f.write("pretrain: interrupted at step 7 of 100; its last checkpoint is step_000005.pt")
     (marks / "stopping").touch()
     time.sleep(30)  # still unwinding (a checkpoint being saved, say) when the second interrupt comes
