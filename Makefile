@@ -101,8 +101,9 @@ lint-imports: setup
 # tests/conftest.py says how) and in a random order (pytest-randomly prints its seed; `--randomly-seed=N` repeats an
 # order). One worker more than the cores (as `-n auto` counts them): a test often waits on a process it started (a
 # stage, a server, a run of the daemon), and the extra worker computes meanwhile (on 2 cores: 12:07 with 3 workers,
-# 13:15 and 13:24 with 2, 12:33 with 4). Ends with the suite's wall time and its ten slowest modules
-# (tests/timing.py), then the wall time of the whole target, installs included.
+# 13:15 and 13:24 with 2, 12:33 with 4; later, one clone run back to back: 673 s of pytest with 3 and with 4, the 4th
+# worker's 42 CPU-s more for nothing). Ends with the suite's wall time (and when each worker finished), its ten slowest
+# modules (tests/timing.py), then the wall time of the whole target, installs included.
 WORKERS = $(shell $(BIN)/python -c "import psutil; print((psutil.cpu_count(logical=False) or psutil.cpu_count() or 1) + 1)")
 test: installed
 	@$(MAKE) --no-print-directory lint-imports
