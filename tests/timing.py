@@ -26,9 +26,8 @@ class SuiteTiming:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid.split("::")[0]] += report.duration
-        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
-        if worker is not None:
-            self.last_report[worker] = time.monotonic() - self.started
+        if (node := getattr(report, "node", None)) is not None:  # a worker's report, as xdist hands it to the controller
+            self.last_report[node.gateway.id] = time.monotonic() - self.started
 
     @pytest.hookimpl(trylast=True)  # after pytest's own sections (--durations), just before the final counts
     def pytest_terminal_summary(self, terminalreporter) -> None:

@@ -175,7 +175,7 @@ def test_a_second_interrupt_while_the_stage_stops_kills_it_and_the_first_still_s
     """Ctrl-C twice (or a termination asked twice): the first asks the stage to stop in order, the second, arriving while
     it does, kills it at once; the stage is gone either way, and the interruption carries what the stage said. In a
     process of its own, whose signals are its own."""
-    done = subprocess.run([sys.executable, "-c", INTERRUPTED_TWICE, str(tmp_path), STOPPING_STAGE], capture_output=True, text=True,
+    done = subprocess.run(python(INTERRUPTED_TWICE, str(tmp_path), STOPPING_STAGE), capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]
     said = json.loads(done.stdout)
