@@ -9,7 +9,9 @@ reader builds it again). Each reader brings it up to date first, cheaply:
   could share its timestamp), nothing is read;
 - otherwise the manifests are listed with a version each (on disk: each file's size, mtime, ctime and inode, no file
   opened; in an object store: keys and ETags, one LIST request per thousand) and only the manifests that are new or
-  have another version are read; rows of manifests gone are dropped.
+  have another version are read; rows of manifests gone are dropped. A manifest written over in place changes no entry
+  of the directory, so it is seen at the next listing (no writer of the factory does that: published manifests are
+  immutable, and a repair renames a new file over the old).
 Each refresh that changes a row is a new generation: a row records the generation it came in at, and the rows it
 dropped are kept, for `KEEP_GENERATIONS`, with the generation they left at, so a reader that computed something from the
 manifests at one state asks what changed since (`changes`) and computes again only what that touches (the
