@@ -87,14 +87,14 @@ def measure(root: Path, made: dict, repeat: int) -> dict[str, float]:
 
     def one_more(kind: str, **changes: str) -> Callable[[], None]:
         """Writes one more manifest of `kind` (a copy of one, `changes` made), as a publish would."""
-        body = parse_manifest(json.loads(next((registry / "manifests").glob(f"{kind}-*.json")).read_text())).to_json()
-        extra = registry / "manifests" / f"{kind}-extra.json"
+        body = parse_manifest(json.loads(next((registry / "manifests").glob(f"*/{kind}-*.json")).read_text())).to_json()
+        extra = store.manifest_path(f"{kind}-extra")
         return lambda: extra.write_text(json.dumps({**body, "fingerprint": f"{kind}-extra", **changes}))
 
     def gone(kind: str, then: Callable[[], object]) -> Callable[[], None]:
         """Removes the manifest `one_more` wrote, then `then` sees the registry as it was (not timed)."""
         def remove() -> None:
-            (registry / "manifests" / f"{kind}-extra.json").unlink()
+            store.manifest_path(f"{kind}-extra").unlink()
             then()
 
         return remove

@@ -49,13 +49,15 @@ def summary(kind: str, block: int, place: int, fingerprints: list[str]) -> dict:
 
 def fill(root: Path, count: int) -> None:
     """`count` manifests under `root/manifests` (whole blocks), written as the registry writes them."""
-    from factory.registry.store import Manifest, Provenance
+    from factory.registry.store import ArtifactStore, Manifest, Provenance
 
-    (root / "manifests").mkdir(parents=True)
+    store = ArtifactStore(root)
+    for shard in range(256):
+        (root / "manifests" / f"{shard:02x}").mkdir(parents=True)
     blend = Manifest.new(kind="blend", fingerprint="blend-shared", digest=SHARED_BLEND, files={"blend.json": {"sha256": SHARED_BLEND, "bytes": 100}},
                          config={}, inputs={}, code="local:0123456789abcdef", summary={},
                          provenance=Provenance(experiment="exp-0", config_hash="0" * 16, git_commit="f" * 40))
-    (root / "manifests" / "blend-shared.json").write_text(json.dumps(blend.to_json(), indent=2, sort_keys=True))
+    store.manifest_path("blend-shared").write_text(json.dumps(blend.to_json(), indent=2, sort_keys=True))
     for block in range(max(count // len(BLOCK), 1)):
         digests = [f"{block * len(BLOCK) + i:064x}" for i in range(len(BLOCK))]
         fingerprints = [f"{kind}-{digest[-12:]}" for (kind, _), digest in zip(BLOCK, digests, strict=True)]
@@ -67,7 +69,7 @@ def fill(root: Path, count: int) -> None:
                                     code="local:0123456789abcdef",
                                     provenance=Provenance(experiment=f"exp-{block}", config_hash="0" * 16, git_commit="f" * 40),
                                     summary=summary(kind, block, i, fingerprints))
-            (root / "manifests" / f"{manifest.fingerprint}.json").write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
+            store.manifest_path(manifest.fingerprint).write_text(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
 
 
 def publish_tiny(store) -> object:
@@ -104,7 +106,7 @@ def publish_model_files(store) -> str:
     return manifest.files["model.pt"]["sha256"]
 
 
-FORMAT = 2
+FORMAT = 3
 """What `make_history` writes (raised when that changes): a history of another format is made again."""
 MADE = "made.json"
 """A history's record, written last: a root without it (a make that did not finish) is made again."""
@@ -142,7 +144,7 @@ def history(root: Path, count: int, server: str) -> Iterator[dict]:
             with DagsterInstance.get() as instance:
                 reused = instance.get_run_by_id(made["run"]) is not None
         if reused:
-            for extra in (root / "registry" / "manifests").glob("*-extra.json"):  # a measure's, interrupted (`one_more`)
+            for extra in (root / "registry" / "manifests").glob("*/*-extra.json"):  # a measure's, interrupted (`one_more`)
                 extra.unlink()
             git(root / "repo", "reset", "-q", "--hard", made["commit"])  # and the sensor tick's commits
             print(f"reusing the history of {count:,} manifests at {root} (made in {made['seconds']:.0f} s)")

@@ -3,15 +3,17 @@ one file instead of opening and parsing every manifest (on S3: one GET per manif
 
 The manifests stay the source of truth: the index only caches what they say, and deleting it loses nothing (the next
 reader builds it again). Each reader brings it up to date first, cheaply:
-- on local disk, the manifests directory's mtime changes whenever an entry is added, removed or replaced (a publish
-  links a manifest in; a repair renames one over; a person or a collector removes one). While it equals the mtime the
-  index recorded, and that record is not "racily clean" (taken within `racy_ns` of the change, when a second change
-  could share its timestamp), nothing is read;
-- otherwise the manifests are listed with a version each (on disk: each file's size, mtime, ctime and inode, no file
-  opened; in an object store: keys and ETags, one LIST request per thousand) and only the manifests that are new or
-  have another version are read; rows of manifests gone are dropped. A manifest written over in place changes no entry
-  of the directory, so it is seen at the next listing (no writer of the factory does that: published manifests are
-  immutable, and a repair renames a new file over the old).
+- on local disk, the manifests lie in 256 shards (`ManifestDirectory`: `manifests/<shard>/<fingerprint>.json`), and a
+  shard's mtime changes whenever an entry of it is added, removed or replaced (a publish links a manifest in; a repair
+  renames one over; a person or a collector removes one). The index records each shard's mtime; a shard whose mtime
+  is the one recorded, and whose record is not "racily clean" (taken within `racy_ns` of the change, when a second
+  change could share its timestamp), is not listed: a new manifest lists one shard (about 400 files at 100,000), not
+  the registry;
+- a shard that changed is listed with a version for each manifest (each file's size, mtime, ctime and inode, no file
+  opened; in an object store, where the whole store is listed: keys and ETags, one LIST request per thousand), and only
+  the manifests that are new or have another version are read; rows of manifests gone are dropped. A manifest written
+  over in place changes no entry of its shard, so it is seen at the next listing of that shard (no writer of the
+  factory does that: published manifests are immutable, and a repair renames a new file over the old).
 Each refresh that changes a row is a new generation: a row records the generation it came in at, and the rows it
 dropped are kept, for `KEEP_GENERATIONS`, with the generation they left at, so a reader that computed something from the
 manifests at one state asks what changed since (`changes`) and computes again only what that touches (the
@@ -23,6 +25,7 @@ processes bringing it up to date at once take turns (SQLite's write lock): neith
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -37,7 +40,7 @@ from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 RACY_NS = 2_000_000_000
 """A directory mtime recorded less than this before the listing that read it is trusted no further than that listing: a
 file system stamps changes with a coarse clock (milliseconds on ext4 and XFS, whole seconds on some, two on FAT), and a
@@ -52,8 +55,10 @@ HEX = re.compile(r"[0-9a-f]{1,64}")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (name TEXT PRIMARY KEY, version TEXT NOT NULL, kind TEXT, digest TEXT, experiment TEXT,
                                       body TEXT, created TEXT, generation INTEGER NOT NULL, fingerprint TEXT, size INTEGER,
-                                      base_model TEXT, training TEXT, inputs TEXT);
+                                      base_model TEXT, training TEXT, inputs TEXT, shard TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS manifests_by_generation ON manifests (generation);
+CREATE INDEX IF NOT EXISTS manifests_by_shard ON manifests (shard, name, version);
+CREATE TABLE IF NOT EXISTS shards (name TEXT PRIMARY KEY, mtime INTEGER NOT NULL, listed INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS dropped (name TEXT NOT NULL, body TEXT NOT NULL, generation INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS dropped_by_generation ON dropped (generation);
 CREATE INDEX IF NOT EXISTS manifests_by_kind ON manifests (kind, name);
@@ -71,7 +76,8 @@ CREATE INDEX IF NOT EXISTS files_by_name ON files (name);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 """A row per readable manifest (with the columns of a `ManifestRow`, its inputs' digests joined by spaces, which
-`manifests_rows` covers), a row per input it
+`manifests_rows` covers, and the shard its file is in: '' in an object store, or a registry's file from before shards),
+a row per shard (its mtime and when it was last listed), a row per input it
 names (what `Where.made_from` and `Where.descends_from` ask: the index on both columns answers a step of descent without
 reading the table), a row per file it lists
 (`Where.file_sha256`), and the rows of the last `KEEP_GENERATIONS` generations' dropped manifests (`changes`)."""
@@ -216,17 +222,22 @@ UNLIKE_ROWS = """SELECT name FROM manifests WHERE kind IS NOT NULL AND (typeof(k
 
 
 class ManifestIndex:
-    """The index, kept in `path`, of the manifests `listing()` names (name -> version: an inode number, an ETag); `read(name)`
-    parses one into its JSON form, or gives None for one it cannot read (the registry's own checks, which warn). `changed()`, where there is one, stamps the manifests' directory (module docstring)."""
+    """The index, kept in `path`, of the manifests `listing()` names (name -> version: an ETag); `read(name)` parses one
+    into its JSON form, or gives None for one it cannot read (the registry's own checks, which warn)."""
 
-    def __init__(self, path: Path, listing: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any] | None],
-                 changed: Callable[[], int] | None = None) -> None:
-        self.path, self._listing, self._read, self._changed = path, listing, read, changed
+    def __init__(self, path: Path, listing: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any] | None]) -> None:
+        self.path = path
+        self._stamps: Callable[[], dict[str, int]] | None = None
+        self._listing: Callable[[set[str] | None], dict[str, tuple[str, str]]] = lambda _: {name: ("", version) for name, version in listing().items()}
+        self._read: Callable[[str, str], dict[str, Any] | None] = lambda _, name: read(name)
 
     @classmethod
-    def of_directory(cls, path: Path, directory: Path, read: Callable[[Path], dict[str, Any] | None]) -> ManifestIndex:
-        """The index of the `<name>.json` files in a local directory."""
-        return cls(path, lambda: _directory_listing(directory), lambda name: read(directory / f"{name}.json"), lambda: _mtime(directory))
+    def of_directory(cls, path: Path, directory: ManifestDirectory, read: Callable[[Path], dict[str, Any] | None]) -> ManifestIndex:
+        """The index of a local registry's manifest files (`ManifestDirectory`), each shard listed only when it changed."""
+        index = cls(path, dict, lambda _: None)
+        index._stamps, index._listing = directory.stamps, directory.listing
+        index._read = lambda shard, name: read(directory.file(shard, name))
+        return index
 
     def bodies(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None, refresh: bool = True) -> Iterator[dict[str, Any]]:
         """The JSON form of every intact manifest (of `kind`, meeting `where`), in name order (`newest`: only that many,
@@ -373,40 +384,58 @@ class ManifestIndex:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):  # then sqlite3 says why
                 os.unlink(f"{self.path}{suffix}")
 
+    def _changed_shards(self, db: sqlite3.Connection) -> tuple[set[str] | None, dict[str, int]]:
+        """The shards to list again (None: every manifest, where there are no shards to stamp) and each shard's stamp now:
+        those whose mtime is not the one recorded, or was recorded racily clean, and those gone."""
+        if self._stamps is None:
+            return None, {}
+        stamps = self._stamps()
+        known = {name: (mtime, listed) for name, mtime, listed in db.execute("SELECT name, mtime, listed FROM shards")}
+        return {shard for shard in stamps.keys() | known.keys()
+                if shard not in known or known[shard][0] != stamps.get(shard) or known[shard][1] - known[shard][0] <= racy_ns(known[shard][0])}, stamps
+
     def _refresh(self, db: sqlite3.Connection) -> None:
         """Bring the rows up to date with the manifests (module docstring). A manifest that cannot be read now (damaged,
-        or refused to this process) gets no row, and the next reader lists the manifests again, so it is read again."""
-        known = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('mtime', 'listed')").fetchall())
-        if self._changed is not None and known.get("mtime") == self._changed() and known.get("listed", 0) - known["mtime"] > racy_ns(known["mtime"]):
+        or refused to this process) gets no row, and the next reader lists its shard again, so it is read again."""
+        if self._changed_shards(db)[0] == set():
             return
         db.execute("BEGIN IMMEDIATE")  # one refresher at a time; the other reads its rows after it
         try:
             listed = time.time_ns()
-            changed = self._changed() if self._changed is not None else 0
-            present = self._listing()
-            indexed = dict(db.execute("SELECT name, version FROM manifests").fetchall())
-            stale = (indexed.keys() - present.keys()) | {name for name, version in present.items() if indexed.get(name, version) != version}
+            shards, stamps = self._changed_shards(db)  # again, in turn: another refresher may have listed them
+            present = self._listing(shards)
+            indexed = dict(db.execute("SELECT name, version FROM manifests" + ("" if shards is None else
+                                                                               f" WHERE shard IN ({', '.join('?' * len(shards))})"), list(shards or ())))
+            versions = {name: f"{shard}/{version}" for name, (shard, version) in present.items()}
+            unseen = {name for name, version in versions.items() if indexed.get(name) != version}  # new, or of another version
+            # stale: gone from the shards listed, of another version, or moved in from a shard not listed (its row is replaced)
+            stale = (indexed.keys() - present.keys()) | (unseen & indexed.keys()) | {
+                name for name in unseen - indexed.keys() if shards is not None and db.execute("SELECT 1 FROM manifests WHERE name = ?", (name,)).fetchone()}
             [generation] = db.execute("SELECT value + 1 FROM meta WHERE key = 'generation'").fetchone()
             db.executemany("INSERT INTO dropped SELECT name, body, ? FROM manifests WHERE name = ?", ((generation, name) for name in stale))
             db.executemany("DELETE FROM manifests WHERE name = ?", ((name,) for name in stale))
             db.executemany("DELETE FROM inputs WHERE name = ?", ((name,) for name in stale))
             db.executemany("DELETE FROM files WHERE name = ?", ((name,) for name in stale))
-            unread = inserted = 0
-            for name, version in present.items():
-                if name in indexed and name not in stale:
-                    continue
-                body = self._read(name)
+            unread, inserted = set(), 0
+            for name in sorted(unseen):
+                shard = present[name][0]
+                body = self._read(shard, name)
                 if body is None:
-                    unread += 1
+                    unread.add(shard)
                     continue
                 inserted += 1
                 row = ManifestRow.of_body(body)
-                db.execute("INSERT INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (name, version, row.kind, row.digest, row.experiment, json.dumps(body, sort_keys=True), row.created, generation,
-                            row.fingerprint, row.size, row.base_model, row.training, " ".join(row.inputs)))
+                db.execute("INSERT INTO manifests (name, version, kind, digest, experiment, body, created, generation, fingerprint, size, "
+                           "base_model, training, inputs, shard) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (name, versions[name], row.kind, row.digest, row.experiment, json.dumps(body, sort_keys=True), row.created, generation,
+                            row.fingerprint, row.size, row.base_model, row.training, " ".join(row.inputs), shard))
                 db.executemany("INSERT INTO files VALUES (?, ?)", ((name, sha) for sha in {f["sha256"] for f in body["files"].values()}))
                 db.executemany("INSERT INTO inputs VALUES (?, ?)", ((name, digest) for digest in set(body["inputs"].values())))
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (("mtime", -1 if unread else changed), ("listed", listed)))
+            for shard in shards or ():  # a shard with a manifest unread is listed again by the next reader
+                if shard in stamps:
+                    db.execute("INSERT OR REPLACE INTO shards VALUES (?, ?, ?)", (shard, -1 if shard in unread else stamps[shard], listed))
+                else:
+                    db.execute("DELETE FROM shards WHERE name = ?", (shard,))
             if stale or inserted:
                 db.execute("UPDATE meta SET value = ? WHERE key = 'generation'", (generation,))
             if (stale or inserted) and generation % 100 == 0:  # now and then: the dropped rows of old generations go
@@ -455,6 +484,80 @@ def racy_ns(mtime: int) -> int:
     """How long after a change stamped `mtime` a listing must be taken to be trusted: `RACY_NS` when the stamp is whole
     seconds (a file system that keeps no fraction, or one in a billion stamps of one that does), else `FINE_RACY_NS`."""
     return RACY_NS if mtime % 1_000_000_000 == 0 else FINE_RACY_NS
+
+
+SHARD = re.compile(r"[0-9a-f]{2}")
+
+
+def shard_of(name: str) -> str:
+    """The shard of a manifest's name: the first two hex digits of its sha256 (256 shards, filled evenly whatever the
+    names look like)."""
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:2]  # a listed name of bytes no encoding decodes too
+
+
+class ManifestDirectory:
+    """A local registry's manifest files: `<path>/<shard>/<name>.json` (`shard_of`), and, in a registry written before
+    shards, `<path>/<name>.json`, which `stamps` moves into their shards (a link, then the old name removed: a reader
+    finds the file at one name or the other, or both) wherever this process may."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def file(self, shard: str, name: str) -> Path:
+        return self.path / shard / f"{name}.json" if shard else self.path / f"{name}.json"
+
+    def stamps(self) -> dict[str, int]:
+        """Each shard's mtime ('' is the directory itself, whose entries are the shards and any manifest of before);
+        nothing when there is no directory."""
+        for _ in range(2):  # again after moving manifests of before into their shards
+            try:
+                found, old = {"": _mtime(self.path)}, []
+                with os.scandir(self.path) as entries:
+                    for entry in entries:
+                        if entry.name.endswith(".json"):
+                            old.append(entry.name)
+                        elif SHARD.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):  # not a link to one elsewhere
+                            with contextlib.suppress(FileNotFoundError):
+                                found[entry.name] = entry.stat(follow_symlinks=False).st_mtime_ns
+            except (FileNotFoundError, NotADirectoryError):
+                return {}
+            if not old or not into_shards(self.path, old):
+                break
+        return found
+
+    def listing(self, shards: set[str] | None) -> dict[str, tuple[str, str]]:
+        """Manifest name -> its shard and version, for the manifests in `shards` (None: all): those a lookup reads. A file
+        in another shard than its name's is not one (`files` has it, for the registry's checks), nor a file of before
+        whose name is in its shard too."""
+        found: dict[str, tuple[str, str]] = {}
+        for shard in self.stamps() if shards is None else shards:
+            for name, version in _directory_listing(self.path / shard if shard else self.path).items():
+                if shard == shard_of(name) or not shard and not os.path.lexists(self.file(shard_of(name), name)):
+                    found[name] = (shard, version)
+        return found
+
+    def files(self) -> list[Path]:
+        """Every manifest file, wherever it lies, in name order."""
+        return sorted((self.file(shard, name) for shard in self.stamps() for name in _directory_listing(self.path / shard if shard else self.path)),
+                      key=lambda path: (path.name, str(path)))
+
+
+def into_shards(directory: Path, entries: list[str]) -> int:
+    """Move manifest files of before (`<directory>/<name>.json`, `entries`) into their shards, where this process may: a
+    hard link of each (never replacing a manifest the shard has: that one stands), then the old name removed. How many
+    were moved."""
+    moved = 0
+    for entry in entries:
+        name = entry.removesuffix(".json")
+        try:
+            (directory / shard_of(name)).mkdir(exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.link(directory / entry, directory / shard_of(name) / entry, follow_symlinks=False)
+            os.unlink(directory / entry)
+            moved += 1
+        except OSError as e:  # a registry this process may not write, a directory named like a manifest: left as it is
+            log.debug("manifest %s stays where it is (%s)", directory / entry, e)
+    return moved
 
 
 def _directory_listing(directory: Path) -> dict[str, str]:

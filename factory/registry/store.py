@@ -2,7 +2,11 @@
 
 Layout under the root:
     objects/<digest>/...          the artifact's files, read-only once published
-    manifests/<fingerprint>.json  what produced it: stage, config, inputs, commit, sha256 per file
+    manifests/<shard>/<fingerprint>.json
+                                  what produced it: stage, config, inputs, commit, sha256 per file (the shard: two hex
+                                  digits of the fingerprint's sha256, `factory.registry.index.ManifestDirectory`;
+                                  a registry written before shards has `manifests/<fingerprint>.json`, read as well
+                                  and moved into its shard by the index's next reader)
     verified/<digest>.json        each file's size, mtime and inode when its sha256 was last checked
     staging/                      work in progress; never read by anyone but its writer
 
@@ -48,7 +52,7 @@ from factory.registry.files import (
     structural_damage,
 )
 from factory.registry.history import History, checked_topic
-from factory.registry.index import EVERY, INDEX_NAME, ManifestIndex, ManifestRow, Where
+from factory.registry.index import EVERY, INDEX_NAME, ManifestDirectory, ManifestIndex, ManifestRow, Where, shard_of
 from factory.registry.lease import Holder, hold, read_holder
 from factory.registry.verify import Damage, damage_of, object_damage
 
@@ -203,10 +207,12 @@ class ArtifactStore(Scratch):
         """The manifest for a fingerprint if its artifact is published and intact, else None.
 
         Files unchanged since their sha256 was last checked are not read again, unless `rehash`."""
-        manifest_path = self._name_text("manifests", fingerprint, ".json")  # text: a miss builds no Path (a backfill plans thousands)
-        if not os.path.lexists(manifest_path):
+        flat = self._name_text("manifests", fingerprint, ".json")  # text: a miss builds no Path (a backfill plans thousands)
+        sharded = self._manifest_text(fingerprint)
+        # in its shard; else one of before shards; else in its shard after all (moved there since the first look)
+        if not os.path.lexists(path := sharded) and not os.path.lexists(path := flat) and not os.path.lexists(path := sharded):
             return None
-        manifest = self._read_or_warn(Path(manifest_path))
+        manifest = self._read_or_warn(Path(path))
         return manifest if manifest is not None and self._intact(manifest, rehash) else None
 
     def read(self, manifest: Manifest, name: str) -> bytes | None:
@@ -275,8 +281,9 @@ class ArtifactStore(Scratch):
         """Remove a published artifact (`factory registry gc`; the caller holds its lease): the manifest first, after which
         the artifact does not exist (a lookup misses and its stage computes it again), then its files, unless another
         manifest names the same bytes. The bytes freed; None (and nothing removed) when the manifest is no longer this one."""
-        path = self._manifest_path(manifest.fingerprint)
-        current = self._read_or_warn(path) if os.path.lexists(path) else None
+        path = next((path for path in (self.manifest_path(manifest.fingerprint), self._name_path("manifests", manifest.fingerprint, ".json"))
+                     if os.path.lexists(path)), None)
+        current = self._read_or_warn(path) if path is not None else None
         if current is None or current.digest != manifest.digest:
             return None
         with self.staging() as aside:
@@ -317,7 +324,7 @@ class ArtifactStore(Scratch):
 
     def index(self) -> ManifestIndex:
         """The index of the registry's manifests that listings read (`factory.registry.index`)."""
-        return ManifestIndex.of_directory(self.root / INDEX_NAME, self.root / "manifests",
+        return ManifestIndex.of_directory(self.root / INDEX_NAME, ManifestDirectory(self.root / "manifests"),
                                           lambda path: m.to_json() if (m := self._read_or_warn(path)) is not None else None)
 
     def verify(self) -> list[Damage]:
@@ -329,8 +336,8 @@ class ArtifactStore(Scratch):
         return damage_of(((str(path), functools.partial(self.read_manifest, path)) for path in self.manifest_paths()), artifact)
 
     def manifest_paths(self) -> list[Path]:
-        """Every manifest file in the registry, readable or not."""
-        return sorted((self.root / "manifests").glob("*.json"))
+        """Every manifest file in the registry, readable or not, in name order."""
+        return ManifestDirectory(self.root / "manifests").files()
 
     def publish(
         self,
@@ -388,6 +395,8 @@ class ArtifactStore(Scratch):
             manifest = parse_manifest(load_record(path))
             if manifest.fingerprint != path.name.removesuffix(".json"):
                 raise ValueError(f"it is the manifest of {manifest.fingerprint[:76]!r}, not of its file's name")
+            if path.parent.name not in ("manifests", shard_of(manifest.fingerprint)):
+                raise ValueError(f"it is in shard {path.parent.name[:8]!r}, its fingerprint's is {shard_of(manifest.fingerprint)!r}")
             return manifest
         except (OSError, ValueError, TypeError) as e:
             raise ArtifactError(f"manifest {path} is unreadable ({e}); remove it to recompute the stage") from e
@@ -405,8 +414,12 @@ class ArtifactStore(Scratch):
     def _lease_path(self, fingerprint: str) -> Path:
         return self._name_path("leases", fingerprint, ".lease")
 
-    def _manifest_path(self, fingerprint: str) -> Path:
-        return self._name_path("manifests", fingerprint, ".json")
+    def manifest_path(self, fingerprint: str) -> Path:
+        """Where the manifest of `fingerprint` is written (in its shard)."""
+        return Path(self._manifest_text(fingerprint))
+
+    def _manifest_text(self, fingerprint: str) -> str:
+        return self._name_text(f"manifests/{shard_of(_registry_name(fingerprint))}", fingerprint, ".json")
 
     def _stamps_path(self, digest: str) -> Path:
         self.path(digest)  # refuses what is not a digest
@@ -418,9 +431,7 @@ class ArtifactStore(Scratch):
 
     def _name_text(self, directory: str, name: str, suffix: str) -> str:
         """`_name_path` as text."""
-        if not isinstance(name, str) or not NAME.match(name):
-            raise ArtifactError(f"{name!r} is not a registry name (letters, digits, '_', '.', '-'; 128 at most)")
-        return f"{self.location.rstrip('/')}/{directory}/{name}{suffix}"  # not os.path.join: it takes as long as a miss's lexists
+        return f"{self.location.rstrip('/')}/{directory}/{_registry_name(name)}{suffix}"  # not os.path.join: it takes as long as a miss's lexists
 
     def _intact(self, manifest: Manifest, rehash: bool) -> bool:
         """Every file is there with its size, and its bytes hash as recorded (unchanged since last checked, or hashed now)."""
@@ -467,8 +478,10 @@ class ArtifactStore(Scratch):
         return all(sha256_file(base / name) == entry["sha256"] for name, entry in files.items())
 
     def _write_manifest(self, manifest: Manifest) -> None:
-        final = self._manifest_path(manifest.fingerprint)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        final = self.manifest_path(manifest.fingerprint)
+        if not final.parent.is_dir():  # the shard's first manifest: the shard made, and its entry synced
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fsync_directory(final.parent.parent)
         with synced_temp(final, json.dumps(manifest.to_json(), indent=2, sort_keys=True), mode=0o600) as tmp:
             try:
                 os.link(tmp, final)  # never replaces: the first manifest for a fingerprint stands
@@ -476,6 +489,15 @@ class ArtifactStore(Scratch):
                 if self.lookup(manifest.fingerprint) is None:
                     os.replace(tmp, final)  # the old one pointed at a damaged artifact
             fsync_directory(final.parent)
+        with contextlib.suppress(FileNotFoundError):  # one of before shards, which pointed at a damaged artifact: replaced
+            self._name_path("manifests", manifest.fingerprint, ".json").unlink()
+
+
+def _registry_name(name: str) -> str:
+    """`name`, when it is one path component the registry names a file by (a fingerprint, a ref); else ArtifactError."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ArtifactError(f"{name!r} is not a registry name (letters, digits, '_', '.', '-'; 128 at most)")
+    return name
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -28,7 +28,7 @@ scale = bench_module("scale")
 
 
 def stamps(root: Path) -> dict[str, int]:
-    return {str(path): path.stat().st_mtime_ns for path in sorted((root / "registry" / "manifests").iterdir())}
+    return {str(path): path.stat().st_mtime_ns for path in sorted((root / "registry" / "manifests").glob("*/*.json"))}
 
 
 def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgresql(tmp_path, postgres_server):
@@ -58,8 +58,8 @@ def test_a_history_is_made_once_then_reused_as_it_is_with_its_instance_on_postgr
         assert scale.sensor_tick(root, made, repeat=2) > 0  # commits, then puts the repository back
     assert "DAGSTER_HOME" not in os.environ or os.environ["DAGSTER_HOME"] != str(root / "dagster-postgres")
     # what a measure interrupted midway leaves: one more manifest (`one_more`), a commit of the sensor tick's
-    model = json.loads(next((root / "registry" / "manifests").glob("model-*.json")).read_text())
-    (root / "registry" / "manifests" / "model-extra.json").write_text(json.dumps({**model, "fingerprint": "model-extra"}))
+    model = json.loads(next((root / "registry" / "manifests").glob("*/model-*.json")).read_text())
+    ArtifactStore(root / "registry").manifest_path("model-extra").write_text(json.dumps({**model, "fingerprint": "model-extra"}))
     (root / "repo" / "experiments" / "e00000.md").write_text("---\nextends: base.md\nseed: 7\n---\n")
     histories.git(root / "repo", "commit", "-qam", "a tick's")
 

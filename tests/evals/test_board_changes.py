@@ -70,7 +70,7 @@ class History:
                 inputs = {m.kind: m.digest for m in rng.sample(trained, min(len(trained), rng.choice([1, 2])))}
                 self.publish("model", f"model-{self.count}", experiment, {}, inputs=inputs)
         else:
-            manifests = sorted((self.registry.root / "manifests").glob("*.json"))
+            manifests = self.registry.manifest_paths()
             if manifests:
                 rng.choice(manifests).unlink()
         return action

@@ -313,7 +313,7 @@ def test_the_current_board_is_kept_until_a_manifest_is_published_or_removed(tmp_
     publish_result(registry, "late", "val_bpb", 1.0, step=100, training="run-2")  # a new manifest: computed again
     assert [row.experiment for row in current_board(registry).rows] == ["done", "late"]
     [manifest] = [m for m in registry.manifests("evaluations") if m.experiment == "late"]
-    (tmp_path / "manifests" / f"{manifest.fingerprint}.json").unlink()  # one removed: computed again
+    registry.manifest_path(manifest.fingerprint).unlink()  # one removed: computed again
     assert [row.experiment for row in current_board(registry).rows] == ["done"]
     kept.write_text("{not json")
     assert [row.experiment for row in current_board(registry).rows] == ["done"]

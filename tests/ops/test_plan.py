@@ -90,7 +90,8 @@ def test_a_garbage_manifest_is_skipped_by_the_plan_with_a_warning(tmp_path, tiny
     raw = publish(registry, spec, experiment.name)
     (tmp_path / "manifests" / "garbage.json").write_text("\x00\x01 not json")
     deduped = plan_stage(experiment, "deduped_datasets", {"raw_datasets": raw.digest})
-    (tmp_path / "manifests" / f"{deduped.fingerprint}.json").write_text("{}")  # the manifest this plan looks up
+    registry.manifest_path(deduped.fingerprint).parent.mkdir(exist_ok=True)
+    registry.manifest_path(deduped.fingerprint).write_text("{}")  # the manifest this plan looks up
     plans = {p.kind: p for p in build_plan([experiment], registry)}
     assert plans["raw_datasets"].status == "cached"
     assert plans["deduped_datasets"].status == "run"

@@ -20,7 +20,7 @@ from factory.errors import ArtifactError
 from factory.registry import ArtifactStore
 from factory.registry.aliases import standing
 from factory.registry.lease import hold, read_holder
-from tests.registry.test_store import FILES, publish
+from tests.registry.test_store import FILES, manifest_file, publish
 
 BOUNDED = textwrap.dedent(
     """
@@ -79,7 +79,7 @@ THINGS = ["link-to-dev-zero", "fifo", "directory", "huge", "deep"]
 def test_a_hostile_manifest_is_a_skipped_miss_and_damage_not_a_hang(tmp_path, thing):
     store = ArtifactStore(tmp_path / "registry")
     good = publish(store, "fp-good")
-    plant(store.root / "manifests" / "fp-bad.json", thing)
+    plant(store.manifest_path("fp-bad"), thing)
     said = probe(store, "fp-bad")
     assert said["lookup"] == "False"
     assert said["manifests"] == "['fp-good']"
@@ -156,7 +156,7 @@ def test_a_manifest_naming_paths_outside_the_registry_is_damage_and_nothing_is_r
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "tokenizer.json").write_bytes(FILES["tokenizer.json"])
-    path = store.root / "manifests" / "fp-a.json"
+    path = store.manifest_path("fp-a")
     path.chmod(0o600)
     path.write_text(json.dumps({**good.to_json(), field: value}))
     assert store.lookup("fp-a") is None
@@ -170,7 +170,7 @@ def test_a_manifest_naming_paths_outside_the_registry_is_damage_and_nothing_is_r
 def test_a_manifest_copied_under_another_fingerprint_is_damage(tmp_path):
     store = ArtifactStore(tmp_path / "registry")
     good = publish(store, "fp-a")
-    (store.root / "manifests" / "fp-b.json").write_text(json.dumps(good.to_json()))
+    manifest_file(store, "fp-b").write_text(json.dumps(good.to_json()))
     assert store.lookup("fp-b") is None
     assert store.lookup("fp-a") == good
 

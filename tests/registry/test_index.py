@@ -2,18 +2,20 @@
 change of the manifests, a damaged index is rebuilt with a warning, and deleting it loses nothing."""
 
 import hashlib
+import itertools
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from factory.registry import ArtifactStore
-from factory.registry.index import FINE_RACY_NS, INDEX_NAME, RACY_NS, racy_ns
-from tests.registry.test_store import publish
+from factory.registry.index import FINE_RACY_NS, INDEX_NAME, RACY_NS, SHARD, racy_ns, shard_of
+from tests.registry.test_store import manifest_file, publish
 
 REPO = Path(__file__).resolve().parents[2]
 OPENED: list[str] = []
@@ -40,6 +42,11 @@ def opened_files(action) -> list[str]:
     return list(OPENED)
 
 
+def manifests_read(opened: list[str]) -> list[str]:
+    """The manifest files among `opened` (a shard listed again is opened too: its directory, not its files)."""
+    return [path for path in opened if "/manifests/" in path and path.endswith(".json")]
+
+
 def listing(store: ArtifactStore, kind: str | None = None) -> list[tuple[str, str]]:
     return [(m.fingerprint, m.digest) for m in store.manifests(kind)]
 
@@ -54,7 +61,7 @@ def test_a_listing_is_the_manifests_and_a_second_one_opens_no_manifest_file(stor
     assert listing(store) == published == listing(store, "tokenizer") and listing(store, "pretrain") == []
     assert (store.root / INDEX_NAME).is_file()
     opened = opened_files(lambda: listing(store))
-    assert not [path for path in opened if "/manifests/" in path], opened
+    assert not manifests_read(opened), opened
 
 
 def test_the_index_follows_manifests_published_removed_and_replaced(store):
@@ -62,22 +69,72 @@ def test_the_index_follows_manifests_published_removed_and_replaced(store):
     assert [f for f, _ in listing(store)] == ["fp-a"]
     publish(store, "fp-b", files={"b.bin": b"b"})
     assert [f for f, _ in listing(store)] == ["fp-a", "fp-b"]
-    (store.root / "manifests" / "fp-a.json").unlink()
+    store.manifest_path("fp-a").unlink()
     assert [f for f, _ in listing(store)] == ["fp-b"]
-    (store.root / "manifests" / "fp-c.json").write_text("{not json")  # damaged: left out, then repaired by publishing
+    manifest_file(store, "fp-c").write_text("{not json")  # damaged: left out, then repaired by publishing
     assert [f for f, _ in listing(store)] == ["fp-b"]
     repaired = publish(store, "fp-c", files={"c.bin": b"c"})
     assert listing(store) == [("fp-b", listing(store)[0][1]), ("fp-c", repaired.digest)]
 
-    # a manifest written over in place (the same inode) changes no entry of the directory: the next listing, after the
-    # next change of the directory, sees its other version and reads it again (published manifests are never written so)
-    manifest = store.root / "manifests" / "fp-b.json"
-    other = json.loads((store.root / "manifests" / "fp-c.json").read_text())
+    # a manifest written over in place (the same inode) changes no entry of its shard: the next listing of the shard, after
+    # its next change, sees its other version and reads it again (published manifests are never written so)
+    manifest = store.manifest_path("fp-b")
+    other = json.loads(store.manifest_path("fp-c").read_text())
     with open(manifest, "r+") as f:  # same inode, other bytes
         f.truncate(0)
         f.write(json.dumps({**other, "fingerprint": "fp-b"}))
-    later = publish(store, "fp-d", files={"d.bin": b"d"})
-    assert listing(store) == [("fp-b", repaired.digest), ("fp-c", repaired.digest), ("fp-d", later.digest)]
+    neighbour = next(name for i in itertools.count() if shard_of(name := f"fp-d{i}") == shard_of("fp-b"))
+    later = publish(store, neighbour, files={"d.bin": b"d"})  # a change of fp-b's shard
+    assert listing(store) == [("fp-b", repaired.digest), ("fp-c", repaired.digest), (neighbour, later.digest)]
+
+
+def test_a_new_manifest_lists_its_shard_alone(store):
+    """The manifests lie in 256 shards; after one more is published, a listing lists (opens) its shard and no other."""
+    for i in range(20):
+        publish(store, f"fp-{i}", files={"a.bin": bytes([i])})
+    time.sleep(FINE_RACY_NS * 2 / 1e9)  # past the clock's tick: what the next listing records of each shard is trusted
+    assert len(listing(store)) == 20
+    new = publish(store, "fp-new", files={"a.bin": b"new"})
+    shards = {Path(path).name for path in opened_files(lambda: listing(store)) if Path(path).parent.name == "manifests"}
+    assert shards == {shard_of("fp-new")}
+    assert ("fp-new", new.digest) in listing(store) and len(listing(store)) == 21
+    assert store.manifest_path("fp-new") == store.root / "manifests" / shard_of("fp-new") / "fp-new.json"
+
+
+def test_a_registry_written_before_shards_is_read_and_moved_into_them(store):
+    """Manifests at `manifests/<fingerprint>.json` (as the factory wrote them before shards) are found, listed, moved into
+    their shards by the next listing, and one that pointed at a damaged artifact is replaced by its shard's."""
+    kept, damaged = publish(store, "fp-kept"), publish(store, "fp-damaged", files={"d.bin": b"d"})
+    for manifest in (kept, damaged):  # back where they were before shards
+        os.rename(store.manifest_path(manifest.fingerprint), store.root / "manifests" / f"{manifest.fingerprint}.json")
+    assert store.lookup("fp-kept") == kept
+    os.chmod(store.path(damaged.digest), 0o755)
+    (store.path(damaged.digest) / "d.bin").chmod(0o644)
+    (store.path(damaged.digest) / "d.bin").write_bytes(b"e")
+    assert store.lookup("fp-damaged") is None
+    repaired = publish(store, "fp-damaged", files={"d.bin": b"d"})
+    assert not (store.root / "manifests" / "fp-damaged.json").exists() and store.lookup("fp-damaged") == repaired
+
+    (store.root / "manifests" / "naïve name.json").write_text("{}")  # not a registry name: damage, moved too
+    assert SHARD.fullmatch(shard_of(os.fsdecode(b"\xff")))  # a listed name of bytes no encoding decodes has a shard too
+    assert listing(store) == [("fp-damaged", repaired.digest), ("fp-kept", kept.digest)]
+    assert not list((store.root / "manifests").glob("*.json")) and store.manifest_path("fp-kept").is_file()
+    assert store.lookup("fp-kept") == kept and [path.name for path in store.manifest_paths()] == ["fp-damaged.json", "fp-kept.json", "naïve name.json"]
+
+
+def test_a_manifest_in_another_shard_than_its_fingerprints_is_damage(store):
+    """A copy of a manifest in every other shard: none of them hides the manifest, each is damage to `verify`."""
+    good = publish(store, "fp-a")
+    strays = [store.root / "manifests" / f"{i:02x}" / "fp-a.json" for i in range(256) if f"{i:02x}" != shard_of("fp-a")]
+    for stray in strays:
+        stray.parent.mkdir(exist_ok=True)
+        stray.write_bytes(store.manifest_path("fp-a").read_bytes())
+    assert listing(store) == [("fp-a", good.digest)] and store.lookup("fp-a") == good
+    damage = store.verify()
+    assert [d.path for d in damage] == [str(stray) for stray in strays]
+    assert f"it is in shard '00', its fingerprint's is {shard_of('fp-a')!r}" in damage[0].problem
+    store.manifest_path("fp-a").unlink()
+    assert listing(store) == [] and store.lookup("fp-a") is None
 
 
 def test_a_listing_is_trusted_after_the_clock_tick_of_the_file_system_that_stamped_the_change():
@@ -93,7 +150,7 @@ def test_the_state_of_the_index_changes_with_the_manifests_it_holds_and_only_the
     assert one != empty and index.state() == one and store.index().state() == one  # read again, nothing changed
     publish(store, "fp-b", files={"b.bin": b"b"})
     two = index.state()
-    (store.root / "manifests" / "fp-b.json").unlink()
+    store.manifest_path("fp-b").unlink()
     assert len({empty, one, two, index.state()}) == 4  # back to fp-a alone is another state: the token never goes back
     index.drop()
     assert index.state() not in {empty, one, two}  # an index built again is another index
@@ -160,7 +217,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from factory.registry import ArtifactStore
-    from tests.registry.test_store import publish
+    from tests.registry.test_store import manifest_file, publish
     store, name, count = ArtifactStore(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     for i in range(count):
         publish(store, f"{name}-{i}", files={"a.bin": f"{name}{i}".encode()})
@@ -215,7 +272,7 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     list(store.manifests())  # the index built
     indexed: dict[str, list[str]] = {}
     opened = opened_files(lambda: indexed.update(answers()))
-    assert not [path for path in opened if "/manifests/" in path], "every condition is answered by the index, no manifest read"
+    assert not manifests_read(opened), "every condition is answered by the index, no manifest read"
     assert indexed["made from a"] == ["eval-ab", "model-a"] and indexed["models of exp-a"] == ["model-a"] and indexed["nothing"] == []
     assert indexed["holding model-a's file"] == ["model-a"] and indexed["newest pretrain of exp-b"] == ["run-b"]
     assert indexed["descending from a"] == ["eval-ab", "model-a", "sft-a"] and indexed["sft descending from b"] == ["same-bytes-b"]
@@ -240,7 +297,7 @@ def test_queries_of_the_index_answer_as_the_manifests_read_one_by_one_do(store):
     list(store.manifests())
     answers: dict = {}
     opened = opened_files(lambda: answers.update(up=Lineage(store).upstream(model), down=Lineage(store).downstream(a)))
-    assert not [path for path in opened if "/manifests/" in path], opened
+    assert not manifests_read(opened), opened
     assert [node["digest"] for node in answers["up"]["from"]] == [a]
     assert sorted(node["kind"] for node in answers["down"]["to"]) == ["evaluations", "model"]
 
@@ -266,7 +323,7 @@ def test_the_rows_a_walk_reads_are_what_the_manifests_say_from_the_index_or_with
     scored = made("scored", "evaluations", {"z": model, "a": run}, {"training": run, "score": 1.0})
     tuned = made("tuned", "sft", {"base": model}, {"training": 7}, base={"model": model, "from": "other.md"})
     huge = {**next(store.manifests()).to_json(), "fingerprint": "huge", "files": {"x.bin": {"sha256": "0" * 64, "bytes": 2**63}}}
-    (store.root / "manifests" / "huge.json").write_text(json.dumps(huge))  # more than the index's integers hold: damaged, skipped
+    manifest_file(store, "huge").write_text(json.dumps(huge))  # more than the index's integers hold: damaged, skipped
     expected = [ManifestRow.of_body(m.to_json()) for m in store.manifests()]
     rows = store.rows()
     assert rows == expected
@@ -318,9 +375,11 @@ def test_changes_since_a_state_are_what_came_in_and_what_went_and_none_for_anoth
     since = store.index().state()
     assert store.index().changes(since) == (since, [])
     publish(store, "fp-new", files={"a.bin": b"new"})
-    (store.root / "manifests" / "fp-gone.json").unlink()
-    replaced = json.loads((store.root / "manifests" / "fp-kept.json").read_text()) | {"summary": {"vocab_size": 1}}
-    (store.root / "manifests" / "fp-kept.json").write_text(json.dumps(replaced))  # in place: another version of the file
+    store.manifest_path("fp-gone").unlink()
+    replaced = json.loads(store.manifest_path("fp-kept").read_text()) | {"summary": {"vocab_size": 1}}
+    aside = store.manifest_path("fp-kept").with_suffix(".new")
+    aside.write_text(json.dumps(replaced))
+    os.replace(aside, store.manifest_path("fp-kept"))  # renamed over, as a repair writes: another version of the file
     now, changed = store.index().changes(since)
     assert now == store.index().state() != since
     assert sorted((body["fingerprint"], body["summary"]["vocab_size"]) for body in changed) == [

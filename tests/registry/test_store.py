@@ -24,6 +24,13 @@ def store(tmp_path) -> ArtifactStore:
     return ArtifactStore(tmp_path / "registry")
 
 
+def manifest_file(store: ArtifactStore, fingerprint: str) -> Path:
+    """Where the manifest of `fingerprint` is, its shard made: for a test that writes one by hand."""
+    path = store.manifest_path(fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def publish(store: ArtifactStore, fingerprint: str, files=FILES, summary=None) -> Manifest:
     """Stage `files` and publish them as a tokenizer artifact."""
     with store.staging() as out:
@@ -68,7 +75,7 @@ def test_manifest_records_hashes_and_provenance(store):
     manifest = publish(store, "fp-a")
     expected_files = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)} for name, data in FILES.items()}
     assert manifest.files == expected_files
-    on_disk = json.loads((store.root / "manifests" / "fp-a.json").read_text())
+    on_disk = json.loads(store.manifest_path("fp-a").read_text())
     assert on_disk["files"] == expected_files
     assert on_disk["fingerprint"] == "fp-a"
     assert on_disk["digest"] == manifest.digest
@@ -116,7 +123,7 @@ def test_different_content_or_names_give_different_digests(store):
 
 def test_publishing_a_fingerprint_twice_keeps_the_first_manifest(store):
     first = publish(store, "fp-a", summary={"run": 1})
-    manifest_path = store.root / "manifests" / "fp-a.json"
+    manifest_path = store.manifest_path("fp-a")
     first_bytes = manifest_path.read_bytes()
     second = publish(store, "fp-a", files={"other.bin": b"different bytes"}, summary={"run": 2})
     assert second == first
@@ -183,7 +190,7 @@ def test_publishing_an_empty_staging_directory_fails(store):
                 provenance=PROVENANCE, summary={},
             )
     assert store.lookup("fp-a") is None
-    assert not (store.root / "manifests" / "fp-a.json").exists()
+    assert not store.manifest_path("fp-a").exists()
 
 
 def test_open_returns_a_published_artifact_and_refuses_an_unknown_one(store):
@@ -195,10 +202,9 @@ def test_open_returns_a_published_artifact_and_refuses_an_unknown_one(store):
 
 
 def test_an_unreadable_manifest_is_an_artifact_error_and_a_lookup_miss(store, caplog):
-    (store.root / "manifests").mkdir(parents=True)
-    (store.root / "manifests" / "fp-a.json").write_text("{not json")
+    manifest_file(store, "fp-a").write_text("{not json")
     with pytest.raises(ArtifactError, match="unreadable"):
-        store.read_manifest(store.root / "manifests" / "fp-a.json")
+        store.read_manifest(store.manifest_path("fp-a"))
     assert store.lookup("fp-a") is None
     assert "fp-a.json" in caplog.text
 
@@ -212,7 +218,7 @@ def test_a_damaged_manifest_is_skipped_with_one_warning_naming_it(store, caplog,
     good = publish(store, "fp-a")
     if garbage is None:  # every key there, files of the wrong type
         garbage = json.dumps({**good.to_json(), "fingerprint": "fp-bad", "files": ["tokenizer.json"]})
-    (store.root / "manifests" / "fp-bad.json").write_text(garbage)
+    manifest_file(store, "fp-bad").write_text(garbage)
     assert [m.fingerprint for m in store.manifests()] == ["fp-a"]
     assert [m.fingerprint for m in store.manifests()] == ["fp-a"]
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "fp-bad.json" in r.getMessage()]
@@ -221,8 +227,7 @@ def test_a_damaged_manifest_is_skipped_with_one_warning_naming_it(store, caplog,
 
 
 def test_republishing_over_a_damaged_manifest_replaces_it(store):
-    (store.root / "manifests").mkdir(parents=True)
-    (store.root / "manifests" / "fp-a.json").write_text("{not json")
+    manifest_file(store, "fp-a").write_text("{not json")
     manifest = publish(store, "fp-a")
     assert store.lookup("fp-a") == manifest
 

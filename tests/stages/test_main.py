@@ -113,7 +113,7 @@ def test_raw_data_stage_publishes_once_and_reuses_its_artifact(tmp_path, tiny_pa
     assert second["metadata"]["cache"] == "hit"
     assert second["data_version"] == manifest.digest
     assert [p.name for p in objects.iterdir()] == [manifest.digest]
-    assert len(list((tmp_path / "registry" / "manifests").glob("*.json"))) == 1
+    assert len(list((tmp_path / "registry" / "manifests").glob("*/*.json"))) == 1
     table = open_catalog(request.catalog).load_table(corpus["table"])
     assert table.current_snapshot().snapshot_id == first["metadata"]["summary/code/snapshot_id"]
     assert table.snapshot_by_name(corpus["content_tag"]).snapshot_id == first["metadata"]["summary/code/snapshot_id"]
