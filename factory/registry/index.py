@@ -521,8 +521,11 @@ class ManifestDirectory:
                                 found[entry.name] = entry.stat(follow_symlinks=False).st_mtime_ns
             except (FileNotFoundError, NotADirectoryError):
                 return {}
-            if not old or not into_shards(self.path, old):
+            if not old or not os.access(self.path, os.W_OK):  # a registry this process only reads: read as it is
                 break
+            if not (moved := into_shards(self.path, old)):
+                break
+            log.info("moved %d manifests of %s into their shards (a registry written before shards)", moved, self.path)
         return found
 
     def listing(self, shards: set[str] | None) -> dict[str, tuple[str, str]]:

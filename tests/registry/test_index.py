@@ -4,6 +4,7 @@ change of the manifests, a damaged index is rebuilt with a warning, and deleting
 import hashlib
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def test_a_new_manifest_lists_its_shard_alone(store):
     assert store.manifest_path("fp-new") == store.root / "manifests" / shard_of("fp-new") / "fp-new.json"
 
 
-def test_a_registry_written_before_shards_is_read_and_moved_into_them(store):
+def test_a_registry_written_before_shards_is_read_and_moved_into_them(store, caplog):
     """Manifests at `manifests/<fingerprint>.json` (as the factory wrote them before shards) are found, listed, moved into
     their shards by the next listing, and one that pointed at a damaged artifact is replaced by its shard's."""
     kept, damaged = publish(store, "fp-kept"), publish(store, "fp-damaged", files={"d.bin": b"d"})
@@ -117,8 +118,10 @@ def test_a_registry_written_before_shards_is_read_and_moved_into_them(store):
 
     (store.root / "manifests" / "naïve name.json").write_text("{}")  # not a registry name: damage, moved too
     assert SHARD.fullmatch(shard_of(os.fsdecode(b"\xff")))  # a listed name of bytes no encoding decodes has a shard too
+    caplog.set_level(logging.INFO, "factory.registry.index")
     assert listing(store) == [("fp-damaged", repaired.digest), ("fp-kept", kept.digest)]
     assert not list((store.root / "manifests").glob("*.json")) and store.manifest_path("fp-kept").is_file()
+    assert f"moved 2 manifests of {store.root / 'manifests'} into their shards" in caplog.text
     assert store.lookup("fp-kept") == kept and [path.name for path in store.manifest_paths()] == ["fp-damaged.json", "fp-kept.json", "naïve name.json"]
 
 
