@@ -222,22 +222,23 @@ UNLIKE_ROWS = """SELECT name FROM manifests WHERE kind IS NOT NULL AND (typeof(k
 
 
 class ManifestIndex:
-    """The index, kept in `path`, of the manifests `listing()` names (name -> version: an ETag); `read(name)` parses one
-    into its JSON form, or gives None for one it cannot read (the registry's own checks, which warn)."""
+    """The index, kept in `path`, of the manifests `listing(shards)` names in those shards (None: all), each with its shard
+    and version; `read(shard, name)` parses one into its JSON form, or gives None for one it cannot read (the registry's
+    own checks, which warn); `stamps()`, where there is one, gives each shard's mtime (module docstring)."""
 
-    def __init__(self, path: Path, listing: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any] | None]) -> None:
-        self.path = path
-        self._stamps: Callable[[], dict[str, int]] | None = None
-        self._listing: Callable[[set[str] | None], dict[str, tuple[str, str]]] = lambda _: {name: ("", version) for name, version in listing().items()}
-        self._read: Callable[[str, str], dict[str, Any] | None] = lambda _, name: read(name)
+    def __init__(self, path: Path, listing: Callable[[set[str] | None], dict[str, tuple[str, str]]],
+                 read: Callable[[str, str], dict[str, Any] | None], stamps: Callable[[], dict[str, int]] | None = None) -> None:
+        self.path, self._listing, self._read, self._stamps = path, listing, read, stamps
+
+    @classmethod
+    def of_versions(cls, path: Path, versions: Callable[[], dict[str, str]], read: Callable[[str], dict[str, Any] | None]) -> ManifestIndex:
+        """The index of an object store's manifests, listed whole each time (name -> version: an ETag), in no shard."""
+        return cls(path, lambda _: {name: ("", version) for name, version in versions().items()}, lambda _, name: read(name))
 
     @classmethod
     def of_directory(cls, path: Path, directory: ManifestDirectory, read: Callable[[Path], dict[str, Any] | None]) -> ManifestIndex:
         """The index of a local registry's manifest files (`ManifestDirectory`), each shard listed only when it changed."""
-        index = cls(path, dict, lambda _: None)
-        index._stamps, index._listing = directory.stamps, directory.listing
-        index._read = lambda shard, name: read(directory.file(shard, name))
-        return index
+        return cls(path, directory.listing, lambda shard, name: read(directory.file(shard, name)), directory.stamps)
 
     def bodies(self, kind: str | None = None, where: Where = EVERY, newest: int | None = None, refresh: bool = True) -> Iterator[dict[str, Any]]:
         """The JSON form of every intact manifest (of `kind`, meeting `where`), in name order (`newest`: only that many,

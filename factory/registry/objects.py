@@ -274,8 +274,8 @@ class ObjectRegistry(Scratch):
 
     def index(self) -> ManifestIndex:
         """The local index of the store's manifests that listings read (`factory.registry.index`)."""
-        return ManifestIndex(self.root / f"index-{hashlib.sha256(self.location.encode()).hexdigest()[:16]}.sqlite",
-                             self._manifest_versions, lambda name: m.to_json() if (m := self._manifest(name)) is not None else None)
+        return ManifestIndex.of_versions(self.root / f"index-{hashlib.sha256(self.location.encode()).hexdigest()[:16]}.sqlite",
+                                        self._manifest_versions, lambda name: m.to_json() if (m := self._manifest(name)) is not None else None)
 
     def _manifest_versions(self) -> dict[str, str]:
         """Fingerprint -> ETag of every manifest in the store, from one listing."""

@@ -220,7 +220,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from factory.registry import ArtifactStore
-    from tests.registry.test_store import manifest_file, publish
+    from tests.registry.test_store import publish
     store, name, count = ArtifactStore(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     for i in range(count):
         publish(store, f"{name}-{i}", files={"a.bin": f"{name}{i}".encode()})
