@@ -72,6 +72,7 @@ def serve(socket_path: str, owner: int, modules: Sequence[str], first: int | Non
         wait = 0 if importing else held if pending and problem is None else None
         ready = select.select([listener, owner, wake_read], [], [], wait)[0]
         if owner in ready:
+            _remove_socket(socket_path)
             return
         if wake_read in ready:
             with contextlib.suppress(BlockingIOError):
@@ -85,6 +86,14 @@ def serve(socket_path: str, owner: int, modules: Sequence[str], first: int | Non
                 held_until = time.monotonic() + HOLD_S
         elif importing and (waiting or not running):  # not when the last child just ended: the loop holds first
             problem = _import(pending.pop(0))
+
+
+def _remove_socket(socket_path: str) -> None:
+    """Remove the socket and the directory its launcher made for it, where nothing else is in it: a launcher that was
+    killed never does, and its server is the last to know the path."""
+    with contextlib.suppress(OSError):
+        os.unlink(socket_path)
+        os.rmdir(os.path.dirname(socket_path))
 
 
 def _launch(listener: socket.socket, modules: list[str], pending: list[str], problem: str | None,

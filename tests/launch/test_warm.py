@@ -183,6 +183,33 @@ def test_a_killed_child_reports_its_signal_and_the_server_goes_on(server, tmp_pa
     assert again is not None and again.wait(timeout=30) == 0
 
 
+OWNER = """
+import sys, time
+from factory.launch.warm import WarmServer
+warm = WarmServer(["email.mime.text"])
+print(warm.socket_path, warm._process.pid, flush=True)
+time.sleep(600)
+"""
+"""A process that starts a server and holds it until it is killed."""
+
+
+def test_a_server_whose_launcher_was_killed_ends_and_leaves_no_socket_behind(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        socket_path, pid = owner.stdout.readline().split()
+        server = psutil.Process(int(pid))
+        for _ in range(600):  # bound before it is killed: the server has made its socket
+            if Path(socket_path).exists():
+                break
+            time.sleep(0.05)
+        assert Path(socket_path).exists()
+    finally:
+        owner.kill()
+        owner.wait()
+    server.wait(timeout=60)
+    assert not Path(socket_path).parent.exists()
+
+
 LAUNCH = """
 import sys
 from factory.launch import LocalLauncher
