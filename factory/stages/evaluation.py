@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from factory.config.fingerprint import sha256_of
+from factory.config.fingerprint import canonical_parts, sha256_of, sha256_of_parts
 from factory.config.kinds import StageKind, stage_kind
 from factory.config.schema import TrainedModel
 from factory.config.section import Section
@@ -79,24 +79,24 @@ class EvalItem(Section):
     def fingerprint(self, code: str) -> str:
         """What decides the score (and, with the partition key, whose score it is: a copied experiment gets its own)."""
         bench, checkpoint = benchmark(self.benchmark), self.checkpoint
-        return sha256_of({
+        return sha256_of_parts({**canonical_parts({
             "kind": EVALUATIONS, "partition": self.partition, "benchmark": bench.name, "version": bench.version,
-            "checkpoint": checkpoint.sha256, **_trained(checkpoint),
-            "max_bytes": checkpoint.eval.max_bytes, "code": code, **({"benchmark_code": bench.code} if bench.code else {}),
+            "checkpoint": checkpoint.sha256, "max_bytes": checkpoint.eval.max_bytes, "code": code,
+            **({"benchmark_code": bench.code} if bench.code else {}),
             **({"benchmark_settings": dict(bench.settings)} if bench.settings else {}),
-        })
+        }), **_trained(checkpoint)})
 
 
 TRAINED_KEPT = 8
 """Training specs whose part of an evaluation's fingerprint `_trained` keeps (the oldest goes first)."""
-_trained_kept: dict[bytes | str, dict[str, Any]] = {}
+_trained_kept: dict[bytes | str, dict[str, str]] = {}
 _trained_lock = threading.Lock()
 
 
-def _trained(checkpoint: CheckpointRef) -> dict[str, Any]:
+def _trained(checkpoint: CheckpointRef) -> dict[str, str]:
     """What the spec of the training stage that saved `checkpoint` puts in the fingerprint of its evaluations: the model,
-    seed and stream it trained and its inputs. Read once for the checkpoints of one training, as a backfill's planning
-    asks of thousands; not to be changed by the caller."""
+    seed and stream it trained and its inputs, as canonical JSON (`canonical_parts`). Read and serialized once for the
+    checkpoints of one training, as a backfill's planning asks of thousands; not to be changed by the caller."""
     key = _spec_key(checkpoint.training)
     with _trained_lock:
         fields = _trained_kept.get(key)
@@ -104,8 +104,8 @@ def _trained(checkpoint: CheckpointRef) -> dict[str, Any]:
         return fields
     spec = checkpoint.spec
     trained = checkpoint.settings(spec)
-    fields = {"model": trained.model.model_dump(mode="json"), "seed": trained.seed, "stream": trained.stream.model_dump(mode="json"),
-              "upstream": dict(spec.upstream)}
+    fields = canonical_parts({"model": trained.model.model_dump(mode="json"), "seed": trained.seed,
+                              "stream": trained.stream.model_dump(mode="json"), "upstream": dict(spec.upstream)})
     with _trained_lock:
         while len(_trained_kept) >= TRAINED_KEPT:
             del _trained_kept[next(iter(_trained_kept))]

@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from factory.config import STAGES, UPSTREAM, Experiment, StageSpec, config_hash, load, load_file, plan_stage, upstream_of
-from factory.config.fingerprint import canonical_json, code_identity, sha256_of, source_tree_hash
+from factory.config.fingerprint import canonical_json, canonical_parts, code_identity, sha256_of, sha256_of_parts, source_tree_hash
 from factory.config.stages import stages_of
 from factory.errors import ConfigError
 
@@ -226,6 +228,20 @@ def test_canonical_json_is_sorted_and_compact():
     assert canonical_json({"x": 1, "y": 2}) == canonical_json({"y": 2, "x": 1})
     assert sha256_of({"x": 1, "y": 2}) == sha256_of({"y": 2, "x": 1})
     assert sha256_of({"x": 1}) != sha256_of({"x": 2})
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=12)
+"""JSON values, texts with quotes, escapes and characters beyond ASCII among them."""
+
+
+@given(st.dictionaries(st.text(), JSON, max_size=6), st.dictionaries(st.text(), JSON, max_size=6))
+def test_a_mapping_hashed_from_its_entries_serialized_apart_has_the_digest_of_the_whole(shared, own):
+    """An evaluation's fingerprint joins its training's entries, serialized once, with its own (`sha256_of_parts`): the
+    digest must be the one hashing the whole mapping gives, or every result computed before would be stale."""
+    whole = {**own, **shared}
+    assert sha256_of_parts({**canonical_parts(own), **canonical_parts(shared)}) == sha256_of(whole)
 
 
 def test_canonical_json_refuses_nan():
