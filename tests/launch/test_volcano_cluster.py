@@ -177,9 +177,15 @@ def test_an_evicted_gang_restarts_and_resumes_from_its_checkpoint(site):
     [job] = jobs_posted(cluster, "vc-evict", "pretrain")
     assert cluster.attempts[job.removeprefix("jobs/")] == 2
     metadata = stage_metadata(result)
-    assert 50 <= metadata["summary/resumed_from_step"].value < 120 and metadata["summary/steps"].value == 120
+    assert 50 <= metadata["summary/resumed_from_step"].value < 120 and metadata["summary/steps"].value == 120, attempt_logs(cluster, job)
     assert "(restart 1)" in logs(site, result)
     leaves_nothing(cluster)
+
+
+def attempt_logs(cluster: FakeCluster, job: str) -> str:
+    """The last lines of every container the Job's attempts ran, oldest first: what a failure of the test shows."""
+    found = sorted(cluster.root.glob(f"*/{job.removeprefix('jobs/')}-*/*/container.log"), key=lambda log: log.stat().st_mtime)
+    return "\n".join(f"--- {log.relative_to(cluster.root)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]) for log in found)
 
 
 def failed_with(site: dict, fault: str, name: str, times: int = 1, after: str | None = None):
