@@ -184,6 +184,8 @@ def peak_rss_mb() -> float:
 
 def run(work: Path, ranks: int, parallelism: str, device: str, sizes: Sizes, malloc: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Train (or, with a checkpoint of the last step in `work`, resume) on `ranks` ranks; every rank's record."""
+    from factory.launch.local import RANK_LOGS_ENV
+
     out = work.parent / f"{work.name}-out"
     out.mkdir(parents=True)
     spec = work.parent / f"{work.name}.json"
@@ -192,7 +194,7 @@ def run(work: Path, ranks: int, parallelism: str, device: str, sizes: Sizes, mal
     prefix = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     threads = max(1, (os.cpu_count() or 1) // ranks)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}),
-           **(malloc or {})}
+           RANK_LOGS_ENV: str(work.parent / f"{work.name}-logs"), **(malloc or {})}  # torchrun's logs: with the run's, not in a temp dir of its own
     done = subprocess.run([*prefix, __file__, "--worker", str(spec)], env=env, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
         raise SystemExit(f"{parallelism} on {ranks} rank(s) failed:\n{done.stderr[-4000:]}")

@@ -49,6 +49,18 @@ def data_roots_with_temp():
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torchrun_logs(tmp_path_factory):
+    """The files torchrun keeps of its ranks' output, for the launches the tests make themselves: in the session's
+    temporary directory, not a directory of torch's own in /tmp that nothing removes (a stage's launcher gives each stage
+    its own, `RANK_LOGS_ENV`)."""
+    from factory.launch.local import RANK_LOGS_ENV
+
+    if RANK_LOGS_ENV not in os.environ:
+        os.environ[RANK_LOGS_ENV] = str(tmp_path_factory.mktemp("torchrun-logs"))
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_path() -> Path:
     """The experiment file `make run` uses."""

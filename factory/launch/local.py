@@ -33,6 +33,10 @@ PROGRESS_ENV = "FACTORY_PROGRESS"
 """Set to 1 for a stage whose stderr ends on a terminal: it may draw a progress bar."""
 ERROR_FILE_ENV = "FACTORY_STAGE_ERROR"
 """Where a stage writes its one-line error for the launcher to report, instead of printing it on its stderr too."""
+RANK_LOGS_ENV = "PET_LOG_DIR"
+"""torchrun's --log-dir, as its environment gives it: where the copies `--tee` keeps of its ranks' output go. Set to the
+stage's scratch directory, which goes when the stage ends; torchrun's default is a new temporary directory per launch
+that nothing removes."""
 STOP_TIMEOUT_S = 30.0
 """How long an interrupted stage may take to unwind (release its lease, say where it stopped) before it is killed."""
 DAGSTERS_OWN = re.compile(r"DAGSTER_\w*|SF_PARTNER")
@@ -140,7 +144,7 @@ class LocalLauncher:
         """
         with tempfile.TemporaryDirectory(prefix="factory-stage-") as scratch:
             error_file = Path(scratch) / "error"
-            env = {**env, ERROR_FILE_ENV: str(error_file)}
+            env = {**env, ERROR_FILE_ENV: str(error_file), RANK_LOGS_ENV: str(Path(scratch) / "ranks")}
             full_env = {**progress_env(), **os.environ, **env}
             process = _start_warm(argv, full_env, [*env, PROGRESS_ENV], needs)
             if process is None:

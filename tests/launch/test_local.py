@@ -88,18 +88,22 @@ time.sleep(60)
 """
 
 
-def test_a_failing_rank_is_named_with_its_own_last_lines(tmp_path):
-    script = tmp_path / "ranks.py"
+def test_a_failing_rank_is_named_with_its_own_last_lines_and_its_logs_go_with_the_stage(tmp_path):
+    """torchrun keeps its ranks' output in files: in the stage's scratch directory, not a temporary directory of its own
+    that outlives the stage (one per launch piled up in /tmp)."""
+    script, temporary = tmp_path / "ranks.py", tmp_path / "tmp"
     script.write_text(RANK_FAILS)
+    temporary.mkdir()
     argv = stage_argv(tmp_path / "request.json", processes=2)
     assert argv[argv.index("--tee") + 1] == "2"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee", "2", str(script)]
     with pytest.raises(StageFailed) as failed:
-        LocalLauncher().run(torchrun, {}, name="ranks")
+        LocalLauncher().run(torchrun, {"TMPDIR": str(temporary)}, name="ranks")
     message = str(failed.value)
     assert "rank 1 failed first, its last lines:" in message
     assert "[rank 1] about to fail" in message and "ValueError: boom on rank 1" in message
     assert "[rank 0] working" not in message and "Root Cause" not in message
+    assert list(temporary.iterdir()) == []
 
 
 def test_a_stage_hears_whether_its_stderr_ends_on_a_terminal(tmp_path, monkeypatch):
