@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlparse
 
 import psutil
 
-from factory.launch.local import TORCHRUN, forking
+from factory.launch.local import RANK_LOGS_ENV, TORCHRUN, forking
 from factory.launch.warm import WarmProcess, WarmServer
 from factory.runtime import every_warm_module
 
@@ -343,7 +343,7 @@ class FakeCluster:
     def _start(self, ns: str, pod_name: str, pod: dict[str, Any], container: dict[str, Any], plugin_env: dict[str, str]) -> PodRun:
         home = self.root / ns / pod_name / pod["metadata"]["uid"]
         home.mkdir(parents=True)
-        env = self._base_env(home)
+        env = {**self._base_env(home), RANK_LOGS_ENV: str(home / "torchelastic")}  # a container's /tmp goes with it; this machine's stays
         for entry in container.get("env", []):
             if "valueFrom" in entry:
                 ref = entry["valueFrom"]["secretKeyRef"]
