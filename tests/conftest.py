@@ -21,7 +21,8 @@ from sqlalchemy.engine import Engine
 
 from factory.registry import ArtifactStore
 
-pytest_plugins = ["tests.timing"]  # the suite's wall time and its ten slowest modules, printed at the end of every run
+pytest_plugins = ["tests.timing", "tests.room"]  # the suite's wall time and its ten slowest modules, printed at the end of every
+# run; the room it needs on disk, checked before it starts
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "tiny-code-lm.md"
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported here, and inherited by every process a test starts

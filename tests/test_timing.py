@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
+from tests.room import problem
 from tests.timing import summary
 
 
@@ -26,3 +27,21 @@ def test_the_controller_adds_up_every_worker_s_modules(tmp_path):
     modules = lines[lines.index("slowest 2 modules (setup, call and teardown summed):") + 1 :][:2]
     assert modules[0].endswith("test_slow.py") and modules[1].endswith("test_quick.py"), modules
     assert float(modules[0].split()[0]) >= 1.2  # both of its tests, whichever worker ran them
+
+
+CRAMPED = """
+import sys
+import pytest
+import tests.room
+tests.room.NEEDED_BYTES = 1 << 60  # more than any disk has
+sys.exit(pytest.main(["-p", "tests.room", "-p", "no:randomly", "-q", sys.argv[1]]))
+"""
+
+
+def test_a_suite_without_room_on_disk_stops_before_any_test_saying_so(tmp_path):
+    (tmp_path / "test_writes.py").write_text(f"def test_writes():\n    open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    done = subprocess.run([sys.executable, "-c", CRAMPED, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "GiB free in" in done.stdout + done.stderr and "point TMPDIR at a disk that has it" in done.stdout + done.stderr
+    assert not (tmp_path / "ran").exists()
+    assert problem(str(tmp_path), 1) is None
