@@ -52,6 +52,7 @@ def serve(socket_path: str, owner: int, modules: Sequence[str], first: int | Non
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)
+    signal.signal(signal.SIGTERM, lambda number, _: _end_by(number, socket_path))  # (its children are reset to the default)
     base_env = dict(os.environ)  # what a launch's environment is compared with
     modules = list(modules)  # and those a later block asks for (`_preload`)
     sources = _source_stamps(modules)  # the code on disk as the imports begin
@@ -94,6 +95,14 @@ def _remove_socket(socket_path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(socket_path)
         os.rmdir(os.path.dirname(socket_path))
+
+
+def _end_by(number: int, socket_path: str) -> None:
+    """End as the signal `number` ends a process (SIGTERM, sent to a whole process group as `factory ui` is stopped), its
+    socket removed first."""
+    _remove_socket(socket_path)
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
 
 
 def _launch(listener: socket.socket, modules: list[str], pending: list[str], problem: str | None,

@@ -210,6 +210,17 @@ def test_a_server_whose_launcher_was_killed_ends_and_leaves_no_socket_behind(tmp
     assert not Path(socket_path).parent.exists()
 
 
+def test_a_server_stopped_by_sigterm_ends_so_and_leaves_no_socket_behind():
+    warm = WarmServer(["email.mime.text"])
+    try:
+        assert imported(warm)["problem"] is None
+        warm._process.send_signal(signal.SIGTERM)  # as a process group stopped with `factory ui` in it gets
+        assert warm._process.wait(timeout=60) == -signal.SIGTERM
+        assert not warm.socket_path.parent.exists()
+    finally:
+        warm.close()
+
+
 LAUNCH = """
 import sys
 from factory.launch import LocalLauncher
