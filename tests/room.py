@@ -20,7 +20,7 @@ def problem(directory: str, needed: int) -> str | None:
     free = shutil.disk_usage(directory).free
     if free >= needed:
         return None
-    return (f"only {free / 2**30:.1f} GiB free in {directory}, and the suite writes up to {needed / 2**30:.0f} GiB there as it runs: "
+    return (f"only {free / 2**30:.1f} GiB free in {directory}, and the suite needs {needed / 2**30:.0f} GiB there as it runs: "
             "free some space, or point TMPDIR at a disk that has it, and run it again")
 
 
