@@ -36,10 +36,24 @@ def stop_on_signals() -> None:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     global _stopping
+    if _within(frame, _redeliver.__code__):
+        # Come while the hook that redelivers is still running (a loaded machine held it past the alarm): raised here, it
+        # would be dropped for good (an error of the hook is not handed to the hook). Once more, after it returns.
+        _raise_later()
+        return
     if _stopping:
         return
     _stopping = True
     raise KeyboardInterrupt
+
+
+def _within(frame: FrameType | None, code: Any) -> bool:
+    """Whether the function of `code` is running: in `frame` or a frame that called it."""
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 REDELIVER_AFTER_S = 0.01
@@ -51,10 +65,15 @@ def _redeliver(unraisable: Any) -> None:
     global _stopping
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and _stopping:
         _stopping = False
-        signal.signal(signal.SIGALRM, _interrupt)  # a real signal: it also ends a sleep or a wait the stage is in
-        signal.setitimer(signal.ITIMER_REAL, REDELIVER_AFTER_S)
+        _raise_later()
         return
     sys.__unraisablehook__(unraisable)
+
+
+def _raise_later() -> None:
+    """The interrupt raised again in REDELIVER_AFTER_S, by a real signal: it also ends a sleep or a wait the stage is in."""
+    signal.signal(signal.SIGALRM, _interrupt)
+    signal.setitimer(signal.ITIMER_REAL, REDELIVER_AFTER_S)
 
 
 def interrupted(error: BaseException) -> bool:
