@@ -19,7 +19,8 @@ from dagster import DagsterInstance, ExecuteInProcessResult, MultiPartitionKey, 
 from assets.evaluations import EVALS_PER_RUN, evaluated
 from assets.execution import EVERYTHING, RUN_CONFIG, failure_messages, gate_refused, materialize, resources_at
 from assets.partitions import BENCHMARKS, CHECKPOINTS
-from assets.records import collector_paused, latest_metadata_by_partition
+from assets.records import latest_metadata_by_partition
+from factory.collector import collector_paused
 from factory.config.fingerprint import code_identity
 from factory.errors import ConfigError
 from factory.registry import Registry

@@ -9,8 +9,6 @@ Markdown, booleans, nulls, JSON) is read by Dagster, as is every row of a storag
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
 
 from assets.record_cache import RecordCache
+from factory.collector import collector_paused
 
 CHUNK = 500
 """Records asked for at once by storage id (a query's parameters stay under SQLite's and PostgreSQL's limits)."""
@@ -89,18 +88,6 @@ def _read_records(instance: DagsterInstance, key: AssetKey, chunk: list[int], la
                                                 if labels is None or name in labels}
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cycle collector paused for a bulk read: the rows of thousands of partitions make hundreds of thousands of
-    dicts and lists that all live on, which its passes (one every 700 new ones) would walk again and again: a fifth of
-    the read at 10,000 checkpoints. What the read leaves behind is collected later, as usual."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _rows(instance: DagsterInstance, ids: list[int], labels: Collection[str] | None = None) -> Iterator[tuple[int, tuple[str, dict[str, Any]] | None]]:
@@ -174,4 +161,3 @@ def _checked_json(label: str, value: dict | list, checked: dict[str, Any]) -> di
         return None
     checked[label] = value
     return value
-

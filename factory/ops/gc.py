@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from factory.collector import collector_paused
 from factory.config import Experiment
 from factory.config.stages import PENDING, stages_of
 from factory.evals.base import EVALUATIONS
@@ -93,12 +94,17 @@ def plan_collection(registry: Registry, experiments: Iterable[Experiment], *, mi
                     now: datetime | None = None, rows: list[ManifestRow] | None = None) -> Collection:
     """Decide what to keep and what to remove (the module's rules); nothing is removed. The registry's manifests are
     walked as the index's rows (`Registry.rows`, or `rows` a caller read from it just before), none parsed."""
-    manifests = registry.rows() if rows is None else rows
+    with collector_paused():  # a dict entry or a list for each of 100,000 rows, all kept until the plan is made
+        return _plan(registry, list(experiments), min_age_s, now, registry.rows() if rows is None else rows)
+
+
+def _plan(registry: Registry, experiments: list[Experiment], min_age_s: float, now: datetime | None,
+          manifests: list[ManifestRow]) -> Collection:
+    """`plan_collection` over the rows `manifests`."""
     by_digest: dict[str, list[ManifestRow]] = {}
     for manifest in manifests:
         by_digest.setdefault(manifest.digest, []).append(manifest)
     keep: dict[str, str] = {}
-    experiments = list(experiments)
     planned: set[str] = set()
     roots = {**needed_by_experiments(registry, experiments, planned), **named(registry, by_digest), **in_use(registry)}
     newest: dict[tuple[str, str], ManifestRow] = {}

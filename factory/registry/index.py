@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from factory.collector import collector_paused
+
 log = logging.getLogger(__name__)
 INDEX_NAME = "index.sqlite"
 SCHEMA_VERSION = 9
@@ -373,11 +375,13 @@ class ManifestIndex:
             try:
                 if unlike := db.execute(UNLIKE_ROWS).fetchone():
                     raise TypeError(f"the row of {unlike[0]!r} is not a manifest's")
-                found = db.execute(ROWS).fetchall()
+                with collector_paused():  # two tuples a row, all kept
+                    found = db.execute(ROWS).fetchall()
             finally:
                 db.execute("COMMIT")
-        return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.split()), base_model, training)
-                for kind, fingerprint, digest, experiment, created, size, inputs, base_model, training in found]
+        with collector_paused():
+            return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.split()), base_model, training)
+                    for kind, fingerprint, digest, experiment, created, size, inputs, base_model, training in found]
 
     def drop(self) -> None:
         """Remove the index (the next reader builds it again from the manifests)."""

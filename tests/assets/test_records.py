@@ -1,10 +1,8 @@
 """Reads of Dagster's event log: the newest materialization's metadata of many partitions at once."""
 
-import gc
 import json
 import shutil
 
-import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterEventType, DagsterInstance
 
 from assets import records
@@ -74,23 +72,6 @@ def test_rows_read_as_json_give_what_dagster_reads_and_the_others_are_left_to_da
     assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=wanted) == {
         key: {label: value for label, value in found.items() if label in wanted} for key, found in dagsters.items()}
     assert {found[0] for found in dict(records._rows(instance, ids, wanted)).values() if found is not None} == set(keys)
-
-
-def test_the_collector_paused_for_a_read_runs_again_after_it_even_when_the_read_fails_and_stays_off_where_it_was():
-    with pytest.raises(ZeroDivisionError):
-        with records.collector_paused():
-            with records.collector_paused():  # a read inside another: the outer one turns it back on
-                assert not gc.isenabled()
-            assert not gc.isenabled()
-            1 / 0
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with records.collector_paused():
-            pass
-        assert not gc.isenabled()  # it was off before: it stays off
-    finally:
-        gc.enable()
 
 
 def test_records_read_again_come_from_the_instances_cache_and_a_new_record_a_stale_row_or_a_damaged_file_are_read_from_the_log(tmp_path, caplog):
