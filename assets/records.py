@@ -88,8 +88,6 @@ def _read_records(instance: DagsterInstance, key: AssetKey, chunk: list[int], la
                                                 if labels is None or name in labels}
 
 
-
-
 def _rows(instance: DagsterInstance, ids: list[int], labels: Collection[str] | None = None) -> Iterator[tuple[int, tuple[str, dict[str, Any]] | None]]:
     """(storage id, what its row says: partition and metadata, of `labels` only when given; None where Dagster must read
     it) of each id, all None where the event log is not SQL (or this Dagster keeps it otherwise)."""

@@ -369,17 +369,15 @@ class ManifestIndex:
 
     def _rows(self) -> list[ManifestRow]:
         """The rows as the index holds them once brought up to date; TypeError for a row of the wrong types."""
-        with self._connected() as db:
+        with self._connected() as db, collector_paused():  # three tuples a row, all kept
             self._refresh(db)
             db.execute("BEGIN")  # one snapshot: the check and the rows
             try:
                 if unlike := db.execute(UNLIKE_ROWS).fetchone():
                     raise TypeError(f"the row of {unlike[0]!r} is not a manifest's")
-                with collector_paused():  # two tuples a row, all kept
-                    found = db.execute(ROWS).fetchall()
+                found = db.execute(ROWS).fetchall()
             finally:
                 db.execute("COMMIT")
-        with collector_paused():
             return [ManifestRow(kind, fingerprint, digest, experiment, created, size, tuple(inputs.split()), base_model, training)
                     for kind, fingerprint, digest, experiment, created, size, inputs, base_model, training in found]
 
