@@ -37,6 +37,9 @@ RANK_LOGS_ENV = "PET_LOG_DIR"
 """torchrun's --log-dir, as its environment gives it: where the copies `--tee` keeps of its ranks' output go. Set to the
 stage's scratch directory, which goes when the stage ends; torchrun's default is a new temporary directory per launch
 that nothing removes."""
+SCRATCH_ENV = "FACTORY_STAGE_SCRATCH"
+"""The stage's scratch directory, which the launcher removes when the stage ends: a rank's own temporary files go there,
+so that a rank killed before it could remove them (by the OOM killer, by a lost machine) leaves nothing behind."""
 STOP_TIMEOUT_S = 30.0
 """How long an interrupted stage may take to unwind (release its lease, say where it stopped) before it is killed."""
 DAGSTERS_OWN = re.compile(r"DAGSTER_\w*|SF_PARTNER")
@@ -144,7 +147,7 @@ class LocalLauncher:
         """
         with tempfile.TemporaryDirectory(prefix="factory-stage-") as scratch:
             error_file = Path(scratch) / "error"
-            env = {**env, ERROR_FILE_ENV: str(error_file), RANK_LOGS_ENV: str(Path(scratch) / "ranks")}
+            env = {**env, ERROR_FILE_ENV: str(error_file), RANK_LOGS_ENV: str(Path(scratch) / "ranks"), SCRATCH_ENV: scratch}
             full_env = {**progress_env(), **os.environ, **env}
             process = _start_warm(argv, full_env, [*env, PROGRESS_ENV], needs)
             if process is None:

@@ -299,6 +299,9 @@ def _child(request: dict[str, Any], imported_env: Mapping[str, str | None], fds:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        import tempfile
+
+        tempfile.tempdir = None  # asked again, of the launch's TMPDIR, as a cold start asks (torch's import asked the server's)
         sys.path[0] = request["cwd"]  # as `python -m` puts the working directory first
         sys.argv = [request["module"], *request["args"]]
         import atexit

@@ -17,6 +17,7 @@ from factory.config.kinds import registered_kinds
 from factory.config.stages import StageSpec
 from factory.devices import device_for
 from factory.errors import FactoryError
+from factory.launch.local import SCRATCH_ENV
 from factory.podium.links import table_links
 from factory.registry.files import DIGEST
 from factory.registry.lease import abandoned
@@ -52,11 +53,18 @@ def run(request: StageRequest) -> None:
                     device_for(request.gpus, world.local_rank, reporter.log)
                 _run_main(request, reporter, world)
             elif broadcast(world, None) == "miss":
-                with tempfile.TemporaryDirectory(prefix="rank-") as scratch:
+                with tempfile.TemporaryDirectory(prefix="rank-", dir=stage_scratch()) as scratch:
                     registry = open_registry(request.registry, patient=True)
                     runner(request.spec.kind)(StageContext(request=request, registry=registry, out=Path(scratch), reporter=reporter))
     finally:
         leave(world)
+
+
+def stage_scratch() -> str | None:
+    """The directory the launcher removes when the stage ends (`SCRATCH_ENV`), where a rank keeps its own temporary files;
+    None (the system's temporary directory) where no launcher named one, or it has gone."""
+    scratch = os.environ.get(SCRATCH_ENV)
+    return scratch if scratch and os.path.isdir(scratch) else None
 
 
 def _run_main(request: StageRequest, reporter: Reporter, world: World) -> None:

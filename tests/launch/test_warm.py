@@ -53,6 +53,23 @@ def test_a_forked_child_has_its_own_pid_arguments_directory_environment_output_a
     assert "said on stdout" in capfd.readouterr().out
 
 
+def test_a_forked_child_keeps_its_temporary_files_where_its_launch_says_as_a_cold_start_does(tmp_path, monkeypatch):
+    """The server asked for the temporary directory as it imported (torch's import does): a launch that names another
+    (TMPDIR, as the launcher sets it for a stage) gets that one, not the server's."""
+    monkeypatch.chdir(REPO)
+    warm = WarmServer(["tests.launch.asks_tempdir"])
+    try:
+        assert imported(warm)["problem"] is None
+        out, launched = tmp_path / "seen.json", tmp_path / "launch-tmp"
+        launched.mkdir()
+        child = warm.spawn([sys.executable, "-m", CHILD, str(out)], {**warm.env, "TMPDIR": str(launched)}, ["TMPDIR"])
+        assert child is not None, warm.refused
+        assert child.wait(timeout=30) == 0
+        assert json.loads(out.read_text())["tempdir"] == str(launched)
+    finally:
+        warm.close()
+
+
 def test_a_launch_gets_the_modules_it_needs_imported_before_its_fork(tmp_path, monkeypatch):
     """The server imports in order, between launches; a launch that arrives early waits for what it names, not the rest."""
     monkeypatch.chdir(REPO)

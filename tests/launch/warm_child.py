@@ -3,12 +3,13 @@
 import json
 import os
 import sys
+import tempfile
 import time
 
 if __name__ == "__main__":
     seen = {"pid": os.getpid(), "parent": os.getppid(), "argv": sys.argv[1:], "cwd": os.getcwd(), "marker": os.environ.get("WARM_MARKER"),
             "preloaded": "email.mime.text" in sys.modules, "name": __name__, "modules": sorted(sys.modules),
-            "current_test": os.environ.get("PYTEST_CURRENT_TEST")}
+            "current_test": os.environ.get("PYTEST_CURRENT_TEST"), "tempdir": tempfile.gettempdir()}
     with open(sys.argv[1], "w") as out:
         json.dump(seen, out)
     print("said on stdout")

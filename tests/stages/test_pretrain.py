@@ -50,18 +50,18 @@ def pretrain_request(experiment, digests: dict[str, str], registry: ArtifactStor
     return request.write(path)
 
 
-def launch(request_path: Path) -> None:
+def launch(request_path: Path, env: dict[str, str] = ENV) -> None:
     """Run the stage as the asset's launcher does in a run (forked from a warm interpreter; torchrun's agent when the
-    request asks for several ranks). The interpreter is kept for the next launch in the same environment."""
+    request asks for several ranks), `env` set for it. The interpreter is kept for the next launch in the same environment."""
     request = StageRequest.read(request_path)
     with warm_starts(warm_modules(["pretrain"], ENV["FACTORY_TRACKER"])):
-        LocalLauncher().run(stage_argv(request_path, processes=request.processes, nodes=request.nodes), ENV, "pretrain")
+        LocalLauncher().run(stage_argv(request_path, processes=request.processes, nodes=request.nodes), env, "pretrain")
 
 
-def launch_failing(request_path: Path, failures: list[BaseException]) -> None:
+def launch_failing(request_path: Path, failures: list[BaseException], env: dict[str, str] = ENV) -> None:
     """`launch`, keeping the failure the launcher reports for a killed stage (a stage that ends well keeps none)."""
     try:
-        launch(request_path)
+        launch(request_path, env)
     except StageFailed as e:
         failures.append(e)
 
@@ -141,12 +141,16 @@ def test_a_stage_killed_on_two_ranks_on_one_machine_resumes_on_one_rank_on_anoth
         failures: list[BaseException] = []
         on_two = pretrain_request(two, digests, machine_a, tmp_path / "catalog", tmp_path / "two.json")
         assert StageRequest.read(on_two).processes == 2
-        thread = threading.Thread(target=launch_failing, daemon=True, args=(on_two, failures))
+        temporary = tmp_path / "tmp"  # the stage's TMPDIR: its ranks, killed, leave nothing there
+        temporary.mkdir()
+        thread = threading.Thread(target=launch_failing, daemon=True, args=(on_two, failures, {**ENV, "TMPDIR": str(temporary)}))
         thread.start()
         killed_at = kill_stage_after(machine_a.work_path(fingerprint), EVERY + 5, failures, thread)
         assert EVERY + 5 <= killed_at < STEPS, "the kill must land after a checkpoint and before the end"
         assert failures and "exited with code" in str(failures[0]), failures
         assert machine_a.lookup(fingerprint) is None, "a killed stage publishes nothing"
+        left = [p.name for p in temporary.iterdir() if p.name.startswith(("rank-", "torchelastic_"))]  # torch's caches aside
+        assert left == [], "a killed rank's temporary files were in the stage's scratch, which went with it"
         saved = machine_a.store.list(f"work/{fingerprint}/checkpoints/")
         assert any(key.endswith(f"step_{EVERY:06d}.json") for key in saved), saved
         assert not machine_b.work_path(fingerprint).exists()
