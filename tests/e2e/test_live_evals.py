@@ -2,6 +2,9 @@
 evaluated, from the bytes its partition recorded, before the training run ends (the sensor's ticks run here, in process,
 as the daemon would run them; training runs as `factory run` in its own process, on the same instance)."""
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,9 +40,9 @@ evaluated as they come.
 """
 
 
-# About a minute, up to two when the machine is loaded, and it must be: the training run has to last long enough for
-# a mid-run checkpoint to be evaluated before it ends, whatever the machine's speed. Once one is, the ticks stop (the
-# training then has the cores to itself; `factory run` evaluates the rest).
+# The training run has to last long enough for a mid-run checkpoint to be evaluated before it ends, whatever the
+# machine's speed: 600 steps, a bound on a loaded machine. Once one checkpoint is evaluated, the run is stopped as Ctrl-C
+# stops it (what it would train and evaluate after that proves nothing here).
 def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny_path):
     root = tmp_path / "state"
     home = dagster_home(root)  # the instance `factory run` writes to, and this test's ticks read
@@ -49,7 +52,7 @@ def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny
     log = tmp_path / "training.log"
     with open(log, "w") as out:
         training = subprocess.Popen([sys.executable, "-m", "factory", "run", str(experiments / "longer.md"), "--root", str(root)],
-                                    cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                                    cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     instance = DagsterInstance.from_config(str(home))
     resources, cursor, during = resources_at(root, experiments), None, []
     deadline = time.monotonic() + 900
@@ -64,7 +67,10 @@ def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny
                     during.append(key)
             if not during:
                 time.sleep(TICK_S)
-        assert training.wait(timeout=max(60.0, deadline - time.monotonic())) == 0, log.read_text()[-3000:]
+        if during:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                os.killpg(training.pid, signal.SIGINT)  # Ctrl-C at its terminal
+        assert training.wait(timeout=max(60.0, deadline - time.monotonic())) in (0, 130), log.read_text()[-3000:]
     finally:
         if training.poll() is None:
             training.kill()
@@ -72,4 +78,4 @@ def test_a_checkpoint_is_evaluated_while_its_training_run_goes_on(tmp_path, tiny
     results = {m.summary["checkpoint"]: m for m in ArtifactStore(root / "registry").manifests("evaluations") if m.summary["experiment"] == "longer"}
     for key in during:
         checkpoint = key.split("|")[1]
-        assert checkpoint in results  # and its score is the one `factory run` found in the registry afterwards
+        assert checkpoint in results
