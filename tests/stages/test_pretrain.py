@@ -32,7 +32,7 @@ from tests.s3server import running_s3
 from tests.stages.test_runners import SOURCES
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_pipes")]  # three stage processes, one of two ranks
-STEPS, EVERY = 200, 20
+STEPS, EVERY = 100, 20
 TRAINING = {
     "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "context": 32},
     "pretrain": {"steps": STEPS, "batch_size": 8, "lr": 3e-3, "warmup_steps": 5, "checkpoint_every": EVERY, "keep_last": 2,
