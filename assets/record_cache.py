@@ -5,8 +5,10 @@ A record is immutable once written: the cache keeps what `assets.records` read f
 its storage id, in a SQLite file under the instance's directory named by the run storage's id (a storage made anew gets
 a new file: its storage ids count from 1 again). A row is used only where its partition is the one the event log gives
 that storage id now. Metadata values of more than SHARED_BYTES (a training spec, the same for every checkpoint of one
-training) are kept once, by hash. The cache is never the source of truth: a file that cannot be read as one is removed
-with a warning and filled again from the event log; where none can be kept (an ephemeral instance, a directory that
+training) are kept once, by hash. A read of a few labels keeps those only (the row says which), and such a row answers
+only a read of those labels or fewer; a read of every label replaces it with the whole record. The cache is never the
+source of truth: a file that cannot be read as one is removed with a warning and filled again from the event log (one
+an earlier factory kept in another shape, quietly); where none can be kept (an ephemeral instance, a directory that
 cannot be written), every record is read from the event log as before.
 """
 
@@ -18,17 +20,19 @@ import json
 import logging
 import marshal
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from dagster import DagsterInstance
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: whole records only; 2: a row may keep some labels of its record (`labels`)."""
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY, partition TEXT NOT NULL, metadata TEXT NOT NULL, shared TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY, partition TEXT NOT NULL, metadata TEXT NOT NULL, shared TEXT NOT NULL,
+                                    labels TEXT);
 CREATE TABLE IF NOT EXISTS shared_values (hash TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 SHARED_BYTES = 256
@@ -57,24 +61,28 @@ class RecordCache:
             return None
         return cls(Path(instance.root_directory) / "factory" / f"records-{identity}.sqlite")
 
-    def get(self, latest: Mapping[str, int]) -> dict[int, Record]:
-        """Storage id -> record, for the ids of `latest` (partition -> storage id) kept here with that partition."""
+    def get(self, latest: Mapping[str, int], labels: Collection[str] | None = None) -> dict[int, Record]:
+        """Storage id -> record, for the ids of `latest` (partition -> storage id) kept here with that partition and with
+        every label of `labels` it has (None: kept whole)."""
         ids = sorted(latest.values())
         if not ids or not self.path.exists():
             return {}
         try:
             with self._connected() as db:
                 rows = [row for start in range(0, len(ids), CHUNK) for row in db.execute(
-                    f"SELECT id, partition, metadata, shared FROM records WHERE id IN ({','.join('?' * len(ids[start:start + CHUNK]))})",
+                    f"SELECT id, partition, metadata, shared, labels FROM records WHERE id IN ({','.join('?' * len(ids[start:start + CHUNK]))})",
                     ids[start:start + CHUNK])]
                 hashes = sorted({value for row in rows for value in json.loads(row[3]).values()})
                 shared = {hash_: json.loads(text) for start in range(0, len(hashes), CHUNK) for hash_, text in db.execute(
                     f"SELECT hash, value FROM shared_values WHERE hash IN ({','.join('?' * len(hashes[start:start + CHUNK]))})",
                     hashes[start:start + CHUNK])}
             found: dict[int, Record] = {}
-            for storage_id, partition, text, links in rows:
+            wanted = None if labels is None else set(labels)
+            for storage_id, partition, text, links, kept in rows:
                 if latest.get(partition) != storage_id:
                     continue  # another storage's record under this id: read it again
+                if kept is not None and (wanted is None or not wanted <= set(json.loads(kept))):
+                    continue  # some labels of the record only, not those asked for: read it again
                 metadata = json.loads(text)
                 for label, hash_ in json.loads(links).items():
                     metadata[label] = shared[hash_]
@@ -86,10 +94,12 @@ class RecordCache:
             self._drop(e)
             return {}
 
-    def put(self, records: Mapping[int, Record]) -> None:
-        """Keep `records` (storage id -> record); a cache that cannot be written is left as it is."""
+    def put(self, records: Mapping[int, Record], labels: Collection[str] | None = None) -> None:
+        """Keep `records` (storage id -> record: whole, or the entries of `labels` it has); a cache that cannot be written
+        is left as it is. A whole record replaces a row of some labels, never the other way round."""
         if not records:
             return
+        kept = None if labels is None else json.dumps(sorted(labels))
         rows, values = [], {}
         encoded: dict[bytes, tuple[str, str] | None] = {}  # marshal bytes of a JSON value -> (hash, text), None: small
         for storage_id, (partition, metadata) in records.items():
@@ -108,13 +118,15 @@ class RecordCache:
                     values[shared[0]], links[label], small[label] = shared[1], shared[0], None  # (None: its place among the labels)
                 else:
                     small[label] = value
-            rows.append((storage_id, partition, json.dumps(small, separators=(",", ":")), json.dumps(links, separators=(",", ":"))))
+            rows.append((storage_id, partition, json.dumps(small, separators=(",", ":")), json.dumps(links, separators=(",", ":")), kept))
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connected() as db:
                 db.execute("BEGIN IMMEDIATE")
                 db.executemany("INSERT OR IGNORE INTO shared_values VALUES (?, ?)", values.items())
-                db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)", rows)
+                db.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET partition = excluded.partition, "
+                               "metadata = excluded.metadata, shared = excluded.shared, labels = excluded.labels "
+                               "WHERE excluded.labels IS NULL OR records.labels IS NOT NULL", rows)
                 db.execute("COMMIT")
         except (sqlite3.DatabaseError, _Damaged) as e:
             if not isinstance(e, sqlite3.OperationalError):  # (locked, read-only, no space: left for the next read)
@@ -124,18 +136,33 @@ class RecordCache:
 
     @contextlib.contextmanager
     def _connected(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        db = self._opened()
         try:
-            db.execute("PRAGMA synchronous=NORMAL")  # no fsync at each commit: a write lost to a crash is read from the log again
-            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():  # new: made once
-                db.execute("PRAGMA journal_mode=WAL")  # readers are not held up by a writer
-                db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} INSERT OR IGNORE INTO meta VALUES ('schema', {SCHEMA_VERSION}); COMMIT;")
-            [version] = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() or [None]
+            version = self._version(db)
+            if isinstance(version, int) and 0 < version < SCHEMA_VERSION:  # an earlier factory's: made anew, quietly
+                db.close()
+                self.remove()
+                db = self._opened()
+                version = self._version(db)
             if version != SCHEMA_VERSION:
                 raise _Damaged(f"it has schema {version}, this factory keeps {SCHEMA_VERSION}")
             yield db
         finally:
             db.close()
+
+    def _opened(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        db.execute("PRAGMA synchronous=NORMAL")  # no fsync at each commit: a write lost to a crash is read from the log again
+        return db
+
+    @staticmethod
+    def _version(db: sqlite3.Connection) -> Any:
+        """The schema the file is kept in (made now where it is new)."""
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():  # new: made once
+            db.execute("PRAGMA journal_mode=WAL")  # readers are not held up by a writer
+            db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} INSERT OR IGNORE INTO meta VALUES ('schema', {SCHEMA_VERSION}); COMMIT;")
+        [version] = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() or [None]
+        return version
 
     def remove(self) -> None:
         """Remove the file (and SQLite's files beside it): every record is read from the event log again, then kept."""

@@ -43,8 +43,10 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
     """Partition -> metadata of its newest materialization (the entries of `labels` only, when given), for every partition
     of one asset (or of `partitions`) that has one: one query for the newest record of each partition, then the records
     by id, a chunk at a time (never a query per partition, which is minutes at 10,000 checkpoints); records read before
-    come from the instance's cache of them (`assets.record_cache`). Not to be changed by the caller: records that hold an
-    equal large value (one training's spec) may share one object."""
+    come from the instance's cache of them (`assets.record_cache`). A read of a few labels (the backfill's `path` and
+    `stored`) parses and keeps those only: keeping whole records would take parsing and checking every label of each
+    (a training's spec), more than the read itself. Not to be changed by the caller: records that hold an equal large
+    value (one training's spec) may share one object."""
     key = AssetKey(asset)
     if isinstance(labels, str):
         raise TypeError(f"labels is a collection of metadata labels, not one label: ({labels!r},)")
@@ -56,18 +58,18 @@ def latest_metadata_by_partition(instance: DagsterInstance, asset: str, partitio
     left = []
     cache = RecordCache.of(instance)
     with collector_paused():
-        kept = cache.get(latest) if cache is not None else {}
+        kept = cache.get(latest, labels) if cache is not None else {}
         for partition, metadata in kept.values():
             found[partition] = _only(metadata, labels)
         read_now = {}
-        for storage_id, read in _rows(instance, sorted(set(latest.values()) - kept.keys()), None if cache is not None else labels):
-            if read is not None:  # (read whole where it is kept: the next read may ask for other labels)
+        for storage_id, read in _rows(instance, sorted(set(latest.values()) - kept.keys()), labels):
+            if read is not None:
                 read_now[storage_id] = read
                 found[read[0]] = _only(read[1], labels)
             else:
                 left.append(storage_id)
         if cache is not None:
-            cache.put(read_now)
+            cache.put(read_now, labels)
         for start in range(0, len(left), CHUNK):
             _read_records(instance, key, left[start : start + CHUNK], labels, found)
     return found

@@ -134,3 +134,53 @@ def test_records_read_again_come_from_the_instances_cache_and_a_new_record_a_sta
     anew = DagsterInstance.local_temp(str(tmp_path / "home"))
     assert RecordCache.of(anew).path != cache.path and RecordCache.of(anew).path.parent == cache.path.parent
     assert RecordCache.of(DagsterInstance.ephemeral()) is None
+
+
+def test_a_read_of_some_labels_keeps_those_only_and_a_read_of_others_or_of_all_reads_the_log_again(tmp_path, caplog):
+    """A read of a few labels (the backfill's) parses and keeps those only; read again, they come from the cache. A read
+    of a label the cache has not kept, or of every label, goes to the event log and keeps what it read; a whole record is
+    never replaced by some of its labels. A cache an earlier factory kept in another shape is made anew, without a warning."""
+    import sqlite3
+
+    from assets.record_cache import RecordCache
+
+    instance = DagsterInstance.local_temp(str(tmp_path))
+    keys = ["a__pretrain-000100", "a__pretrain-000200"]
+    instance.add_dynamic_partitions(CHECKPOINTS, keys)
+    spec = {"kind": "pretrain", "config": {"layers": list(range(100))}}
+    for step, key in zip((100, 200), keys):
+        instance.report_runless_asset_event(AssetMaterialization(CHECKPOINTS, partition=key, metadata={
+            "path": f"/r/{step}.pt", "stored": "local", "step": step, "training": spec}))
+    dagsters = {key: latest_metadata(instance, CHECKPOINTS, key) for key in keys}
+    cache = RecordCache.of(instance)
+
+    def rows() -> list[tuple]:
+        with sqlite3.connect(cache.path) as db:
+            return db.execute("SELECT metadata, labels FROM records ORDER BY id").fetchall()
+
+    wanted = ("path", "stored")
+    assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=wanted) == {
+        key: {"path": dagsters[key]["path"], "stored": "local"} for key in keys}
+    assert rows() == [('{"path":"/r/100.pt","stored":"local"}', '["path", "stored"]'), ('{"path":"/r/200.pt","stored":"local"}', '["path", "stored"]')]
+    with sqlite3.connect(cache.path) as db:
+        assert db.execute("SELECT count(*) FROM shared_values").fetchone() == (0,), "the spec was neither read nor kept"
+        db.execute("UPDATE records SET metadata = replace(metadata, '/r/100.pt', '/kept/100.pt')")
+    assert latest_metadata_by_partition(instance, CHECKPOINTS, keys[:1], labels=("path",)) == {keys[0]: {"path": "/kept/100.pt"}}, \
+        "read again, labels the cache kept come from it (its row changed here to show it)"
+    assert latest_metadata_by_partition(instance, CHECKPOINTS, keys[:1], labels=("path", "step")) == {keys[0]: {"path": "/r/100.pt", "step": 100}}
+    assert latest_metadata_by_partition(instance, CHECKPOINTS) == dagsters  # every label: from the log, and kept whole
+    assert [labels for _, labels in rows()] == [None, None]
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(AssetKey(CHECKPOINTS), DagsterEventType.ASSET_MATERIALIZATION)
+    record = cache.get(latest)
+    assert record[latest[keys[0]]] == (keys[0], dagsters[keys[0]])
+    cache.put({latest[keys[0]]: (keys[0], {"path": "/other.pt"})}, ("path",))
+    assert cache.get(latest) == record, "a whole record stays whole"
+
+    cache.remove()
+    with sqlite3.connect(cache.path) as db:  # as the factory before kept it: whole records, schema 1
+        db.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL); INSERT INTO meta VALUES ('schema', 1);"
+                         "CREATE TABLE records (id INTEGER PRIMARY KEY, partition TEXT NOT NULL, metadata TEXT NOT NULL, shared TEXT NOT NULL);")
+    with caplog.at_level("WARNING", logger="assets.record_cache"):
+        assert latest_metadata_by_partition(instance, CHECKPOINTS, labels=wanted)[keys[1]] == {"path": "/r/200.pt", "stored": "local"}
+    assert caplog.text == ""
+    assert len(rows()) == 2
