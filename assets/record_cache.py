@@ -78,10 +78,13 @@ class RecordCache:
                     hashes[start:start + CHUNK])}
             found: dict[int, Record] = {}
             wanted = None if labels is None else set(labels)
+            covers: dict[str, bool] = {}  # a row's `labels` -> whether they hold those asked for (the rows of one read share one)
             for storage_id, partition, text, links, kept in rows:
                 if latest.get(partition) != storage_id:
                     continue  # another storage's record under this id: read it again
-                if kept is not None and (wanted is None or not wanted <= set(json.loads(kept))):
+                if kept is not None and kept not in covers:
+                    covers[kept] = wanted is not None and wanted <= set(json.loads(kept))
+                if kept is not None and not covers[kept]:
                     continue  # some labels of the record only, not those asked for: read it again
                 metadata = json.loads(text)
                 for label, hash_ in json.loads(links).items():
